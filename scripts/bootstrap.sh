@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Set up everything textsql needs in ./.venv (idempotent), then run the demo or the tests.
+#   bash scripts/bootstrap.sh demo [textsql demo args...]
+#   bash scripts/bootstrap.sh test [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_VERSION="${TEXTSQL_TORCH_VERSION:-2.13.0}"
+VENV="${TEXTSQL_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+stamp_of_inputs() { cat requirements.txt requirements-test.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16; }
+
+setup_python() {
+  local stamp; stamp="$(stamp_of_inputs)"
+  if [[ -f "$VENV/.textsql-stamp" && "$(cat "$VENV/.textsql-stamp")" == "$stamp" ]]; then return; fi
+  echo "== setting up $VENV (torch $TORCH_VERSION first, then the pinned requirements)"
+  [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+  # torch first and alone: on a CPU-only machine this finds the CPU build; a plain unpinned torch would pull GBs of CUDA.
+  "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
+  local installed; installed="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+  # Pin exactly the torch now installed for every later pip call, build environments included (PIP_CONSTRAINT is inherited).
+  mkdir -p "$VENV/etc"; echo "torch==$installed" > "$VENV/etc/constraints.txt"
+  PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-test.txt
+  PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q --no-deps -e .
+  "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
+  echo "$stamp" > "$VENV/.textsql-stamp"
+}
+
+setup_system() {
+  # Debian packages the multi-node path needs (pdsh, sshd); skipped where they are already there or apt is absent.
+  local missing=()
+  command -v g++ >/dev/null || missing+=(g++)
+  if ((${#missing[@]})) && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  demo)
+    setup_system; setup_python
+    exec "$VENV/bin/textsql" demo "$@" ;;
+  test)
+    setup_system; setup_python
+    # Tests build DeepSpeed's C++ ops once into this cache (60-70 s each on 2 cores).
+    export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/textsql-torch-extensions}"
+    exec "$VENV/bin/python" -m pytest "$@" ;;
+  setup)
+    setup_system; setup_python ;;
+  *)
+    echo "usage: bash scripts/bootstrap.sh {demo|test|setup} [args...]" >&2; exit 2 ;;
+esac

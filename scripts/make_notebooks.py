@@ -1,0 +1,81 @@
+"""Write the notebooks in notebooks/ from the cell texts below (run after editing them; the .ipynb files are committed)."""
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+NOTEBOOKS = {
+    "prep_dataset.ipynb": [
+        new_markdown_cell(
+            "# Prepare WikiSQL\n\n"
+            "Loads WikiSQL, tokenizes it with the model's tokenizer and a T5 task prefix (no fixed padding: batches are "
+            "padded by the collator), reports token lengths, and saves a `DatasetDict` to `output_dir`.\n\n"
+            "`source` is `generate` (built-in generated data), a folder or `.tar.bz2` of the original release files "
+            "(`train.jsonl`, `train.tables.jsonl`, `dev.jsonl`, ... — what an air-gapped cluster uses), or a hub name of "
+            "a parquet copy. Same as `textsql prep`."
+        ),
+        new_code_cell(
+            'source = "generate"\nmodel_id = "t5-small"\noutput_dir = "data/wikisql"\n'
+            'source_prefix = "translate English to SQL: "\nmax_examples_per_split = None\noverwrite = False',
+            metadata={"tags": ["parameters"]},
+        ),
+        new_code_cell(
+            "from textsql.data import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
+            "args = PrepArguments(source=source, model_id=model_id, output_dir=output_dir, source_prefix=source_prefix,\n"
+            "                     max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
+            "folder = prepare_dataset(args)"
+        ),
+        new_code_cell("dataset, metadata = load_prepared(folder)\nprint(format_length_report(metadata['lengths']))\ndataset"),
+        new_code_cell("dataset['train'].select(range(5)).to_pandas()[['question', 'target']]"),
+    ],
+    "train_single_pod.ipynb": [
+        new_markdown_cell(
+            "# Fine-tune on one pod\n\n"
+            "Trains with the Seq2SeqTrainer, without DeepSpeed (`deepspeed = None`) or with a strategy from `dsconfig/` "
+            "(`zero1`, `zero2`, `zero3_offload`, or a path to your own edited JSON). Training runs in a child process "
+            "(the `deepspeed` launcher when a config is given), its output streams here, and the run summary is shown at "
+            "the end. Runs land under `runs_root`; watch them with `tensorboard --logdir runs`."
+        ),
+        new_code_cell(
+            'model_id = "t5-small"\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
+            "num_gpus = 1\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n"
+            "gradient_checkpointing = False\nextra_args = []",
+            metadata={"tags": ["parameters"]},
+        ),
+        new_code_cell(
+            "from textsql.dsconfig import load_dsconfig, shipped_configs\n\n"
+            "if deepspeed:  # validate the config before anything starts\n"
+            "    load_dsconfig(shipped_configs().get(deepspeed, deepspeed))"
+        ),
+        new_code_cell(
+            "from textsql.launch import run_training\n\n"
+            "argv = ['--model_id', model_id, '--dataset_dir', dataset_dir, '--runs_root', runs_root,\n"
+            "        '--epochs', str(epochs), '--per_device_train_batch_size', str(per_device_train_batch_size),\n"
+            "        '--per_device_eval_batch_size', str(per_device_eval_batch_size),\n"
+            "        '--gradient_checkpointing', str(gradient_checkpointing), *extra_args]\n"
+            "if deepspeed:\n"
+            "    argv += ['--deepspeed', deepspeed]\n"
+            "summary = run_training(argv, num_gpus=num_gpus)"
+        ),
+        new_code_cell("from textsql.train import format_summary\n\nprint(format_summary(summary))"),
+        new_code_cell(
+            "import pandas as pd\n\npd.DataFrame(summary['peak_memory_per_rank'])"
+        ),
+    ],
+}
+
+
+def main() -> None:
+    folder = Path(__file__).resolve().parent.parent / "notebooks"
+    folder.mkdir(exist_ok=True)
+    for name, cells in NOTEBOOKS.items():
+        notebook = new_notebook(cells=cells)
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        notebook.metadata["language_info"] = {"name": "python"}
+        nbformat.write(notebook, folder / name)
+        print("wrote", folder / name)
+
+
+if __name__ == "__main__":
+    main()

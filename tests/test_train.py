@@ -1,0 +1,194 @@
+"""Real training of a tiny T5 on the CPU: no DeepSpeed, ZeRO-1, ZeRO-2, ZeRO-3 + offload, two ranks, resume, and bad input."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SUMMARY_KEYS = {
+    "run", "output_dir", "model_id", "parameters", "world_size", "strategy", "precision", "train_runtime",
+    "train_samples_per_second", "real_tokens", "real_tokens_per_second", "global_step", "train_loss", "eval_loss",
+    "peak_memory_per_rank", "arguments", "versions", "tensorboard_dir",
+}
+
+
+def train_argv(assets, runs_root, *extra, steps=40):
+    data_dir, model_dir = assets
+    return [
+        "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root),
+        "--max_steps", str(steps), "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
+        "--learning_rate", "3e-3", "--warmup_steps", "5", "--logging_steps", "5",
+        "--eval_strategy", "steps", "--eval_steps", "20", "--save_strategy", "steps", "--save_steps", "20",
+        "--max_eval_samples", "64", "--dataloader_num_workers", "0", *extra,
+    ]
+
+
+def run_train(argv, env, cwd, timeout=900):
+    return subprocess.run([sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def scalar_tags(event_dir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for run_dir in {p.parent for p in event_dir.rglob("events.out.tfevents.*")}:
+        accumulator = EventAccumulator(str(run_dir))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    return tags
+
+
+def check_model_reloads_and_generates(output_dir: Path, initial_model_dir: Path):
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    initial = AutoModelForSeq2SeqLM.from_pretrained(initial_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    name, trained = next(iter(model.state_dict().items()))
+    assert trained.abs().sum() > 0
+    assert not torch.equal(trained, initial.state_dict()[name]), "the saved weights are the untrained ones"
+    inputs = tokenizer(["translate English to SQL: What is the Result when the Year is 1995?"], return_tensors="pt")
+    generated = model.generate(**inputs, max_new_tokens=24)
+    assert tokenizer.decode(generated[0], skip_special_tokens=True).strip()
+
+
+STRATEGIES = [
+    ("none", None, None, "none"),
+    ("zero1", "zero1", 1, "none"),
+    ("zero2", "zero2", 2, "none"),
+    ("zero3_offload", "zero3_offload", 3, "cpu"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("label,dsconfig,stage,offload", STRATEGIES, ids=[s[0] for s in STRATEGIES])
+def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, dsconfig, stage, offload):
+    argv = train_argv(assets, tmp_path / "runs") + (["--deepspeed", dsconfig] if dsconfig else [])
+    done = run_train(argv, cpu_env, tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    output_dir = tmp_path / "runs" / f"tiny-t5-{label}-ws1-bs16"
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["strategy"]["label"] == label and summary["strategy"]["zero_stage"] == stage
+    assert summary["strategy"]["offload_optimizer"] == offload and summary["strategy"]["offload_param"] == offload
+    assert summary["world_size"] == 1 and summary["precision"] == "fp32" and summary["global_step"] == 40
+    assert summary["train_runtime"] > 0 and summary["train_samples_per_second"] > 0 and summary["real_tokens_per_second"] > 0
+    assert summary["eval_loss"] is not None and summary["train_loss"] > 0
+    assert summary["last_logged_loss"] < 0.8 * summary["first_logged_loss"], "the loss did not go down"
+    (memory,) = summary["peak_memory_per_rank"]
+    assert memory["rank"] == 0 and memory["cpu_peak_rss_bytes"] > 100 * 2**20
+    assert summary["arguments"]["training"]["average_tokens_across_devices"] is False
+    if dsconfig:
+        assert summary["deepspeed_config"]["zero_optimization"]["stage"] == stage
+        assert summary["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 16  # "auto" filled by the Trainer
+    assert {"train/loss", "eval/loss", "train/learning_rate", "train/samples_per_second", "train/real_tokens_per_second"} <= scalar_tags(output_dir / "tensorboard")
+    check_model_reloads_and_generates(output_dir, assets[1])
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, monkeypatch):
+    """`deepspeed --num_gpus 2 --module textsql.train`: both ranks train, their memory is gathered to rank 0."""
+    from textsql.launch import run_training
+
+    for key, value in cpu_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    lines = []
+    summary = run_training(train_argv(assets, tmp_path / "runs", "--deepspeed", "zero3_offload", steps=20), num_gpus=2, echo=lines.append)
+    assert lines[0].startswith("$ ") and "--num_gpus 2 --module textsql.train" in lines[0]
+    assert summary["world_size"] == 2 and summary["run"] == "tiny-t5-zero3_offload-ws2-bs16"
+    assert sorted(m["rank"] for m in summary["peak_memory_per_rank"]) == [0, 1]
+    assert summary["deepspeed_config"]["train_batch_size"] == 32
+    assert summary["last_logged_loss"] < summary["first_logged_loss"]
+    check_model_reloads_and_generates(Path(summary["output_dir"]), assets[1])
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_and_a_finished_one_is_kept(assets, tmp_path, cpu_env):
+    argv = train_argv(assets, tmp_path / "runs", "--save_steps", "10", "--eval_steps", "30", steps=30)
+    output_dir = tmp_path / "runs" / "tiny-t5-none-ws1-bs16"
+    child = subprocess.Popen([sys.executable, "-m", "textsql.train", *argv], env=cpu_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (output_dir / "checkpoint-10" / "trainer_state.json").exists():
+        assert child.poll() is None and time.monotonic() < deadline, "training ended or stalled before its first checkpoint"
+        time.sleep(0.2)
+    time.sleep(0.5)  # let the checkpoint finish writing its last files
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not (output_dir / "run_summary.json").exists()
+
+    resumed = run_train(argv, cpu_env, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-5000:]
+    summary = json.loads((output_dir / "run_summary.json").read_text())
+    assert summary["resumed_from"] and Path(summary["resumed_from"]).name.startswith("checkpoint-")
+    assert summary["global_step"] == 30
+
+    again = run_train(argv, cpu_env, tmp_path)
+    assert again.returncode == 2 and "holds a finished run" in again.stderr and "Traceback" not in again.stderr
+    assert json.loads((output_dir / "run_summary.json").read_text()) == summary  # nothing was touched
+
+
+def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch):
+    from textsql.train import parse_arguments
+
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    data_dir, model_dir = assets
+    base = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--outputdir", str(tmp_path / "out"), "--epochs", "2",
+            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]
+    model, data, run, training, plan = parse_arguments(base + ["--gradient_checkpointing", "False"])
+    assert training.activation_checkpointing is False  # the walkthrough's type=bool turned this ON
+    assert training.output_dir == str(tmp_path / "out") and training.num_train_epochs == 2
+    assert (training.per_device_train_batch_size, training.per_device_eval_batch_size) == (8, 4)
+    assert training.train_sampling_strategy == "group_by_length" and training.average_tokens_across_devices is False
+    assert plan.precision == "fp32" and training.use_cpu and not training.bf16
+    *_, training, _ = parse_arguments(base + ["--gradient_checkpointing", "True"])
+    assert training.activation_checkpointing is True
+    assert not (tmp_path / "out").exists()  # parsing writes nothing without a DeepSpeed config
+
+
+def test_fp16_on_t5_is_refused_with_the_reason(assets, tmp_path):
+    from textsql.errors import TextsqlError
+    from textsql.train import parse_arguments
+
+    with pytest.raises(TextsqlError, match="fp16 is refused for T5.*overflow"):
+        parse_arguments(["--model_id", "t5-small", "--precision", "fp16", "--output_dir", str(tmp_path / "o")])
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("bad_json", "line 3"),
+        ("unknown_key", "did you mean"),
+        ("batch_mismatch", "train_micro_batch_size_per_gpu"),
+        ("missing_dataset", "not a prepared textsql dataset"),
+        ("unknown_model", "HF_HUB_OFFLINE is set"),
+    ],
+)
+def test_bad_input_gets_one_paragraph_and_no_traceback(assets, tmp_path, cpu_env, case, message):
+    data_dir, model_dir = assets
+    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"), "--max_steps", "2", "--per_device_train_batch_size", "16"]
+    if case == "bad_json":
+        argv += ["--deepspeed", str(write(tmp_path / "bad.json", '{\n  "zero_optimization": {\n    "stage": 2,,\n  }\n}\n'))]
+    elif case == "unknown_key":
+        argv += ["--deepspeed", str(write(tmp_path / "typo.json", json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5e7}})))]
+    elif case == "batch_mismatch":
+        argv += ["--deepspeed", str(write(tmp_path / "mismatch.json", json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}})))]
+    elif case == "missing_dataset":
+        argv[3] = str(tmp_path / "no-such-dataset")
+    elif case == "unknown_model":
+        argv[1] = "nobody-knows/t5-none"
+    done = subprocess.run([sys.executable, "-m", "textsql.cli", "train", *argv], capture_output=True, text=True, env=cpu_env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists() or case in ("missing_dataset", "unknown_model")

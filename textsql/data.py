@@ -1,0 +1,229 @@
+"""Prepare WikiSQL for training: load a source, tokenize with a task prefix (no fixed padding), report lengths, save to disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from textsql import __version__
+from textsql.errors import TextsqlError
+from textsql.wikisql import Example, WikiSQLData, load_wikisql
+
+logger = logging.getLogger(__name__)
+
+METADATA_FILE = "textsql_data.json"
+TABLES_FILE = "tables.jsonl"
+OVERLONG_POLICIES = ("error", "truncate", "drop")
+PERCENTILES = (50, 90, 95, 99, 100)
+
+
+@dataclass
+class PrepArguments:
+    """Where the data comes from, how it is tokenized, and where it is saved."""
+
+    source: str = field(
+        metadata={
+            "help": "'generate' for built-in generated WikiSQL-format data; a folder or .tar.bz2 of the original "
+            "WikiSQL release (train.jsonl, train.tables.jsonl, dev.jsonl, ...); or a hub dataset name of a parquet "
+            "copy (the script-based 'wikisql' cannot be loaded by current datasets)."
+        }
+    )
+    model_id: str = field(default="t5-small", metadata={"help": "Tokenizer to use: hub name or local model folder."})
+    output_dir: str = field(default="data/wikisql", metadata={"help": "Folder to save the tokenized DatasetDict in."})
+    source_prefix: str = field(default="translate English to SQL: ", metadata={"help": "T5 task prefix put before every question."})
+    max_source_length: int = field(default=512, metadata={"help": "Longest question in tokens (prefix included)."})
+    max_target_length: int = field(default=256, metadata={"help": "Longest SQL target in tokens."})
+    overlong: str = field(
+        default="error",
+        metadata={"help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported)."},
+    )
+    max_examples_per_split: int | None = field(default=None, metadata={"help": "Keep at most this many examples per split (quick runs)."})
+    generate_train_tables: int = field(default=300, metadata={"help": "With --source generate: tables in the train split (dev and test get a fifth each)."})
+    generate_questions_per_table: int = field(default=10, metadata={"help": "With --source generate: questions per table."})
+    seed: int = field(default=0, metadata={"help": "Seed for the generator."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a prepared dataset already in output_dir."})
+
+    def __post_init__(self):
+        if self.overlong not in OVERLONG_POLICIES:
+            raise TextsqlError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}, not '{self.overlong}'.")
+        if self.max_source_length < 8 or self.max_target_length < 8:
+            raise TextsqlError("--max_source_length and --max_target_length must be at least 8 tokens.")
+        if self.max_examples_per_split is not None and self.max_examples_per_split < 1:
+            raise TextsqlError("--max_examples_per_split must be a positive number (or left out for all).")
+        if self.generate_train_tables < 5 or self.generate_questions_per_table < 1:
+            raise TextsqlError("--generate_train_tables must be at least 5 and --generate_questions_per_table at least 1.")
+
+
+def load_source(args: PrepArguments) -> WikiSQLData:
+    """The raw examples: generated into output_dir/source, or read from the given source."""
+    if args.source == "generate":
+        from textsql.generate import generate_wikisql
+
+        held_out_tables = max(1, args.generate_train_tables // 5)
+        folder = generate_wikisql(
+            Path(args.output_dir) / "source",
+            train_tables=args.generate_train_tables,
+            dev_tables=held_out_tables,
+            test_tables=held_out_tables,
+            questions_per_table=args.generate_questions_per_table,
+            seed=args.seed,
+        )
+        data = load_wikisql(str(folder))
+        data.source = "generate"
+        return data
+    return load_wikisql(args.source)
+
+
+def prepare_dataset(args: PrepArguments):
+    """Load, tokenize, report and save; returns the saved folder. The prep notebook and `textsql prep` call this."""
+    from textsql.hub import load_tokenizer
+
+    output_dir = Path(args.output_dir)
+    if (output_dir / METADATA_FILE).exists() and not args.overwrite:
+        raise TextsqlError(f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir.")
+    tokenizer = load_tokenizer(args.model_id)
+    data = load_source(args)
+    if not data.splits.get("train"):
+        raise TextsqlError(f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}.")
+    splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
+    dataset = tokenize_splits(splits, tokenizer, args.source_prefix)
+    report = length_report(dataset, args.max_source_length, args.max_target_length)
+    dataset = apply_overlong_policy(dataset, report, args)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    dataset.save_to_disk(str(output_dir))
+    _save_tables(output_dir, data, splits)
+    metadata = {
+        "source": data.source if args.source != "generate" else "generate",
+        "tokenizer": args.model_id,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "source_prefix": args.source_prefix,
+        "max_source_length": args.max_source_length,
+        "max_target_length": args.max_target_length,
+        "overlong": args.overlong,
+        "examples": {name: len(split) for name, split in dataset.items()},
+        "lengths": report,
+        "has_tables": bool(data.tables),
+        "arguments": asdict(args),
+        "textsql_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (output_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    return output_dir
+
+
+def tokenize_splits(splits: dict[str, list[Example]], tokenizer, prefix: str):
+    """Tokenized DatasetDict: input_ids, attention_mask, labels (unpadded) plus the question, target and query."""
+    from datasets import Dataset, DatasetDict
+
+    result = {}
+    for name, examples in splits.items():
+        sources = tokenizer([prefix + e.question for e in examples], truncation=False)
+        targets = tokenizer(text_target=[e.target for e in examples], truncation=False)
+        result[name] = Dataset.from_dict(
+            {
+                "question": [e.question for e in examples],
+                "target": [e.target for e in examples],
+                "table_id": [e.table_id for e in examples],
+                "sql": [json.dumps(e.sql) if e.sql is not None else "" for e in examples],
+                "input_ids": sources["input_ids"],
+                "attention_mask": sources["attention_mask"],
+                "labels": targets["input_ids"],
+            }
+        )
+    return DatasetDict(result)
+
+
+def length_report(dataset, max_source_length: int, max_target_length: int) -> dict:
+    """Token-length percentiles per split, mean real tokens per example, and how many exceed the max lengths."""
+    report = {}
+    for name, split in dataset.items():
+        source = np.array([len(ids) for ids in split["input_ids"]])
+        target = np.array([len(ids) for ids in split["labels"]])
+        report[name] = {
+            "source_percentiles": {f"p{p}": int(np.percentile(source, p)) for p in PERCENTILES},
+            "target_percentiles": {f"p{p}": int(np.percentile(target, p)) for p in PERCENTILES},
+            "mean_tokens_per_example": float((source.sum() + target.sum()) / max(len(split), 1)),
+            "source_over_max": int((source > max_source_length).sum()),
+            "target_over_max": int((target > max_target_length).sum()),
+            "examples": len(split),
+        }
+    return report
+
+
+def format_length_report(report: dict) -> str:
+    lines = [f"{'split':<11}{'n':>7}  source p50/p95/p99/max   target p50/p95/p99/max   over max (src/tgt)"]
+    for name, r in report.items():
+        s, t = r["source_percentiles"], r["target_percentiles"]
+        lines.append(
+            f"{name:<11}{r['examples']:>7}  {s['p50']:>5}/{s['p95']}/{s['p99']}/{s['p100']:<10}"
+            f"  {t['p50']:>5}/{t['p95']}/{t['p99']}/{t['p100']:<10}  {r['source_over_max']}/{r['target_over_max']}"
+        )
+    return "\n".join(lines)
+
+
+def apply_overlong_policy(dataset, report: dict, args: PrepArguments):
+    """Never truncate silently: error (default), truncate or drop, always saying how many."""
+    overlong = {name: (r["source_over_max"], r["target_over_max"]) for name, r in report.items() if r["source_over_max"] or r["target_over_max"]}
+    if not overlong:
+        return dataset
+    counts = "; ".join(f"{name}: {s} questions over {args.max_source_length} tokens, {t} targets over {args.max_target_length}" for name, (s, t) in overlong.items())
+    if args.overlong == "error":
+        raise TextsqlError(
+            f"Some examples are longer than the max lengths ({counts}). Raise --max_source_length/--max_target_length, "
+            "or pass --overlong truncate or --overlong drop."
+        )
+    logger.warning("%s examples over the max lengths: %s", "Truncating" if args.overlong == "truncate" else "Dropping", counts)
+    if args.overlong == "drop":
+        return dataset.filter(lambda row: len(row["input_ids"]) <= args.max_source_length and len(row["labels"]) <= args.max_target_length)
+    return dataset.map(lambda row: _truncate(row, args.max_source_length, args.max_target_length))
+
+
+def _truncate(row: dict, max_source: int, max_target: int) -> dict:
+    # Keep the final </s> so the model still learns where a query ends.
+    def cut(ids, n):
+        return ids if len(ids) <= n else ids[: n - 1] + ids[-1:]
+
+    input_ids = cut(row["input_ids"], max_source)
+    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": cut(row["labels"], max_target)}
+
+
+def _save_tables(output_dir: Path, data: WikiSQLData, splits: dict[str, list[Example]]) -> None:
+    """The tables the kept questions refer to, for executing queries later."""
+    used = {e.table_id for examples in splits.values() for e in examples}
+    with open(output_dir / TABLES_FILE, "w", encoding="utf-8") as f:
+        for table_id in sorted(used & data.tables.keys()):
+            f.write(json.dumps(data.tables[table_id]) + "\n")
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the vocabulary, so training can refuse data tokenized with another tokenizer."""
+    import hashlib
+
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def load_prepared(path: str | Path):
+    """The saved DatasetDict and its metadata, or a clear error saying how to make it."""
+    from datasets import load_from_disk
+
+    path = Path(path)
+    if not (path / METADATA_FILE).is_file():
+        raise TextsqlError(
+            f"'{path}' is not a prepared textsql dataset (no {METADATA_FILE}). Run `textsql prep --source ... --output_dir {path}` "
+            "first (or the prep_dataset notebook)."
+        )
+    return load_from_disk(str(path)), json.loads((path / METADATA_FILE).read_text())
+
+
+def load_tables(path: str | Path) -> dict[str, dict]:
+    tables_file = Path(path) / TABLES_FILE
+    if not tables_file.is_file():
+        return {}
+    with open(tables_file, encoding="utf-8") as f:
+        return {t["id"]: t for t in map(json.loads, f)}

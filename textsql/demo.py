@@ -1,0 +1,92 @@
+"""The demo: generated WikiSQL-format data, a locally trained tokenizer and tiny T5, and a short ZeRO-2 run on this machine."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+
+DEMO_PREFIX = "translate English to SQL: "
+
+
+@dataclass
+class DemoArguments:
+    """What the demo builds and how long it trains."""
+
+    workdir: str = field(default="textsql-demo", metadata={"help": "Everything the demo writes goes under this folder."})
+    deepspeed: str = field(default="zero2", metadata={"help": "Shipped strategy (zero1, zero2, zero3_offload), a dsconfig file, or 'none'."})
+    train_tables: int = field(default=300, metadata={"help": "Generated training tables (validation and test get a fifth each)."})
+    questions_per_table: int = field(default=10, metadata={"help": "Generated questions per table."})
+    epochs: float = field(default=4.0, metadata={"help": "Training epochs."})
+    batch_size: int = field(default=32, metadata={"help": "Per-device training batch size."})
+    d_model: int = field(default=128, metadata={"help": "Width of the tiny T5."})
+    num_layers: int = field(default=2, metadata={"help": "Encoder and decoder layers of the tiny T5."})
+    seed: int = field(default=0, metadata={"help": "Seed for the generator and the model."})
+
+    def __post_init__(self):
+        if self.train_tables < 5 or self.questions_per_table < 1 or self.epochs <= 0 or self.batch_size < 1:
+            raise TextsqlError("Demo sizes must be positive (and at least 5 training tables).")
+
+
+def release_records(folder: Path) -> tuple[list[dict], list[dict]]:
+    """(questions, tables) of every split in a release-format folder."""
+    questions, tables = [], []
+    for path in sorted(folder.glob("*.jsonl")):
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        (tables if path.name.endswith(".tables.jsonl") else questions).extend(records)
+    return questions, tables
+
+
+def build_assets(workdir: Path, *, train_tables: int = 300, questions_per_table: int = 10, d_model: int = 128, num_layers: int = 2, seed: int = 0) -> tuple[Path, Path]:
+    """Generated release files, a tiny T5 folder and the prepared dataset; reused when already there. Returns (data_dir, model_dir)."""
+    from textsql.data import METADATA_FILE, PrepArguments, prepare_dataset
+    from textsql.generate import generate_wikisql
+    from textsql.tiny import corpus_for_tokenizer, make_tiny_model
+
+    workdir = Path(workdir)
+    raw_dir, model_dir, data_dir = workdir / "wikisql-generated", workdir / "tiny-t5", workdir / "data"
+    if not (raw_dir / "train.jsonl").exists():
+        held_out = max(1, train_tables // 5)
+        generate_wikisql(raw_dir, train_tables=train_tables, dev_tables=held_out, test_tables=held_out, questions_per_table=questions_per_table, seed=seed)
+    if not (model_dir / "config.json").exists():
+        # The tokenizer sees every split's text, as a pretrained tokenizer has seen the web; the model sees only train.
+        questions, tables = release_records(raw_dir)
+        make_tiny_model(model_dir, corpus_for_tokenizer(questions, tables, prefix=DEMO_PREFIX), d_model=d_model, num_layers=num_layers, seed=seed)
+    if not (data_dir / METADATA_FILE).exists():
+        prepare_dataset(PrepArguments(source=str(raw_dir), model_id=str(model_dir), output_dir=str(data_dir), source_prefix=DEMO_PREFIX))
+    return data_dir, model_dir
+
+
+def demo_train_argv(args: DemoArguments, data_dir: Path, model_dir: Path) -> list[str]:
+    argv = [
+        "--model_id", str(model_dir),
+        "--dataset_dir", str(data_dir),
+        "--runs_root", str(Path(args.workdir) / "runs"),
+        "--num_train_epochs", str(args.epochs),
+        "--per_device_train_batch_size", str(args.batch_size),
+        "--per_device_eval_batch_size", "64",
+        "--learning_rate", "2e-3",
+        "--warmup_steps", "30",
+        "--logging_steps", "10",
+        "--seed", str(args.seed),
+        "--overwrite", "True",  # the demo's own folder: running it again trains again
+    ]
+    if args.deepspeed != "none":
+        argv += ["--deepspeed", args.deepspeed]
+    return argv
+
+
+def run_demo(args: DemoArguments) -> dict:
+    """Build the assets, train, and return the run summary."""
+    from textsql.train import train
+
+    data_dir, model_dir = build_assets(
+        Path(args.workdir), train_tables=args.train_tables, questions_per_table=args.questions_per_table,
+        d_model=args.d_model, num_layers=args.num_layers, seed=args.seed,
+    )
+    summary = train(demo_train_argv(args, data_dir, model_dir))
+    metadata = json.loads((data_dir / "textsql_data.json").read_text())
+    summary["mean_real_tokens_per_example"] = metadata["lengths"]["train"]["mean_tokens_per_example"]
+    return summary

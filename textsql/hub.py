@@ -1,0 +1,50 @@
+"""Load tokenizers and seq2seq models from a hub name or a local folder, with an offline-aware error."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _not_found(name: str, error: Exception) -> TextsqlError:
+    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
+        return TextsqlError(
+            f"'{name}' is not a usable model folder ({str(error).splitlines()[0]}). It must hold config.json, "
+            "the weights (model.safetensors) and the tokenizer files, as written by save_pretrained."
+        )
+    local = f"models/{name.split('/')[-1]}"
+    where = (
+        f"HF_HUB_OFFLINE is set and '{name}' is not in the local Hugging Face cache."
+        if hub_offline()
+        else f"'{name}' could not be fetched from the hub ({str(error).splitlines()[0]})."
+    )
+    return TextsqlError(
+        f"{where} On a machine with internet access run `huggingface-cli download {name} --local-dir {local}`, "
+        f"copy the folder '{local}' into the project, and pass --model_id {local}."
+    )
+
+
+def load_tokenizer(name: str):
+    """A fast tokenizer for `name` (hub id or folder)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as error:
+        raise _not_found(name, error) from None
+
+
+def load_seq2seq_model(name: str, **kwargs):
+    """A seq2seq LM for `name` (hub id or folder); kwargs go to from_pretrained."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)
+    except (OSError, ValueError) as error:
+        raise _not_found(name, error) from None

@@ -1,0 +1,175 @@
+"""A tokenizer trained on local text and a tiny T5 built from scratch, so tests and demos download nothing."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from textsql.errors import TextsqlError
+
+SOURCE_PREFIX = "translate English to SQL: "
+WORD_START = "▁"  # SentencePiece's word-start marker, as T5's Metaspace pre-tokenizer writes it
+SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2, as in every T5 checkpoint
+# A word's units: letter runs, digit runs and single other characters ("(millions)" -> "(", "millions", ")").
+UNIT_PATTERN = re.compile(r"[^\W\d_]+|\d+|\S")
+# Score offsets keep the fallbacks last: a known unit beats fragments, fragments beat single characters.
+DIGIT_PAIR_PENALTY = 2.0
+FRAGMENT_PENALTY = 10.0
+CHARACTER_PENALTY = 20.0
+FRAGMENT_LENGTHS = (2, 3)
+
+
+def corpus_for_tokenizer(questions: Iterable[dict], tables: Iterable[dict], *, prefix: str = SOURCE_PREFIX) -> Iterator[str]:
+    """Texts to train a tokenizer on: prefixed questions, their human-readable SQL, and every header and cell.
+
+    `questions` and `tables` are release-format records (see textsql.generate); the cells make sure every
+    character of the tables is in the vocabulary, so SQL copied from a table always round-trips.
+    """
+    from textsql.wikisql import render_sql
+
+    headers = {}
+    for table in tables:
+        headers[table["id"]] = table["header"]
+        yield from table["header"]
+        yield from (" ".join(str(cell) for cell in row) for row in table["rows"])
+    for question in questions:
+        if question["table_id"] not in headers:
+            raise TextsqlError(f"Question {question['question']!r} refers to table {question['table_id']!r}, which is not among the tables passed.")
+        yield prefix + question["question"]
+        yield render_sql(question["sql"], headers[question["table_id"]])
+
+
+def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 4000, extra_ids: int = 100):
+    """A T5TokenizerFast whose Unigram vocabulary is built from `texts` by counting, not by UnigramTrainer.
+
+    Pieces: the units of words (letter runs, digit runs, punctuation) by frequency, in word-start ("▁word") and
+    continuation ("word") forms; every two-digit number; frequent 2-3 letter fragments to fill the budget; and
+    every character seen, in both forms, as the last resort. Scores are log-frequencies, so a known unit is one
+    token. `vocab_size` counts everything (specials and the `extra_ids` sentinels too); the result may be smaller.
+    Decoding gives back the text with runs of whitespace collapsed to one space, for any text made of seen characters.
+    """
+    from transformers import T5TokenizerFast
+
+    unit_counts, character_counts = _count_units(texts)
+    if not character_counts:
+        raise TextsqlError("The tokenizer needs training text: pass a non-empty list of sentences (see corpus_for_tokenizer).")
+    pieces = _character_pieces(character_counts)
+    budget = vocab_size - len(SPECIAL_TOKENS) - 1 - extra_ids - len(pieces)  # 1 for the bare "▁"
+    if budget < 0:
+        raise TextsqlError(
+            f"vocab_size={vocab_size} is too small: the {len(character_counts)} characters in the training text need "
+            f"{len(pieces)} pieces besides {len(SPECIAL_TOKENS) + 1 + extra_ids} special ones. Use vocab_size >= "
+            f"{vocab_size - budget + 500} or fewer extra_ids."
+        )
+    _add_best(pieces, _unit_pieces(unit_counts), budget - 2 * 100)  # room kept for the digit pairs
+    _add_best(pieces, _digit_pair_pieces(sum(unit_counts.values())), budget - _added(pieces, character_counts))
+    _add_best(pieces, _fragment_pieces(unit_counts), budget - _added(pieces, character_counts))
+    vocab = (
+        [(token, 0.0) for token in SPECIAL_TOKENS]
+        + [(WORD_START, -CHARACTER_PENALTY * 2)]
+        + sorted(pieces.items(), key=lambda item: -item[1])
+        + [(f"<extra_id_{i}>", 0.0) for i in reversed(range(extra_ids))]  # T5 puts <extra_id_0> last
+    )
+    # clean_up_tokenization_spaces would turn "No . in" into "No. in" and break the round trip
+    return T5TokenizerFast(vocab=vocab, extra_ids=extra_ids, clean_up_tokenization_spaces=False)
+
+
+def _count_units(texts: Iterable[str]) -> tuple[Counter, Counter]:
+    """Counts of pieces ("▁" + a word's first unit, later units bare) and of single characters."""
+    units, characters = Counter(), Counter()
+    for text in texts:
+        for word in text.split():
+            characters.update(word)
+            for position, unit in enumerate(UNIT_PATTERN.findall(word)):
+                units[WORD_START + unit if position == 0 else unit] += 1
+    return units, characters
+
+
+def _character_pieces(character_counts: Counter) -> dict[str, float]:
+    total = sum(character_counts.values())
+    pieces = {}
+    for character, count in character_counts.items():
+        score = math.log(count / total) - CHARACTER_PENALTY
+        pieces[character] = score
+        pieces[WORD_START + character] = score
+    return pieces
+
+
+def _unit_pieces(unit_counts: Counter) -> dict[str, float]:
+    total = sum(unit_counts.values())
+    return {unit: math.log(count / total) for unit, count in unit_counts.items()}
+
+
+def _digit_pair_pieces(total_units: int) -> dict[str, float]:
+    """'00'..'99' in both forms, so unseen numbers take about half as many tokens as digits."""
+    score = math.log(0.5 / max(total_units, 1)) - DIGIT_PAIR_PENALTY
+    return {form: score for number in range(100) for form in (f"{number:02d}", f"{WORD_START}{number:02d}")}
+
+
+def _fragment_pieces(unit_counts: Counter) -> dict[str, float]:
+    """Frequent letter fragments (continuation form) of lower-cased units: 'müller' as 'm'+'ül'+'ler', not 6 letters."""
+    fragments = Counter()
+    for unit, count in unit_counts.items():
+        letters = unit.removeprefix(WORD_START).lower()
+        if not letters.isalpha():
+            continue
+        for length in FRAGMENT_LENGTHS:
+            for start in range(1, len(letters) - length + 1):
+                fragments[letters[start : start + length]] += count
+    total = sum(fragments.values())
+    return {fragment: math.log(count / total) - FRAGMENT_PENALTY for fragment, count in fragments.items()}
+
+
+def _add_best(pieces: dict[str, float], candidates: dict[str, float], budget: int) -> None:
+    """Add the best-scored candidates not yet in `pieces` (at most `budget`); a piece already there keeps its best score."""
+    for piece in candidates.keys() & pieces.keys():
+        pieces[piece] = max(pieces[piece], candidates[piece])
+    new = sorted((piece for piece in candidates if piece not in pieces), key=lambda piece: -candidates[piece])
+    for piece in new[: max(budget, 0)]:
+        pieces[piece] = candidates[piece]
+
+
+def _added(pieces: dict[str, float], character_counts: Counter) -> int:
+    """How many pieces beyond the character fallbacks are in the vocabulary so far."""
+    return len(pieces) - 2 * len(character_counts)
+
+
+def build_tiny_t5(tokenizer, *, d_model: int = 64, num_layers: int = 2, num_heads: int = 4, d_ff: int = 256, seed: int = 0):
+    """A randomly initialised T5ForConditionalGeneration sized for tests (about 0.5M parameters with the defaults)."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    if d_model % num_heads:
+        raise TextsqlError(f"d_model={d_model} must be a multiple of num_heads={num_heads} (each head gets d_model / num_heads).")
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=d_model,
+        d_kv=d_model // num_heads,
+        d_ff=d_ff,
+        num_layers=num_layers,
+        num_decoder_layers=num_layers,
+        num_heads=num_heads,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,  # T5 starts decoding from <pad>
+    )
+    with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's random state
+        torch.manual_seed(seed)
+        return T5ForConditionalGeneration(config)
+
+
+def make_tiny_model(out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 4000, extra_ids: int = 100, **model_sizes) -> Path:
+    """Train a tokenizer on `texts`, build a tiny T5 for it, and save both into out_dir (loadable with Auto* classes).
+
+    `model_sizes` go to build_tiny_t5 (d_model, num_layers, num_heads, d_ff, seed). Returns out_dir.
+    """
+    out_dir = Path(out_dir)
+    tokenizer = train_tokenizer(texts, vocab_size=vocab_size, extra_ids=extra_ids)
+    model = build_tiny_t5(tokenizer, **model_sizes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    return out_dir
