@@ -63,6 +63,38 @@ NOTEBOOKS = {
             "import pandas as pd\n\npd.DataFrame(summary['peak_memory_per_rank'])"
         ),
     ],
+    "run_inference.ipynb": [
+        new_markdown_cell(
+            "# Generate and score SQL\n\n"
+            "Loads a fine-tuned model folder (the run folder of any strategy), generates SQL for a split in batches, "
+            "parses it back against each question's table, executes it in SQLite and scores it the WikiSQL way: exact "
+            "match, logical-form accuracy, execution accuracy. Writes `predictions.jsonl` and `eval_metrics.json` into "
+            "the model folder. Same as `textsql infer`. Put your own questions in `questions` (and a `table_id` to run them)."
+        ),
+        new_code_cell(
+            'model_dir = "runs/t5-small-zero2-ws1-bs32"\ndataset_dir = "data/wikisql"\nsplit = "test"\nmax_examples = None\n'
+            "batch_size = 64\nnum_beams = 1\nquestions = []\ntable_id = None",
+            metadata={"tags": ["parameters"]},
+        ),
+        new_code_cell(
+            "from textsql.infer import InferArguments, run_inference\n\n"
+            "metrics = run_inference(InferArguments(model_dir=model_dir, dataset_dir=dataset_dir, split=split,\n"
+            "                                       max_examples=max_examples, batch_size=batch_size, num_beams=num_beams))"
+        ),
+        new_code_cell(
+            "import pandas as pd\n\n"
+            "pd.concat({'by aggregation': pd.DataFrame(metrics['by_aggregation']).T,\n"
+            "           'by conditions': pd.DataFrame(metrics['by_num_conditions']).T})"
+        ),
+        new_code_cell(
+            "predictions = pd.read_json(f'{model_dir}/predictions.jsonl', lines=True)\n"
+            "predictions[~predictions.execution_match][['question', 'predicted_sql', 'gold_sql', 'parse_error']].head(10)"
+        ),
+        new_code_cell(
+            "if questions:\n"
+            "    run_inference(InferArguments(model_dir=model_dir, dataset_dir=dataset_dir, question=questions, table_id=table_id))"
+        ),
+    ],
 }
 
 

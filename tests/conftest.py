@@ -37,3 +37,54 @@ def cpu_env(tmp_path):
     )
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
     return env
+
+
+@pytest.fixture(scope="session")
+def two_tiny_runs(assets, tmp_path_factory):
+    """(runs_root, {"none": summary, "zero2": summary}): two tiny trainings, without DeepSpeed and with ZeRO-2, built once.
+
+    Both run at the same time (one thread each), 12 steps with an evaluation every 6; the report and TensorBoard tests share them.
+    """
+    import json
+    import subprocess
+
+    data_dir, model_dir = assets
+    workdir = tmp_path_factory.mktemp("two-runs")
+    runs_root = workdir / "runs"
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
+    argv = [sys.executable, "-m", "textsql.train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root),
+            "--max_steps", "12", "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32", "--learning_rate", "3e-3",
+            "--warmup_steps", "2", "--logging_steps", "2", "--eval_strategy", "steps", "--eval_steps", "6", "--save_strategy", "no",
+            "--max_eval_samples", "32", "--dataloader_num_workers", "0"]
+    children = {
+        label: subprocess.Popen(argv + extra, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for label, extra in (("none", []), ("zero2", ["--deepspeed", "zero2"]))
+    }
+    summaries = {}
+    for label, child in children.items():
+        output, _ = child.communicate(timeout=900)
+        assert child.returncode == 0, f"the {label} run failed:\n{output[-5000:]}"
+        summaries[label] = json.loads((runs_root / f"tiny-t5-{label}-ws1-bs16" / "run_summary.json").read_text())
+    return runs_root, summaries
+
+
+@pytest.fixture(scope="session")
+def trained_run(assets, tmp_path_factory):
+    """A finished tiny-T5 run (no DeepSpeed) that scored execution accuracy at each evaluation: (run_dir, data_dir)."""
+    import json
+    import subprocess
+
+    data_dir, model_dir = assets
+    runs = tmp_path_factory.mktemp("trained")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
+    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs), "--max_steps", "60",
+            "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--warmup_steps", "5", "--logging_steps", "10",
+            "--eval_strategy", "steps", "--eval_steps", "30", "--save_strategy", "no", "--max_eval_samples", "64",
+            "--execution_accuracy_samples", "32"]
+    done = subprocess.run([sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-5000:]
+    run_dir = runs / "tiny-t5-none-ws1-bs16"
+    assert json.loads((run_dir / "run_summary.json").read_text())["global_step"] == 60
+    return run_dir, data_dir

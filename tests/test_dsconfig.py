@@ -345,8 +345,15 @@ def test_oversized_zero2_bucket_warns_but_loads(tmp_path):
 
 
 def test_unset_zero1_bucket_warns_about_deepspeeds_default(tmp_path):
-    cfg = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}}
-    with pytest.warns(DsConfigWarning, match="allgather_bucket_size is not set, so DeepSpeed uses its default of 5e8"):
+    cfg = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1}}
+    with pytest.warns(DsConfigWarning, match="reduce_bucket_size is not set, so DeepSpeed uses its default of 5e8"):
+        load_dsconfig(write(tmp_path, cfg))
+
+
+def test_allgather_bucket_is_no_buffer_and_does_not_warn(tmp_path):
+    cfg = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto", "allgather_bucket_size": 5e8}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DsConfigWarning)
         load_dsconfig(write(tmp_path, cfg))
 
 

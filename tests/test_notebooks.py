@@ -55,3 +55,18 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
     assert "--module textsql.train" in text and "strategy       zero2" in text and "peak RSS" in text
     summary = json.loads((tmp_path / "runs/tiny-t5-zero2-ws1-bs16/run_summary.json").read_text())
     assert summary["global_step"] == 12 and summary["strategy"]["label"] == "zero2"
+
+
+@pytest.mark.slow
+def test_inference_notebook_executes(trained_run, tmp_path, cpu_env, monkeypatch):
+    for key, value in cpu_env.items():
+        monkeypatch.setenv(key, value)
+    run_dir, data_dir = trained_run
+    from textsql.data import load_prepared
+
+    row = load_prepared(data_dir)[0]["test"][0]
+    notebook = execute("run_inference.ipynb", tmp_path, {"model_dir": str(run_dir), "dataset_dir": str(data_dir), "max_examples": 40,
+                                                         "questions": [row["question"]], "table_id": row["table_id"]})
+    text = outputs_text(notebook)
+    assert "Expected Answer:" in text and "40 examples (test)" in text and "by aggregation" in text
+    assert json.loads((run_dir / "eval_metrics.json").read_text())["examples"] == 40

@@ -27,6 +27,19 @@ def test_prepared_dataset_is_unpadded_with_masks_and_metadata(assets):
     report = meta["lengths"]["train"]
     assert report["source_percentiles"]["p50"] <= report["source_percentiles"]["p99"] <= report["source_percentiles"]["p100"] == max(lengths)
     assert report["source_over_max"] == 0 and report["target_over_max"] == 0
+    assert meta["targets_lost_in_tokenization"] == {"examples": 0, "characters": {}}
+
+
+def test_targets_the_tokenizer_cannot_produce_are_counted(assets):
+    from transformers import AutoTokenizer
+
+    from textsql.data import characters_lost_in_targets, tokenize_splits
+    from textsql.wikisql import Example
+
+    tokenizer = AutoTokenizer.from_pretrained(assets[1])
+    splits = {"train": [Example("q", "SELECT Year FROM table WHERE Points ☃ 3"), Example("q", "SELECT Year FROM table")]}
+    lost = characters_lost_in_targets(tokenize_splits(splits, tokenizer, "p: "), tokenizer)
+    assert lost == {"examples": 1, "characters": {"☃": 1}}
 
 
 def test_questions_start_with_the_task_prefix(assets):

@@ -11,7 +11,9 @@ USAGE = """usage: textsql COMMAND [ARGS]
 commands:
   prep           load WikiSQL (release files, hub copy, or generated), tokenize and save it
   train          fine-tune a model, with or without a DeepSpeed config (dsconfig/*.json)
+  infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
   check-config   validate DeepSpeed config files as a user edits them
+  plan           predict GPU and CPU memory per pod for every strategy, and recommend one
   demo           generate data, train a tiny T5 with ZeRO-2 on this machine, print the run summary
 
 `textsql COMMAND --help` lists a command's arguments."""
@@ -36,10 +38,22 @@ def train_command(argv: list[str]) -> int:
     return main(argv)
 
 
+def infer_command(argv: list[str]) -> int:
+    from textsql.infer import infer_cli
+
+    return infer_cli(argv)
+
+
 def check_config_command(argv: list[str]) -> int:
     from textsql.dsconfig import check_config_cli
 
     return check_config_cli(argv)
+
+
+def plan_command(argv: list[str]) -> int:
+    from textsql.memory import plan_cli
+
+    return plan_cli(argv)
 
 
 def demo_command(argv: list[str]) -> int:
@@ -53,11 +67,14 @@ def demo_command(argv: list[str]) -> int:
     print("\n=== textsql demo: run summary ===")
     print(format_summary(summary))
     print(f"mean real tokens per example: {summary['mean_real_tokens_per_example']:.1f}")
+    test, baseline = summary["test_metrics"], summary["baseline_metrics"]
+    print(f"test split: exact match {test['exact_match']:.1%}, logical form {test['logical_form_accuracy']:.1%}, "
+          f"execution {test['execution_accuracy']:.1%}  (trivial baseline: execution {baseline['execution_accuracy']:.1%})")
     print(f"full summary: {summary['output_dir']}/run_summary.json")
     return 0
 
 
-COMMANDS = {"prep": prep_command, "train": train_command, "check-config": check_config_command, "demo": demo_command}
+COMMANDS = {"prep": prep_command, "train": train_command, "infer": infer_command, "check-config": check_config_command, "plan": plan_command, "demo": demo_command}
 
 
 def main(argv: list[str] | None = None) -> int:

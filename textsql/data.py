@@ -93,6 +93,13 @@ def prepare_dataset(args: PrepArguments):
     splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
     dataset = tokenize_splits(splits, tokenizer, args.source_prefix)
     report = length_report(dataset, args.max_source_length, args.max_target_length)
+    lost = characters_lost_in_targets(dataset, tokenizer)
+    if lost["examples"]:
+        logger.warning(
+            "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it cannot produce: %s); the model "
+            "cannot generate them exactly, so those examples cannot be scored right.", lost["examples"], args.model_id,
+            ", ".join(f"{c!r} x{n}" for c, n in lost["characters"].items()),
+        )
     dataset = apply_overlong_policy(dataset, report, args)
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset.save_to_disk(str(output_dir))
@@ -107,6 +114,7 @@ def prepare_dataset(args: PrepArguments):
         "overlong": args.overlong,
         "examples": {name: len(split) for name, split in dataset.items()},
         "lengths": report,
+        "targets_lost_in_tokenization": lost,
         "has_tables": bool(data.tables),
         "arguments": asdict(args),
         "textsql_version": __version__,
@@ -136,6 +144,20 @@ def tokenize_splits(splits: dict[str, list[Example]], tokenizer, prefix: str):
             }
         )
     return DatasetDict(result)
+
+
+def characters_lost_in_targets(dataset, tokenizer) -> dict:
+    """Targets whose decode(encode(text)) differs, and the characters missing (real T5 vocabularies have no '<', for one)."""
+    from collections import Counter
+
+    missing: Counter = Counter()
+    examples = 0
+    for split in dataset.values():
+        for target, decoded in zip(split["target"], tokenizer.batch_decode(list(split["labels"]), skip_special_tokens=True)):
+            if " ".join(decoded.split()) != target:
+                examples += 1
+                missing.update(set(target) - set(decoded))
+    return {"examples": examples, "characters": dict(missing.most_common(20))}
 
 
 def length_report(dataset, max_source_length: int, max_target_length: int) -> dict:

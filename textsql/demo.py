@@ -70,6 +70,7 @@ def demo_train_argv(args: DemoArguments, data_dir: Path, model_dir: Path) -> lis
         "--learning_rate", "2e-3",
         "--warmup_steps", "30",
         "--logging_steps", "10",
+        "--execution_accuracy_samples", "200",
         "--seed", str(args.seed),
         "--overwrite", "True",  # the demo's own folder: running it again trains again
     ]
@@ -78,8 +79,9 @@ def demo_train_argv(args: DemoArguments, data_dir: Path, model_dir: Path) -> lis
     return argv
 
 
-def run_demo(args: DemoArguments) -> dict:
-    """Build the assets, train, and return the run summary."""
+def run_demo(args: DemoArguments, echo=print) -> dict:
+    """Build the assets, train, score the model on the generated test split, and return the run summary."""
+    from textsql.infer import InferArguments, run_inference
     from textsql.train import train
 
     data_dir, model_dir = build_assets(
@@ -89,4 +91,20 @@ def run_demo(args: DemoArguments) -> dict:
     summary = train(demo_train_argv(args, data_dir, model_dir))
     metadata = json.loads((data_dir / "textsql_data.json").read_text())
     summary["mean_real_tokens_per_example"] = metadata["lengths"]["train"]["mean_tokens_per_example"]
+    summary["test_metrics"] = run_inference(InferArguments(model_dir=summary["output_dir"], dataset_dir=str(data_dir), split="test", show_examples=3), echo=echo)
+    summary["baseline_metrics"] = trivial_baseline(data_dir)
     return summary
+
+
+def trivial_baseline(data_dir: Path) -> dict:
+    """Scores of a model that ignores the question: the training split's most common aggregation over the first column, no conditions."""
+    from collections import Counter
+
+    from textsql.infer import load_scoring_set, score_predictions
+    from textsql.wikisql import render_sql
+
+    train = load_scoring_set(str(data_dir), "train")
+    agg = Counter(q["agg"] for q in train.gold_queries if q).most_common(1)[0][0]
+    test = load_scoring_set(str(data_dir), "test")
+    guesses = [render_sql({"sel": 0, "agg": agg, "conds": []}, test.tables[t]["header"]) for t in test.table_ids]
+    return score_predictions(test, guesses)[1]

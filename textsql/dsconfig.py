@@ -668,13 +668,16 @@ def _one_line(exc) -> str:
 
 
 def _warn_big_buckets(cfg) -> None:
-    """Warn about ZeRO-1/2 buckets above 2e8 elements (the unset default is 5e8: 2 GB in fp32)."""
+    """Warn about ZeRO-1/2 reduce buckets above 2e8 elements (the unset default is 5e8: 2 GB in fp32).
+
+    Only the reduce bucket is a buffer of its own; DeepSpeed 0.19 all-gathers the partitions in place.
+    """
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     zero = cfg.get("zero_optimization") or {}
     if zero.get("stage") not in (1, 2):
         return
-    for key in ("reduce_bucket_size", "allgather_bucket_size"):
+    for key in ("reduce_bucket_size",):
         value = zero.get(key, DeepSpeedZeroConfig.model_fields[key].default)
         if _is_number(value) and value > BUCKET_WARN_ELEMENTS:
             how = "is" if key in zero else "is not set, so DeepSpeed uses its default of"

@@ -41,8 +41,15 @@ class DataArguments:
     dataset_dir: str = field(default="data/wikisql", metadata={"help": "Folder written by `textsql prep`."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on at most this many examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on at most this many validation examples."})
+    execution_accuracy_samples: int = field(
+        default=0,
+        metadata={"help": "At each evaluation, generate SQL for the first N validation questions and log their execution "
+                  "accuracy (TensorBoard eval/execution_accuracy, run_summary.json). 0 turns it off."},
+    )
 
     def __post_init__(self):
+        if self.execution_accuracy_samples < 0:
+            raise TextsqlError("--execution_accuracy_samples must be 0 (off) or a positive number of validation questions.")
         for name in ("max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TextsqlError(f"--{name} must be a positive number (or left out for all).")
@@ -312,6 +319,31 @@ def make_trainer_class():
             self._pending_tokens = torch.zeros((), dtype=torch.long)
             self._last_log = (time.perf_counter(), 0, 0)
 
+        execution_scoring = None  # a textsql.infer.ScoringSet when execution accuracy is scored at each evaluation
+
+        def evaluate(self, *args, **kwargs):
+            metrics = super().evaluate(*args, **kwargs)
+            if self.execution_scoring is not None:
+                accuracy = self.execution_accuracy()
+                metrics["eval_execution_accuracy"] = accuracy
+                self.log({"eval_execution_accuracy": accuracy})
+            return metrics
+
+        def execution_accuracy(self) -> float:
+            """Every rank generates the same questions: under ZeRO-3 they must step through generate() together."""
+            from transformers.integrations import is_deepspeed_zero3_enabled
+
+            from textsql.infer import generate_sql, score_predictions
+
+            model = self.accelerator.unwrap_model(self.model)
+            predictions = generate_sql(
+                model, self.processing_class, self.execution_scoring.sources, batch_size=self.args.per_device_eval_batch_size,
+                synced_gpus=is_deepspeed_zero3_enabled() and self.args.world_size > 1, progress=self.is_world_process_zero(),
+                device=self.args.device,
+            )
+            _, metrics = score_predictions(self.execution_scoring, predictions)
+            return metrics["execution_accuracy"]
+
         def training_step(self, model, inputs, num_items_in_batch=None):
             # Accumulated on the batch's device and read only at log time, so no sync per step.
             tokens = inputs["attention_mask"].sum() + (inputs["labels"] != -100).sum()
@@ -408,6 +440,10 @@ def train(argv: list[str]) -> dict | None:
         data_collator=collator,
         processing_class=tokenizer,
     )
+    if data_args.execution_accuracy_samples and eval_set is not None:
+        from textsql.infer import load_scoring_set
+
+        trainer.execution_scoring = load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples)
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
     try:
@@ -424,6 +460,9 @@ def train(argv: list[str]) -> dict | None:
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(model_args, data_args, run_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
+    from textsql.memory import compare_with_run
+
+    summary["memory_check"] = compare_with_run(summary)  # every run checks the planner's prediction
     (plan.output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return summary
 
@@ -457,6 +496,10 @@ def build_summary(model_args, data_args, run_args, training_args, plan, result, 
         "epochs": trainer.state.epoch,
         "train_loss": metrics.get("train_loss"),
         "eval_loss": eval_metrics.get("eval_loss"),
+        "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
+        "execution_accuracy_history": [
+            {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]} for h in trainer.state.log_history if "eval_execution_accuracy" in h
+        ],
         "first_logged_loss": next((h["loss"] for h in trainer.state.log_history if "loss" in h), None),
         "last_logged_loss": next((h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h), None),
         "peak_memory_per_rank": memory,
@@ -491,9 +534,15 @@ def format_summary(summary: dict) -> str:
         f"loss           first {summary['first_logged_loss']:.3f} -> last {summary['last_logged_loss']:.3f}; "
         f"train {summary['train_loss']:.3f}, eval {summary['eval_loss'] if summary['eval_loss'] is None else round(summary['eval_loss'], 3)}",
     ]
+    if summary.get("execution_accuracy") is not None:
+        lines.append(f"exec accuracy  {summary['execution_accuracy']:.1%} on the first {summary['arguments']['data']['execution_accuracy_samples']} validation questions")
     for m in summary["peak_memory_per_rank"]:
         gpu = f", CUDA max allocated {m['cuda_max_allocated_bytes'] / gib:.2f} GiB reserved {m['cuda_max_reserved_bytes'] / gib:.2f} GiB" if "cuda_max_allocated_bytes" in m else ""
         lines.append(f"rank {m['rank']:<9} {m['host']} {m['device']}: peak RSS {m['cpu_peak_rss_bytes'] / gib:.2f} GiB{gpu}")
+    if summary.get("memory_check"):
+        from textsql.memory import format_comparison
+
+        lines.append(f"memory plan    {format_comparison(summary['memory_check'])}")
     lines.append(f"tensorboard    tensorboard --logdir {Path(summary['output_dir']).parent}")
     return "\n".join(lines)
 

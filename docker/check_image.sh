@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Build-time checks of a textsql runtime image: the last step of docker/Dockerfile.jupyter and
+# docker/Dockerfile.workbench. Any failure fails the build, with the reason.
+# Inputs (environment): TORCH_VERSION, DS_BUILD_OPS / DS_BUILD_CPU_ADAM / DS_BUILD_FUSED_ADAM (1 = pre-built),
+# ML_RUNTIME_CUDA_VERSION (from the CML base), CUDA_HOME, TEXTSQL_SSHD_CONFIG,
+# TEXTSQL_REQUIREMENTS (default /etc/textsql/requirements.txt).
+set -euo pipefail
+export TEXTSQL_REQUIREMENTS="${TEXTSQL_REQUIREMENTS:-/etc/textsql/requirements.txt}"
+fail() { echo "check_image: FAILED: $*" >&2; exit 1; }
+ok() { echo "check_image: ok: $*"; }
+
+# 1. nvcc of the base's CUDA release, and the headers DeepSpeed's ops compile against.
+command -v nvcc >/dev/null || fail "nvcc not on PATH (CUDA_HOME=${CUDA_HOME:-unset})"
+nvcc_release="$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')"
+[[ -n "$nvcc_release" ]] || fail "cannot read the nvcc release from: $(nvcc --version | tail -1)"
+if [[ -n "${ML_RUNTIME_CUDA_VERSION:-}" ]]; then
+  base_release="$(cut -d. -f1,2 <<<"$ML_RUNTIME_CUDA_VERSION")"
+  [[ "$nvcc_release" == "$base_release" ]] || fail "nvcc is CUDA $nvcc_release but the base runtime declares CUDA $ML_RUNTIME_CUDA_VERSION (set CUDA_PKG_SUFFIX/CUDA_PKG_VERSION/CUDA_NVTX_VERSION to match the base)"
+fi
+for header in cuda_runtime.h cublas_v2.h cusparse.h cusolverDn.h curand.h cufft.h; do
+  [[ -f "$CUDA_HOME/include/$header" ]] || fail "missing CUDA header $CUDA_HOME/include/$header"
+done
+[[ -f "$CUDA_HOME/include/nvtx3/nvToolsExt.h" || -f "$CUDA_HOME/include/nvToolsExt.h" ]] || fail "missing NVTX headers"
+[[ -f /usr/include/libaio.h ]] || fail "missing libaio headers (libaio-dev)"
+ok "nvcc $nvcc_release, CUDA headers, NVTX, libaio"
+
+# 2. Launchers and ssh.
+for tool in pdsh mpirun ssh /usr/sbin/sshd g++ ninja; do
+  command -v "$tool" >/dev/null || fail "$tool not found"
+done
+ok "pdsh, mpirun, ssh, sshd, g++, ninja"
+
+# 3. No host keys, no private keys, no disabled host key checking anywhere ssh looks.
+if compgen -G '/etc/ssh/ssh_host_*' >/dev/null; then fail "host keys left in the image: $(echo /etc/ssh/ssh_host_*)"; fi
+key_dirs=(/etc/ssh "$(dirname "$TEXTSQL_SSHD_CONFIG")")
+for home in /root /home/*; do [[ -d "$home/.ssh" ]] && key_dirs+=("$home/.ssh"); done
+# (The bracket keeps this line from matching itself: check_image.sh lies in the scanned folder.)
+if found="$(grep -rIl -e 'PRIVATE[ ]KEY-----' "${key_dirs[@]}" 2>/dev/null)"; then fail "private keys in the image: $found"; fi
+if found="$(grep -rIil -E 'StrictHostKeyChecking[[:space:]=]+no' /etc/ssh 2>/dev/null)"; then fail "host key checking disabled in: $found"; fi
+ok "no host keys, no private keys, host key checking not disabled"
+
+# 4. This image's sshd accepts the shipped configuration (with a throw-away host key, deleted at once).
+tmp="$(mktemp -d)"
+ssh-keygen -q -t ed25519 -N '' -C check -f "$tmp/key"
+/usr/sbin/sshd -t -f "$TEXTSQL_SSHD_CONFIG" -o "HostKey=$tmp/key" -o "PidFile=$tmp/pid" || { rm -rf "$tmp"; fail "sshd rejects $TEXTSQL_SSHD_CONFIG"; }
+rm -rf "$tmp"
+ok "sshd accepts $TEXTSQL_SSHD_CONFIG"
+
+# 5. torch: the pinned version, a CUDA build of the same CUDA major as nvcc (DeepSpeed's JIT refuses a major
+#    mismatch); then every pin of requirements.txt installed at exactly its version.
+python3 - "$nvcc_release" <<'EOF'
+import re, sys
+from importlib.metadata import version, PackageNotFoundError
+import os
+import torch
+
+nvcc = sys.argv[1]
+want = os.environ.get("TORCH_VERSION", "")
+have = torch.__version__.split("+")[0]
+if want and have != want:
+    sys.exit(f"check_image: FAILED: torch {torch.__version__} installed, {want} pinned")
+if torch.version.cuda is None:
+    sys.exit(f"check_image: FAILED: torch {torch.__version__} is not a CUDA build (set TORCH_INDEX_URL to a CUDA index)")
+if torch.version.cuda.split(".")[0] != nvcc.split(".")[0]:
+    sys.exit(f"check_image: FAILED: torch is built with CUDA {torch.version.cuda}, nvcc is {nvcc}: DeepSpeed cannot build its ops "
+             "(choose a torch CUDA variant of the same major with TORCH_INDEX_URL, or a base of that CUDA)")
+print(f"check_image: ok: torch {torch.__version__} (CUDA {torch.version.cuda}), nvcc {nvcc}")
+
+bad = []
+for line in open(os.environ["TEXTSQL_REQUIREMENTS"]):
+    line = line.split("#", 1)[0].strip()
+    m = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)==(\S+)", line)
+    if not m:
+        continue
+    name, pinned = re.sub(r"\[.*\]", "", m.group(1)), m.group(2)
+    try:
+        installed = version(name)
+    except PackageNotFoundError:
+        installed = None
+    if installed != pinned:
+        bad.append(f"{name}: {installed or 'missing'} installed, {pinned} pinned")
+if bad:
+    sys.exit("check_image: FAILED: requirements.txt not honoured: " + "; ".join(bad))
+print("check_image: ok: every pin of requirements.txt installed")
+EOF
+
+# 6. Pre-built DeepSpeed ops, when asked for.
+python3 - <<'EOF'
+import importlib.util, os, pathlib, sys
+
+# Read what DeepSpeed's setup.py recorded, without importing deepspeed (and its accelerator detection).
+spec = importlib.util.find_spec("deepspeed")
+if spec is None:
+    sys.exit("check_image: FAILED: deepspeed is not installed")
+recorded = pathlib.Path(list(spec.submodule_search_locations)[0]) / "git_version_info_installed.py"
+namespace = {}
+if recorded.exists():
+    exec(recorded.read_text(), namespace)
+installed_ops = namespace.get("installed_ops", {})
+
+wanted = []
+if os.environ.get("DS_BUILD_OPS") == "1":
+    wanted += ["cpu_adam", "fused_adam"]
+for op in ("cpu_adam", "fused_adam"):
+    if os.environ.get("DS_BUILD_" + op.upper()) == "1":
+        wanted.append(op)
+missing = sorted({op for op in wanted if not installed_ops.get(op)})
+if missing:
+    sys.exit(f"check_image: FAILED: DeepSpeed ops requested but not pre-built: {missing}")
+built = sorted(op for op, on in installed_ops.items() if on)
+print(f"check_image: ok: DeepSpeed pre-built ops: {built or 'none (compiled just in time on the GPU pod)'}")
+EOF

@@ -1,0 +1,352 @@
+"""Tests for textsql.memory: DeepSpeed's own estimators, the walkthrough's measured figures, buckets, recommendations, CLI errors."""
+
+import json
+import os
+import warnings
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU on the test machines; must precede importing deepspeed
+
+import pytest
+
+from textsql import memory
+from textsql.errors import TextsqlError
+from textsql.memory import (
+    GIB,
+    PlanArguments,
+    compare_with_run,
+    format_plan,
+    model_states,
+    plan_cli,
+    plan_memory,
+    plot_plan,
+    resolve_model,
+)
+
+# DESIGN.md section 2: A100-40GB per pod, fp32, batch 32, every sequence padded to 96 tokens.
+WALKTHROUGH = [
+    ("t5-small", "none", 1, 3.0),
+    ("t5-large", "none", 1, 15.0),
+    ("t5-small", "zero1", 3, 5.0),
+    ("t5-large", "zero1", 3, 13.0),
+]
+# The walkthrough's ZeRO-1 file: a 5e8-element reduce bucket; overlap_comm not set (DeepSpeed: off below stage 3).
+WALKTHROUGH_ZERO1 = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "zero_optimization": {"stage": 1, "allgather_partitions": True, "allgather_bucket_size": 5e8,
+                          "reduce_scatter": True, "reduce_bucket_size": 5e8, "contiguous_gradients": True},
+}
+
+
+def write_json(path, data):
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def plan(**kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DsConfigWarning for the walkthrough's 2 GB bucket
+        return plan_memory(PlanArguments(**kwargs))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model shapes and DeepSpeed's estimators
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, millions", [("t5-small", 60.5), ("t5-large", 737.7), ("t5-3b", 2851.6)])
+def test_meta_device_parameter_counts_equal_the_real_t5(name, millions):
+    shape = resolve_model(name)
+    assert shape.parameters / 1e6 == pytest.approx(millions, rel=0.01)
+    assert shape.largest_layer_parameters == 32128 * shape.d_model  # the shared embedding, as DeepSpeed counts layers
+
+
+def test_model_folder_config_is_read(tmp_path):
+    from transformers import T5Config
+
+    T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=1000).save_pretrained(tmp_path)
+    shape = resolve_model(str(tmp_path))
+    assert (shape.d_model, shape.num_layers, shape.vocab_size) == (64, 2, 1000)
+    assert shape.source.endswith("config.json")
+    assert shape.parameters > 1000 * 64
+
+
+def test_non_t5_folder_is_refused(tmp_path):
+    from transformers import BartConfig
+
+    BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, vocab_size=100).save_pretrained(tmp_path)
+    with pytest.raises(TextsqlError, match="T5 family"):
+        resolve_model(str(tmp_path))
+
+
+MODELS = ["t5-small", "t5-large", "t5-3b"]
+CLUSTERS = [(1, 1), (1, 8), (3, 1), (2, 4)]  # (nodes, GPUs per node)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("nodes, gpus_per_node", CLUSTERS)
+@pytest.mark.parametrize("offload", [False, True])
+def test_zero2_model_states_equal_deepspeed_estimator(name, nodes, gpus_per_node, offload):
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    shape = resolve_model(name)
+    cpu, gpu = estimate_zero2_model_states_mem_needs(shape.parameters, gpus_per_node, nodes, offload, 1.5)
+    ours = model_states(shape.parameters, shape.largest_layer_parameters, 2, offload, False, gpus_per_node, nodes, "bf16")
+    assert ours["parameters"] + ours["gradients"] + ours["optimizer_states"] == gpu
+    assert ours["cpu_model_states"] == cpu
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("nodes, gpus_per_node", CLUSTERS)
+@pytest.mark.parametrize("offload_optimizer, offload_param", [(False, False), (True, False), (True, True)])
+def test_zero3_model_states_equal_deepspeed_estimator(name, nodes, gpus_per_node, offload_optimizer, offload_param):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    shape = resolve_model(name)
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+        shape.parameters, shape.largest_layer_parameters, gpus_per_node, nodes, offload_optimizer, offload_param,
+        True, 1.5)
+    ours = model_states(shape.parameters, shape.largest_layer_parameters, 3, offload_optimizer, offload_param,
+                        gpus_per_node, nodes, "bf16")
+    assert ours["parameters"] + ours["gradients"] + ours["optimizer_states"] == gpu
+    assert ours["cpu_model_states"] == cpu
+
+
+def test_plan_model_states_equal_estimator_and_design_figure():
+    """DESIGN.md section 5: t5-3b on 8 GPUs, ZeRO-3 without offload, 6.10 GB per GPU of model states."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    result = plan(model="t5-3b", gpus_per_node=8, precision="bf16")
+    row = result["strategies"]["zero3"]
+    shape = resolve_model("t5-3b")
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(shape.parameters, shape.largest_layer_parameters, 8, 1, False, False)
+    assert row["model_states_bytes"] == gpu
+    assert round(gpu / GIB, 2) == 6.10
+
+
+def test_fp32_doubles_the_16_bit_copies():
+    P = 1_000_000
+    bf16 = model_states(P, 1000, 2, False, False, 4, 1, "bf16")
+    fp32 = model_states(P, 1000, 2, False, False, 4, 1, "fp32")
+    assert bf16["parameters"] == 2 * P and fp32["parameters"] == 4 * P
+    assert fp32["gradients"] - bf16["gradients"] == 2 * P // 4
+    assert fp32["optimizer_states"] == bf16["optimizer_states"] == 12 * P // 4
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The walkthrough's measured figures
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def walkthrough_ratios(tmp_path, checkpointing):
+    zero1 = write_json(tmp_path / "walkthrough_zero1.json", WALKTHROUGH_ZERO1)
+    rows = []
+    for model, strategy, pods, measured in WALKTHROUGH:
+        result = plan(model=model, nodes=pods, precision="fp32", per_device_train_batch_size=32, max_source_length=96,
+                      max_target_length=96, gradient_checkpointing=checkpointing, dsconfig=zero1)
+        predicted = result["strategies"][strategy]["gpu_total_gb"]
+        rows.append((model, strategy, pods, measured, predicted, predicted / measured))
+    return rows
+
+
+def test_walkthrough_figures_within_25_percent(tmp_path, capsys):
+    # The walkthrough's `--gradient_checkpointing False` was parsed with type=bool, which turned it ON.
+    rows = walkthrough_ratios(tmp_path, checkpointing=True)
+    with capsys.disabled():
+        print("\nmodel     technique pods measured GB predicted GB  error")
+        for model, strategy, pods, measured, predicted, ratio in rows:
+            print(f"{model:<9} {strategy:<9} {pods:>4} {measured:>11.1f} {predicted:>12.2f} {100 * (ratio - 1):>+6.1f}%")
+    for model, strategy, pods, measured, predicted, ratio in rows:
+        assert 0.75 <= ratio <= 1.25, (model, strategy, pods, measured, predicted)
+
+
+def test_walkthrough_figures_rule_out_checkpointing_off(tmp_path):
+    """The assumption matters: without checkpointing, activations alone would exceed the measured totals."""
+    rows = walkthrough_ratios(tmp_path, checkpointing=False)
+    assert all(ratio > 1.25 for *_, ratio in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Buckets
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_dsconfig_bucket_sizes_change_the_bucket_term(tmp_path):
+    def zero(stage, size, **extra):
+        return {"zero_optimization": {"stage": stage, "reduce_bucket_size": size, **extra}}
+
+    big = plan(model="t5-small", dsconfig=write_json(tmp_path / "big.json", zero(2, 5e8, overlap_comm=True)))
+    small = plan(model="t5-small", dsconfig=write_json(tmp_path / "small.json", zero(2, 5e7, overlap_comm=True)))
+    for strategy, buffers in (("zero1", 2), ("zero2", 2), ("zero3", 1)):
+        difference = big["strategies"][strategy]["gpu_bytes"]["buckets"] - small["strategies"][strategy]["gpu_bytes"]["buckets"]
+        assert difference == buffers * (5e8 - 5e7) * 2, strategy  # bf16; overlap_comm: two buffers at stage 1/2
+        assert big["strategies"][strategy]["gpu_total_bytes"] > small["strategies"][strategy]["gpu_total_bytes"]
+    assert big["zero_settings"]["reduce_bucket_size"] == 5e8
+
+
+def test_shipped_settings_use_the_trainers_auto_fill():
+    result = plan(model="t5-large")  # no dsconfig: the shipped files, reduce_bucket_size "auto" = d_model**2
+    assert result["strategies"]["zero1"]["buckets_detail"]["reduce"] == 1024 * 1024 * 2
+    assert result["strategies"]["zero2"]["buckets_detail"]["reduce"] == 2 * 1024 * 1024 * 2  # overlap_comm true
+    assert result["strategies"]["zero3"]["buckets_detail"]["prefetch"] == int(0.9 * 1024 * 1024) * 2
+
+
+def test_shipped_dsconfig_name_is_accepted():
+    result = plan(model="t5-small", dsconfig="zero3_offload")
+    assert result["dsconfig_strategy"] == "zero3_offload"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recommendation
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_small_model_recommends_no_deepspeed():
+    result = plan(model="t5-small", gpu_memory_gb=40)
+    assert result["recommendation"]["strategy"] == "none"
+    assert result["problem"] is None
+
+
+def test_big_model_recommends_an_offload_strategy():
+    result = plan(model="t5-3b", gpu_memory_gb=40, nodes=1, gpus_per_node=1)
+    for name in ("none", "zero1", "zero2", "zero3"):
+        assert not result["strategies"][name]["fits_with_margin"]
+    assert result["recommendation"]["strategy"] in ("zero2_offload", "zero3_offload")
+
+
+def test_zero3_is_preferred_to_offload_when_both_fit():
+    result = plan(model="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, gradient_checkpointing=True)
+    rows = result["strategies"]
+    assert not rows["zero2"]["fits_with_margin"]
+    assert rows["zero3"]["fits_with_margin"] and rows["zero2_offload"]["fits_with_margin"]
+    assert result["recommendation"]["strategy"] == "zero3"
+
+
+def test_largest_batch_is_the_boundary():
+    args = PlanArguments(model="t5-large", gpu_memory_gb=40, precision="bf16")
+    result = plan_memory(args)
+    rec = result["recommendation"]
+    largest = rec["largest_per_device_train_batch_size"]
+    assert largest >= args.per_device_train_batch_size
+    limits = memory._limits(args)
+    setup = memory.Setup(1, 1, 96, 96, "bf16", False, tuple(sorted(memory.zero_settings(None).items())))
+    layout = memory.STRATEGY_LAYOUT[rec["strategy"]]
+    assert memory._fits(memory.predict(resolve_model("t5-large"), setup, *layout, largest), limits)
+    assert not memory._fits(memory.predict(resolve_model("t5-large"), setup, *layout, largest + 1), limits)
+
+
+def test_host_memory_limit_rules_out_offload():
+    roomy = plan(model="t5-3b", gpu_memory_gb=40)
+    cramped = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32)
+    assert roomy["recommendation"] is not None
+    assert cramped["recommendation"] is None
+    assert cramped["strategies"]["zero2_offload"]["fits_cpu"] is False
+
+
+def test_format_and_plot(tmp_path):
+    result = plan(model="t5-small")
+    text = format_plan(result)
+    for name in memory.STRATEGIES:
+        assert name in text
+    assert "recommendation: none with batch 32" in text
+    fig = plot_plan(result, tmp_path / "plan.png")
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    bars = fig.axes[0].patches
+    assert len(bars) == len(memory.STRATEGIES) * len(memory.COMPONENTS)
+    total = sum(bar.get_height() for bar in bars[:: len(memory.STRATEGIES)])  # the "none" column
+    assert total == pytest.approx(result["strategies"]["none"]["gpu_total_gb"], abs=0.01)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_cli_table_and_json(capsys):
+    assert plan_cli(["--model", "t5-small", "--gradient_checkpointing", "False"]) == 0
+    out = capsys.readouterr().out
+    assert "gradient checkpointing off" in out and "recommendation: none" in out
+    assert plan_cli(["--model", "t5-small", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["strategies"]) == set(memory.STRATEGIES)
+    assert data["recommendation"]["strategy"] == "none"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "t5-large", "--nodes", "0"], "--nodes must be a whole number of at least 1"),
+    (["--model", "someone/unknown-model"], "Unknown model 'someone/unknown-model'"),
+    (["--model", "t5-11b", "--gpu_memory_gb", "16", "--per_device_train_batch_size", "64"], "fits under no strategy"),
+    (["--model", "t5-11b", "--gpu_memory_gb", "4"], "not even with a batch of 1"),
+    (["--model", "t5-small", "--precision", "fp8"], "--precision must be one of"),
+    (["--model", "t5-small", "--dsconfig", "missing.json"], "neither a JSON file nor a shipped strategy"),
+])
+def test_cli_bad_input_is_a_message_not_a_traceback(offline, capsys, argv, message):
+    assert plan_cli(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_cli_no_fit_suggests_a_batch(capsys):
+    assert plan_cli(["--model", "t5-11b", "--gpu_memory_gb", "16", "--per_device_train_batch_size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--per_device_train_batch_size" in err and "zero3_offload" in err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Comparing with a finished run
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_summary(tmp_path, ranks, **overrides):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(exist_ok=True)
+    lengths = {"train": {"source_percentiles": {"p100": 90}, "target_percentiles": {"p100": 41}}}
+    (data_dir / "textsql_data.json").write_text(json.dumps({"lengths": lengths, "max_source_length": 512, "max_target_length": 256}))
+    summary = {
+        "model_id": "t5-small", "world_size": len(ranks), "precision": "bf16",
+        "strategy": {"strategy": "zero2", "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none", "label": "zero2"},
+        "peak_memory_per_rank": ranks,
+        "dataset": {"dir": str(data_dir)},
+        "arguments": {"training": {"per_device_train_batch_size": 32, "gradient_checkpointing": False}},
+        "deepspeed_config": {"zero_optimization": {"stage": 2, "reduce_bucket_size": 262144, "overlap_comm": True}},
+    }
+    summary.update(overrides)
+    return summary
+
+
+def test_compare_with_gpu_run(tmp_path):
+    ranks = [{"rank": r, "host": f"pod{r}", "device": "NVIDIA A100", "cpu_peak_rss_bytes": 5 * GIB,
+              "cuda_max_allocated_bytes": int((2.5 + r / 10) * GIB), "cuda_max_reserved_bytes": int((3 + r / 10) * GIB)}
+             for r in range(2)]
+    result = compare_with_run(run_summary(tmp_path, ranks))
+    assert result["comparable"] is True
+    assert result["nodes"] == 2 and result["world_size"] == 2
+    assert result["lengths"] == [96, 48]  # the longest prepared example, padded to a multiple of 8 as on a GPU
+    assert result["measured_rank"] == 1
+    assert result["ratio"] == pytest.approx(int(3.1 * GIB) / result["predicted_reserved_bytes"], abs=1e-3)
+    assert 0.2 < result["ratio"] < 5
+    assert "measured/predicted" in memory.format_comparison(result)
+
+
+def test_compare_with_cpu_run_says_it_is_not_comparable(tmp_path):
+    ranks = [{"rank": 0, "host": "laptop", "device": "cpu", "cpu_peak_rss_bytes": 2 * GIB}]
+    result = compare_with_run(run_summary(tmp_path, ranks))
+    assert result["comparable"] is False
+    assert result["ratio"] is None
+    assert "CPU" in result["reason"] and "resident" in result["reason"]
+    assert result["measured_cpu_peak_rss_bytes"] == 2 * GIB
+    assert result["predicted_gpu_total_bytes"] > 0
+
+
+def test_compare_without_lengths_says_why(tmp_path):
+    ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
+    result = compare_with_run(run_summary(tmp_path, ranks, dataset={"dir": str(tmp_path / "nowhere")}))
+    assert result["comparable"] is False and "max_source_length" in result["reason"]
+    given = compare_with_run(run_summary(tmp_path, ranks, dataset={}), max_source_length=64, max_target_length=32)
+    assert given["comparable"] is True and given["lengths"] == [64, 32]

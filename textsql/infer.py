@@ -1,0 +1,212 @@
+"""Batched SQL generation with a fine-tuned model, scored the WikiSQL way: predictions.jsonl and eval_metrics.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+
+PREDICTIONS_FILE = "predictions.jsonl"
+METRICS_FILE = "eval_metrics.json"
+
+
+@dataclass
+class InferArguments:
+    """Which model, which questions, and how to decode."""
+
+    model_dir: str = field(metadata={"help": "A fine-tuned model folder (the run folder of any strategy) or a hub name."})
+    dataset_dir: str = field(default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep) holding the split and its tables."})
+    split: str = field(default="test", metadata={"help": "Split to score: test, validation or train."})
+    question: list[str] = field(default_factory=list, metadata={"help": "Questions typed by you, instead of a split: --question 'How many ...?' 'Which ...?'"})
+    table_id: str | None = field(default=None, metadata={"help": "With --question: the table the questions are about, to parse and execute the SQL."})
+    max_examples: int | None = field(default=None, metadata={"help": "Score only the first N examples of the split."})
+    batch_size: int = field(default=64, metadata={"help": "Questions per generate() call."})
+    num_beams: int = field(default=1, metadata={"help": "1 for greedy decoding, more for beam search."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Longest SQL to generate, in tokens."})
+    device: str = field(default="auto", metadata={"help": "auto (GPU when there is one), cuda, or cpu."})
+    output_dir: str | None = field(default=None, metadata={"help": "Where predictions.jsonl and eval_metrics.json go (default: the model folder)."})
+    show_examples: int = field(default=5, metadata={"help": "How many examples to print in the walkthrough's format."})
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.num_beams < 1 or self.max_new_tokens < 1:
+            raise TextsqlError("--batch_size, --num_beams and --max_new_tokens must be at least 1.")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise TextsqlError("--max_examples must be a positive number (or left out for the whole split).")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise TextsqlError(f"--device must be auto, cuda or cpu, not '{self.device}'.")
+
+
+def pick_device(choice: str):
+    import torch
+
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise TextsqlError("--device cuda was asked for, but no CUDA GPU is visible; use --device auto or cpu.")
+    return torch.device("cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def generate_sql(model, tokenizer, sources: list[str], *, batch_size: int = 64, num_beams: int = 1, max_new_tokens: int = 128,
+                 synced_gpus: bool = False, progress: bool = True, device=None) -> list[str]:
+    """Generated SQL for prefixed questions, batch by batch, longest first so each batch pads little; input order kept."""
+    import torch
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
+    outputs: list[str] = [""] * len(sources)
+    # Under ZeRO-3 parameters are placeholders, so the caller names the device.
+    device = device if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    batches = range(0, len(order), batch_size)
+    for start in tqdm(batches, desc="generating", unit="batch", disable=not progress):
+        indices = order[start : start + batch_size]
+        encoded = tokenizer([sources[i] for i in indices], return_tensors="pt", padding=True).to(device)
+        with torch.no_grad():
+            generated = model.generate(**encoded, num_beams=num_beams, max_new_tokens=max_new_tokens, synced_gpus=synced_gpus)
+        for i, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            outputs[i] = " ".join(text.split())
+    model.train(was_training)
+    return outputs
+
+
+@dataclass
+class ScoringSet:
+    """Questions with their gold SQL, structured queries and tables, ready to generate for and score."""
+
+    sources: list[str]
+    questions: list[str]
+    table_ids: list[str]
+    gold_texts: list[str]
+    gold_queries: list[dict | None]
+    tables: dict[str, dict]
+
+
+def load_scoring_set(dataset_dir: str, split: str, max_examples: int | None = None) -> ScoringSet:
+    from textsql.data import load_prepared, load_tables
+
+    dataset, metadata = load_prepared(dataset_dir)
+    if split not in dataset:
+        raise TextsqlError(f"'{dataset_dir}' has no '{split}' split; it has {', '.join(dataset)}.")
+    rows = dataset[split]
+    if max_examples:
+        rows = rows.select(range(min(max_examples, len(rows))))
+    prefix = metadata["source_prefix"]
+    return ScoringSet(
+        sources=[prefix + q for q in rows["question"]],
+        questions=list(rows["question"]),
+        table_ids=list(rows["table_id"]),
+        gold_texts=list(rows["target"]),
+        gold_queries=[json.loads(s) if s else None for s in rows["sql"]],
+        tables=load_tables(dataset_dir),
+    )
+
+
+def score_predictions(scoring: ScoringSet, predictions: list[str]) -> tuple[list[dict], dict]:
+    """Per-example records for predictions.jsonl and the aggregate metrics."""
+    from textsql.sql import aggregate_metrics, score_prediction
+
+    records, scored, gold_queries = [], [], []
+    for i, predicted in enumerate(predictions):
+        table = scoring.tables.get(scoring.table_ids[i])
+        gold_query = scoring.gold_queries[i]
+        if table is None or gold_query is None:
+            # Hub copies without tables: only the exact string match can be judged.
+            result = {"exact_match": " ".join(predicted.split()) == " ".join(scoring.gold_texts[i].split()),
+                      "logical_form_match": None, "execution_match": None, "parsed": None, "parse_error": "no table to parse against"}
+        else:
+            result = score_prediction(predicted, scoring.gold_texts[i], gold_query, table)
+            scored.append(result)
+            gold_queries.append(gold_query)
+        records.append({
+            "question": scoring.questions[i], "table_id": scoring.table_ids[i], "gold_sql": scoring.gold_texts[i],
+            "predicted_sql": predicted, **result,
+        })
+    if not scored:
+        raise TextsqlError("None of these examples has a table, so logical-form and execution accuracy cannot be computed; use a dataset prepared from the release files or the HF wikisql layout.")
+    return records, aggregate_metrics(scored, gold_queries)
+
+
+def load_model_for_inference(model_dir: str, device_choice: str):
+    from textsql.hub import load_seq2seq_model, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    model = load_seq2seq_model(model_dir).to(pick_device(device_choice))
+    return model, tokenizer
+
+
+def run_inference(args: InferArguments, echo=print) -> dict:
+    """Generate for a split (or typed questions), score, write the two files, print examples and scores; returns the metrics."""
+    model, tokenizer = load_model_for_inference(args.model_dir, args.device)
+    if args.question:
+        return answer_questions(args, model, tokenizer, echo)
+    scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples)
+    started = time.perf_counter()
+    predictions = generate_sql(model, tokenizer, scoring.sources, batch_size=args.batch_size, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+    seconds = time.perf_counter() - started
+    records, metrics = score_predictions(scoring, predictions)
+    metrics.update(
+        split=args.split, generation_seconds=round(seconds, 3), queries_per_second=round(len(predictions) / seconds, 2),
+        model_dir=args.model_dir, dataset_dir=args.dataset_dir, device=str(next(model.parameters()).device),
+        decoding="greedy" if args.num_beams == 1 else f"beam search ({args.num_beams} beams)", arguments=asdict(args),
+    )
+    output_dir = Path(args.output_dir or args.model_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / PREDICTIONS_FILE, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    (output_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    for record in records[: args.show_examples]:
+        echo(format_example(record))
+    echo(format_metrics(metrics))
+    echo(f"wrote {output_dir / PREDICTIONS_FILE} and {output_dir / METRICS_FILE}")
+    return metrics
+
+
+def answer_questions(args: InferArguments, model, tokenizer, echo) -> dict:
+    """Typed questions: print the SQL, and when a table is named, its parse and result."""
+    from textsql.data import load_prepared, load_tables
+    from textsql.sql import SQLParseError, execute_query, parse_sql
+
+    _, metadata = load_prepared(args.dataset_dir)
+    table = None
+    if args.table_id:
+        table = load_tables(args.dataset_dir).get(args.table_id)
+        if table is None:
+            raise TextsqlError(f"Table '{args.table_id}' is not in '{args.dataset_dir}/tables.jsonl'.")
+    predictions = generate_sql(model, tokenizer, [metadata["source_prefix"] + q for q in args.question], batch_size=args.batch_size,
+                               num_beams=args.num_beams, max_new_tokens=args.max_new_tokens, progress=False)
+    answers = []
+    for question, predicted in zip(args.question, predictions):
+        answer = {"question": question, "predicted_sql": predicted}
+        if table is not None:
+            try:
+                answer["parsed"] = parse_sql(predicted, table["header"])
+                answer["result"] = execute_query(answer["parsed"], table)
+            except (SQLParseError, ValueError) as error:
+                answer["error"] = str(error)
+        echo(f"Test Instruction: {question}\nModel Prediction: {predicted}" + (f"\nResult: {answer.get('result', answer.get('error'))}" if table else "") + "\n")
+        answers.append(answer)
+    return {"answers": answers}
+
+
+def format_example(record: dict) -> str:
+    """The walkthrough's format, plus what the scorer said."""
+    verdict = "execution ✓" if record["execution_match"] else ("unparseable: " + record["parse_error"] if record.get("parse_error") else "execution ✗")
+    return (f"Test Instruction: {record['question']}\nModel Prediction: {record['predicted_sql']}\n"
+            f"Expected Answer: {record['gold_sql']}\n({verdict})\n")
+
+
+def format_metrics(metrics: dict) -> str:
+    return (f"{metrics['examples']} examples ({metrics.get('split', '')}): exact match {metrics['exact_match']:.1%}, "
+            f"logical form {metrics['logical_form_accuracy']:.1%}, execution {metrics['execution_accuracy']:.1%} "
+            f"({metrics['parse_errors']} unparseable; {metrics.get('queries_per_second', 0):.1f} questions/s)")
+
+
+def infer_cli(argv: list[str]) -> int:
+    from transformers import HfArgumentParser
+
+    (args,) = HfArgumentParser(InferArguments).parse_args_into_dataclasses(args=argv)
+    run_inference(args)
+    return 0
