@@ -25,10 +25,10 @@ done
 ok "nvcc $nvcc_release, CUDA headers, NVTX, libaio"
 
 # 2. Launchers and ssh.
-for tool in pdsh mpirun ssh /usr/sbin/sshd g++ ninja; do
+for tool in pdsh mpirun ssh /usr/sbin/sshd g++ ninja pkill; do
   command -v "$tool" >/dev/null || fail "$tool not found"
 done
-ok "pdsh, mpirun, ssh, sshd, g++, ninja"
+ok "pdsh, mpirun, ssh, sshd, g++, ninja, pkill"
 
 # 3. No host keys, no private keys, no disabled host key checking anywhere ssh looks.
 if compgen -G '/etc/ssh/ssh_host_*' >/dev/null; then fail "host keys left in the image: $(echo /etc/ssh/ssh_host_*)"; fi

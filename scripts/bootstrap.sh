@@ -28,26 +28,38 @@ setup_python() {
 }
 
 setup_system() {
-  # Debian packages the multi-node path needs (pdsh, sshd); skipped where they are already there or apt is absent.
+  # Debian packages: g++ for DeepSpeed's ops; for the tests also sshd + pdsh (multi-node over loopback) and
+  # chromium (TensorBoard screenshot). Only what is missing is installed; skipped without apt or root.
   local missing=()
   command -v g++ >/dev/null || missing+=(g++)
-  if ((${#missing[@]})) && command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+  if [[ "${1:-}" == test ]]; then
+    [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
+    command -v ssh >/dev/null || missing+=(openssh-client)
+    command -v pdsh >/dev/null || missing+=(pdsh)
+    command -v pkill >/dev/null || missing+=(procps)
+    command -v chromium >/dev/null || missing+=(chromium)
+  fi
+  ((${#missing[@]})) || return 0
+  if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
+    echo "== installing ${missing[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "warning: missing system packages (${missing[*]}); install them with your package manager" >&2
   fi
 }
 
 cmd="${1:-}"; shift || true
 case "$cmd" in
   demo)
-    setup_system; setup_python
+    setup_system demo; setup_python
     exec "$VENV/bin/textsql" demo "$@" ;;
   test)
-    setup_system; setup_python
+    setup_system test; setup_python
     # Tests build DeepSpeed's C++ ops once into this cache (60-70 s each on 2 cores).
     export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/textsql-torch-extensions}"
     exec "$VENV/bin/python" -m pytest "$@" ;;
   setup)
-    setup_system; setup_python ;;
+    setup_system test; setup_python ;;
   *)
     echo "usage: bash scripts/bootstrap.sh {demo|test|setup} [args...]" >&2; exit 2 ;;
 esac

@@ -14,6 +14,7 @@ commands:
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
   check-config   validate DeepSpeed config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
+  cluster        multi-pod training: workers, hostfile, preflight, launch over pdsh (`textsql cluster --help`)
   demo           generate data, train a tiny T5 with ZeRO-2 on this machine, print the run summary
 
 `textsql COMMAND --help` lists a command's arguments."""
@@ -56,6 +57,12 @@ def plan_command(argv: list[str]) -> int:
     return plan_cli(argv)
 
 
+def cluster_command(argv: list[str]) -> int:
+    from textsql.cluster.cli import cluster_cli
+
+    return cluster_cli(argv)
+
+
 def demo_command(argv: list[str]) -> int:
     from transformers import HfArgumentParser
 
@@ -74,7 +81,7 @@ def demo_command(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"prep": prep_command, "train": train_command, "infer": infer_command, "check-config": check_config_command, "plan": plan_command, "demo": demo_command}
+COMMANDS = {"prep": prep_command, "train": train_command, "infer": infer_command, "check-config": check_config_command, "plan": plan_command, "cluster": cluster_command, "demo": demo_command}
 
 
 def main(argv: list[str] | None = None) -> int:

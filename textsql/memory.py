@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 import math
 import os
 import sys
@@ -254,6 +255,20 @@ def _shape_from_config(config, name: str, source: str) -> ModelShape:
         parameters=total, largest_layer_parameters=largest, parameter_sizes=sizes)
 
 
+@contextmanager
+def _zero3_init_off():
+    """Build without ZeRO-3's zero.Init even right after a ZeRO-3 run in this process (rank 0 alone calls the planner,
+    and zero.Init would broadcast to ranks that are not there)."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 @lru_cache(maxsize=32)
 def _count_parameters(config_json: str) -> tuple[int, int, tuple]:
     """(total parameters, largest layer's parameters, every parameter's size) of the model built on the meta device.
@@ -266,7 +281,7 @@ def _count_parameters(config_json: str) -> tuple[int, int, tuple]:
 
     config_dict = json.loads(config_json)
     config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-    with torch.device("meta"):
+    with _zero3_init_off(), torch.device("meta"):
         model = AutoModelForSeq2SeqLM.from_config(config)
     sizes = tuple(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())

@@ -1,0 +1,1 @@
+"""Test stand-in for CML's `cml` package (the real one exists only inside a CML session)."""

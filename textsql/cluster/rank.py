@@ -1,0 +1,116 @@
+"""One rank of a multi-node launch: `python -m textsql.cluster.rank [--local_rank=N] --textsql_launch=ID TRAIN ARGS...`.
+
+The DeepSpeed launcher on each node starts this instead of `textsql.train` directly. It runs the training in a child
+process (the rank's process: it holds the model) and
+- keeps the rank's whole output in `$TEXTSQL_RANK_LOG_DIR/rank-<RANK>.log` (on the rank's own node),
+- passes every line on, prefixed `[rank N] `, so the launching notebook sees all ranks, told apart,
+- when the training process ends with an error or a signal, prints one `textsql-rank-exit: {json}` line that names the
+  rank, the host and how it ended, so the launch can stop the other ranks at once instead of waiting for a timeout,
+- at the end of a good run prints `textsql-rank-summary: {json}`: this rank's own view of the run (world size,
+  steps, final losses), which the launch gathers from every rank.
+The launch id on the command line lets the launch find and stop exactly this run's processes on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+RANK_EXIT_MARKER = "textsql-rank-exit: "
+RANK_SUMMARY_MARKER = "textsql-rank-summary: "
+LAUNCH_FLAG = "--textsql_launch="
+LOG_DIR_ENV = "TEXTSQL_RANK_LOG_DIR"
+
+
+def _set_parent_death_signal() -> None:
+    """The training process dies with its supervisor (Linux prctl PR_SET_PDEATHSIG), so no rank is ever orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(argv: list[str]) -> int:
+    rank = int(os.environ.get("RANK", "0"))
+    host = socket.gethostname()
+    train_args = [a for a in argv if not a.startswith(LAUNCH_FLAG)]
+    log_dir = Path(os.environ.get(LOG_DIR_ENV) or ".")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"rank-{rank}.log"
+    command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", *train_args]
+    prefix = f"[rank {rank}] "
+    tail: list[str] = []
+    with open(log_path, "a", buffering=1) as log:
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                 errors="replace", preexec_fn=_set_parent_death_signal)
+        (log_dir / f"rank-{rank}.pid").write_text(f"{child.pid}\n")
+
+        def forward(signum, frame):
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        reader = threading.Thread(target=_pump, args=(child.stdout, log, prefix, tail), daemon=True)
+        reader.start()
+        code = child.wait()
+        reader.join(timeout=5)
+    if code != 0:
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        record = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": host, "pid": child.pid, "code": code,
+                  "how": how, "log": str(log_path.absolute()), "tail": tail[-15:]}
+        print(prefix + RANK_EXIT_MARKER + json.dumps(record), flush=True)
+        return 1
+    return 0
+
+
+def _pump(stream, log, prefix: str, tail: list[str]) -> None:
+    for line in stream:
+        log.write(line)
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+        tail.append(line.rstrip("\n"))
+        del tail[:-40]
+
+
+def train_main() -> int:
+    """The rank's training process: textsql.train with a callback that records this rank's own losses."""
+    from transformers import TrainerCallback, trainer
+
+    from textsql import train
+
+    seen: dict = {"losses": []}
+
+    class RankRecorder(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "loss" in logs:
+                seen["losses"].append(logs["loss"])
+            for key in ("train_loss", "eval_loss"):
+                if key in logs:
+                    seen[key] = logs[key]
+            seen.update(global_step=state.global_step, world_size=args.world_size, process_index=args.process_index,
+                        output_dir=args.output_dir)
+
+    trainer.DEFAULT_CALLBACKS.append(RankRecorder)  # every Trainer built in this process gets it
+    code = train.main(sys.argv[1:])
+    if code == 0:
+        summary = {"rank": int(os.environ.get("RANK", "0")), "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": socket.gethostname(),
+                   "world_size": seen.get("world_size"),
+                   "process_index": seen.get("process_index"), "global_step": seen.get("global_step"),
+                   "final_loss": seen["losses"][-1] if seen["losses"] else None, "train_loss": seen.get("train_loss"),
+                   "eval_loss": seen.get("eval_loss"), "logged_losses": seen["losses"], "output_dir": seen.get("output_dir")}
+        print(RANK_SUMMARY_MARKER + json.dumps(summary), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(supervise(sys.argv[1:]))
