@@ -14,6 +14,8 @@ commands:
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
   check-config   validate DeepSpeed config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
+  report         collect every run's summary into the benchmark table (Markdown, CSV) and plots
+  tensorboard    serve TensorBoard on the runs root (127.0.0.1, $CDSW_APP_PORT in CML)
   cluster        multi-pod training: workers, hostfile, preflight, launch over pdsh (`textsql cluster --help`)
   demo           generate data, train a tiny T5 with ZeRO-2 on this machine, print the run summary
 
@@ -63,6 +65,18 @@ def cluster_command(argv: list[str]) -> int:
     return cluster_cli(argv)
 
 
+def report_command(argv: list[str]) -> int:
+    from textsql.report import report_cli
+
+    return report_cli(argv)
+
+
+def tensorboard_command(argv: list[str]) -> int:
+    from textsql.tensorboard_app import tensorboard_cli
+
+    return tensorboard_cli(argv)
+
+
 def demo_command(argv: list[str]) -> int:
     from transformers import HfArgumentParser
 
@@ -81,7 +95,7 @@ def demo_command(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"prep": prep_command, "train": train_command, "infer": infer_command, "check-config": check_config_command, "plan": plan_command, "cluster": cluster_command, "demo": demo_command}
+COMMANDS = {"prep": prep_command, "train": train_command, "infer": infer_command, "check-config": check_config_command, "plan": plan_command, "cluster": cluster_command, "report": report_command, "tensorboard": tensorboard_command, "demo": demo_command}
 
 
 def main(argv: list[str] | None = None) -> int:

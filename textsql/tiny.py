@@ -137,7 +137,7 @@ def _added(pieces: dict[str, float], character_counts: Counter) -> int:
     return len(pieces) - 2 * len(character_counts)
 
 
-def build_tiny_t5(tokenizer, *, d_model: int = 64, num_layers: int = 2, num_heads: int = 4, d_ff: int = 256, seed: int = 0):
+def build_tiny_t5(tokenizer, *, d_model: int = 64, num_layers: int = 2, num_heads: int = 4, d_ff: int = 256, dropout_rate: float = 0.1, seed: int = 0):
     """A randomly initialised T5ForConditionalGeneration sized for tests (about 0.5M parameters with the defaults)."""
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
@@ -146,6 +146,7 @@ def build_tiny_t5(tokenizer, *, d_model: int = 64, num_layers: int = 2, num_head
         raise TextsqlError(f"d_model={d_model} must be a multiple of num_heads={num_heads} (each head gets d_model / num_heads).")
     config = T5Config(
         vocab_size=len(tokenizer),
+        dropout_rate=dropout_rate,
         d_model=d_model,
         d_kv=d_model // num_heads,
         d_ff=d_ff,
@@ -164,7 +165,7 @@ def build_tiny_t5(tokenizer, *, d_model: int = 64, num_layers: int = 2, num_head
 def make_tiny_model(out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 4000, extra_ids: int = 100, **model_sizes) -> Path:
     """Train a tokenizer on `texts`, build a tiny T5 for it, and save both into out_dir (loadable with Auto* classes).
 
-    `model_sizes` go to build_tiny_t5 (d_model, num_layers, num_heads, d_ff, seed). Returns out_dir.
+    `model_sizes` go to build_tiny_t5 (d_model, num_layers, num_heads, d_ff, dropout_rate, seed). Returns out_dir.
     """
     out_dir = Path(out_dir)
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size, extra_ids=extra_ids)

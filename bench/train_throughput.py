@@ -1,0 +1,410 @@
+"""Training throughput: the walkthrough's recipe against textsql's, same model, same data, same steps, on this machine.
+
+    python bench/train_throughput.py                       # CPU: small T5 shape; GPU: t5-small and t5-large shapes
+    python bench/train_throughput.py --shapes t5-small --repetitions 5 --output result.json
+
+The walkthrough's recipe: every question and target padded to 96 tokens (padding="max_length"), labels padded with the
+pad id 0 so padding is in the loss, no attention mask saved, fp32 (no TF32), random batches, a non-fused AdamW.
+textsql's recipe (the pieces `textsql train` uses): unpadded prepared data with attention masks, DataCollatorForSeq2Seq
+(batch-wise padding, labels padded with -100), length-grouped batches (train_sampling_strategy="group_by_length"),
+textsql's TextsqlTrainer; on a GPU with bf16 also bf16 autocast, TF32 matmuls, fused AdamW and padding to a multiple
+of 8. Where the hardware lacks them (a CPU) both recipes run fp32 with the same optimizer.
+
+Both train the same randomly initialised model (T5Config shape, seeded) for the same number of steps on the same
+examples (a seeded sample of steps x batch training examples, i.e. one epoch of it), alternating, in a fresh
+process per run so each run's peak memory is its own; every process first trains a few warm-up steps. It prints
+one JSON object: per recipe samples/s, real (non-pad) tokens/s, step time and peak memory (medians over the
+repetitions, and every repetition), their ratio, the machine, and the mean real tokens per example it ran on.
+On a GPU also model FLOPs utilisation (MFU) against the GPU's dense bf16 peak.
+
+The data is generated WikiSQL-format data with a tokenizer trained on it (textsql.demo.build_assets), or a dataset
+prepared by `textsql prep` (--dataset_dir), e.g. the real WikiSQL tokenized with t5-small's tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
+
+RECIPES = ("walkthrough", "textsql")
+WALKTHROUGH_LENGTH = 96  # the walkthrough padded (and truncated) questions and targets to 96 tokens
+# T5Config shapes (random init: throughput does not depend on the weights). vocab None = the tokenizer's size.
+SHAPES = {
+    "cpu-small": dict(d_model=256, d_ff=1024, num_layers=4, num_heads=4, d_kv=64, vocab_size=None),
+    "t5-small": dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128),
+    "t5-large": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16, d_kv=64, vocab_size=32128),
+}
+DEFAULT_STEPS = {"cpu-small": 16, "t5-small": 100, "t5-large": 40}
+# Dense bf16 tensor-core peaks (TFLOPS) from NVIDIA's data sheets; --peak_tflops for other GPUs.
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data and model (shared by both recipes)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def prepared_data(args) -> tuple[Path, str]:
+    """(prepared dataset folder, tokenizer name or folder): --dataset_dir, or generated data built once in --workdir."""
+    if args.dataset_dir:
+        metadata = json.loads((Path(args.dataset_dir) / "textsql_data.json").read_text())
+        return Path(args.dataset_dir), metadata["tokenizer"]
+    from textsql.demo import build_assets
+
+    workdir = Path(args.workdir) / f"generated-{args.train_tables}x10"
+    data_dir, model_dir = build_assets(workdir, train_tables=args.train_tables, questions_per_table=10, seed=0)
+    return data_dir, str(model_dir)
+
+
+def training_subset(dataset_dir: Path, examples: int, seed: int):
+    """The same seeded sample of the training split for every run."""
+    from textsql.data import load_prepared
+
+    dataset, _ = load_prepared(dataset_dir)
+    train = dataset["train"]
+    if examples > len(train):
+        raise SystemExit(f"steps x batch = {examples} examples, but the training split has {len(train)}; use fewer --steps or more --train_tables.")
+    return train.shuffle(seed=seed).select(range(examples)).select_columns(["input_ids", "attention_mask", "labels"])
+
+
+def build_model(shape: str, tokenizer, seed: int):
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    sizes = dict(SHAPES[shape])
+    vocab = max(sizes.pop("vocab_size") or 0, len(tokenizer))
+    config = T5Config(vocab_size=vocab, num_decoder_layers=sizes["num_layers"], pad_token_id=tokenizer.pad_token_id,
+                      eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id, **sizes)
+    torch.manual_seed(seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # t5-large initialises in seconds on a GPU
+        return T5ForConditionalGeneration(config)
+
+
+def t5_training_flops(config, source_length: int, target_length: int) -> float:
+    """Training FLOPs (3 x forward) of one example: every matmul, attention scores included, embedding lookups not."""
+    d, inner, layers_e, layers_d = config.d_model, config.num_heads * config.d_kv, config.num_layers, config.num_decoder_layers
+    ffn = (3 if config.is_gated_act else 2) * d * config.d_ff
+    s, t = source_length, target_length
+    weights = (layers_e * s * (4 * d * inner + ffn)  # encoder: q, k, v, o and the feed-forward, per source token
+               + layers_d * t * (6 * d * inner + ffn)  # decoder: self-attention q, k, v, o, cross-attention q, o, feed-forward
+               + layers_d * s * 2 * d * inner  # cross-attention k, v over the encoder output
+               + t * d * config.vocab_size)  # LM head
+    attention = 2 * inner * (layers_e * s * s + layers_d * (t * t + t * s))  # QK^T and AV
+    return 3 * 2 * (weights + attention)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The two recipes
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def walkthrough_dataset(subset, pad_id: int):
+    """As the walkthrough tokenized: padding="max_length" to 96 with truncation, labels padded with the pad id, no attention mask."""
+
+    def pad(ids):
+        ids = ids[:WALKTHROUGH_LENGTH]
+        return ids + [pad_id] * (WALKTHROUGH_LENGTH - len(ids))
+
+    return subset.map(lambda row: {"input_ids": pad(row["input_ids"]), "labels": pad(row["labels"])}, remove_columns=["attention_mask"])
+
+
+class CountingCollator:
+    """Wraps a collator to record the padded shape of every batch (what the model actually computes on)."""
+
+    def __init__(self, collate):
+        self.collate = collate
+        self.shapes: list[tuple[int, int, int]] = []
+
+    def __call__(self, features):
+        batch = self.collate(features)
+        batch_size, source = batch["input_ids"].shape
+        self.shapes.append((batch_size, source, batch["labels"].shape[1]))
+        return batch
+
+
+def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: int, output_dir: str, callbacks=()):
+    import torch
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
+
+    from textsql.train import TRAINER_DEFAULTS, make_trainer_class
+
+    gpu = torch.cuda.is_available()
+    bf16 = gpu and torch.cuda.is_bf16_supported()
+    common = dict(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=3e-4,
+                  lr_scheduler_type="constant", logging_steps=steps, report_to="none", save_strategy="no", eval_strategy="no",
+                  disable_tqdm=True, dataloader_num_workers=0, seed=42, use_cpu=not gpu)
+    if recipe == "walkthrough":
+        args = Seq2SeqTrainingArguments(**common, bf16=False, tf32=False if gpu else None, optim="adamw_torch", train_sampling_strategy="random")
+        collator = CountingCollator(default_data_collator)
+        return Seq2SeqTrainer(model=model, args=args, train_dataset=walkthrough_dataset(subset, tokenizer.pad_token_id),
+                              data_collator=collator, callbacks=list(callbacks)), collator
+    args = Seq2SeqTrainingArguments(
+        **common, bf16=bf16, tf32=True if bf16 else None, optim="adamw_torch_fused" if gpu else "adamw_torch",
+        train_sampling_strategy=TRAINER_DEFAULTS["train_sampling_strategy"],
+        average_tokens_across_devices=TRAINER_DEFAULTS["average_tokens_across_devices"] == "True",
+    )
+    collator = CountingCollator(DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if gpu else None))
+    return make_trainer_class()(model=model, args=args, train_dataset=subset, data_collator=collator, processing_class=tokenizer,
+                                callbacks=list(callbacks)), collator
+
+
+def step_timer():
+    """A TrainerCallback timing from the first step's start to the last step's end (CUDA synchronised)."""
+    import torch
+    from transformers import TrainerCallback
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    class StepTimer(TrainerCallback):
+        start = end = cpu_start = cpu_end = None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self.start is None:
+                sync()
+                self.start, self.cpu_start = time.perf_counter(), time.process_time()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= state.max_steps:
+                sync()
+                self.end, self.cpu_end = time.perf_counter(), time.process_time()
+
+    return StepTimer()
+
+
+def run_one(args) -> dict:
+    """Child process: warm up, then train `steps` steps with one recipe and return its measurements."""
+    import torch
+
+    from textsql.hub import load_tokenizer
+    from textsql.train import peak_memory
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dataset_dir, tokenizer_name = prepared_data(args)
+    tokenizer = load_tokenizer(tokenizer_name)
+    subset = training_subset(dataset_dir, args.steps * args.batch_size, args.seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory() as output_dir:
+        warmup, _ = make_trainer(args.child, build_model(args.shape, tokenizer, args.seed), tokenizer, subset, args.warmup_steps, args.batch_size, output_dir)
+        warmup.train()
+        del warmup
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        model = build_model(args.shape, tokenizer, args.seed)
+        timer = step_timer()
+        trainer, collator = make_trainer(args.child, model, tokenizer, subset, args.steps, args.batch_size, output_dir, [timer])
+        rss_before = peak_memory()["cpu_peak_rss_bytes"]
+        result = trainer.train()
+    seconds = timer.end - timer.start
+    source_lengths = [len(ids) for ids in subset["input_ids"]]
+    target_lengths = [len(ids) for ids in subset["labels"]]
+    if args.child == "walkthrough":  # truncated to 96: count what it trained on
+        source_lengths = [min(n, WALKTHROUGH_LENGTH) for n in source_lengths]
+        target_lengths = [min(n, WALKTHROUGH_LENGTH) for n in target_lengths]
+    real_tokens = sum(source_lengths) + sum(target_lengths)
+    config = model.config
+    memory = peak_memory()
+    return {
+        "recipe": args.child,
+        "seconds": seconds,
+        # CPU time of this process over the same span: on a shared machine, with one thread, the work done
+        # regardless of what else runs (with several threads it also counts OpenMP's spin-waiting).
+        "cpu_seconds": timer.cpu_end - timer.cpu_start,
+        "steps": args.steps,
+        "examples": len(subset),
+        "samples_per_second": len(subset) / seconds,
+        "real_tokens_per_second": real_tokens / seconds,
+        "step_time_ms": 1000 * seconds / args.steps,
+        "real_tokens": real_tokens,
+        "computed_tokens": sum(b * (s + t) for b, s, t in collator.shapes[-args.steps:]),
+        "truncated_examples": sum(1 for n in subset["input_ids"] if len(n) > WALKTHROUGH_LENGTH) if args.child == "walkthrough" else 0,
+        "trainer_counted_real_tokens": getattr(trainer, "real_tokens", None),
+        "train_loss": result.metrics.get("train_loss"),
+        "peak_rss_bytes": memory["cpu_peak_rss_bytes"],
+        "rss_before_training_bytes": rss_before,
+        "cuda_max_allocated_bytes": memory.get("cuda_max_allocated_bytes"),
+        "cuda_max_reserved_bytes": memory.get("cuda_max_reserved_bytes"),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "precision": "bf16" if trainer.args.bf16 else "fp32",
+        "optimizer": trainer.args.optim.value if hasattr(trainer.args.optim, "value") else str(trainer.args.optim),
+        "useful_flops": sum(t5_training_flops(config, s, t) for s, t in zip(source_lengths, target_lengths)),
+        "computed_flops": sum(b * t5_training_flops(config, s, t) for b, s, t in collator.shapes[-args.steps:]),
+        "model_config": {k: getattr(config, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "d_kv", "vocab_size")},
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Parent: alternate the recipes, aggregate, print JSON
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_default_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(), "platform": platform.platform()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["gpu_count"] = torch.cuda.device_count()
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def gpu_peak_tflops(name: str | None, override: float | None) -> float | None:
+    if override:
+        return override
+    for key, value in PEAK_BF16_TFLOPS.items():  # "H100 PCIe" before "H100"
+        if name and key in name:
+            return value
+    return None
+
+
+def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
+    def median(key):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    result = {key: median(key) for key in ("samples_per_second", "real_tokens_per_second", "step_time_ms", "peak_rss_bytes",
+                                            "cuda_max_allocated_bytes", "train_loss")}
+    result["samples_per_cpu_second"] = statistics.median(r["examples"] / r["cpu_seconds"] for r in runs)
+    result["peak_memory_gib"] = (result["cuda_max_allocated_bytes"] or result["peak_rss_bytes"]) / 2**30
+    result["peak_memory_measure"] = "CUDA max allocated" if result["cuda_max_allocated_bytes"] else "peak RSS of the process"
+    first = runs[0]
+    result.update(precision=first["precision"], optimizer=first["optimizer"],
+                  padding_overhead=first["computed_tokens"] / first["real_tokens"],
+                  repetitions=[{k: round(r[k], 2) for k in ("samples_per_second", "step_time_ms", "seconds", "cpu_seconds")} for r in runs])
+    if peak_tflops:
+        seconds = median("seconds")
+        result["mfu"] = first["useful_flops"] / seconds / (peak_tflops * 1e12)
+        result["hardware_flops_utilization"] = first["computed_flops"] / seconds / (peak_tflops * 1e12)
+        result["mfu_6nd"] = 6 * first["parameters"] * first["real_tokens"] / seconds / (peak_tflops * 1e12)
+    return result
+
+
+def bench_shape(args, shape: str) -> dict:
+    steps = args.steps or DEFAULT_STEPS[shape]
+    runs = {recipe: [] for recipe in RECIPES}
+    for repetition in range(args.repetitions):
+        order = RECIPES if repetition % 2 == 0 else RECIPES[::-1]  # alternate which recipe goes first
+        for recipe in order:
+            with tempfile.NamedTemporaryFile(suffix=".json") as result_file:
+                command = [sys.executable, __file__, "--child", recipe, "--shape", shape, "--steps", str(steps), "--result", result_file.name,
+                           *_shared_flags(args)]
+                done = subprocess.run(command, capture_output=True, text=True, env=_child_env())
+                if done.returncode != 0:
+                    raise SystemExit(f"{recipe} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+                run = json.loads(Path(result_file.name).read_text())
+            runs[recipe].append(run)
+            print(f"[{shape} repetition {repetition + 1}/{args.repetitions}] {recipe}: {run['samples_per_second']:.1f} samples/s, "
+                  f"{run['step_time_ms']:.0f} ms/step", file=sys.stderr, flush=True)
+    import torch
+
+    peak = gpu_peak_tflops(torch.cuda.get_device_name() if torch.cuda.is_available() else None, args.peak_tflops)
+    summary = {recipe: summarize(runs[recipe], peak) for recipe in RECIPES}
+    first = runs["textsql"][0]
+    examples = first["examples"]
+    result = {
+        "shape": shape, "model_config": first["model_config"], "parameters": first["parameters"], "steps": steps,
+        "torch_threads": first["torch_threads"],
+        "batch_size": args.batch_size, "examples_per_run": examples, "repetitions": args.repetitions, "warmup_steps": args.warmup_steps,
+        "mean_real_tokens_per_example": first["real_tokens"] / examples,
+        "walkthrough_truncated_examples": runs["walkthrough"][0]["truncated_examples"],
+        **summary,
+        "ratio_samples_per_second": summary["textsql"]["samples_per_second"] / summary["walkthrough"]["samples_per_second"],
+        "ratio_real_tokens_per_second": summary["textsql"]["real_tokens_per_second"] / summary["walkthrough"]["real_tokens_per_second"],
+        "ratio_samples_per_cpu_second": summary["textsql"]["samples_per_cpu_second"] / summary["walkthrough"]["samples_per_cpu_second"],
+        "trainer_counted_real_tokens_match": first["trainer_counted_real_tokens"] == first["real_tokens"],
+    }
+    if peak:
+        result["gpu_peak_bf16_tflops"] = peak
+    return result
+
+
+def _shared_flags(args) -> list[str]:
+    flags = ["--batch_size", str(args.batch_size), "--warmup_steps", str(args.warmup_steps), "--seed", str(args.seed),
+             "--workdir", args.workdir, "--train_tables", str(args.train_tables)] + (["--threads", str(args.threads)] if args.threads else [])
+    return flags + (["--dataset_dir", args.dataset_dir] if args.dataset_dir else [])
+
+
+def _child_env() -> dict:
+    import torch
+
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=None, help=f"Comma-separated, from {', '.join(SHAPES)} (default: cpu-small on a CPU, t5-small,t5-large on a GPU).")
+    parser.add_argument("--steps", type=int, default=None, help=f"Measured steps per run (default per shape: {DEFAULT_STEPS}).")
+    parser.add_argument("--batch_size", type=int, default=32, help="Per-device batch size (the walkthrough's 32).")
+    parser.add_argument("--repetitions", type=int, default=3, help="Runs per recipe, alternating.")
+    parser.add_argument("--warmup_steps", type=int, default=2, help="Unmeasured steps each process trains first.")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice, one per core).")
+    parser.add_argument("--dataset_dir", default=None, help="A dataset prepared by `textsql prep` (default: generated data).")
+    parser.add_argument("--train_tables", type=int, default=600, help="Generated data: training tables (10 questions each).")
+    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where generated data is built and reused.")
+    parser.add_argument("--peak_tflops", type=float, default=None, help="The GPU's dense bf16 peak, for MFU on GPUs not in the built-in table.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", default=None, help="Also write the JSON here.")
+    parser.add_argument("--child", choices=RECIPES, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", default="cpu-small", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        Path(args.result).write_text(json.dumps(run_one(args)))
+        return 0
+    import torch
+
+    shapes = (args.shapes or ("t5-small,t5-large" if torch.cuda.is_available() else "cpu-small")).split(",")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise SystemExit(f"unknown shape(s) {unknown}; choose from {list(SHAPES)}")
+    prepared_data(args)  # build generated data once, before the timed children
+    load_before = os.getloadavg()
+    started = time.time()
+    results = [bench_shape(args, shape) for shape in shapes]
+    report = {
+        "benchmark": "train_throughput", "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+        "data": args.dataset_dir or f"generated WikiSQL-format ({args.train_tables} training tables x 10 questions, locally trained tokenizer)",
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)], "wall_seconds": round(time.time() - started, 1),
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
