@@ -24,6 +24,7 @@ prepared by `textsql prep` (--dataset_dir), e.g. the real WikiSQL tokenized with
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -192,8 +193,9 @@ def run_one(args) -> dict:
     from textsql.hub import load_tokenizer
     from textsql.train import peak_memory
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads if args.threads is not None else (0 if torch.cuda.is_available() else 1)
+    if threads:
+        torch.set_num_threads(threads)
     dataset_dir, tokenizer_name = prepared_data(args)
     tokenizer = load_tokenizer(tokenizer_name)
     subset = training_subset(dataset_dir, args.steps * args.batch_size, args.seed)
@@ -202,6 +204,7 @@ def run_one(args) -> dict:
         warmup, _ = make_trainer(args.child, build_model(args.shape, tokenizer, args.seed), tokenizer, subset, args.warmup_steps, args.batch_size, output_dir)
         warmup.train()
         del warmup
+        gc.collect()  # free the warm-up model and optimizer before measuring memory
         if device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -344,7 +347,7 @@ def bench_shape(args, shape: str) -> dict:
 
 def _shared_flags(args) -> list[str]:
     flags = ["--batch_size", str(args.batch_size), "--warmup_steps", str(args.warmup_steps), "--seed", str(args.seed),
-             "--workdir", args.workdir, "--train_tables", str(args.train_tables)] + (["--threads", str(args.threads)] if args.threads else [])
+             "--workdir", args.workdir, "--train_tables", str(args.train_tables)] + (["--threads", str(args.threads)] if args.threads is not None else [])
     return flags + (["--dataset_dir", args.dataset_dir] if args.dataset_dir else [])
 
 
@@ -365,7 +368,9 @@ def parse_args(argv=None):
     parser.add_argument("--batch_size", type=int, default=32, help="Per-device batch size (the walkthrough's 32).")
     parser.add_argument("--repetitions", type=int, default=3, help="Runs per recipe, alternating.")
     parser.add_argument("--warmup_steps", type=int, default=2, help="Unmeasured steps each process trains first.")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (default: torch's choice, one per core).")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads per run. Default on a CPU: 1, because on a shared machine OpenMP threads spin-waiting "
+                        "for a busy core made step times 3-20x slower and erratic; 0 = torch's default (one per core).")
     parser.add_argument("--dataset_dir", default=None, help="A dataset prepared by `textsql prep` (default: generated data).")
     parser.add_argument("--train_tables", type=int, default=600, help="Generated data: training tables (10 questions each).")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where generated data is built and reused.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from textsql.errors import TextsqlError
@@ -35,48 +36,6 @@ def prep_command(argv: list[str]) -> int:
     return 0
 
 
-def train_command(argv: list[str]) -> int:
-    from textsql.train import main
-
-    return main(argv)
-
-
-def infer_command(argv: list[str]) -> int:
-    from textsql.infer import infer_cli
-
-    return infer_cli(argv)
-
-
-def check_config_command(argv: list[str]) -> int:
-    from textsql.dsconfig import check_config_cli
-
-    return check_config_cli(argv)
-
-
-def plan_command(argv: list[str]) -> int:
-    from textsql.memory import plan_cli
-
-    return plan_cli(argv)
-
-
-def cluster_command(argv: list[str]) -> int:
-    from textsql.cluster.cli import cluster_cli
-
-    return cluster_cli(argv)
-
-
-def report_command(argv: list[str]) -> int:
-    from textsql.report import report_cli
-
-    return report_cli(argv)
-
-
-def tensorboard_command(argv: list[str]) -> int:
-    from textsql.tensorboard_app import tensorboard_cli
-
-    return tensorboard_cli(argv)
-
-
 def demo_command(argv: list[str]) -> int:
     from transformers import HfArgumentParser
 
@@ -95,7 +54,26 @@ def demo_command(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"prep": prep_command, "train": train_command, "infer": infer_command, "check-config": check_config_command, "plan": plan_command, "cluster": cluster_command, "report": report_command, "tensorboard": tensorboard_command, "demo": demo_command}
+# Commands that only hand their arguments to a function of the package, imported when the command runs.
+DELEGATED = {
+    "train": ("textsql.train", "main"),
+    "infer": ("textsql.infer", "infer_cli"),
+    "check-config": ("textsql.dsconfig", "check_config_cli"),
+    "plan": ("textsql.memory", "plan_cli"),
+    "cluster": ("textsql.cluster.cli", "cluster_cli"),
+    "report": ("textsql.report", "report_cli"),
+    "tensorboard": ("textsql.tensorboard_app", "tensorboard_cli"),
+}
+
+
+def delegate(module: str, function: str):
+    def command(argv: list[str]) -> int:
+        return getattr(importlib.import_module(module), function)(argv)
+
+    return command
+
+
+COMMANDS = {"prep": prep_command, "demo": demo_command, **{name: delegate(*target) for name, target in DELEGATED.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
