@@ -215,7 +215,7 @@ def plan_run(argv: list[str], model: ModelArguments, run: RunArguments) -> RunPl
     precision = resolve_precision(run, model.model_id)
     trainer_argv = [a for a in argv]
     if dsconfig is not None:
-        trainer_argv = _replace_flag(trainer_argv, "deepspeed", str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir)))
+        trainer_argv = replace_flag(trainer_argv, "deepspeed", str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir)))
     extra = dict(TRAINER_DEFAULTS, output_dir=str(output_dir))
     extra["bf16"] = str(precision == "bf16")
     extra["fp16"] = str(precision == "fp16")
@@ -239,7 +239,8 @@ def dsconfig_path(name_or_path: str, shipped) -> str:
     return str(configs[name_or_path])
 
 
-def _replace_flag(argv: list[str], name: str, value: str) -> list[str]:
+def replace_flag(argv: list[str], name: str, value: str) -> list[str]:
+    """argv with the value of `--name` (either `--name V` or `--name=V`) replaced."""
     result, skip = [], False
     for i, arg in enumerate(argv):
         if skip:

@@ -334,9 +334,9 @@ def deepspeed_command(hostfile: Path, hosts: list[Host], *, master_addr: str, ma
 
 
 def _replace_or_add(argv: list[str], name: str, value: str) -> list[str]:
-    from textsql.train import _replace_flag, given
+    from textsql.train import replace_flag, given
 
-    return _replace_flag(argv, name, value) if given(argv, name) else argv + [f"--{name}", value]
+    return replace_flag(argv, name, value) if given(argv, name) else argv + [f"--{name}", value]
 
 
 def node_local_argv(train_argv: list[str], report: PreflightReport, launch_dir: Path, ssh_config: Path) -> list[str]:
