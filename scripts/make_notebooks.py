@@ -44,9 +44,9 @@ NOTEBOOKS = {
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.dsconfig import load_dsconfig, shipped_configs\n\n"
+            "from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path\n\n"
             "if deepspeed:  # validate the config before anything starts\n"
-            "    load_dsconfig(shipped_configs().get(deepspeed, deepspeed))"
+            "    load_dsconfig(resolve_dsconfig_path(deepspeed))"
         ),
         new_code_cell(
             "from textsql.launch import run_training\n\n"

@@ -438,3 +438,16 @@ def test_auto_under_a_misspelt_key_is_an_unknown_key(tmp_path):
     assert "gradient_acumulation_steps: unknown key; did you mean gradient_accumulation_steps?" in message
     assert "zero_optimization.reduce_bucket_sise: unknown key; did you mean reduce_bucket_size?" in message
     assert "not allowed here" not in message
+
+
+def test_resolve_dsconfig_path_takes_files_and_shipped_names(tmp_path):
+    from textsql.dsconfig import resolve_dsconfig_path
+
+    assert resolve_dsconfig_path("zero2") == shipped_configs()["zero2"]
+    own = tmp_path / "mine.json"
+    own.write_text("{}")
+    assert resolve_dsconfig_path(str(own)) == own
+    with pytest.raises(TextsqlError, match=r"--dsconfig 'zero9' is neither a JSON file nor a shipped strategy \(zero1, zero2, zero3_offload\)"):
+        resolve_dsconfig_path("zero9", flag="--dsconfig")
+    with pytest.raises(TextsqlError, match="--deepspeed '.*missing.json' is neither"):
+        resolve_dsconfig_path(str(tmp_path / "missing.json"))

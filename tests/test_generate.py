@@ -8,6 +8,7 @@ import pytest
 
 from textsql.errors import TextsqlError
 from textsql.generate import DOMAINS, generate_split, generate_wikisql
+from textsql.wikisql import read_jsonl
 from textsql.wikisql_ops import AGG_OPS, COND_OPS
 
 QUESTION_KEYS = {"phase", "table_id", "question", "sql"}
@@ -20,10 +21,6 @@ EQ, GT, LT = (COND_OPS.index(op) for op in ("=", ">", "<"))
 def train_split():
     questions, tables = generate_split("train", 300, 10, seed=0)
     return questions, {table["id"]: table for table in tables}
-
-
-def _read_jsonl(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def _is_number(value):
@@ -40,7 +37,7 @@ def test_writes_the_release_layout(tmp_path):
     out = generate_wikisql(tmp_path / "wikisql", train_tables=12, dev_tables=4, test_tables=3, questions_per_table=5, seed=3)
     assert out == tmp_path / "wikisql"
     for split, num_tables in (("train", 12), ("dev", 4), ("test", 3)):
-        questions, tables = _read_jsonl(out / f"{split}.jsonl"), _read_jsonl(out / f"{split}.tables.jsonl")
+        questions, tables = read_jsonl(out / f"{split}.jsonl"), read_jsonl(out / f"{split}.tables.jsonl")
         assert len(tables) == num_tables and len(questions) == num_tables * 5
         assert all(set(q) == QUESTION_KEYS and q["phase"] == 1 for q in questions)
         assert all(set(q["sql"]) == {"sel", "agg", "conds"} for q in questions)
@@ -60,8 +57,8 @@ def test_release_folder_loads_with_the_package_loader(tmp_path):
 
 def test_default_call_makes_a_few_thousand_training_questions(tmp_path):
     folder = generate_wikisql(tmp_path)
-    assert 2000 <= len(_read_jsonl(folder / "train.jsonl")) <= 10000
-    assert len(_read_jsonl(folder / "dev.jsonl")) >= 200
+    assert 2000 <= len(read_jsonl(folder / "train.jsonl")) <= 10000
+    assert len(read_jsonl(folder / "dev.jsonl")) >= 200
 
 
 def test_deterministic_for_a_seed():

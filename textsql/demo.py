@@ -32,10 +32,11 @@ class DemoArguments:
 
 def release_records(folder: Path) -> tuple[list[dict], list[dict]]:
     """(questions, tables) of every split in a release-format folder."""
+    from textsql.wikisql import read_jsonl
+
     questions, tables = [], []
     for path in sorted(folder.glob("*.jsonl")):
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        (tables if path.name.endswith(".tables.jsonl") else questions).extend(records)
+        (tables if path.name.endswith(".tables.jsonl") else questions).extend(read_jsonl(path))
     return questions, tables
 
 

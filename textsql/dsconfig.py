@@ -156,6 +156,18 @@ def shipped_configs() -> dict[str, Path]:
     return {p.stem: p for p in sorted(DSCONFIG_DIR.glob("*.json"))}
 
 
+def resolve_dsconfig_path(name_or_path, flag: str = "--deepspeed") -> Path:
+    """An existing JSON file as given, or a shipped strategy name (zero1, zero2, zero3_offload) as dsconfig/NAME.json."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_configs()
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    raise TextsqlError(f"{flag} '{name_or_path}' is neither a JSON file nor a shipped strategy ({', '.join(shipped)}): "
+                       "there is no such file. Pass the path of your DeepSpeed JSON file, or a shipped name.")
+
+
 def check_config_cli(argv) -> int:
     """Body of `textsql check-config FILE [FILE ...]`: report each file as OK or its problems; 0 if all are OK."""
     files = list(argv)

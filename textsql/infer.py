@@ -105,7 +105,7 @@ def load_scoring_set(dataset_dir: str, split: str, max_examples: int | None = No
 
 def score_predictions(scoring: ScoringSet, predictions: list[str]) -> tuple[list[dict], dict]:
     """Per-example records for predictions.jsonl and the aggregate metrics."""
-    from textsql.sql import aggregate_metrics, score_prediction
+    from textsql.sql import aggregate_metrics, exact_match, score_prediction
 
     records, scored, gold_queries = [], [], []
     for i, predicted in enumerate(predictions):
@@ -113,7 +113,7 @@ def score_predictions(scoring: ScoringSet, predictions: list[str]) -> tuple[list
         gold_query = scoring.gold_queries[i]
         if table is None or gold_query is None:
             # Hub copies without tables: only the exact string match can be judged.
-            result = {"exact_match": " ".join(predicted.split()) == " ".join(scoring.gold_texts[i].split()),
+            result = {"exact_match": exact_match(predicted, scoring.gold_texts[i]),
                       "logical_form_match": None, "execution_match": None, "parsed": None, "parse_error": "no table to parse against"}
         else:
             result = score_prediction(predicted, scoring.gold_texts[i], gold_query, table)

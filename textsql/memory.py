@@ -310,16 +310,9 @@ def zero_settings(dsconfig: dict | None) -> dict:
 
 def read_dsconfig(name_or_path: str) -> dict:
     """Load and validate a DeepSpeed JSON file, or a shipped strategy name (zero1, zero2, zero3_offload)."""
-    from textsql.dsconfig import load_dsconfig, shipped_configs
+    from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
 
-    path = Path(name_or_path)
-    if not path.is_file():
-        shipped = shipped_configs()
-        if name_or_path in shipped:
-            path = shipped[name_or_path]
-    if not path.is_file():
-        raise TextsqlError(f"--dsconfig '{name_or_path}' is neither a JSON file nor a shipped strategy "
-                           f"({', '.join(shipped_configs())}). Pass the path of your DeepSpeed JSON file.")
+    path = resolve_dsconfig_path(name_or_path, flag="--dsconfig")
     if not _cuda_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before load_dsconfig imports deepspeed
     return load_dsconfig(path)

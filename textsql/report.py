@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.infer import METRICS_FILE as EVAL_METRICS_FILE
+from textsql.train import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 
-SUMMARY_FILE = "run_summary.json"  # as textsql.train writes it (not imported: that module pulls in torch)
-EVAL_METRICS_FILE = "eval_metrics.json"
 REPORT_DIR = "report"
 TABLE_MD, TABLE_CSV = "report.md", "report.csv"
 TIME_MEMORY_PNG, LOSS_PNG = "time_memory.png", "loss_curves.png"

@@ -182,14 +182,14 @@ class RunPlan:
 
 def plan_run(argv: list[str], model: ModelArguments, run: RunArguments) -> RunPlan:
     """Validate the dsconfig, pick the output folder and precision, and decide whether to resume."""
-    from textsql.dsconfig import check_batch_settings, describe_strategy, load_dsconfig, resolve_for_run, shipped_configs
+    from textsql.dsconfig import check_batch_settings, describe_strategy, load_dsconfig, resolve_dsconfig_path, resolve_for_run
 
     import torch
 
     dsconfig_arg = flag_value(argv, "deepspeed")
     dsconfig = None
     if dsconfig_arg:
-        dsconfig = load_dsconfig(dsconfig_path(dsconfig_arg, shipped_configs))
+        dsconfig = load_dsconfig(resolve_dsconfig_path(dsconfig_arg))
     strategy = describe_strategy(dsconfig)
     batch = int(flag_value(argv, "per_device_train_batch_size") or TRAINER_DEFAULTS["per_device_train_batch_size"])
     if dsconfig is not None:
@@ -227,16 +227,6 @@ def plan_run(argv: list[str], model: ModelArguments, run: RunArguments) -> RunPl
         if not given(trainer_argv, name):
             trainer_argv += [f"--{name}", value]
     return RunPlan(output_dir, precision, strategy, dsconfig, resume_from, trainer_argv)
-
-
-def dsconfig_path(name_or_path: str, shipped) -> str:
-    """A file path as given, or a shipped strategy name (zero1, zero2, zero3_offload) resolved to dsconfig/NAME.json."""
-    if Path(name_or_path).suffix == ".json" or Path(name_or_path).exists():
-        return name_or_path
-    configs = shipped()
-    if name_or_path not in configs:
-        raise TextsqlError(f"--deepspeed '{name_or_path}' is neither a JSON file nor a shipped strategy ({', '.join(configs)}).")
-    return str(configs[name_or_path])
 
 
 def replace_flag(argv: list[str], name: str, value: str) -> list[str]:
@@ -543,7 +533,7 @@ def format_summary(summary: dict) -> str:
     if summary.get("memory_check"):
         from textsql.memory import format_comparison
 
-        lines.append(f"memory plan    {format_comparison(summary['memory_check'])}")
+        lines.append(format_comparison(summary["memory_check"]))
     lines.append(f"tensorboard    tensorboard --logdir {Path(summary['output_dir']).parent}")
     return "\n".join(lines)
 

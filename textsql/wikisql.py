@@ -102,13 +102,14 @@ def load_release_folder(path: Path) -> WikiSQLData:
             continue
         if not tables_file.is_file():
             raise TextsqlError(f"'{questions_file}' has no tables file beside it: expected '{tables_file}'.")
-        split_tables = {t["id"]: t for t in _read_jsonl(tables_file)}
+        split_tables = {t["id"]: t for t in read_jsonl(tables_file)}
         tables.update(split_tables)
-        splits[split] = [_release_example(row, split_tables, questions_file, n) for n, row in enumerate(_read_jsonl(questions_file), 1)]
+        splits[split] = [_release_example(row, split_tables, questions_file, n) for n, row in enumerate(read_jsonl(questions_file), 1)]
     return WikiSQLData(source=str(folder), splits=splits, tables=tables)
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file; a bad line is an error naming the file and line."""
     rows = []
     with open(path, encoding="utf-8") as f:
         for line_number, line in enumerate(f, 1):

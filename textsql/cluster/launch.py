@@ -206,13 +206,13 @@ def _resolve(workdir: Path, path: str) -> Path:
 
 def _dsconfig_file(train_argv: list[str], workdir: Path) -> Path | None:
     """The DeepSpeed config the ranks will read (a path relative to workdir, or a shipped name), checked here first."""
-    from textsql.dsconfig import load_dsconfig, shipped_configs
-    from textsql.train import dsconfig_path
+    from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
 
     name = _train_flag(train_argv, "deepspeed")
     if not name:
         return None
-    path = _resolve(workdir, dsconfig_path(str(_resolve(workdir, name)) if _resolve(workdir, name).exists() else name, shipped_configs))
+    candidate = _resolve(workdir, name)
+    path = _resolve(workdir, resolve_dsconfig_path(str(candidate) if candidate.exists() else name))
     load_dsconfig(path)  # raises with every problem of the file
     return path
 
