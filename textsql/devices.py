@@ -1,0 +1,260 @@
+"""Where a training process runs and in which precision: every CPU/GPU decision of textsql, made from facts passed in.
+
+The facts (which GPUs a node has, how many cores) are read once by `NodeDevices.local()`; every decision below takes
+them as arguments, so a test can feed an A100, a V100, an H100 or "no GPU" and check the outcome.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from textsql.errors import TextsqlError
+
+PRECISIONS = ("auto", "bf16", "fp32", "fp16")
+DEVICE_CHOICES = ("auto", "cuda", "cpu")
+AMPERE = (8, 0)  # native bf16 and TF32 matmuls from compute capability 8.0 (A100, A10, L4, H100, ...)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One visible GPU: its name and CUDA compute capability."""
+
+    name: str
+    capability: tuple[int, int]
+    memory_bytes: int = 0
+
+    @property
+    def native_bf16(self) -> bool:
+        # torch.cuda.is_bf16_supported() is True on a V100 or T4 too (emulated, slow): ask the architecture.
+        return tuple(self.capability) >= AMPERE
+
+    @property
+    def tf32(self) -> bool:
+        return tuple(self.capability) >= AMPERE
+
+
+# Cards that tests and docs name; capability and memory as NVIDIA documents them.
+A100_40GB = Gpu("NVIDIA A100-PCIE-40GB", (8, 0), 40 * 2**30)
+H100_SXM = Gpu("NVIDIA H100 80GB HBM3", (9, 0), 80 * 2**30)
+V100 = Gpu("Tesla V100-SXM2-16GB", (7, 0), 16 * 2**30)
+T4 = Gpu("Tesla T4", (7, 5), 15 * 2**30)
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """What one node (pod) offers a training run: its visible GPUs (none on a CPU-only node) and its CPU cores."""
+
+    gpus: tuple[Gpu, ...] = ()
+    cpu_cores: int = 1
+
+    @property
+    def accelerator(self) -> str:
+        return "cuda" if self.gpus else "cpu"
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return f"no GPU, {self.cpu_cores} CPU cores"
+        names = sorted({gpu.name for gpu in self.gpus})
+        return f"{len(self.gpus)} x {' + '.join(names)}, {self.cpu_cores} CPU cores"
+
+    def as_dict(self) -> dict:
+        return {"gpus": [{"name": g.name, "capability": list(g.capability), "memory_bytes": g.memory_bytes} for g in self.gpus],
+                "cpu_cores": self.cpu_cores}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "NodeDevices":
+        gpus = tuple(Gpu(g["name"], tuple(g["capability"]), int(g.get("memory_bytes", 0))) for g in data.get("gpus", ()))
+        return cls(gpus=gpus, cpu_cores=int(data.get("cpu_cores", 1)))
+
+    @classmethod
+    def local(cls) -> "NodeDevices":
+        """This machine's GPUs as torch sees them (CUDA_VISIBLE_DEVICES respected) and the cores this process may use."""
+        import torch
+
+        gpus = []
+        if torch.cuda.is_available():
+            for index in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(index)
+                gpus.append(Gpu(props.name, (props.major, props.minor), int(props.total_memory)))
+        return cls(gpus=tuple(gpus), cpu_cores=usable_cores())
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Which device
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def choose_accelerator(requested: str, devices: NodeDevices) -> str:
+    """'cuda' or 'cpu' for `--device auto|cuda|cpu` on a node with these devices; cuda without a GPU is an error."""
+    if requested not in DEVICE_CHOICES:
+        raise TextsqlError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not '{requested}'.")
+    if requested == "cuda" and not devices.gpus:
+        raise TextsqlError(
+            "GPUs were asked for (--device cuda), but this process sees none: torch.cuda.is_available() is False"
+            + (f" with CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}" if "CUDA_VISIBLE_DEVICES" in os.environ else "")
+            + ". Check the pod's GPU request (nvidia_gpu) and the driver (nvidia-smi), or pass --device cpu to train on the CPU."
+        )
+    if requested == "auto":
+        return devices.accelerator
+    return requested
+
+
+def use_accelerator(accelerator: str, environ=os.environ) -> None:
+    """Tell DeepSpeed which accelerator this process uses, before it is imported (it caches its choice)."""
+    if accelerator == "cpu":
+        environ["DS_ACCELERATOR"] = "cpu"
+    elif environ.get("DS_ACCELERATOR") == "cpu":
+        raise TextsqlError("DS_ACCELERATOR=cpu is set, but this process trains on the GPU. Unset DS_ACCELERATOR, or pass --device cpu.")
+
+
+def ranks_per_node(requested: int | None, devices: NodeDevices) -> int:
+    """Training processes on one node: one per visible GPU unless asked otherwise (never nn.DataParallel); 1 on a CPU."""
+    available = len(devices.gpus)
+    if requested is None:
+        return max(1, available)
+    if requested < 1:
+        raise TextsqlError(f"The number of processes per node must be at least 1, not {requested}.")
+    if available and requested > available:
+        raise TextsqlError(f"{requested} processes per node were asked for, but this node has {available} GPU(s) visible "
+                           f"({devices.describe()}). Ask for at most {available}, or make more GPUs visible.")
+    return requested
+
+
+def threads_per_rank(devices: NodeDevices, ranks: int) -> int:
+    """OpenMP threads for each of `ranks` processes on a node: its share of the cores (ZeRO offload's CPU Adam uses them)."""
+    return max(1, devices.cpu_cores // max(1, ranks))
+
+
+def launcher_device_args(ranks: int, devices: NodeDevices, visible_devices: str | None) -> list[str]:
+    """The `deepspeed` launcher's device selection for `ranks` processes on this node.
+
+    A user's CUDA_VISIBLE_DEVICES is kept: the launcher reads it only when no --num_gpus/--include is given (and
+    --num_gpus would delete it), so with it set we name the first `ranks` of those devices with --include.
+    """
+    if visible_devices and devices.gpus:
+        ids = [part.strip() for part in visible_devices.split(",") if part.strip()]
+        return ["--include", "localhost:" + ",".join(ids[:ranks])]
+    return ["--num_gpus", str(ranks)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Which precision
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """What a run computes in: the mixed-precision dtype (or fp32) and whether fp32 matmuls may use TF32."""
+
+    name: str
+    tf32: bool
+    reason: str = field(default="", compare=False)
+
+    def trainer_flags(self) -> dict[str, bool]:
+        """Seq2SeqTrainingArguments values; tf32=False makes the Trainer switch TF32 off where it could be on."""
+        return {"bf16": self.name == "bf16", "fp16": self.name == "fp16", "tf32": self.tf32}
+
+
+def resolve_precision(requested: str, model_id: str, gpus: tuple[Gpu, ...] | list[Gpu], *, force_fp16: bool = False) -> PrecisionChoice:
+    """The precision for a run on these GPUs (every GPU of every node; none on a CPU).
+
+    auto: bf16 where every GPU has native bf16 (Ampere and newer), fp32 otherwise (V100, T4, the CPU). TF32 is used
+    for the remaining fp32 matmuls only with bf16 on Ampere and newer; fp32 means true fp32 matmuls.
+    """
+    if requested not in PRECISIONS:
+        raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{requested}'.")
+    gpus = tuple(gpus)
+    native = bool(gpus) and all(gpu.native_bf16 for gpu in gpus)
+    if requested == "auto":
+        if native:
+            return PrecisionChoice("bf16", True, "auto: every GPU has native bf16 (compute capability 8.0 or newer)")
+        why = "auto: no GPU" if not gpus else f"auto: {_older(gpus)} has no native bf16 (needs compute capability 8.0)"
+        return PrecisionChoice("fp32", False, why)
+    if requested == "fp16":
+        if "t5" in str(model_id).lower() and not force_fp16:
+            raise TextsqlError(
+                "fp16 is refused for T5: T5 checkpoints were pretrained in bf16 and their activations overflow fp16, "
+                "giving NaN losses (t5-large and larger). Use --precision bf16 (Ampere or newer GPUs) or fp32, or pass "
+                "--force_fp16 True to try anyway."
+            )
+        if not gpus:
+            raise TextsqlError("fp16 mixed precision needs a GPU; use --precision fp32 (or auto) on the CPU.")
+        return PrecisionChoice("fp16", False, "asked for fp16")
+    if requested == "bf16":
+        if gpus and not native:
+            raise TextsqlError(
+                f"--precision bf16 needs native bf16, and {_older(gpus)} has none (compute capability "
+                f"{'.'.join(map(str, _oldest(gpus).capability))}; bf16 needs 8.0, Ampere or newer): it would be emulated, "
+                "many times slower. Use --precision fp32 (or auto) on this GPU."
+            )
+        # On the CPU, bf16 autocast runs (natively on CPUs with AVX512-BF16/AMX, emulated elsewhere).
+        return PrecisionChoice("bf16", native, "asked for bf16" + ("" if gpus else " on the CPU"))
+    return PrecisionChoice("fp32", False, "asked for fp32 (true fp32 matmuls, no TF32)")
+
+
+def precision_from_trainer_flags(precision: str, bf16: bool | None, fp16: bool | None) -> str:
+    """Fold the Trainer's own --bf16/--fp16 flags into --precision, so that both go through `resolve_precision`."""
+    flagged = [name for name, on in (("bf16", bf16), ("fp16", fp16)) if on]
+    if len(flagged) > 1:
+        raise TextsqlError("--bf16 True and --fp16 True were both given; pass one --precision (bf16, fp32 or fp16) instead.")
+    if not flagged:
+        return precision
+    if precision not in ("auto", flagged[0]):
+        raise TextsqlError(f"--{flagged[0]} True contradicts --precision {precision}; pass only --precision.")
+    return flagged[0]
+
+
+def _oldest(gpus: tuple[Gpu, ...]) -> Gpu:
+    return min(gpus, key=lambda gpu: tuple(gpu.capability))
+
+
+def _older(gpus: tuple[Gpu, ...]) -> str:
+    return _oldest(gpus).name
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Several nodes
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def check_nodes_agree(nodes: dict[str, NodeDevices], slots: dict[str, int] | None = None) -> str:
+    """The accelerator every node trains on; refuses a cluster whose nodes disagree, naming the node.
+
+    Disagreeing means GPUs on some nodes and none on others, or native bf16 on some and not on others (one precision
+    must serve every rank). With `slots`, a GPU node must have at least as many GPUs as the ranks it runs.
+    """
+    if not nodes:
+        raise TextsqlError("No nodes to train on.")
+    names = list(nodes)
+    first = names[0]
+    problems = []
+    for name in names[1:]:
+        a, b = nodes[first], nodes[name]
+        if bool(a.gpus) != bool(b.gpus):
+            problems.append(f"{name} has {b.describe()}, but node 0 ({first}) has {a.describe()}: every node must have GPUs, or none")
+        elif a.gpus and _bf16_kinds(a) != _bf16_kinds(b):
+            problems.append(f"{name} has {b.describe()}, but node 0 ({first}) has {a.describe()}: native bf16 on some GPUs and not on "
+                            "others, so no one precision suits every rank")
+    for name, node in nodes.items():
+        wanted = (slots or {}).get(name, 0)
+        if node.gpus and wanted > len(node.gpus):
+            problems.append(f"{name} runs {wanted} rank(s) but has {len(node.gpus)} GPU(s)")
+    if problems:
+        raise TextsqlError("The nodes do not agree on how to train:\n" + "\n".join(f"  {p}" for p in problems))
+    return nodes[first].accelerator
+
+
+def _bf16_kinds(node: NodeDevices) -> set[bool]:
+    return {gpu.native_bf16 for gpu in node.gpus}
+
+
+def all_gpus(nodes: dict[str, NodeDevices]) -> tuple[Gpu, ...]:
+    return tuple(gpu for node in nodes.values() for gpu in node.gpus)
