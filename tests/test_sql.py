@@ -13,7 +13,9 @@ from textsql.sql import (
     SQLParseError,
     aggregate_metrics,
     execute_query,
-    number_from,
+    wikisql_number,
+    component_matches,
+    executes_plausibly,
     parse_sql,
     same_logical_form,
     score_prediction,
@@ -180,44 +182,65 @@ def run(sel, agg=0, conds=(), table=TABLE):
     return execute_query({"sel": sel, "agg": agg, "conds": [list(c) for c in conds]}, table)
 
 
-def test_text_comparisons_ignore_case_and_results_come_back_lower_cased():
+# Each expectation below was worked out by hand from WikiSQL's rules (DESIGN.md section 3) and SQLite's affinity rules.
+
+
+def test_text_comparisons_ignore_case_and_results_come_back_lower_cased_in_table_order():
     assert run(0, conds=[(1, 0, "won")]) == ["ann", "bob", "dee"]
     assert run(0, conds=[(1, 0, "WON")]) == ["ann", "bob", "dee"]
     assert run(0, conds=[(1, 0, "Lost")]) == ["cid"]
+    reversed_rows = dict(TABLE, id="1-100-reversed", rows=TABLE["rows"][::-1])
+    assert run(0, table=reversed_rows) == ["dee", "cid", "bob", "ann"]  # SQLite's order, never sorted
 
 
-def test_real_columns_compare_numbers_parsed_from_cells_and_values():
-    assert run(0, conds=[(2, 0, "1234")]) == ["ann"]  # cell "1,234"
-    assert run(0, conds=[(2, 0, "1,234")]) == ["ann"]
-    assert run(0, conds=[(2, 0, "12")]) == ["bob", "dee"]  # cells "12" and 12.0
-    assert run(0, conds=[(2, 0, 12)]) == ["bob", "dee"]
-    assert run(0, conds=[(3, 0, "1997")]) == ["cid"]  # year stored as text "1997"
+def test_real_columns_keep_text_that_is_not_a_plain_number_as_text():
+    # "1,234" in a real column stays TEXT in SQLite: no number equals it, and it is greater than every number.
+    assert run(0, conds=[(2, 0, "1234")]) == []
+    assert run(0, conds=[(2, 0, "1,234")]) == []  # the value is read as 1234.0 (babel drops the ","); the cell is not
     assert run(0, conds=[(2, 1, "10")]) == ["ann", "bob", "dee"]
     assert run(0, conds=[(2, 2, "12.5")]) == ["bob", "cid", "dee"]
-    assert run(0, conds=[(3, 1, 1995), (3, 2, "1998")]) == ["bob", "cid"]
-    assert run(0, conds=[(2, 0, "12 points")]) == ["bob", "dee"]  # the first number in the text, as WikiSQL does
+    assert run(0, conds=[(4, 1, "2")]) == ["ann", "cid"]  # "3.5" became 3.5; "n/a" is TEXT, so > 2
+    # Text that is a plain number converts to REAL on insert: "12" and "1997" compare as numbers.
+    assert run(0, conds=[(2, 0, "12")]) == ["bob", "dee"]
+    assert run(0, conds=[(2, 0, 12)]) == ["bob", "dee"]
+    assert run(0, conds=[(3, 0, "1997")]) == ["cid"]
+
+
+def test_condition_values_for_real_columns_are_read_as_wikisql_reads_them():
+    assert run(0, conds=[(2, 0, "12 points")]) == ["bob", "dee"]  # not a decimal: the first number in the text
+    assert run(0, conds=[(2, 0, " 12 ")]) == ["bob", "dee"]
+    assert run(0, conds=[(2, 0, "1_2")]) == ["bob", "dee"]  # decimal.Decimal takes underscores between digits
+    with pytest.raises(SQLExecutionError, match="no number"):
+        run(0, conds=[(2, 0, "no number here")])  # WikiSQL raises IndexError here
+
+
+def test_two_conditions_on_one_column_share_the_last_value():
+    # Bound by name (:col3): both read "< 1999"; bound by position it would be "< 1997 AND < 1999" = ann, bob.
+    assert run(0, conds=[(3, 2, "1997"), (3, 2, "1999")]) == ["ann", "bob", "cid", "dee"]
+    # Both read "> 1995" here, so nothing is both above and below it.
+    assert run(0, conds=[(3, 2, "1998"), (3, 1, "1995")]) == []
 
 
 def test_aggregates_checked_by_hand():
-    won = [(1, 0, "won")]
-    assert run(2, 1, won) == [1234.0]
+    won = [(1, 0, "won")]  # ann ("1,234" TEXT), bob (12.0), dee (12.0)
+    assert run(2, 1, won) == ["1,234"]  # TEXT is the maximum
     assert run(2, 2, won) == [12.0]
     assert run(2, 3, won) == [3]
-    assert run(2, 4, won) == [1258.0]
-    assert run(2, 5, won) == [pytest.approx(1258 / 3)]
-    assert run(4, 5, won) == [pytest.approx(6.5 / 3)]  # "3.5", 2, 1
-    assert run(2, 4) == [1265.5]
-    assert run(4, 3) == [4]  # "n/a" is kept as text, and COUNT counts it, as in WikiSQL
+    assert run(2, 4, won) == [25.0]  # SUM reads "1,234" as its numeric prefix 1
+    assert run(2, 5, won) == [25 / 3]
+    assert run(4, 5, won) == [6.5 / 3]  # 3.5, 2, 1
+    assert run(2, 4) == [32.5]  # 1 + 12 + 7.5 + 12
+    assert run(4, 3) == [4]  # "n/a" is kept as text, and COUNT counts it
+    assert run(4, 1) == ["n/a"] and run(4, 2) == [1.0]
 
 
 def test_empty_results():
     nobody = [(1, 0, "draw")]
     assert run(0, conds=nobody) == []
-    assert run(0, conds=nobody) == run(1, conds=[(2, 1, "5000")])
+    assert run(1, conds=[(3, 1, "5000")]) == []
     assert run(0, 3, nobody) == [0]
     assert run(2, 4, nobody) == [None]
     assert run(2, 1, nobody) == [None]
-    assert run(0, conds=[(2, 0, "no number here")]) == []  # WikiSQL would crash; here it matches nothing
 
 
 def test_values_are_bound_not_spliced_into_the_sql():
@@ -239,7 +262,8 @@ def test_same_id_with_different_rows_is_not_served_from_the_cache():
         {"sel": -1, "agg": 0, "conds": []},
         {"sel": 0, "agg": 6, "conds": []},
         {"sel": 0, "agg": 0, "conds": [[9, 0, "x"]]},
-        {"sel": 0, "agg": 0, "conds": [[1, 3, "x"]]},
+        {"sel": 0, "agg": 0, "conds": [[1, 3, "x"]]},  # "OP": WikiSQL's list has it, SQLite cannot run it
+        {"sel": 0, "agg": 0, "conds": [[1, 4, "x"]]},
         {"sel": 0, "agg": 0, "conds": [[1, 0]]},
         {"sel": "0", "agg": 0, "conds": []},
         {"agg": 0, "conds": []},
@@ -253,15 +277,44 @@ def test_bad_queries_raise_execution_error(query):
 def test_malformed_table_raises_execution_error():
     with pytest.raises(SQLExecutionError, match="cells"):
         run(0, table=dict(TABLE, id="1-100-2", rows=[["Ann", "Won"]]))
+    with pytest.raises(SQLExecutionError, match="types"):
+        run(0, table=dict(TABLE, id="1-100-3", types=["text", "text", "real", "real", "integer); DROP TABLE t; --"]))
 
 
-def test_number_from_reads_numbers_as_wikisql_does():
-    assert number_from("1,234") == 1234.0
-    assert number_from(" 3.5 ") == 3.5
-    assert number_from("-2") == -2.0
-    assert number_from("12 km") == 12.0
-    assert number_from(7) == 7.0
-    assert number_from("n/a") is None
+NUMBER_TEXT = st.text(alphabet="0123456789,.-+ e_xkmnaif", max_size=10)
+
+
+@settings(max_examples=500, deadline=None)
+@given(NUMBER_TEXT)
+def test_wikisql_number_equals_babel_parse_decimal_with_wikisql_fallback(text):
+    """What lib/dbengine.py computes for a real column's condition value (lower-cased first), with babel itself."""
+    from babel.numbers import NumberFormatError, parse_decimal
+
+    value = text.lower()
+    try:
+        expected = float(parse_decimal(value, locale="en_US"))
+    except NumberFormatError:
+        found = re.findall(r"[-+]?\d*\.\d+|\d+", value)
+        expected = float(found[0]) if found else None
+    except ValueError:  # decimal's signalling NaN: no float
+        expected = None
+    if expected is None:
+        with pytest.raises(SQLExecutionError):
+            wikisql_number(value)
+    else:
+        got = wikisql_number(value)
+        assert got == expected or (got != got and expected != expected)  # nan equals nan here
+
+
+def test_wikisql_number_by_hand():
+    assert wikisql_number("1,234") == 1234.0
+    assert wikisql_number(" 3.5 ") == 3.5
+    assert wikisql_number("-2") == -2.0
+    assert wikisql_number("12 km") == 12.0
+    assert wikisql_number("1e3") == 1000.0
+    assert wikisql_number("x-2.5y") == -2.5
+    with pytest.raises(SQLExecutionError):
+        wikisql_number("n/a")
 
 
 # --------------------------------------------------------------------------- metrics
@@ -318,6 +371,10 @@ def test_aggregate_metrics_on_a_known_mix():
     assert metrics["logical_form_accuracy"] == pytest.approx(0.4)
     assert metrics["execution_accuracy"] == pytest.approx(0.6)
     assert metrics["parse_errors"] == 2
+    assert metrics["components"] == {
+        "select_column": pytest.approx(0.8), "aggregation": pytest.approx(0.7), "where_number": pytest.approx(0.6),
+        "where_column": pytest.approx(0.5), "where_operator": pytest.approx(0.6), "where_value": pytest.approx(0.5),
+    }
 
     def row(group):
         return (group["count"], group["exact_match"], group["logical_form_accuracy"], group["execution_accuracy"])
@@ -344,14 +401,50 @@ def test_aggregate_metrics_edge_cases():
         aggregate_metrics(score_mix(), [])
 
 
-def test_logical_form_compares_numbers_as_numbers_and_values_case_insensitively():
+def test_logical_form_is_wikisql_query_eq():
     gold = {"sel": 0, "agg": 0, "conds": [[3, 0, 1995], [1, 0, "Won"]]}
-    assert same_logical_form({"sel": 0, "agg": 0, "conds": [[1, 0, "won"], [3, 0, "1995.0"]]}, gold)
+    # Order-insensitive, values compared as str(value).lower(): "1995" equals 1995, "1995.0" does not.
+    assert same_logical_form({"sel": 0, "agg": 0, "conds": [[1, 0, "WON"], [3, 0, "1995"]]}, gold)
+    assert not same_logical_form({"sel": 0, "agg": 0, "conds": [[1, 0, "won"], [3, 0, "1995.0"]]}, gold)
+    assert same_logical_form({"sel": 0, "agg": 0, "conds": [[3, 0, 2003.0]]}, {"sel": 0, "agg": 0, "conds": [[3, 0, "2003.0"]]})
+    assert not same_logical_form({"sel": 0, "agg": 0, "conds": [[3, 0, 2003]]}, {"sel": 0, "agg": 0, "conds": [[3, 0, 2003.0]]})
     assert not same_logical_form({"sel": 0, "agg": 0, "conds": [[1, 0, "won"], [3, 0, "1996"]]}, gold)
     assert not same_logical_form({"sel": 0, "agg": 3, "conds": gold["conds"]}, gold)
     assert not same_logical_form({"sel": 0, "agg": 0, "conds": gold["conds"][:1]}, gold)
+    # Sets: a repeated condition is the same condition.
+    assert same_logical_form({"sel": 0, "agg": 0, "conds": gold["conds"] + gold["conds"][:1]}, gold)
     scored = score_prediction("SELECT Player FROM table WHERE Result = WON AND Year = 1995.0", "x", gold, METRIC_TABLE)
-    assert scored["logical_form_match"] and scored["execution_match"] and not scored["exact_match"]
+    assert scored["execution_match"] and not scored["logical_form_match"] and not scored["exact_match"]
+
+
+def test_components_follow_sqlova_counting():
+    gold = {"sel": 0, "agg": 3, "conds": [[3, 1, 1995], [1, 0, "Won"]]}
+    right = component_matches({"sel": 0, "agg": 3, "conds": [[1, 0, "won"], [3, 1, "1995"]]}, gold)
+    assert all(right.values())
+    wrong_value = component_matches({"sel": 0, "agg": 3, "conds": [[1, 0, "Lost"], [3, 1, "1995"]]}, gold)
+    assert [name for name, ok in wrong_value.items() if not ok] == ["where_value"]
+    # Operators and values are compared in column order, whether or not the columns are right (SQLova's wo, wv).
+    other_columns = component_matches({"sel": 2, "agg": 0, "conds": [[0, 0, "won"], [4, 1, "1995"]]}, gold)
+    assert [name for name, ok in other_columns.items() if not ok] == ["select_column", "aggregation", "where_column"]
+    fewer = component_matches({"sel": 0, "agg": 3, "conds": [[1, 0, "won"]]}, gold)
+    assert [name for name, ok in fewer.items() if ok] == ["select_column", "aggregation"]
+    assert not any(component_matches(None, gold).values())
+
+
+def test_score_records_the_wrong_parts():
+    scored = score_mix()
+    assert scored[0]["wrong_parts"] == []
+    assert scored[4]["wrong_parts"] == ["where_column", "where_value"]  # Points = 20 for Year = 1996
+    assert scored[6]["wrong_parts"] == ["aggregation"]
+    assert scored[7]["wrong_parts"] == list(scored[7]["components"])  # unparseable: every part wrong
+
+
+def test_execution_guided_test_of_a_candidate():
+    assert executes_plausibly("SELECT Player FROM table WHERE Result = Won", METRIC_TABLE)
+    assert not executes_plausibly("SELECT Player FROM table WHERE Result = Draw", METRIC_TABLE)  # no row
+    assert executes_plausibly("SELECT COUNT Player FROM table WHERE Result = Draw", METRIC_TABLE)  # [0] is an answer
+    assert not executes_plausibly("SELECT Player FROM table WHERE Year > recent", METRIC_TABLE)  # raises in WikiSQL
+    assert not executes_plausibly("SELECT Score FROM table", METRIC_TABLE)  # does not parse
 
 
 def test_gold_query_is_parsed_from_the_gold_text_when_missing():

@@ -1,7 +1,8 @@
-"""Read generated SQL back into WikiSQL queries, execute them the way WikiSQL does, and score predictions."""
+"""Read generated SQL back into WikiSQL queries, execute and score them exactly as WikiSQL's evaluate.py does."""
 
 from __future__ import annotations
 
+import decimal
 import re
 import sqlite3
 import threading
@@ -237,9 +238,15 @@ class _Parser:
 
 
 # --------------------------------------------------------------------------- execute
+#
+# WikiSQL's evaluate.py, with lib/dbengine.py, lib/query.py and lib/table.py of github.com/salesforce/WikiSQL, rule by
+# rule (DESIGN.md section 3): one SQLite table per WikiSQL table, columns col0..colN declared with the table's types
+# ("text"/"real"), rows inserted as given with every str cell lower-cased; conditions bound by column name; results
+# compared as lists in SQLite's order. SQLite then applies its own affinity rules: a "real" column keeps a cell such as
+# "1,234" as TEXT, and any TEXT compares greater than any number.
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
-_NUMBER_IN_TEXT = re.compile(r"[-+]?\d*\.\d+|\d+")  # WikiSQL's num_re: the fallback when a value is not a plain number
+WIKISQL_NUMBER = re.compile(r"[-+]?\d*\.\d+|\d+")  # lib/dbengine.py num_re: the fallback when a value is not a plain number
+COLUMN_TYPES = ("text", "real")
 _CONNECTION_CACHE_SIZE = 512
 
 
@@ -256,28 +263,55 @@ _databases_lock = threading.Lock()
 
 
 def execute_query(query: dict, table: dict) -> list:
-    """Run a structured query against a WikiSQL table with WikiSQL's semantics; returns the sorted result values.
+    """The result of a structured query on a WikiSQL table, as WikiSQL's DBEngine.execute returns it.
 
-    Text cells and text condition values are lower-cased (so results of text columns come back lower-cased);
-    real columns compare numbers parsed from cells and values ("1,234" is 1234, "12" equals 12.0). Floats are
-    rounded to 10 significant digits. COUNT over no rows is [0]; MAX/MIN/SUM/AVG over no rows are [None].
-    Raises SQLExecutionError for an index out of range, an unknown operator or a malformed table.
+    `SELECT {agg}(col{sel}) AS result FROM t WHERE col{c} {op} :col{c} AND ...`: text cells and str condition values
+    are lower-cased; a value for a "real" column that is not already a number is read with `wikisql_number`; two
+    conditions on one column share the last one's value (bound by name). Rows come back in SQLite's order.
+    Raises SQLExecutionError where WikiSQL's engine raises (a value with no number for a real column, an operator
+    SQLite cannot run) and for indices out of range or a malformed table.
     """
     header, types, rows = _checked_table(table)
     sel, agg, conds = _checked_query(query, len(header))
-    column = f"col{sel}"
-    select = f"{AGG_OPS[agg]}({column})" if agg else column
-    where = " AND ".join(f"col{col} {COND_OPS[op]} ?" for col, op, _ in conds)
-    statement = f"SELECT {select} FROM t" + (f" WHERE {where}" if where else "")
-    # Positional parameters: WikiSQL binds by column name, so two conditions on one column shared the last value.
-    parameters = [_condition_parameter(value, types[col]) for col, _, value in conds]
+    select = f"{AGG_OPS[agg]}(col{sel})" if agg else f"col{sel}"
+    where = " AND ".join(f"col{col} {COND_OPS[op]} :col{col}" for col, op, _ in conds)
+    statement = f"SELECT {select} AS result FROM t" + (f" WHERE {where}" if where else "")
+    parameters = {f"col{col}": condition_value(value, types[col]) for col, _, value in conds}
     with _databases_lock:
         database = _database_for(table, header, types, rows)
         try:
-            results = database.connection.execute(statement, parameters).fetchall()
+            return [row[0] for row in database.connection.execute(statement, parameters)]
         except sqlite3.Error as error:
             raise SQLExecutionError(f"SQLite could not run {statement!r}: {error}") from None
-    return sorted((_result_value(row[0]) for row in results), key=_result_sort_key)
+
+
+def condition_value(value: object, column_type: str) -> object:
+    """A condition value as WikiSQL binds it: a str lower-cased; for a real column, a number (see wikisql_number)."""
+    if isinstance(value, str):
+        value = value.lower()
+    if column_type == "real" and not isinstance(value, (int, float)):
+        return wikisql_number(value)
+    return value
+
+
+def wikisql_number(text: object) -> float:
+    """`float(babel.numbers.parse_decimal(text))` in the en_US locale, else the first number in the text (WikiSQL's
+    fallback); raises SQLExecutionError when there is none, where WikiSQL raises IndexError.
+
+    parse_decimal (non-strict) drops the group symbol "," and hands the rest to decimal.Decimal, which also takes
+    surrounding spaces, underscores between digits, exponents, "nan" and "infinity".
+    """
+    text = str(text)
+    try:
+        return float(decimal.Decimal(text.replace(",", "")))
+    except decimal.InvalidOperation:
+        pass
+    except ValueError as error:  # a signalling NaN converts to no float; WikiSQL raises here too
+        raise SQLExecutionError(f"condition value {text!r} is not a number: {error}") from None
+    found = WIKISQL_NUMBER.findall(text)
+    if not found:
+        raise SQLExecutionError(f"condition value {text!r} on a real column holds no number")
+    return float(found[0])
 
 
 def _checked_table(table: dict) -> tuple[list[str], list[str], list[list]]:
@@ -288,6 +322,9 @@ def _checked_table(table: dict) -> tuple[list[str], list[str], list[list]]:
     types = [str(kind).lower() for kind in table.get("types") or ["text"] * len(header)]
     if len(types) != len(header):
         raise SQLExecutionError(f"table {table.get('id')!r} has {len(header)} header names but {len(types)} types")
+    unknown = sorted(set(types) - set(COLUMN_TYPES))
+    if unknown:
+        raise SQLExecutionError(f"table {table.get('id')!r} has column types {unknown}; WikiSQL's are 'text' and 'real'")
     for number, row in enumerate(rows):
         if len(row) != len(header):
             raise SQLExecutionError(f"table {table.get('id')!r} row {number} has {len(row)} cells for {len(header)} columns")
@@ -305,7 +342,7 @@ def _checked_query(query: dict, num_columns: int) -> tuple[int, int, list]:
         if not isinstance(cond, (list, tuple)) or len(cond) != 3:
             raise SQLExecutionError(f"condition {cond!r} is not [column, operator, value]")
         _check_index(cond[0], num_columns, "condition column")
-        _check_index(cond[1], len(SUPPORTED_COND_OPS), "condition operator")
+        _check_index(cond[1], len(COND_OPS), "condition operator")
     return sel, agg, conds
 
 
@@ -336,66 +373,20 @@ def _same_table(a: dict, b: dict) -> bool:
 
 
 def _load_table(header: list[str], types: list[str], rows: list[list]) -> sqlite3.Connection:
+    """lib/table.py Table.create_table(lower=True): declared types as given, str cells lower-cased, the rest as they are."""
     connection = sqlite3.connect(":memory:", check_same_thread=False)
-    columns = ", ".join(f"col{i} {'REAL' if kind == 'real' else 'TEXT'}" for i, kind in enumerate(types))
-    connection.execute(f"CREATE TABLE t ({columns})")
+    connection.execute(f"CREATE TABLE t ({', '.join(f'col{i} {kind}' for i, kind in enumerate(types))})")
     if rows:
         placeholders = ", ".join("?" for _ in header)
-        cells = [[_stored_cell(cell, kind) for cell, kind in zip(row, types)] for row in rows]
+        cells = [[cell.lower() if isinstance(cell, str) else cell for cell in row] for row in rows]
         connection.executemany(f"INSERT INTO t VALUES ({placeholders})", cells)
     return connection
 
 
-def _stored_cell(cell: object, kind: str) -> object:
-    """Text lower-cased (WikiSQL stores it so); real cells as numbers where one can be read, else the lower-cased text."""
-    if cell is None:
-        return None
-    if kind == "real":
-        number = number_from(cell)
-        if number is not None:
-            return number
-    return str(cell).lower()
-
-
-def _condition_parameter(value: object, kind: str) -> object:
-    """WikiSQL's treatment of a condition value: lower-cased; for a real column, the number in it."""
-    if kind == "real":
-        number = number_from(value)
-        if number is not None:
-            return number
-        # WikiSQL crashes here; comparing as text keeps a gold query like this executable (it matches no number).
-    return str(value).lower()
-
-
-def number_from(value: object) -> float | None:
-    """The number a cell or value stands for, as WikiSQL reads it: "1,234" -> 1234.0, "12 km" -> 12.0, "n/a" -> None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    text = str(value).strip()
-    plain = text.replace(",", "")  # babel's parse_decimal drops grouping commas
-    if _NUMBER.fullmatch(plain):
-        return float(plain)
-    found = _NUMBER_IN_TEXT.findall(text)
-    return float(found[0]) if found else None
-
-
-def _result_value(value: object) -> object:
-    if isinstance(value, float):
-        return float(f"{value:.10g}")  # equal results computed along different paths compare equal
-    return value
-
-
-def _result_sort_key(value: object) -> tuple:
-    if value is None:
-        return (0, 0.0, "")
-    if isinstance(value, (int, float)):
-        return (1, float(value), "")
-    return (2, 0.0, str(value))
-
-
 # --------------------------------------------------------------------------- score
+
+# The query's parts, as WikiSQL papers break accuracy down (SQLNet, SQLova: sc, sa, wn, wc, wo, wv).
+COMPONENTS = ("select_column", "aggregation", "where_number", "where_column", "where_operator", "where_value")
 
 
 def exact_match(predicted_text: str, gold_text: str) -> bool:
@@ -404,7 +395,10 @@ def exact_match(predicted_text: str, gold_text: str) -> bool:
 
 
 def same_logical_form(predicted: dict, gold: dict) -> bool:
-    """Same sel and agg and the same set of conditions: order-insensitive, values case-insensitive, numbers as numbers."""
+    """lib/query.py Query.__eq__ (unordered): same sel and agg, and equal sets of (column, operator, str(value).lower()).
+
+    Values are compared as text: 2003 and "2003" are equal, 2003 and 2003.0 are not.
+    """
     return (
         predicted["sel"] == gold["sel"]
         and predicted["agg"] == gold["agg"]
@@ -414,20 +408,36 @@ def same_logical_form(predicted: dict, gold: dict) -> bool:
 
 def _condition_key(cond: list) -> tuple:
     column, op, value = cond
-    return (column, op, _value_key(value))
+    return (column, op, str(value).lower())
 
 
-def _value_key(value: object) -> object:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = " ".join(str(value).split()).lower()
-    return float(text) if _NUMBER.fullmatch(text) else text
+def component_matches(predicted: dict | None, gold: dict) -> dict[str, bool]:
+    """Which parts of the query are right, as SQLova's get_cnt_* count them: select column, aggregation, number of
+    conditions, and, for equal numbers, the condition columns, operators and values compared in column order (values
+    as in the logical form). An unparsed prediction gets every part wrong."""
+    if predicted is None:
+        return dict.fromkeys(COMPONENTS, False)
+    pred, real = _by_column(predicted["conds"]), _by_column(gold["conds"])
+    same_number = len(pred) == len(real)
+    return {
+        "select_column": predicted["sel"] == gold["sel"],
+        "aggregation": predicted["agg"] == gold["agg"],
+        "where_number": same_number,
+        "where_column": same_number and [c[0] for c in pred] == [c[0] for c in real],
+        "where_operator": same_number and [c[1] for c in pred] == [c[1] for c in real],
+        "where_value": same_number and [c[2] for c in pred] == [c[2] for c in real],
+    }
+
+
+def _by_column(conds: list) -> list[tuple]:
+    return sorted(_condition_key(c) for c in conds)
 
 
 def score_prediction(predicted_text: str, gold_text: str, gold_query: dict | None, table: dict) -> dict:
-    """Exact, logical-form and execution match of one prediction; a prediction that does not parse or run is wrong.
+    """Exact, logical-form and execution match of one prediction, and which parts of it are wrong.
 
-    Returns {"exact_match", "logical_form_match", "execution_match", "parsed", "parse_error", "execution_error"}.
+    Returns {"exact_match", "logical_form_match", "execution_match", "parsed", "parse_error", "execution_error",
+    "components", "wrong_parts"}. A prediction that does not parse or raises on execution is wrong, as in WikiSQL.
     Without `gold_query` the gold string is parsed against the table's header.
     """
     if table is None:
@@ -448,9 +458,11 @@ def score_prediction(predicted_text: str, gold_text: str, gold_query: dict | Non
         scored["parsed"] = parse_sql(predicted_text, table["header"])
     except SQLParseError as error:
         scored["parse_error"] = str(error)
-        return scored
-    scored["logical_form_match"] = same_logical_form(scored["parsed"], gold)
-    scored["execution_match"], scored["execution_error"] = _execution_match(scored["parsed"], gold, table)
+    if scored["parsed"] is not None:
+        scored["logical_form_match"] = same_logical_form(scored["parsed"], gold)
+        scored["execution_match"], scored["execution_error"] = _execution_match(scored["parsed"], gold, table)
+    scored["components"] = component_matches(scored["parsed"], gold)
+    scored["wrong_parts"] = [name for name, right in scored["components"].items() if not right]
     return scored
 
 
@@ -468,6 +480,7 @@ def _execution_match(predicted: dict, gold: dict, table: dict) -> tuple[bool, st
     try:
         gold_result = execute_query(gold, table)
     except SQLExecutionError as error:
+        # WikiSQL's evaluate.py stops here; textsql counts the example as wrong and says why.
         return False, f"gold query: {error}"
     try:
         return execute_query(predicted, table) == gold_result, None
@@ -475,8 +488,19 @@ def _execution_match(predicted: dict, gold: dict, table: dict) -> tuple[bool, st
         return False, f"predicted query: {error}"
 
 
+def executes_plausibly(text: str, table: dict) -> bool:
+    """Execution-guided decoding's test of a candidate: it parses against the header, executes without error, and a
+    query without aggregation returns at least one row (an empty answer to a question is almost always wrong)."""
+    try:
+        query = parse_sql(text, table["header"])
+        result = execute_query(query, table)
+    except (SQLParseError, SQLExecutionError):
+        return False
+    return bool(query["agg"]) or bool(result)
+
+
 def aggregate_metrics(scored: list[dict], gold_queries: list[dict]) -> dict:
-    """Overall accuracies and their breakdown by the gold query's aggregation and number of conditions.
+    """Overall accuracies, component accuracies, and the breakdown by the gold query's aggregation and number of conditions.
 
     Breakdowns list only groups that occur, in a fixed order: by_aggregation "none", "MAX", "MIN", "COUNT", "SUM",
     "AVG"; by_num_conditions "0", "1", "2", "3", "4+". Each group holds count and the three accuracies.
@@ -494,21 +518,22 @@ def aggregate_metrics(scored: list[dict], gold_queries: list[dict]) -> dict:
         "exact_match": overall["exact_match"],
         "logical_form_accuracy": overall["logical_form_accuracy"],
         "execution_accuracy": overall["execution_accuracy"],
+        "scoring": "WikiSQL evaluate.py (logical form: Query.__eq__ unordered; execution: DBEngine, results in SQLite's order)",
+        "components": {name: _share(scored, lambda s, n=name: s["components"][n]) for name in COMPONENTS},
         "parse_errors": sum(score["parse_error"] is not None for score in scored),
         "by_aggregation": {name: _accuracies(group) for name, group in by_aggregation.items() if group},
         "by_num_conditions": {bucket: _accuracies(group) for bucket, group in by_num_conditions.items() if group},
     }
 
 
+def _share(scored: list[dict], is_right) -> float:
+    return sum(bool(is_right(score)) for score in scored) / len(scored) if scored else 0.0
+
+
 def _accuracies(scored: list[dict]) -> dict:
-    count = len(scored)
-
-    def share(key: str) -> float:
-        return sum(bool(score[key]) for score in scored) / count if count else 0.0
-
     return {
-        "count": count,
-        "exact_match": share("exact_match"),
-        "logical_form_accuracy": share("logical_form_match"),
-        "execution_accuracy": share("execution_match"),
+        "count": len(scored),
+        "exact_match": _share(scored, lambda s: s["exact_match"]),
+        "logical_form_accuracy": _share(scored, lambda s: s["logical_form_match"]),
+        "execution_accuracy": _share(scored, lambda s: s["execution_match"]),
     }
