@@ -3,8 +3,10 @@
     python bench/train_throughput.py                       # CPU: small T5 shape; GPU: t5-small and t5-large shapes
     python bench/train_throughput.py --shapes t5-small --repetitions 5 --output result.json
 
-The walkthrough's recipe: every question and target padded to 96 tokens (padding="max_length"), labels padded with the
-pad id 0 so padding is in the loss, no attention mask saved, fp32 (no TF32), random batches, a non-fused AdamW.
+The walkthrough's recipe: every question and target padded to 96 tokens (padding="max_length"; to the longest example
+instead where sources are longer, e.g. --source_format question+header, so both recipes train on the same tokens),
+labels padded with the pad id 0 so padding is in the loss, no attention mask saved, fp32 (no TF32), random batches, a
+non-fused AdamW.
 textsql's recipe (the pieces `textsql train` uses): unpadded prepared data with attention masks, DataCollatorForSeq2Seq
 (batch-wise padding, labels padded with -100), length-grouped batches (train_sampling_strategy="group_by_length"),
 textsql's TextsqlTrainer; on a GPU with bf16 also bf16 autocast, TF32 matmuls, fused AdamW and padding to a multiple
@@ -15,7 +17,9 @@ examples (a seeded sample of steps x batch training examples, i.e. one epoch of 
 process per run so each run's peak memory is its own; every process first trains a few warm-up steps. It prints
 one JSON object: per recipe samples/s, real (non-pad) tokens/s, step time and peak memory (medians over the
 repetitions, and every repetition), their ratio, the machine, and the mean real tokens per example it ran on.
-On a GPU also model FLOPs utilisation (MFU) against the GPU's dense bf16 peak.
+On a GPU also model FLOPs utilisation (MFU) against the GPU's dense bf16 peak and, for an fp32 run, against the
+TF32/FP32 peak it could use (textsql.devices.GPU_PEAK_TFLOPS: SXM, PCIe and NVL parts differ). Every child process is
+pinned to one GPU (the first visible one).
 
 The data is generated WikiSQL-format data with a tokenizer trained on it (textsql.demo.build_assets), or a dataset
 prepared by `textsql prep` (--dataset_dir), e.g. the real WikiSQL tokenized with t5-small's tokenizer.
@@ -48,8 +52,6 @@ SHAPES = {
     "t5-large": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16, d_kv=64, vocab_size=32128),
 }
 DEFAULT_STEPS = {"cpu-small": 16, "t5-small": 100, "t5-large": 40}
-# Dense bf16 tensor-core peaks (TFLOPS) from NVIDIA's data sheets; --peak_tflops for other GPUs.
-PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -57,16 +59,24 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 31
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def prepared_data(args) -> tuple[Path, str]:
-    """(prepared dataset folder, tokenizer name or folder): --dataset_dir, or generated data built once in --workdir."""
+def prepared_data(args) -> Path:
+    """The prepared dataset folder: --dataset_dir, or generated data built once in --workdir."""
     if args.dataset_dir:
-        metadata = json.loads((Path(args.dataset_dir) / "textsql_data.json").read_text())
-        return Path(args.dataset_dir), metadata["tokenizer"]
+        return Path(args.dataset_dir)
     from textsql.demo import build_assets
 
     workdir = Path(args.workdir) / f"generated-{args.train_tables}x10"
-    data_dir, model_dir = build_assets(workdir, train_tables=args.train_tables, questions_per_table=10, seed=0)
-    return data_dir, str(model_dir)
+    data_dir, _ = build_assets(workdir, train_tables=args.train_tables, questions_per_table=10, seed=0, source_format=args.source_format)
+    return data_dir
+
+
+def dataset_tokenizer(dataset_dir: Path):
+    """The tokenizer the dataset was prepared with (with any characters prep added)."""
+    from textsql.data import load_prepared, tokenizer_for_training
+    from textsql.hub import load_tokenizer
+
+    _, metadata = load_prepared(dataset_dir)
+    return tokenizer_for_training(load_tokenizer(metadata["tokenizer"]), dataset_dir, metadata)
 
 
 def training_subset(dataset_dir: Path, examples: int, seed: int):
@@ -111,12 +121,17 @@ def t5_training_flops(config, source_length: int, target_length: int) -> float:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def walkthrough_length(subset) -> int:
+    """The walkthrough's fixed length, 96, or the longest example where that is longer (nothing is cut)."""
+    return max([WALKTHROUGH_LENGTH] + [len(ids) for ids in subset["input_ids"]] + [len(ids) for ids in subset["labels"]])
+
+
 def walkthrough_dataset(subset, pad_id: int):
-    """As the walkthrough tokenized: padding="max_length" to 96 with truncation, labels padded with the pad id, no attention mask."""
+    """As the walkthrough tokenized: padding="max_length" to one fixed length, labels padded with the pad id, no attention mask."""
+    length = walkthrough_length(subset)
 
     def pad(ids):
-        ids = ids[:WALKTHROUGH_LENGTH]
-        return ids + [pad_id] * (WALKTHROUGH_LENGTH - len(ids))
+        return ids + [pad_id] * (length - len(ids))
 
     return subset.map(lambda row: {"input_ids": pad(row["input_ids"]), "labels": pad(row["labels"])}, remove_columns=["attention_mask"])
 
@@ -139,20 +154,21 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     import torch
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
+    from textsql.devices import NodeDevices, resolve_precision
     from textsql.train import TRAINER_DEFAULTS, make_trainer_class
 
     gpu = torch.cuda.is_available()
-    bf16 = gpu and torch.cuda.is_bf16_supported()
+    precision = resolve_precision("auto", "t5", NodeDevices.local().gpus)  # what `textsql train` picks here
     common = dict(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=3e-4,
                   lr_scheduler_type="constant", logging_steps=steps, report_to="none", save_strategy="no", eval_strategy="no",
                   disable_tqdm=True, dataloader_num_workers=0, seed=42, use_cpu=not gpu)
     if recipe == "walkthrough":
-        args = Seq2SeqTrainingArguments(**common, bf16=False, tf32=False if gpu else None, optim="adamw_torch", train_sampling_strategy="random")
+        args = Seq2SeqTrainingArguments(**common, bf16=False, tf32=False, optim="adamw_torch", train_sampling_strategy="random")
         collator = CountingCollator(default_data_collator)
         return Seq2SeqTrainer(model=model, args=args, train_dataset=walkthrough_dataset(subset, tokenizer.pad_token_id),
                               data_collator=collator, callbacks=list(callbacks)), collator
     args = Seq2SeqTrainingArguments(
-        **common, bf16=bf16, tf32=True if bf16 else None, optim="adamw_torch_fused" if gpu else "adamw_torch",
+        **common, **precision.trainer_flags(), optim="adamw_torch_fused" if gpu else "adamw_torch",
         train_sampling_strategy=TRAINER_DEFAULTS["train_sampling_strategy"],
         average_tokens_across_devices=TRAINER_DEFAULTS["average_tokens_across_devices"] == "True",
     )
@@ -190,14 +206,13 @@ def run_one(args) -> dict:
     """Child process: warm up, then train `steps` steps with one recipe and return its measurements."""
     import torch
 
-    from textsql.hub import load_tokenizer
     from textsql.train import peak_memory
 
     threads = args.threads if args.threads is not None else (0 if torch.cuda.is_available() else 1)
     if threads:
         torch.set_num_threads(threads)
-    dataset_dir, tokenizer_name = prepared_data(args)
-    tokenizer = load_tokenizer(tokenizer_name)
+    dataset_dir = prepared_data(args)
+    tokenizer = dataset_tokenizer(dataset_dir)
     subset = training_subset(dataset_dir, args.steps * args.batch_size, args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as output_dir:
@@ -216,9 +231,6 @@ def run_one(args) -> dict:
     seconds = timer.end - timer.start
     source_lengths = [len(ids) for ids in subset["input_ids"]]
     target_lengths = [len(ids) for ids in subset["labels"]]
-    if args.child == "walkthrough":  # truncated to 96: count what it trained on
-        source_lengths = [min(n, WALKTHROUGH_LENGTH) for n in source_lengths]
-        target_lengths = [min(n, WALKTHROUGH_LENGTH) for n in target_lengths]
     real_tokens = sum(source_lengths) + sum(target_lengths)
     config = model.config
     memory = peak_memory()
@@ -235,7 +247,7 @@ def run_one(args) -> dict:
         "step_time_ms": 1000 * seconds / args.steps,
         "real_tokens": real_tokens,
         "computed_tokens": sum(b * (s + t) for b, s, t in collator.shapes[-args.steps:]),
-        "truncated_examples": sum(1 for n in subset["input_ids"] if len(n) > WALKTHROUGH_LENGTH) if args.child == "walkthrough" else 0,
+        "walkthrough_padded_length": walkthrough_length(subset),
         "trainer_counted_real_tokens": getattr(trainer, "real_tokens", None),
         "train_loss": result.metrics.get("train_loss"),
         "peak_rss_bytes": memory["cpu_peak_rss_bytes"],
@@ -244,6 +256,7 @@ def run_one(args) -> dict:
         "cuda_max_reserved_bytes": memory.get("cuda_max_reserved_bytes"),
         "parameters": sum(p.numel() for p in model.parameters()),
         "precision": "bf16" if trainer.args.bf16 else "fp32",
+        "tf32": tf32_enabled(),
         "optimizer": trainer.args.optim.value if hasattr(trainer.args.optim, "value") else str(trainer.args.optim),
         "useful_flops": sum(t5_training_flops(config, s, t) for s, t in zip(source_lengths, target_lengths)),
         "computed_flops": sum(b * t5_training_flops(config, s, t) for b, s, t in collator.shapes[-args.steps:]),
@@ -275,16 +288,8 @@ def machine() -> dict:
     return info
 
 
-def gpu_peak_tflops(name: str | None, override: float | None) -> float | None:
-    if override:
-        return override
-    for key, value in PEAK_BF16_TFLOPS.items():  # "H100 PCIe" before "H100"
-        if name and key in name:
-            return value
-    return None
-
-
-def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
+def summarize(runs: list[dict], peak) -> dict:
+    """Medians over the repetitions of one recipe; MFU against `peak` (textsql.devices.PeakTflops) on a GPU."""
     def median(key):
         values = [r[key] for r in runs if r.get(key) is not None]
         return statistics.median(values) if values else None
@@ -298,12 +303,26 @@ def summarize(runs: list[dict], peak_tflops: float | None) -> dict:
     result.update(precision=first["precision"], optimizer=first["optimizer"],
                   padding_overhead=first["computed_tokens"] / first["real_tokens"],
                   repetitions=[{k: round(r[k], 2) for k in ("samples_per_second", "step_time_ms", "seconds", "cpu_seconds")} for r in runs])
-    if peak_tflops:
+    result["tf32"] = first["tf32"]
+    if peak:
         seconds = median("seconds")
-        result["mfu"] = first["useful_flops"] / seconds / (peak_tflops * 1e12)
-        result["hardware_flops_utilization"] = first["computed_flops"] / seconds / (peak_tflops * 1e12)
-        result["mfu_6nd"] = 6 * first["parameters"] * first["real_tokens"] / seconds / (peak_tflops * 1e12)
+        usable, usable_name = peak.for_precision(first["precision"], first["tf32"])
+        for name, tflops in (("bf16_peak", peak.bf16), ("usable_peak", usable)):
+            if tflops:  # MFU against the bf16 peak, and (fp32 runs) against the TF32 or FP32 peak the run could use
+                result[f"mfu_vs_{name}"] = first["useful_flops"] / seconds / (tflops * 1e12)
+                result[f"hardware_flops_utilization_vs_{name}"] = first["computed_flops"] / seconds / (tflops * 1e12)
+        result["usable_peak"] = {"tflops": usable, "kind": usable_name}
+        result["mfu_6nd_vs_bf16_peak"] = 6 * first["parameters"] * first["real_tokens"] / seconds / (peak.bf16 * 1e12) if peak.bf16 else None
     return result
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 matmuls on the GPU may use TF32 in this process now (what really ran, not what was asked)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return torch.backends.cuda.matmul.fp32_precision == "tf32" or bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def bench_shape(args, shape: str) -> dict:
@@ -324,7 +343,9 @@ def bench_shape(args, shape: str) -> dict:
                   f"{run['step_time_ms']:.0f} ms/step", file=sys.stderr, flush=True)
     import torch
 
-    peak = gpu_peak_tflops(torch.cuda.get_device_name() if torch.cuda.is_available() else None, args.peak_tflops)
+    from textsql.devices import peak_tflops
+
+    peak = peak_tflops(torch.cuda.get_device_name() if torch.cuda.is_available() else None, args.peak_tflops)
     summary = {recipe: summarize(runs[recipe], peak) for recipe in RECIPES}
     first = runs["textsql"][0]
     examples = first["examples"]
@@ -333,7 +354,8 @@ def bench_shape(args, shape: str) -> dict:
         "torch_threads": first["torch_threads"],
         "batch_size": args.batch_size, "examples_per_run": examples, "repetitions": args.repetitions, "warmup_steps": args.warmup_steps,
         "mean_real_tokens_per_example": first["real_tokens"] / examples,
-        "walkthrough_truncated_examples": runs["walkthrough"][0]["truncated_examples"],
+        "source_format": args.source_format if not args.dataset_dir else "as prepared",
+        "walkthrough_padded_length": runs["walkthrough"][0]["walkthrough_padded_length"],
         **summary,
         "ratio_samples_per_second": summary["textsql"]["samples_per_second"] / summary["walkthrough"]["samples_per_second"],
         "ratio_real_tokens_per_second": summary["textsql"]["real_tokens_per_second"] / summary["walkthrough"]["real_tokens_per_second"],
@@ -341,22 +363,27 @@ def bench_shape(args, shape: str) -> dict:
         "trainer_counted_real_tokens_match": first["trainer_counted_real_tokens"] == first["real_tokens"],
     }
     if peak:
-        result["gpu_peak_bf16_tflops"] = peak
+        result["gpu_peak_tflops"] = {"gpu": peak.gpu, "bf16": peak.bf16, "tf32": peak.tf32, "fp32": peak.fp32, "source": peak.source}
     return result
 
 
 def _shared_flags(args) -> list[str]:
     flags = ["--batch_size", str(args.batch_size), "--warmup_steps", str(args.warmup_steps), "--seed", str(args.seed),
-             "--workdir", args.workdir, "--train_tables", str(args.train_tables)] + (["--threads", str(args.threads)] if args.threads is not None else [])
+             "--workdir", args.workdir, "--train_tables", str(args.train_tables), "--source_format", args.source_format] + (["--threads", str(args.threads)] if args.threads is not None else [])
     return flags + (["--dataset_dir", args.dataset_dir] if args.dataset_dir else [])
 
 
 def _child_env() -> dict:
+    """A child's environment: CPU-only DeepSpeed without a GPU; with GPUs, pinned to the first visible one (the
+    Trainer would make one process on several GPUs nn.DataParallel, and the figures would not be one GPU's)."""
     import torch
 
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
+    else:
+        visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = visible[0] if visible else "0"
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
@@ -373,8 +400,10 @@ def parse_args(argv=None):
                         "for a busy core made step times 3-20x slower and erratic; 0 = torch's default (one per core).")
     parser.add_argument("--dataset_dir", default=None, help="A dataset prepared by `textsql prep` (default: generated data).")
     parser.add_argument("--train_tables", type=int, default=600, help="Generated data: training tables (10 questions each).")
+    parser.add_argument("--source_format", default="question", choices=("question", "question+header"),
+                        help="Generated data: what the model reads (both recipes read the same).")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where generated data is built and reused.")
-    parser.add_argument("--peak_tflops", type=float, default=None, help="The GPU's dense bf16 peak, for MFU on GPUs not in the built-in table.")
+    parser.add_argument("--peak_tflops", type=float, default=None, help="The GPU's dense bf16 peak, for MFU on GPUs not in textsql.devices.GPU_PEAK_TFLOPS.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None, help="Also write the JSON here.")
     parser.add_argument("--child", choices=RECIPES, help=argparse.SUPPRESS)

@@ -17,13 +17,14 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             'source = "generate"\nmodel_id = "t5-small"\noutput_dir = "data/wikisql"\n'
-            'source_prefix = "translate English to SQL: "\nmax_examples_per_split = None\noverwrite = False',
+            'source_prefix = "translate English to SQL: "\nsource_format = "question"  # or "question+header"\n'
+            'max_examples_per_split = None\noverwrite = False',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
             "from textsql.data import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
             "args = PrepArguments(source=source, model_id=model_id, output_dir=output_dir, source_prefix=source_prefix,\n"
-            "                     max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
+            "                     source_format=source_format, max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
             "folder = prepare_dataset(args)"
         ),
         new_code_cell("dataset, metadata = load_prepared(folder)\nprint(format_length_report(metadata['lengths']))\ndataset"),
@@ -39,7 +40,7 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             'model_id = "t5-small"\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
-            "num_gpus = 1\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n"
+            "num_gpus = None  # one rank per visible GPU; 1 for one GPU\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n"
             "gradient_checkpointing = False\nextra_args = []",
             metadata={"tags": ["parameters"]},
         ),
@@ -67,32 +68,39 @@ NOTEBOOKS = {
         new_markdown_cell(
             "# Generate and score SQL\n\n"
             "Loads a fine-tuned model folder (the run folder of any strategy), generates SQL for a split in batches, "
-            "parses it back against each question's table, executes it in SQLite and scores it the WikiSQL way: exact "
-            "match, logical-form accuracy, execution accuracy. Writes `predictions.jsonl` and `eval_metrics.json` into "
-            "the model folder. Same as `textsql infer`. Put your own questions in `questions` (and a `table_id` to run them)."
+            "parses it back against each question's table, executes it in SQLite and scores it exactly as WikiSQL's "
+            "evaluate.py does: execution and logical-form accuracy (plus exact match), and which parts of the query are "
+            "right. `decoding = \"execution_guided\"` (with `num_beams` of 4 or so) takes the best beam that executes. "
+            "Writes `predictions.jsonl` and `eval_metrics.json` into the model folder. Same as `textsql infer`. Put your "
+            "own questions in `questions` (and a `table_id` to run them)."
         ),
         new_code_cell(
             'model_dir = "runs/t5-small-zero2-ws1-bs32"\ndataset_dir = "data/wikisql"\nsplit = "test"\nmax_examples = None\n'
-            "batch_size = 64\nnum_beams = 1\nquestions = []\ntable_id = None",
+            "batch_size = 64\ndecoding = \"greedy\"\nnum_beams = 1\nquestions = []\ntable_id = None",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
             "from textsql.infer import InferArguments, run_inference\n\n"
-            "metrics = run_inference(InferArguments(model_dir=model_dir, dataset_dir=dataset_dir, split=split,\n"
-            "                                       max_examples=max_examples, batch_size=batch_size, num_beams=num_beams))"
+            "metrics = run_inference(InferArguments(model_dir=model_dir, dataset_dir=dataset_dir, split=split, max_examples=max_examples,\n"
+            "                                       batch_size=batch_size, decoding=decoding, num_beams=num_beams))"
         ),
         new_code_cell(
             "import pandas as pd\n\n"
+            "parts = pd.Series(metrics['components'], name='share right')\n"
+            "parts.plot.barh(xlim=(0, 1), title='Which parts of the query are right');"
+        ),
+        new_code_cell(
             "pd.concat({'by aggregation': pd.DataFrame(metrics['by_aggregation']).T,\n"
             "           'by conditions': pd.DataFrame(metrics['by_num_conditions']).T})"
         ),
         new_code_cell(
             "predictions = pd.read_json(f'{model_dir}/predictions.jsonl', lines=True)\n"
-            "predictions[~predictions.execution_match][['question', 'predicted_sql', 'gold_sql', 'parse_error']].head(10)"
+            "predictions[~predictions.execution_match][['question', 'predicted_sql', 'gold_sql', 'wrong_parts', 'parse_error']].head(10)"
         ),
         new_code_cell(
             "if questions:\n"
-            "    run_inference(InferArguments(model_dir=model_dir, dataset_dir=dataset_dir, question=questions, table_id=table_id))"
+            "    run_inference(InferArguments(model_dir=model_dir, dataset_dir=dataset_dir, question=questions, table_id=table_id,\n"
+            "                                 decoding=decoding, num_beams=num_beams))"
         ),
     ],
 }

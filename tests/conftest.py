@@ -23,6 +23,23 @@ def raw_wikisql(assets):
     return assets[0].parent / "wikisql-generated"
 
 
+@pytest.fixture(scope="session")
+def header_assets(raw_wikisql, tmp_path_factory):
+    """(data_dir, model_dir): the same generated data prepared as question+header sources for a tiny T5 whose
+    tokenizer was trained without '<' (as real T5 vocabularies lack it), so prep had to add it."""
+    from textsql.data import PrepArguments, prepare_dataset
+    from textsql.demo import release_records
+    from textsql.tiny import corpus_for_tokenizer, make_tiny_model
+
+    folder = tmp_path_factory.mktemp("header-assets")
+    questions, tables = release_records(raw_wikisql)
+    corpus = [text.replace("<", "") for text in corpus_for_tokenizer(questions, tables)]
+    model_dir = make_tiny_model(folder / "tiny-t5-no-lt", corpus, d_model=64, num_layers=2, d_ff=256, seed=1)
+    data_dir = prepare_dataset(PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(folder / "data"),
+                                             source_format="question+header"))
+    return data_dir, model_dir
+
+
 @pytest.fixture
 def cpu_env(tmp_path):
     """Environment for child processes: DeepSpeed on the CPU, offline hub, one thread per rank."""

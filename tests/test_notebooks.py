@@ -68,5 +68,7 @@ def test_inference_notebook_executes(trained_run, tmp_path, cpu_env, monkeypatch
     notebook = execute("run_inference.ipynb", tmp_path, {"model_dir": str(run_dir), "dataset_dir": str(data_dir), "max_examples": 40,
                                                          "questions": [row["question"]], "table_id": row["table_id"]})
     text = outputs_text(notebook)
-    assert "Expected Answer:" in text and "40 examples (test)" in text and "by aggregation" in text
+    assert "Expected Answer:" in text and "40 examples (test, greedy)" in text and "by aggregation" in text
+    assert "parts right: select column" in text
+    assert any("image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", []))  # the chart
     assert json.loads((run_dir / "eval_metrics.json").read_text())["examples"] == 40

@@ -28,6 +28,7 @@ def test_prepared_dataset_is_unpadded_with_masks_and_metadata(assets):
     assert report["source_percentiles"]["p50"] <= report["source_percentiles"]["p99"] <= report["source_percentiles"]["p100"] == max(lengths)
     assert report["source_over_max"] == 0 and report["target_over_max"] == 0
     assert meta["targets_lost_in_tokenization"] == {"examples": 0, "characters": {}}
+    assert meta["source_format"] == "question" and meta["added_characters"] == {} and meta["tokenizer_dir"] is None
 
 
 def test_targets_the_tokenizer_cannot_produce_are_counted(assets):
@@ -38,7 +39,7 @@ def test_targets_the_tokenizer_cannot_produce_are_counted(assets):
 
     tokenizer = AutoTokenizer.from_pretrained(assets[1])
     splits = {"train": [Example("q", "SELECT Year FROM table WHERE Points ☃ 3"), Example("q", "SELECT Year FROM table")]}
-    lost = characters_lost_in_targets(tokenize_splits(splits, tokenizer, "p: "), tokenizer)
+    lost = characters_lost_in_targets(tokenize_splits(splits, {"train": ["p: q", "p: q"]}, tokenizer), tokenizer)
     assert lost == {"examples": 1, "characters": {"☃": 1}}
 
 
@@ -116,3 +117,40 @@ def test_prep_command_end_to_end_and_its_errors(assets, raw_wikisql, tmp_path, c
         failed = subprocess.run([sys.executable, "-m", "textsql.cli", "prep", *argv], capture_output=True, text=True, env=cpu_env, timeout=300, cwd=tmp_path)
         assert failed.returncode == 2
         assert message in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_characters_the_tokenizer_lacks_are_added_so_every_target_survives(header_assets):
+    """A tokenizer trained without '<' (as real T5 vocabularies are): prep adds it, and every target round-trips."""
+    from transformers import AutoTokenizer
+
+    data_dir, model_dir = header_assets
+    base = AutoTokenizer.from_pretrained(model_dir)
+    assert base.unk_token_id in base("a < b")["input_ids"]
+    dataset, meta = load_prepared(data_dir)
+    assert list(meta["added_characters"]) == ["<"] and meta["tokenizer_dir"] == "tokenizer"  # "|" was known already
+    assert meta["targets_lost_in_tokenization"] == {"examples": 0, "characters": {}}
+    assert meta["base_tokenizer_fingerprint"] != meta["tokenizer_fingerprint"]
+    extended = AutoTokenizer.from_pretrained(data_dir / "tokenizer")
+    less_than = [row for row in dataset["train"] if " < " in row["target"]]
+    assert less_than, "the generator makes less-than conditions"
+    for row in less_than[:20]:
+        assert extended.decode(row["labels"], skip_special_tokens=True) == row["target"]
+
+
+def test_question_plus_header_sources_name_every_column(assets, header_assets):
+    from transformers import AutoTokenizer
+
+    from textsql.data import load_tables
+
+    data_dir, _ = header_assets
+    dataset, meta = load_prepared(data_dir)
+    tables, tokenizer = load_tables(data_dir), AutoTokenizer.from_pretrained(data_dir / "tokenizer")
+    for row in dataset["validation"].select(range(5)):
+        header = tables[row["table_id"]]["header"]
+        assert tokenizer.decode(row["input_ids"], skip_special_tokens=True) == (
+            "translate English to SQL: " + row["question"] + " columns: " + " | ".join(" ".join(h.split()) for h in header))
+    plain = load_prepared(assets[0])[1]
+    assert meta["source_format"] == "question+header"
+    assert meta["lengths"]["train"]["source_percentiles"]["p50"] > plain["lengths"]["train"]["source_percentiles"]["p50"]
+    with pytest.raises(TextsqlError, match="source_format"):
+        PrepArguments(source="generate", source_format="question+types")

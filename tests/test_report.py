@@ -11,6 +11,8 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "benchmark_rep
 EVAL_METRICS = {
     "split": "test", "examples": 96, "exact_match": 0.25, "logical_form_accuracy": 0.3, "execution_accuracy": 0.375,
     "parse_errors": 4, "queries_per_second": 50.0, "by_aggregation": {}, "by_num_conditions": {},
+    "components": {"select_column": 0.9, "aggregation": 0.8, "where_number": 0.7, "where_column": 0.6, "where_operator": 0.55, "where_value": 0.4},
+    "decoding": {"method": "execution_guided", "num_beams": 4, "label": "execution-guided (4 beams)", "changed": 3, "changed_share": 0.03},
 }
 
 
@@ -63,10 +65,14 @@ def test_report_rows_match_the_run_summaries(runs_copy, tmp_path, capsys):
         assert row["precision"] == "fp32"
     assert pd.isna(table.loc[0, "execution_accuracy"])  # no eval_metrics.json for the run without DeepSpeed
     assert table.loc[1, "execution_accuracy"] == pytest.approx(0.375) and table.loc[1, "accuracy_split"] == "test (96 questions)"
+    assert table.loc[1, "logical_form_accuracy"] == pytest.approx(0.3) and table.loc[1, "decoding"] == "execution-guided (4 beams)"
+    assert [table.loc[1, c] for c in ("select_column", "where_column", "where_value")] == [0.9, 0.6, 0.4]
+    assert pd.isna(table.loc[0, "where_value"])
 
     markdown = (out / "report.md").read_text()
     assert "| model | technique | nodes | ranks | epochs | duration (s) | samples/s |" in markdown
     assert f"| tiny-t5 | zero2 | 1 | 1 |" in markdown and "0.3750" in markdown
+    assert "| sel | agg | W# | Wcol | Wop | Wval |" in markdown and "| 0.900 | 0.800 | 0.700 | 0.600 | 0.550 | 0.400 |" in markdown
     assert "![time_memory](time_memory.png)" in markdown and "![loss_curves](loss_curves.png)" in markdown
     for png in ("time_memory.png", "loss_curves.png"):
         assert_not_blank(out / png)
@@ -160,7 +166,7 @@ def test_nodes_gpu_memory_accuracy_and_order_from_made_up_runs(tmp_path):
     assert offload["execution_accuracy"] == 0.375  # eval_metrics.json wins over the summary's in-training value
     assert small["nodes"] == 1 and pd.isna(small["eval_loss"]) and pd.isna(small["execution_accuracy"])
     assert len(report.skipped) == 1 and "broken" in report.skipped[0]
-    assert "| t5-small | none | 1 | 1 | 3.00 | 742.0 | 227.7 | 9,000 | 3.00 | GPU reserved (max over ranks) | – | – | – | – | – | bf16 |" in report.markdown
+    assert "| t5-small | none | 1 | 1 | 3.00 | 742.0 | 227.7 | 9,000 | 3.00 | GPU reserved (max over ranks) |" + " – |" * 13 + " bf16 |" in report.markdown
     assert report.files["csv"] == root / "report" / "report.csv" and not report.plots
 
 

@@ -47,6 +47,7 @@ def check_model_reloads_and_generates(output_dir: Path, initial_model_dir: Path)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    assert model.dtype == torch.float32  # loads without DeepSpeed, in the dtype it was saved in
     initial = AutoModelForSeq2SeqLM.from_pretrained(initial_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     name, trained = next(iter(model.state_dict().items()))
@@ -57,18 +58,31 @@ def check_model_reloads_and_generates(output_dir: Path, initial_model_dir: Path)
     assert tokenizer.decode(generated[0], skip_special_tokens=True).strip()
 
 
+# ZeRO-2 and ZeRO-3 train in bf16 (CPU autocast; DeepSpeed keeps a bf16 module and fp32 master weights), the others in fp32.
 STRATEGIES = [
-    ("none", None, None, "none"),
-    ("zero1", "zero1", 1, "none"),
-    ("zero2", "zero2", 2, "none"),
-    ("zero3_offload", "zero3_offload", 3, "cpu"),
+    ("none", None, None, "none", "fp32"),
+    ("zero1", "zero1", 1, "none", "fp32"),
+    ("zero2", "zero2", 2, "none", "bf16"),
+    ("zero3_offload", "zero3_offload", 3, "cpu", "bf16"),
 ]
 
 
+def check_saved_in_float32(output_dir: Path):
+    """Every strategy saves fp32 weights; after bf16 training they are DeepSpeed's fp32 master weights, not bf16 copies."""
+    import torch
+    from safetensors.torch import load_file
+
+    weights = load_file(output_dir / "model.safetensors")
+    assert {str(t.dtype) for t in weights.values()} == {"torch.float32"}
+    assert json.loads((output_dir / "config.json").read_text())["dtype"] == "float32"
+    low_bits = [bool((t.view(torch.int32) & 0xFFFF).any()) for t in weights.values()]
+    assert all(low_bits), "weights a bf16 value can hold exactly: saved from the bf16 module, not the fp32 master weights"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("label,dsconfig,stage,offload", STRATEGIES, ids=[s[0] for s in STRATEGIES])
-def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, dsconfig, stage, offload):
-    argv = train_argv(assets, tmp_path / "runs") + (["--deepspeed", dsconfig] if dsconfig else [])
+@pytest.mark.parametrize("label,dsconfig,stage,offload,precision", STRATEGIES, ids=[s[0] for s in STRATEGIES])
+def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, dsconfig, stage, offload, precision):
+    argv = train_argv(assets, tmp_path / "runs", "--precision", precision) + (["--deepspeed", dsconfig] if dsconfig else [])
     done = run_train(argv, cpu_env, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     output_dir = tmp_path / "runs" / f"tiny-t5-{label}-ws1-bs16"
@@ -76,7 +90,8 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
     assert SUMMARY_KEYS <= set(summary)
     assert summary["strategy"]["label"] == label and summary["strategy"]["zero_stage"] == stage
     assert summary["strategy"]["offload_optimizer"] == offload and summary["strategy"]["offload_param"] == offload
-    assert summary["world_size"] == 1 and summary["precision"] == "fp32" and summary["global_step"] == 40
+    assert summary["world_size"] == 1 and summary["precision"] == precision and summary["global_step"] == 40
+    assert summary["device"] == "cpu" and summary["tf32"] is False and summary["saved_dtype"] == "float32"
     assert summary["train_runtime"] > 0 and summary["train_samples_per_second"] > 0 and summary["real_tokens_per_second"] > 0
     assert summary["eval_loss"] is not None and summary["train_loss"] > 0
     assert summary["last_logged_loss"] < 0.8 * summary["first_logged_loss"], "the loss did not go down"
@@ -88,6 +103,7 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
         assert summary["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 16  # "auto" filled by the Trainer
     assert {"train/loss", "eval/loss", "train/learning_rate", "train/samples_per_second", "train/real_tokens_per_second"} <= scalar_tags(output_dir / "tensorboard")
     check_model_reloads_and_generates(output_dir, assets[1])
+    check_saved_in_float32(output_dir)
     assert "Traceback" not in done.stderr
 
 
@@ -149,7 +165,7 @@ def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch
     assert training.output_dir == str(tmp_path / "out") and training.num_train_epochs == 2
     assert (training.per_device_train_batch_size, training.per_device_eval_batch_size) == (8, 4)
     assert training.train_sampling_strategy == "group_by_length" and training.average_tokens_across_devices is False
-    assert plan.precision == "fp32" and training.use_cpu and not training.bf16
+    assert plan.precision.name == "fp32" and training.use_cpu and not training.bf16 and training.tf32 is False
     *_, training, _ = parse_arguments(base + ["--gradient_checkpointing", "True"])
     assert training.activation_checkpointing is True
     assert not (tmp_path / "out").exists()  # parsing writes nothing without a DeepSpeed config

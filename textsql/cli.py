@@ -39,7 +39,8 @@ def prep_command(argv: list[str]) -> int:
 def demo_command(argv: list[str]) -> int:
     from transformers import HfArgumentParser
 
-    from textsql.demo import DemoArguments, run_demo
+    from textsql.demo import DEMO_ACCURACY_NOTE, DemoArguments, run_demo
+    from textsql.infer import COMPONENT_LABELS
     from textsql.train import format_summary
 
     (args,) = HfArgumentParser(DemoArguments).parse_args_into_dataclasses(args=argv)
@@ -48,8 +49,10 @@ def demo_command(argv: list[str]) -> int:
     print(format_summary(summary))
     print(f"mean real tokens per example: {summary['mean_real_tokens_per_example']:.1f}")
     test, baseline = summary["test_metrics"], summary["baseline_metrics"]
-    print(f"test split: exact match {test['exact_match']:.1%}, logical form {test['logical_form_accuracy']:.1%}, "
-          f"execution {test['execution_accuracy']:.1%}  (trivial baseline: execution {baseline['execution_accuracy']:.1%})")
+    print(f"test split: execution {test['execution_accuracy']:.1%}, logical form {test['logical_form_accuracy']:.1%}, "
+          f"exact match {test['exact_match']:.1%}  (trivial baseline: execution {baseline['execution_accuracy']:.1%})")
+    print("parts right: " + ", ".join(f"{COMPONENT_LABELS[k]} {v:.1%}" for k, v in test["components"].items()))
+    print(DEMO_ACCURACY_NOTE)
     print(f"full summary: {summary['output_dir']}/run_summary.json")
     return 0
 

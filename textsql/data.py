@@ -18,8 +18,16 @@ logger = logging.getLogger(__name__)
 
 METADATA_FILE = "textsql_data.json"
 TABLES_FILE = "tables.jsonl"
+TOKENIZER_DIR = "tokenizer"  # the tokenizer with the characters it lacked added (see textsql.vocabulary)
 OVERLONG_POLICIES = ("error", "truncate", "drop")
 PERCENTILES = (50, 90, 95, 99, 100)
+# What the model reads: the question alone (the walkthrough's format), or followed by the table's column names, as
+# T5-based WikiSQL systems that reach ~90% execution accuracy do: a model cannot copy a column name it never sees.
+SOURCE_FORMATS = ("question", "question+header")
+HEADER_SEPARATOR = " | "
+HEADER_LEAD = " columns: "
+# Where a fine-tuned model records what it was trained to read (the T5 convention for task prefixes).
+MODEL_CONFIG_KEY = "textsql"
 
 
 @dataclass
@@ -36,6 +44,11 @@ class PrepArguments:
     model_id: str = field(default="t5-small", metadata={"help": "Tokenizer to use: hub name or local model folder."})
     output_dir: str = field(default="data/wikisql", metadata={"help": "Folder to save the tokenized DatasetDict in."})
     source_prefix: str = field(default="translate English to SQL: ", metadata={"help": "T5 task prefix put before every question."})
+    source_format: str = field(
+        default="question",
+        metadata={"help": "What the model reads: 'question' (the walkthrough's format), or 'question+header': the question "
+                  "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."},
+    )
     max_source_length: int = field(default=512, metadata={"help": "Longest question in tokens (prefix included)."})
     max_target_length: int = field(default=256, metadata={"help": "Longest SQL target in tokens."})
     overlong: str = field(
@@ -49,6 +62,8 @@ class PrepArguments:
     overwrite: bool = field(default=False, metadata={"help": "Replace a prepared dataset already in output_dir."})
 
     def __post_init__(self):
+        if self.source_format not in SOURCE_FORMATS:
+            raise TextsqlError(f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'.")
         if self.overlong not in OVERLONG_POLICIES:
             raise TextsqlError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}, not '{self.overlong}'.")
         if self.max_source_length < 8 or self.max_target_length < 8:
@@ -82,21 +97,34 @@ def load_source(args: PrepArguments) -> WikiSQLData:
 def prepare_dataset(args: PrepArguments):
     """Load, tokenize, report and save; returns the saved folder. The prep notebook and `textsql prep` call this."""
     from textsql.hub import load_tokenizer
+    from textsql.vocabulary import add_characters, missing_characters
 
     output_dir = Path(args.output_dir)
     if (output_dir / METADATA_FILE).exists() and not args.overwrite:
         raise TextsqlError(f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir.")
-    tokenizer = load_tokenizer(args.model_id)
+    base_tokenizer = load_tokenizer(args.model_id)
     data = load_source(args)
     if not data.splits.get("train"):
         raise TextsqlError(f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}.")
+    if args.source_format != "question" and not data.tables:
+        raise TextsqlError(f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
+                           "release files or a hub copy with a 'table' column, or --source_format question.")
     splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
-    dataset = tokenize_splits(splits, tokenizer, args.source_prefix)
+    sources = {name: [source_text(e.question, _header(data, e), args.source_prefix, args.source_format) for e in examples]
+               for name, examples in splits.items()}
+    # Every character the model reads or writes must be one it can produce: add what the tokenizer lacks.
+    missing = missing_characters(base_tokenizer, (text for name in splits for text in sources[name] + [e.target for e in splits[name]]))
+    tokenizer = base_tokenizer
+    if missing["unknown"]:
+        tokenizer = add_characters(base_tokenizer, missing["unknown"], output_dir / TOKENIZER_DIR)
+        logger.info("Added %d characters that '%s' cannot produce to its vocabulary: %s", len(missing["unknown"]), args.model_id,
+                    ", ".join(repr(c) for c in missing["unknown"]))
+    dataset = tokenize_splits(splits, sources, tokenizer)
     report = length_report(dataset, args.max_source_length, args.max_target_length)
     lost = characters_lost_in_targets(dataset, tokenizer)
     if lost["examples"]:
         logger.warning(
-            "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it cannot produce: %s); the model "
+            "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it rewrites: %s); the model "
             "cannot generate them exactly, so those examples cannot be scored right.", lost["examples"], args.model_id,
             ", ".join(f"{c!r} x{n}" for c, n in lost["characters"].items()),
         )
@@ -108,7 +136,12 @@ def prepare_dataset(args: PrepArguments):
         "source": data.source if args.source != "generate" else "generate",
         "tokenizer": args.model_id,
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "base_tokenizer_fingerprint": tokenizer_fingerprint(base_tokenizer),
+        "tokenizer_dir": TOKENIZER_DIR if tokenizer is not base_tokenizer else None,
+        "added_characters": missing["unknown"],
+        "characters_changed_by_normalizer": missing["normalized"],
         "source_prefix": args.source_prefix,
+        "source_format": args.source_format,
         "max_source_length": args.max_source_length,
         "max_target_length": args.max_target_length,
         "overlong": args.overlong,
@@ -124,13 +157,32 @@ def prepare_dataset(args: PrepArguments):
     return output_dir
 
 
-def tokenize_splits(splits: dict[str, list[Example]], tokenizer, prefix: str):
-    """Tokenized DatasetDict: input_ids, attention_mask, labels (unpadded) plus the question, target and query."""
+def source_text(question: str, header: list[str] | None, prefix: str, source_format: str) -> str:
+    """What the model reads for a question: the prefix and the question, and with 'question+header' the column names."""
+    if source_format == "question":
+        return prefix + question
+    if source_format == "question+header":
+        if header is None:
+            raise TextsqlError("--source_format question+header needs the question's table; this question has none.")
+        return prefix + question + HEADER_LEAD + HEADER_SEPARATOR.join(" ".join(str(name).split()) for name in header)
+    raise TextsqlError(f"Unknown source format '{source_format}'; textsql knows {', '.join(SOURCE_FORMATS)}.")
+
+
+def _header(data: WikiSQLData, example: Example) -> list[str] | None:
+    table = data.tables.get(example.table_id)
+    return table["header"] if table else None
+
+
+def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[str]], tokenizer):
+    """Tokenized DatasetDict: input_ids, attention_mask, labels (unpadded) plus the question, target and query.
+
+    `sources` holds, per split, the text the model reads for each example (see source_text).
+    """
     from datasets import Dataset, DatasetDict
 
     result = {}
     for name, examples in splits.items():
-        sources = tokenizer([prefix + e.question for e in examples], truncation=False)
+        encoded = tokenizer(sources[name], truncation=False)
         targets = tokenizer(text_target=[e.target for e in examples], truncation=False)
         result[name] = Dataset.from_dict(
             {
@@ -138,8 +190,8 @@ def tokenize_splits(splits: dict[str, list[Example]], tokenizer, prefix: str):
                 "target": [e.target for e in examples],
                 "table_id": [e.table_id for e in examples],
                 "sql": [json.dumps(e.sql) if e.sql is not None else "" for e in examples],
-                "input_ids": sources["input_ids"],
-                "attention_mask": sources["attention_mask"],
+                "input_ids": encoded["input_ids"],
+                "attention_mask": encoded["attention_mask"],
                 "labels": targets["input_ids"],
             }
         )
@@ -147,7 +199,8 @@ def tokenize_splits(splits: dict[str, list[Example]], tokenizer, prefix: str):
 
 
 def characters_lost_in_targets(dataset, tokenizer) -> dict:
-    """Targets whose decode(encode(text)) differs, and the characters missing (real T5 vocabularies have no '<', for one)."""
+    """Targets whose decode(encode(text)) differs, and the characters missing (after prep's additions, only characters
+    the tokenizer's normalizer rewrites can be left)."""
     from collections import Counter
 
     missing: Counter = Counter()
@@ -249,3 +302,53 @@ def load_tables(path: str | Path) -> dict[str, dict]:
         return {}
     with open(tables_file, encoding="utf-8") as f:
         return {t["id"]: t for t in map(json.loads, f)}
+
+
+def tokenizer_for_training(model_tokenizer, dataset_dir: str | Path, metadata: dict):
+    """The tokenizer to train with: the model's own, or the prepared data's copy of it with the characters it lacked.
+
+    Refuses data tokenized with another tokenizer.
+    """
+    from textsql.hub import load_tokenizer
+
+    have = tokenizer_fingerprint(model_tokenizer)
+    if have == metadata.get("tokenizer_fingerprint") or "tokenizer_fingerprint" not in metadata:
+        return model_tokenizer
+    if metadata.get("tokenizer_dir") and have == metadata.get("base_tokenizer_fingerprint"):
+        return load_tokenizer(str(Path(dataset_dir) / metadata["tokenizer_dir"]))
+    raise TextsqlError(
+        f"'{dataset_dir}' was tokenized with '{metadata.get('tokenizer')}', whose vocabulary differs from this model's "
+        "tokenizer. Run `textsql prep` again with --model_id set to the model you train."
+    )
+
+
+def source_settings(metadata: dict) -> dict:
+    """How a dataset's sources were built: what a model trained on it must be given at inference, too."""
+    return {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
+
+
+def record_source_settings(model_config, metadata: dict) -> None:
+    """Write the dataset's source settings into the model's config, so every saved copy of the model carries them."""
+    params = dict(getattr(model_config, "task_specific_params", None) or {})
+    params[MODEL_CONFIG_KEY] = source_settings(metadata)
+    model_config.task_specific_params = params
+
+
+def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path) -> None:
+    """Refuse data whose sources differ from what the model was fine-tuned to read (a model not fine-tuned by textsql
+    carries no settings and accepts any)."""
+    trained = (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
+    if not trained:
+        return
+    given = source_settings(metadata)
+    if trained.get("source_format") != given["source_format"]:
+        raise TextsqlError(
+            f"This model was fine-tuned on sources in the '{trained.get('source_format')}' format, but '{dataset_dir}' was "
+            f"prepared with --source_format {given['source_format']}. Prepare the data again with --source_format "
+            f"{trained.get('source_format')} (or train a model on this format)."
+        )
+    if trained.get("source_prefix") != given["source_prefix"]:
+        raise TextsqlError(
+            f"This model was fine-tuned with the prefix {trained.get('source_prefix')!r}, but '{dataset_dir}' was prepared with "
+            f"{given['source_prefix']!r}. Prepare the data again with --source_prefix {trained.get('source_prefix')!r}."
+        )

@@ -258,3 +258,54 @@ def _bf16_kinds(node: NodeDevices) -> set[bool]:
 
 def all_gpus(nodes: dict[str, NodeDevices]) -> tuple[Gpu, ...]:
     return tuple(gpu for node in nodes.values() for gpu in node.gpus)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Peak throughput, for model FLOPs utilisation
+# ---------------------------------------------------------------------------------------------------------------------
+
+# Dense (no sparsity) tensor-core peaks in TFLOPS from NVIDIA's data sheets: (bf16, TF32, plain FP32). The form factor
+# matters: an H100 PCIe or NVL card runs at lower clocks and power than the SXM part. Matched on torch's device name,
+# most specific first ("H100 NVL" before "H100", "A100" before "A10"). None where the card has no such unit.
+GPU_PEAK_TFLOPS = (
+    ("H100 NVL", (835.0, 417.5, 60.0)),
+    ("H100 PCIe", (756.0, 378.0, 51.0)),
+    ("H200 NVL", (835.0, 417.5, 60.0)),
+    ("H100", (989.0, 494.5, 67.0)),  # SXM: "NVIDIA H100 80GB HBM3"
+    ("H200", (989.0, 494.5, 67.0)),  # SXM
+    ("A100", (312.0, 156.0, 19.5)),  # SXM and PCIe alike
+    ("L40S", (362.0, 183.0, 91.6)),
+    ("A10", (125.0, 62.5, 31.2)),
+    ("L4", (121.0, 60.0, 30.3)),
+    ("V100", (None, None, 15.7)),
+    ("T4", (None, None, 8.1)),
+)
+
+
+@dataclass(frozen=True)
+class PeakTflops:
+    """A GPU's dense peaks and where they come from."""
+
+    gpu: str
+    bf16: float | None
+    tf32: float | None
+    fp32: float
+    source: str
+
+    def for_precision(self, precision: str, tf32: bool) -> tuple[float | None, str]:
+        """(the peak a run in this precision could reach, its name): bf16 tensor cores, TF32 ones, or plain FP32."""
+        if precision in ("bf16", "fp16"):
+            return self.bf16, "bf16 dense"
+        if tf32 and self.tf32:
+            return self.tf32, "TF32 dense"
+        return self.fp32, "FP32"
+
+
+def peak_tflops(gpu_name: str | None, bf16_override: float | None = None) -> PeakTflops | None:
+    """The peaks of a GPU by its torch name; with `bf16_override` (a card not in the table), that bf16 peak alone."""
+    if bf16_override:
+        return PeakTflops(gpu_name or "?", bf16_override, None, bf16_override, "given (--peak_tflops)")
+    for key, (bf16, tf32, fp32) in GPU_PEAK_TFLOPS:
+        if gpu_name and key in gpu_name:
+            return PeakTflops(gpu_name, bf16, tf32, fp32, f"NVIDIA data sheet ({key}, dense)")
+    return None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.infer import METRICS_FILE as EVAL_METRICS_FILE
+from textsql.sql import COMPONENTS
 from textsql.train import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,16 @@ COLUMNS = {
     "memory_vs_plan": "measured / planned",
     "eval_loss": "eval loss",
     "execution_accuracy": "execution accuracy",
+    "logical_form_accuracy": "logical form",
     "accuracy_split": "accuracy on",
+    "decoding": "decoding",
+    # The parts of the query right (textsql.sql.COMPONENTS), from `textsql infer`'s eval_metrics.json.
+    "select_column": "sel",
+    "aggregation": "agg",
+    "where_number": "W#",
+    "where_column": "Wcol",
+    "where_operator": "Wop",
+    "where_value": "Wval",
     "precision": "precision",
     "run": "run",
 }
@@ -161,6 +171,18 @@ def execution_accuracy(record: RunRecord) -> tuple[float | None, str | None]:
     return None, None
 
 
+def sql_quality(record: RunRecord) -> dict:
+    """Logical-form accuracy, decoding and the component accuracies of the run's eval_metrics.json (all None without one)."""
+    metrics = record.eval_metrics or {}
+    components = metrics.get("components") or {}
+    decoding = metrics.get("decoding")
+    return {
+        "logical_form_accuracy": _number(metrics.get("logical_form_accuracy")),
+        "decoding": decoding.get("label") if isinstance(decoding, dict) else decoding,
+        **{name: _number(components.get(name)) for name in COMPONENTS},
+    }
+
+
 def report_row(record: RunRecord) -> dict:
     s = record.summary
     memory, measure = memory_per_pod(s)
@@ -183,6 +205,7 @@ def report_row(record: RunRecord) -> dict:
         "eval_loss": _number(s.get("eval_loss")),
         "execution_accuracy": accuracy,
         "accuracy_split": split,
+        **sql_quality(record),
         "precision": s.get("precision"),
         "run": s.get("run") or record.folder.name,
     }
@@ -218,7 +241,7 @@ def build_table(records: list[RunRecord]):
 # ---------------------------------------------------------------------------------------------------------------------
 
 DECIMALS = {"epochs": 2, "duration_s": 1, "samples_per_s": 1, "real_tokens_per_s": 0, "memory_per_pod_gib": 2, "planned_memory_gib": 2,
-            "memory_vs_plan": 2, "eval_loss": 4, "execution_accuracy": 4}
+            "memory_vs_plan": 2, "eval_loss": 4, "execution_accuracy": 4, "logical_form_accuracy": 4, **dict.fromkeys(COMPONENTS, 3)}
 
 
 def to_markdown(table) -> str:

@@ -23,17 +23,19 @@ FRAGMENT_LENGTHS = (2, 3)
 
 
 def corpus_for_tokenizer(questions: Iterable[dict], tables: Iterable[dict], *, prefix: str = SOURCE_PREFIX) -> Iterator[str]:
-    """Texts to train a tokenizer on: prefixed questions, their human-readable SQL, and every header and cell.
+    """Texts to train a tokenizer on: prefixed questions, their human-readable SQL, every header (as question+header
+    sources list them) and every cell.
 
     `questions` and `tables` are release-format records (see textsql.generate); the cells make sure every
     character of the tables is in the vocabulary, so SQL copied from a table always round-trips.
     """
+    from textsql.data import HEADER_LEAD, HEADER_SEPARATOR
     from textsql.wikisql import render_sql
 
     headers = {}
     for table in tables:
         headers[table["id"]] = table["header"]
-        yield from table["header"]
+        yield HEADER_LEAD + HEADER_SEPARATOR.join(table["header"])  # the column list of question+header sources
         yield from (" ".join(str(cell) for cell in row) for row in table["rows"])
     for question in questions:
         if question["table_id"] not in headers:

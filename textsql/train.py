@@ -21,7 +21,6 @@ from textsql.errors import TextsqlError
 logger = logging.getLogger("textsql.train")
 
 SUMMARY_FILE = "run_summary.json"
-PRECISIONS = ("auto", "bf16", "fp32", "fp16")
 # The original walkthrough's flag names, kept so its commands still work.
 # transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
 LEGACY_FLAGS = {"--outputdir": "--output_dir", "--epochs": "--num_train_epochs", "--gradient_checkpointing": "--activation_checkpointing"}
@@ -46,10 +45,19 @@ class DataArguments:
         metadata={"help": "At each evaluation, generate SQL for the first N validation questions and log their execution "
                   "accuracy (TensorBoard eval/execution_accuracy, run_summary.json). 0 turns it off."},
     )
+    execution_accuracy_decoding: str = field(
+        default="greedy",
+        metadata={"help": "Decoding for that score: greedy, or execution_guided (the best of --execution_accuracy_num_beams "
+                  "beams that executes; see textsql infer --decoding)."},
+    )
+    execution_accuracy_num_beams: int = field(default=1, metadata={"help": "Beams for that score (at least 2 with execution_guided)."})
 
     def __post_init__(self):
+        from textsql.infer import check_decoding
+
         if self.execution_accuracy_samples < 0:
             raise TextsqlError("--execution_accuracy_samples must be 0 (off) or a positive number of validation questions.")
+        check_decoding(self.execution_accuracy_decoding, self.execution_accuracy_num_beams, "--execution_accuracy_")
         for name in ("max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise TextsqlError(f"--{name} must be a positive number (or left out for all).")
@@ -60,13 +68,39 @@ class RunArguments:
     """How textsql sets up the run around the Trainer."""
 
     runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>-ws<world size>-bs<batch>."})
-    precision: str = field(default="auto", metadata={"help": "auto (bf16 on GPUs that have it, else fp32), bf16, fp32 or fp16."})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto (bf16 where every GPU has it natively: compute capability 8.0+, with TF32 for the rest; fp32 "
+                  "on older GPUs and the CPU), bf16, fp32 (true fp32 matmuls, no TF32) or fp16. The Trainer's --bf16/--fp16 "
+                  "flags mean the same."},
+    )
     force_fp16: bool = field(default=False, metadata={"help": "Allow fp16 on T5 anyway (it overflows to NaN on t5-large)."})
+    device: str = field(
+        default="auto",
+        metadata={"help": "auto (the GPUs when there are any), cuda (stop with an error when this process sees no GPU, "
+                  "instead of training on the CPU) or cpu."},
+    )
+    num_gpus: int | None = field(
+        default=None,
+        metadata={"help": "Ranks on this pod when `textsql train` is started directly: one per visible GPU by default "
+                  "(started through the deepspeed launcher), 1 to train on one GPU. Ignored under a launcher."},
+    )
+    save_dtype: str = field(
+        default="float32",
+        metadata={"help": "dtype of the saved final model, whatever the strategy trained in: float32 (so every strategy's model "
+                  "scores alike and can be fine-tuned again without DeepSpeed) or bfloat16 (half the size)."},
+    )
     overwrite: bool = field(default=False, metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."})
 
     def __post_init__(self):
+        from textsql.devices import DEVICE_CHOICES, PRECISIONS
+
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
+        if self.device not in DEVICE_CHOICES:
+            raise TextsqlError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not '{self.device}'.")
+        if self.save_dtype not in ("float32", "bfloat16"):
+            raise TextsqlError(f"--save_dtype must be float32 or bfloat16, not '{self.save_dtype}'.")
 
 
 # Defaults textsql chooses for Trainer arguments the user did not give on the command line.
@@ -112,30 +146,6 @@ def flag_value(argv: list[str], name: str) -> str | None:
     return None
 
 
-def resolve_precision(run: RunArguments, model_id: str) -> str:
-    """bf16 where the GPU has it, fp32 otherwise; fp16 on T5 only when forced."""
-    import torch
-
-    precision = run.precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    if precision == "fp16" and "t5" in model_id.lower() and not run.force_fp16:
-        raise TextsqlError(
-            "fp16 is refused for T5: T5 checkpoints were pretrained in bf16 and their activations overflow fp16, "
-            "giving NaN losses (t5-large and larger). Use --precision bf16 (Ampere or newer GPUs) or fp32, or pass "
-            "--force_fp16 True to try anyway."
-        )
-    if precision == "bf16" and not _bf16_available():
-        raise TextsqlError("--precision bf16 needs a GPU with bf16 (Ampere or newer); use --precision fp32 here.")
-    return precision
-
-
-def _bf16_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-
-
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -173,19 +183,28 @@ class RunPlan:
     """Everything decided before the Trainer is built."""
 
     output_dir: Path
-    precision: str
+    precision: "PrecisionChoice"
+    accelerator: str
+    devices: "NodeDevices"
     strategy: dict
     dsconfig: dict | None
     resume_from: str | None
     trainer_argv: list[str]
 
 
-def plan_run(argv: list[str], model: ModelArguments, run: RunArguments) -> RunPlan:
-    """Validate the dsconfig, pick the output folder and precision, and decide whether to resume."""
+def plan_run(argv: list[str], model: ModelArguments, run: RunArguments, devices=None) -> RunPlan:
+    """Validate the dsconfig, pick the device, precision and output folder, and decide whether to resume.
+
+    `devices` (textsql.devices.NodeDevices) is what this process sees; read from torch when not given.
+    """
+    from textsql.devices import NodeDevices, choose_accelerator, precision_from_trainer_flags, resolve_precision, use_accelerator
     from textsql.dsconfig import check_batch_settings, describe_strategy, load_dsconfig, resolve_dsconfig_path, resolve_for_run
 
-    import torch
-
+    devices = devices if devices is not None else NodeDevices.local()
+    accelerator = choose_accelerator(run.device, devices)
+    use_accelerator(accelerator)  # before anything imports deepspeed
+    requested = precision_from_trainer_flags(run.precision, _bool_flag(argv, "bf16"), _bool_flag(argv, "fp16"))
+    precision = resolve_precision(requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=run.force_fp16)
     dsconfig_arg = flag_value(argv, "deepspeed")
     dsconfig = None
     if dsconfig_arg:
@@ -212,21 +231,42 @@ def plan_run(argv: list[str], model: ModelArguments, run: RunArguments) -> RunPl
         from transformers.trainer_utils import get_last_checkpoint
 
         resume_from = get_last_checkpoint(str(output_dir))
-    precision = resolve_precision(run, model.model_id)
-    trainer_argv = [a for a in argv]
+    trainer_argv = list(argv)
     if dsconfig is not None:
         trainer_argv = replace_flag(trainer_argv, "deepspeed", str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir)))
-    extra = dict(TRAINER_DEFAULTS, output_dir=str(output_dir))
-    extra["bf16"] = str(precision == "bf16")
-    extra["fp16"] = str(precision == "fp16")
-    if not torch.cuda.is_available():
-        extra["use_cpu"] = "True"
-    elif _bf16_available():
-        extra["tf32"] = "True"
+    # Precision is decided above, once: the Trainer's own flags are replaced by the decision.
+    trainer_argv = drop_flags(trainer_argv, ("bf16", "fp16", "tf32"))
+    decided = {name: str(value) for name, value in precision.trainer_flags().items()}
+    if accelerator == "cpu":
+        decided["use_cpu"] = "True"
+    extra = dict(TRAINER_DEFAULTS, output_dir=str(output_dir), **decided)
     for name, value in extra.items():
         if not given(trainer_argv, name):
             trainer_argv += [f"--{name}", value]
-    return RunPlan(output_dir, precision, strategy, dsconfig, resume_from, trainer_argv)
+    return RunPlan(output_dir, precision, accelerator, devices, strategy, dsconfig, resume_from, trainer_argv)
+
+
+def _bool_flag(argv: list[str], name: str) -> bool | None:
+    """A Trainer boolean flag's value: True for a bare `--name` or a true word, False for a false one, None if absent."""
+    if not given(argv, name):
+        return None
+    value = flag_value(argv, name)
+    return value is None or value.startswith("--") or value.lower() in ("true", "1", "yes", "y", "t")
+
+
+def drop_flags(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """argv without `--name`, `--name=V` and `--name V` (a value is any following word not starting with --)."""
+    result, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--") and flag[2:] in names:
+            skip = "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--")
+            continue
+        result.append(arg)
+    return result
 
 
 def replace_flag(argv: list[str], name: str, value: str) -> list[str]:
@@ -277,17 +317,13 @@ def parse_arguments(argv: list[str]):
     return model, data, run, training, plan
 
 
-def load_training_data(data: DataArguments, tokenizer, has_eval: bool = True):
-    """Train and validation splits with only the model's columns, checked against the tokenizer used in prep."""
-    from textsql.data import load_prepared, tokenizer_fingerprint
+def load_training_data(data: DataArguments, model_tokenizer):
+    """(train split, validation split or None, metadata, tokenizer): only the model's columns, and the tokenizer to train
+    with (the model's own, or prep's copy with the characters it lacked; see textsql.data.tokenizer_for_training)."""
+    from textsql.data import load_prepared, tokenizer_for_training
 
     dataset, metadata = load_prepared(data.dataset_dir)
-    expected = metadata.get("tokenizer_fingerprint")
-    if expected and expected != tokenizer_fingerprint(tokenizer):
-        raise TextsqlError(
-            f"'{data.dataset_dir}' was tokenized with '{metadata['tokenizer']}', whose vocabulary differs from this model's "
-            "tokenizer. Run `textsql prep` again with --model_id set to the model you train."
-        )
+    tokenizer = tokenizer_for_training(model_tokenizer, data.dataset_dir, metadata)
     columns = ["input_ids", "attention_mask", "labels"]
     train = dataset["train"].select_columns(columns)
     if data.max_train_samples:
@@ -295,7 +331,7 @@ def load_training_data(data: DataArguments, tokenizer, has_eval: bool = True):
     evaluation = dataset["validation"].select_columns(columns) if "validation" in dataset else None
     if evaluation is not None and data.max_eval_samples:
         evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
-    return train, evaluation, metadata
+    return train, evaluation, metadata, tokenizer
 
 
 def make_trainer_class():
@@ -311,6 +347,7 @@ def make_trainer_class():
             self._last_log = (time.perf_counter(), 0, 0)
 
         execution_scoring = None  # a textsql.infer.ScoringSet when execution accuracy is scored at each evaluation
+        execution_decoding = {"decoding": "greedy", "num_beams": 1}
 
         def evaluate(self, *args, **kwargs):
             metrics = super().evaluate(*args, **kwargs)
@@ -324,15 +361,15 @@ def make_trainer_class():
             """Every rank generates the same questions: under ZeRO-3 they must step through generate() together."""
             from transformers.integrations import is_deepspeed_zero3_enabled
 
-            from textsql.infer import generate_sql, score_predictions
+            from textsql.infer import decode_and_score
 
-            model = self.accelerator.unwrap_model(self.model)
-            predictions = generate_sql(
-                model, self.processing_class, self.execution_scoring.sources, batch_size=self.args.per_device_eval_batch_size,
+            decoding = self.execution_decoding
+            _, metrics = decode_and_score(
+                self.accelerator.unwrap_model(self.model), self.processing_class, self.execution_scoring,
+                decoding=decoding["decoding"], num_beams=decoding["num_beams"], batch_size=self.args.per_device_eval_batch_size,
                 synced_gpus=is_deepspeed_zero3_enabled() and self.args.world_size > 1, progress=self.is_world_process_zero(),
                 device=self.args.device,
             )
-            _, metrics = score_predictions(self.execution_scoring, predictions)
             return metrics["execution_accuracy"]
 
         def training_step(self, model, inputs, num_items_in_batch=None):
@@ -358,7 +395,7 @@ def make_trainer_class():
     return TextsqlTrainer
 
 
-def peak_memory() -> dict:
+def peak_memory(accelerator: str | None = None) -> dict:
     """This rank's peak memory: CUDA max allocated/reserved on a GPU, resident set size on the CPU."""
     import resource
 
@@ -366,7 +403,7 @@ def peak_memory() -> dict:
 
     info = {"rank": rank(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": socket.gethostname()}
     info["cpu_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if torch.cuda.is_available():
+    if (accelerator or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda":
         info["device"] = torch.cuda.get_device_name()
         info["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
         info["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
@@ -394,14 +431,61 @@ def configure_logging(is_main: bool) -> None:
     transformers.utils.logging.set_verbosity(level)
 
 
-def train(argv: list[str]) -> dict | None:
-    """Parse, plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0."""
+def pin_to_one_gpu(training_args, plan: RunPlan) -> None:
+    """One process that sees several GPUs trains on the first only: the Trainer would wrap the model in nn.DataParallel
+    (slow, and every figure of the run would describe one process driving several GPUs). Use all of them with one rank
+    per GPU: `textsql.launch.run_training(argv)` (the notebooks' way) or `deepspeed --num_gpus N --module textsql.train`."""
+    if training_args.world_size == 1 and training_args.n_gpu > 1:
+        logger.warning("%d GPUs are visible to this one process; training on %s only. To train on all of them, start one "
+                       "rank per GPU (textsql.launch.run_training, or `deepspeed --num_gpus %d --module textsql.train ...`).",
+                       training_args.n_gpu, training_args.device, training_args.n_gpu)
+        training_args._n_gpu = 1
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 matmuls on the GPU may use TF32 in this process (what really runs, not what was asked)."""
     import torch
 
     if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        return False
+    return torch.backends.cuda.matmul.fp32_precision == "tf32" or bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def save_final_model(trainer, output_dir: Path, dtype: str) -> str:
+    """Save the trained weights in one dtype whatever the strategy ran (fp32 by default), with the tokenizer; every rank
+    calls it. DeepSpeed holds the fp32 master weights in its optimizer (the module itself is bf16 under bf16 ZeRO-1/2,
+    and placeholders under ZeRO-3): they are read with safe_get_full_fp32_param, collectively under ZeRO-3. The result
+    loads without DeepSpeed, so scores compare across strategies and the model can be fine-tuned again on any strategy.
+    """
+    import torch
+
+    target = getattr(torch, dtype)
+    model = trainer.model
+    if trainer.is_deepspeed_enabled:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        state = {}
+        for name, param in model.named_parameters():  # the same order on every rank: each call is a collective
+            full = safe_get_full_fp32_param(param)
+            state[name] = (param if full is None else full).detach().to("cpu", target)  # None: a frozen ZeRO-1/2 parameter, whole
+    else:
+        state = {name: param.detach().to("cpu", target) for name, param in model.named_parameters()}
+    if trainer.is_world_process_zero() or (trainer.args.save_on_each_node and trainer.is_local_process_zero()):
+        model.save_pretrained(str(output_dir), state_dict=state, safe_serialization=True)
+        # save_pretrained records the module's dtype (bf16 under DeepSpeed bf16); from_pretrained(dtype="auto") reads it.
+        model.config.dtype = dtype
+        model.config.save_pretrained(str(output_dir))
+        trainer.processing_class.save_pretrained(str(output_dir))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return dtype
+
+
+def train(argv: list[str]) -> dict | None:
+    """Parse, plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0."""
     model_args, data_args, run_args, training_args, plan = parse_arguments(argv)
     configure_logging(training_args.process_index == 0)
+    pin_to_one_gpu(training_args, plan)
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.output_dir / "tensorboard")
     if plan.dsconfig is not None:
         import deepspeed
@@ -411,17 +495,22 @@ def train(argv: list[str]) -> dict | None:
 
     from transformers import DataCollatorForSeq2Seq
 
+    from textsql.data import check_source_settings, record_source_settings
     from textsql.hub import load_seq2seq_model, load_tokenizer
+    from textsql.vocabulary import fit_embeddings
 
-    tokenizer = load_tokenizer(model_args.model_id)
-    train_set, eval_set, data_meta = load_training_data(data_args, tokenizer)
+    train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, load_tokenizer(model_args.model_id))
     if eval_set is None and training_args.eval_strategy != "no":
         raise TextsqlError(f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation.")
     model = load_seq2seq_model(model_args.model_id)
+    check_source_settings(model.config, data_meta, data_args.dataset_dir)
+    record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
+    if fit_embeddings(model, tokenizer):
+        logger.info("Grew the embeddings to %d ids for the characters prep added to the tokenizer", len(tokenizer))
     if training_args.activation_checkpointing:
         model.config.use_cache = False
     collator = DataCollatorForSeq2Seq(
-        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if torch.cuda.is_available() else None
+        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if plan.accelerator == "cuda" else None
     )
     trainer = make_trainer_class()(
         model=model,
@@ -435,6 +524,7 @@ def train(argv: list[str]) -> dict | None:
         from textsql.infer import load_scoring_set
 
         trainer.execution_scoring = load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples)
+        trainer.execution_decoding = {"decoding": data_args.execution_accuracy_decoding, "num_beams": data_args.execution_accuracy_num_beams}
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
     try:
@@ -444,13 +534,14 @@ def train(argv: list[str]) -> dict | None:
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
     eval_metrics = trainer.evaluate() if eval_set is not None else {}
-    trainer.save_model(str(plan.output_dir))  # every rank: ZeRO-3 gathers the weights collectively
+    saved_dtype = save_final_model(trainer, plan.output_dir, run_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
     trainer.save_state()
-    memory = gather_to_all(peak_memory())
+    memory = gather_to_all(peak_memory(plan.accelerator))
     real_tokens = sum(gather_to_all(trainer.real_tokens))
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(model_args, data_args, run_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
+    summary["saved_dtype"] = saved_dtype
     from textsql.memory import compare_with_run
 
     summary["memory_check"] = compare_with_run(summary)  # every run checks the planner's prediction
@@ -477,7 +568,11 @@ def build_summary(model_args, data_args, run_args, training_args, plan, result, 
         "parameters": sum(p.numel() for p in trainer.model.parameters()) if not plan.strategy.get("zero_stage") == 3 else _zero3_parameters(trainer.model),
         "world_size": training_args.world_size,
         "strategy": plan.strategy,
-        "precision": plan.precision,
+        "precision": plan.precision.name,
+        "tf32": tf32_enabled() if plan.accelerator == "cuda" else False,
+        "precision_reason": plan.precision.reason,
+        "device": plan.accelerator,
+        "node_devices": plan.devices.describe(),
         "resumed_from": plan.resume_from,
         "train_runtime": runtime,
         "train_samples_per_second": metrics.get("train_samples_per_second"),
@@ -518,7 +613,8 @@ def format_summary(summary: dict) -> str:
     gib = 1024**3
     lines = [
         f"run            {summary['run']}  ({summary['output_dir']})",
-        f"model          {summary['model_id']}  {summary['parameters'] / 1e6:.2f}M parameters, {summary['precision']}",
+        f"model          {summary['model_id']}  {summary['parameters'] / 1e6:.2f}M parameters, {summary['precision']}"
+        f"{' + TF32' if summary.get('tf32') else ''} on {summary.get('device', '?')}, saved in {summary.get('saved_dtype', '?')}",
         f"strategy       {summary['strategy']['label']}  world size {summary['world_size']}",
         f"steps          {summary['global_step']}  epochs {summary['epochs']:.2f}  runtime {summary['train_runtime']:.1f} s",
         f"throughput     {summary['train_samples_per_second']:.1f} samples/s, {summary['real_tokens_per_second']:.0f} real tokens/s",
@@ -538,9 +634,31 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def launches_ranks(argv: list[str], devices=None) -> int:
+    """How many ranks `textsql train` itself must start on this pod: 0 under a launcher or for one rank (it trains in
+    this process), else one per visible GPU (or --num_gpus)."""
+    from textsql.devices import ranks_per_node
+    from textsql.launch import node_devices_for
+
+    from textsql.launch import STARTED_BY_TEXTSQL
+
+    if "LOCAL_RANK" in os.environ or STARTED_BY_TEXTSQL in os.environ or "-h" in argv or "--help" in argv:
+        return 0
+    requested = flag_value(argv, "num_gpus")
+    devices = devices if devices is not None else node_devices_for(argv)
+    ranks = ranks_per_node(int(requested) if requested and requested.isdigit() else None, devices)
+    return ranks if ranks > 1 else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        ranks = launches_ranks(argv)
+        if ranks:
+            from textsql.launch import run_training
+
+            run_training(argv, num_gpus=ranks)  # rank 0 prints the summary
+            return 0
         summary = train(argv)
     except TextsqlError as error:
         print(f"textsql train: {error}", file=sys.stderr)

@@ -1,0 +1,86 @@
+"""Make every character of the data producible: find the characters a tokenizer cannot produce, and add them to it.
+
+Real T5 vocabularies have no `<` (and lack a few other characters), so a query with a less-than condition can never be
+generated exactly. Added tokens would not do: decoding drops the space before an added token ("Wins< 5"). Instead each
+missing character goes into the Unigram model itself, as a piece of its own and as a word-start piece ("▁<"), so the
+Metaspace decoder restores the spaces like for any other word. The extended tokenizer is saved with the prepared data
+and, after training, with the model; the model's embeddings grow to match where needed.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Iterable
+
+from textsql.errors import TextsqlError
+
+WORD_START = "▁"  # SentencePiece's word-start marker (T5's Metaspace pre-tokenizer)
+
+
+def missing_characters(tokenizer, texts: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Characters of `texts` the tokenizer cannot give back, by kind, with how many texts hold each:
+    "unknown" (no piece covers it: it becomes <unk>) and "normalized" (the tokenizer's normalizer rewrites it)."""
+    seen: Counter = Counter()
+    for text in texts:
+        seen.update(set(text))
+    backend = tokenizer.backend_tokenizer
+    unknown, normalized = {}, {}
+    for character, count in seen.most_common():
+        if character.isspace():
+            continue  # whitespace only separates words; targets collapse runs of it
+        if backend.normalizer is not None and backend.normalizer.normalize_str(character) != character:
+            normalized[character] = count
+        elif tokenizer.unk_token_id in backend.encode(character, add_special_tokens=False).ids:
+            unknown[character] = count
+    return {"unknown": unknown, "normalized": normalized}
+
+
+def add_characters(tokenizer, characters: Iterable[str], save_dir: str | Path):
+    """A copy of `tokenizer` whose Unigram vocabulary also has each character (alone and as "▁c"), saved in `save_dir`.
+
+    New pieces get ids after every existing one, with the lowest score, so the segmentation of all other text stays
+    the same. Returns the tokenizer loaded back from `save_dir`.
+    """
+    from transformers import AutoTokenizer
+
+    characters = [c for c in dict.fromkeys(characters) if len(c) == 1]
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    model = state.get("model", {})
+    if model.get("type") != "Unigram":
+        raise TextsqlError(f"Cannot add characters to a {model.get('type')} tokenizer: textsql extends SentencePiece "
+                           "Unigram vocabularies (T5's). Prepare the data with --overlong drop, or use a T5 tokenizer.")
+    vocab = model["vocab"]
+    beyond = [t["content"] for t in state.get("added_tokens", []) if t["id"] >= len(vocab)]
+    if beyond:
+        raise TextsqlError(f"The tokenizer has added tokens beyond its vocabulary ({', '.join(beyond[:3])}...), where new "
+                           "pieces would go; textsql cannot extend it.")
+    lowest = min(score for _, score in vocab) - 1.0
+    known = {piece for piece, _ in vocab}
+    for character in characters:
+        for piece in (character, WORD_START + character):
+            if piece not in known:
+                vocab.append([piece, lowest])
+                known.add(piece)
+    save_dir = Path(save_dir)
+    with tempfile.TemporaryDirectory(prefix="textsql-tokenizer-") as tmp:
+        tokenizer.save_pretrained(tmp)
+        (Path(tmp) / "tokenizer.json").write_text(json.dumps(state, ensure_ascii=False))
+        extended = AutoTokenizer.from_pretrained(tmp)
+    extended.save_pretrained(save_dir)
+    return extended
+
+
+def fit_embeddings(model, tokenizer) -> bool:
+    """Grow the model's (tied) embeddings to the tokenizer's size when it has more ids; True when it did.
+
+    A real T5 checkpoint has 32128 embedding rows for 32100 ids, so a few added characters fit without growing.
+    """
+    rows = model.get_input_embeddings().weight.shape[0]
+    rows = getattr(model.get_input_embeddings().weight, "ds_shape", [rows])[0]  # ZeRO-3 keeps a placeholder
+    if len(tokenizer) <= rows:
+        return False
+    model.resize_token_embeddings(len(tokenizer))
+    return True
