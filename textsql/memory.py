@@ -134,13 +134,13 @@ class PlanArguments:
     max_source_length: int = field(default=96, metadata={"help": "Longest question in a batch, in tokens (batches are padded to their longest)."})
     max_target_length: int = field(default=96, metadata={"help": "Longest SQL target in a batch, in tokens."})
     precision: str = field(default="bf16", metadata={"help": "fp32, bf16 or fp16 (bf16 on Ampere and newer GPUs)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass (less memory, ~30% slower)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass (less memory, about 30 percent slower)."})
     dsconfig: str | None = field(
         default=None,
         metadata={"help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3_offload): bucket, prefetch and "
                   "persistence sizes come from it. Without it, the shipped dsconfig/ settings are assumed."})
     cpu_memory_gb: float | None = field(default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."})
-    safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90%)."})
+    safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
 
     def __post_init__(self):
