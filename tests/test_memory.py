@@ -2,7 +2,10 @@
 
 import json
 import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU on the test machines; must precede importing deepspeed
 
@@ -182,9 +185,11 @@ def test_dsconfig_bucket_sizes_change_the_bucket_term(tmp_path):
 
     big = plan(model="t5-small", dsconfig=write_json(tmp_path / "big.json", zero(2, 5e8, overlap_comm=True)))
     small = plan(model="t5-small", dsconfig=write_json(tmp_path / "small.json", zero(2, 5e7, overlap_comm=True)))
-    for strategy, buffers in (("zero1", 2), ("zero2", 2), ("zero3", 1)):
+    # bf16. Stage 1/2 with overlap_comm: two reduce buffers. Stage 3: the reduce bucket and reduce_scatter_coalesced's
+    # concatenated copy of it.
+    for strategy, buffers in (("zero1", 2), ("zero2", 2), ("zero3", 2)):
         difference = big["strategies"][strategy]["gpu_bytes"]["buckets"] - small["strategies"][strategy]["gpu_bytes"]["buckets"]
-        assert difference == buffers * (5e8 - 5e7) * 2, strategy  # bf16; overlap_comm: two buffers at stage 1/2
+        assert difference == buffers * (5e8 - 5e7) * 2, strategy
         assert big["strategies"][strategy]["gpu_total_bytes"] > small["strategies"][strategy]["gpu_total_bytes"]
     assert big["zero_settings"]["reduce_bucket_size"] == 5e8
 
@@ -193,12 +198,121 @@ def test_shipped_settings_use_the_trainers_auto_fill():
     result = plan(model="t5-large")  # no dsconfig: the shipped files, reduce_bucket_size "auto" = d_model**2
     assert result["strategies"]["zero1"]["buckets_detail"]["reduce"] == 1024 * 1024 * 2
     assert result["strategies"]["zero2"]["buckets_detail"]["reduce"] == 2 * 1024 * 1024 * 2  # overlap_comm true
-    assert result["strategies"]["zero3"]["buckets_detail"]["prefetch"] == int(0.9 * 1024 * 1024) * 2
+    assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_prefetch_bucket_size"] == int(0.9 * 1024 * 1024)
+    assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_param_persistence_threshold"] == 10 * 1024
 
 
 def test_shipped_dsconfig_name_is_accepted():
     result = plan(model="t5-small", dsconfig="zero3_offload")
     assert result["dsconfig_strategy"] == "zero3_offload"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# ZeRO-3 residency and autocast copies
+# ---------------------------------------------------------------------------------------------------------------------
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "plan_vs_measured.py"
+
+
+def test_zero3_replay_equals_deepspeeds_coordinator(cpu_env, tmp_path):
+    """Real DeepSpeed ZeRO-3 on the CPU (a tiny T5, 3 steps per setting): after every fetch of a training step, its
+    PartitionedParameterCoordinator holds exactly as many gathered elements as the planner's replay says."""
+    output = tmp_path / "sweep.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--coordinator_sweep", "--output", str(output)], capture_output=True,
+                          text=True, env=cpu_env, timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    results = json.loads(output.read_text())["results"]
+    assert len(results) == 6
+    for row in results:
+        assert row["every_fetch_equal"] and row["deepspeed_peak_gathered"] == row["replayed_peak_gathered"], row
+    assert len({row["deepspeed_peak_gathered"] for row in results}) >= 4  # the settings do change the residency
+
+
+def load_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plan_vs_measured", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_plan_vs_measured_bench_runs_the_planners_strategies(tmp_path):
+    """The benchmark's DeepSpeed configs are the strategies the planner predicts, and its table shows what it measured."""
+    from textsql.dsconfig import describe_strategy, load_dsconfig
+
+    bench = load_bench()
+    configs = bench.strategy_configs(tmp_path)
+    assert set(configs) == set(memory.STRATEGIES)
+    for name, path in configs.items():
+        strategy = describe_strategy(load_dsconfig(path) if path else None)
+        layout = (strategy["zero_stage"] or 0, strategy["offload_optimizer"] != "none", strategy["offload_param"] != "none")
+        assert layout == memory.STRATEGY_LAYOUT[name], name
+    run = {"shape": "t5-large", "precision": "bf16", "batch": 32, "strategy": "zero3_offload", "ratio_reserved": 1.08,
+           "measured": {"cuda_max_reserved_bytes": 14 * GIB}, "predicted": {"reserved_bytes": 13 * GIB},
+           "reserved_over_allocated": 1.12, "zero3_gathered_elements": {"coordinator": 737542144, "planner": 737542144}}
+    table = bench.markdown_table([{"runs": [run, {**run, "strategy": "none", "failed": True, "out_of_memory": True}]}])
+    assert "| t5-large | bf16 | 32 | zero3_offload | 14.00 | 13.00 | 1.08 | 1.12 | 737.54M / 737.54M |" in table
+    assert "| none | out of memory |" in table
+    calibration = bench.calibration([{**run, "comparable": True, "device_used_beyond_reserved_bytes": GIB // 2}])
+    assert calibration["reserved_over_allocated"] == 1.12 and calibration["device_used_beyond_reserved_bytes"] == GIB // 2
+
+
+def residency(shape, prefetch=None, max_live=10**9, max_reuse=10**9, threshold=None, checkpointing=False):
+    d = shape.d_model
+    prefetch = int(0.9 * d * d) if prefetch is None else prefetch  # the Trainer's "auto"
+    return memory.zero3_residency(shape, threshold or 10 * d, prefetch, max_live, max_reuse, checkpointing)["gathered"]
+
+
+def test_zero3_residency_responds_to_live_and_reuse_settings_as_deepspeed():
+    """What PartitionedParameterCoordinator (DeepSpeed 0.19.8) does, on t5-3b (2852M parameters, 32.9M largest layer):
+    stage3_max_reuse_distance decides which parameters stay gathered after use (__params_to_release);
+    stage3_max_live_parameters only stops prefetching (fetch_sub_module), yet what the prefetcher gathered stays."""
+    shape = resolve_model("t5-3b")
+    L = shape.largest_layer_parameters
+    # Without prefetching, max_live_parameters changes nothing and a longer reuse distance keeps more.
+    assert len({residency(shape, prefetch=0, max_live=live) for live in (0, 10**8, 10**9, 4 * 10**9)}) == 1
+    by_reuse = [residency(shape, prefetch=0, max_reuse=reuse) for reuse in (0, 10**8, 5 * 10**8, 10**9, 2 * 10**9, 6 * 10**9)]
+    assert by_reuse == sorted(by_reuse) and by_reuse[2] < by_reuse[3] < by_reuse[4] < by_reuse[5]
+    assert by_reuse[0] < 3 * L  # no reuse: about one layer group at a time
+    # With prefetching (the Trainer's bucket), the gathered parameters grow up to about max_live_parameters.
+    for live in (10**8, 10**9, 2 * 10**9):
+        assert live <= residency(shape, max_live=live, max_reuse=0) <= live + 2 * L
+    assert residency(shape, max_live=4 * 10**9) == shape.parameters - shape.persistent_parameters(10 * shape.d_model)
+    # The settings people use (1e9/1e9) keep all of t5-large gathered between forward and backward.
+    large = resolve_model("t5-large")
+    assert residency(large) == large.parameters - large.persistent_parameters(10 * large.d_model)
+    # A persistence threshold above the attention matrices (4.2M elements) moves them out of the gathered figure.
+    assert residency(shape, prefetch=0, threshold=5 * 10**6) < residency(shape, prefetch=0)
+
+
+def test_zero3_offload_row_holds_gathered_parameters_in_the_training_dtype(tmp_path):
+    """ZeRO-3 + offload: DeepSpeed's model-states estimate is 4 x the largest layer; the prediction adds what the
+    coordinator keeps gathered, 2 bytes per element in bf16 and 4 in fp32."""
+    shape = resolve_model("t5-3b")
+    bf16 = plan(model="t5-3b", dsconfig="zero3_offload", precision="bf16")["strategies"]["zero3_offload"]
+    fp32 = plan(model="t5-3b", dsconfig="zero3_offload", precision="fp32")["strategies"]["zero3_offload"]
+    assert bf16["model_states_bytes"] == 4 * shape.largest_layer_parameters  # the estimator, unchanged
+    gathered = bf16["zero3_residency"]["gathered"]
+    assert gathered > 10**9 * 0.99  # stage3_max_live_parameters 1e9 in the shipped file
+    assert bf16["weight_copies_detail"]["gathered"] == 2 * gathered - 2 * shape.largest_layer_parameters
+    assert fp32["weight_copies_detail"]["gathered"] == 4 * gathered - 4 * shape.largest_layer_parameters
+    assert bf16["gpu_gb"]["weight_copies"] > 10 * bf16["model_states_bytes"] / GIB
+    smaller = write_json(tmp_path / "live.json", {"zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
+        "stage3_max_live_parameters": 1e8, "stage3_max_reuse_distance": 1e8}})
+    lean = plan(model="t5-3b", dsconfig=smaller)["strategies"]["zero3_offload"]
+    assert lean["gpu_bytes"]["weight_copies"] < bf16["gpu_bytes"]["weight_copies"] / 4
+
+
+def test_autocast_keeps_a_16_bit_copy_of_each_matmul_weight():
+    shape = resolve_model("t5-large")
+    assert 0.9 * shape.parameters < shape.matmul_parameters <= shape.parameters  # all but norms and position biases
+    bf16 = plan(model="t5-large", precision="bf16")["strategies"]
+    fp32 = plan(model="t5-large", precision="fp32")["strategies"]
+    assert bf16["none"]["weight_copies_detail"] == {"autocast": 2 * shape.matmul_parameters}
+    assert fp32["none"]["gpu_bytes"]["weight_copies"] == 0
+    assert bf16["zero2"]["gpu_bytes"]["weight_copies"] == 0  # DeepSpeed trains the 16-bit weights themselves
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -254,6 +368,8 @@ def test_format_and_plot(tmp_path):
     for name in memory.STRATEGIES:
         assert name in text
     assert "recommendation: none with batch 32" in text
+    assert "assumptions:" in text and "PartitionedParameterCoordinator" in text and "autocast" in text
+    assert "60.5M parameters gathered at the peak" in text  # all of t5-small, with the shipped 1e9 settings
     fig = plot_plan(result, tmp_path / "plan.png")
     assert (tmp_path / "plan.png").stat().st_size > 0
     bars = fig.axes[0].patches
@@ -350,3 +466,23 @@ def test_compare_without_lengths_says_why(tmp_path):
     assert result["comparable"] is False and "max_source_length" in result["reason"]
     given = compare_with_run(run_summary(tmp_path, ranks, dataset={}), max_source_length=64, max_target_length=32)
     assert given["comparable"] is True and given["lengths"] == [64, 32]
+
+
+def test_compare_reads_a_dtype_when_the_summary_has_no_precision(tmp_path):
+    ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
+    summary = run_summary(tmp_path, ranks, dtype="torch.bfloat16")
+    del summary["precision"]
+    assert compare_with_run(summary)["precision"] == "bf16"
+    del summary["dtype"]
+    result = compare_with_run(summary)
+    assert result["comparable"] is False and "precision" in result["reason"]
+
+
+def test_compare_with_a_zero3_run_predicts_the_gathered_parameters(tmp_path):
+    ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
+    strategy = {"strategy": "zero3", "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "label": "zero3_offload"}
+    zero = {"stage": 3, "stage3_max_live_parameters": 10**9, "stage3_max_reuse_distance": 10**9,
+            "stage3_prefetch_bucket_size": 235929, "stage3_param_persistence_threshold": 5120}
+    result = compare_with_run(run_summary(tmp_path, ranks, strategy=strategy, deepspeed_config={"zero_optimization": zero}))
+    shape = resolve_model("t5-small")
+    assert result["predicted_zero3_gathered_elements"] == shape.parameters - shape.persistent_parameters(5120)

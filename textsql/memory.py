@@ -7,8 +7,9 @@ from contextlib import contextmanager
 import math
 import os
 import sys
+import textwrap
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -40,7 +41,10 @@ STRATEGY_LAYOUT = {
     "zero3": (3, False, False),
     "zero3_offload": (3, True, True),
 }
-COMPONENTS = ("parameters", "gradients", "optimizer_states", "activations", "buckets", "overhead")
+# parameters + gradients + optimizer_states are the model states (DeepSpeed's estimators); weight_copies are the parameter
+# copies held beyond them (ZeRO-3's gathered parameters, autocast's 16-bit weights); buckets are communication and
+# gradient buffers.
+COMPONENTS = ("parameters", "gradients", "optimizer_states", "weight_copies", "activations", "buckets", "overhead")
 
 # The original T5 checkpoints' config.json (google-t5/t5-*), so that nothing needs downloading. All use ReLU
 # feed-forward blocks, tied input/output embeddings and a 32128-token vocabulary.
@@ -60,8 +64,10 @@ DEEPSPEED_ZERO_DEFAULTS = {
     "reduce_bucket_size": 500_000_000,
     "overlap_comm": None,
     "contiguous_gradients": True,
+    "sub_group_size": 1_000_000_000,
     "stage3_prefetch_bucket_size": 50_000_000,
     "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
     "stage3_param_persistence_threshold": 100_000,
 }
 # What the shipped dsconfig/ files set: used when no --dsconfig is given. "auto" is filled by the Trainer from d_model.
@@ -69,20 +75,26 @@ SHIPPED_ZERO_SETTINGS = {
     "reduce_bucket_size": "auto",
     "overlap_comm": None,  # zero1.json: false; zero2.json and zero3_offload.json: true (= DeepSpeed's dynamic default
     "contiguous_gradients": True,  # for stage 3; zero2.json sets it for stage 2 too, see _overlap_comm)
+    "sub_group_size": 1_000_000_000,
     "stage3_prefetch_bucket_size": "auto",
     "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
     "stage3_param_persistence_threshold": "auto",
 }
 SHIPPED_OVERLAP_COMM = {1: False, 2: True, 3: True}
 
 # DeepSpeed's own estimators multiply host memory by this (additional_buffer_factor, their default).
 ADDITIONAL_BUFFER_FACTOR = 1.5
-# What torch does not see: the CUDA context with torch's kernels loaded lazily (CUDA >= 11.7), and NCCL's
-# communicator buffers when there is more than one GPU.
+# What torch does not see. CUDA context with torch's kernels loaded lazily (CUDA >= 11.7, torch's default since 1.13):
+# not yet calibrated on a GPU: pytorch/pytorch#86509 measured 287 MB for the bare context with lazy loading (667 MB
+# eager); the kernels a training step loads (cuBLAS, cuDNN, NCCL's) come on top, hence 0.5 GB.
 CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+# NCCL's communicator buffers with more than one GPU: not yet calibrated on a GPU: NCCL_BUFFSIZE is 4 MiB per channel
+# and peer (NCCL's environment-variable documentation), times up to 32 channels, for send and receive.
 NCCL_BUFFER_BYTES = int(0.25 * GIB)
-# The caching allocator reserves more than it hands out (block rounding, fragmentation): reserved / allocated is
-# typically 1.05-1.2 in fine-tuning; 10% of everything allocated.
+# The caching allocator reserves more than it hands out (block rounding, fragmentation). Not yet calibrated on a GPU:
+# pytorch/pytorch#40989 shows peak reserved / peak allocated of 1.11 for a training step (16726 / 15006 MB); 10% of
+# everything allocated.
 ALLOCATOR_OVERHEAD_FRACTION = 0.10
 # Host memory of one training process besides model states: Python, torch + CUDA libraries, transformers,
 # DeepSpeed, the tokenized dataset.
@@ -97,18 +109,27 @@ ASSUMPTIONS = [
     "every 2-byte copy is 4 bytes (ZeRO-2: 4P + 20P/N instead of 2P + 18P/N). ZeRO-1 keeps full gradients "
     "(its own formula: 2P + 2P + 16P/N). No DeepSpeed: fp32 weights, fp32 gradients and two fp32 Adam moments (16P) "
     "whatever the precision (autocast), plus DDP's gradient buckets (4P) on more than one GPU.",
-    "Gradients are counted as coexisting with the activations (conservative); the optimizer step's temporaries are "
-    "not counted: the Trainer's default fused AdamW has none (the older foreach AdamW allocated 4 bytes per parameter "
-    "once the activations were freed).",
+    "Weight copies beyond the model states. ZeRO-3: the parameters gathered on the GPU at the peak, in the training "
+    "dtype (4 bytes in fp32), less the largest layer the estimator already counts, plus the persistent parameters "
+    "(each at most stage3_param_persistence_threshold elements, kept on every GPU). The gathered figure replays "
+    "DeepSpeed 0.19.8's PartitionedParameterCoordinator on the model's module trace (recorded on a narrow copy of the model) with "
+    "the dsconfig's stage3_prefetch_bucket_size, stage3_max_live_parameters and stage3_max_reuse_distance: with "
+    "prefetching on, it keeps up to about stage3_max_live_parameters gathered (1e9 in common configs: all of t5-large). "
+    "No DeepSpeed in bf16/fp16: autocast's 16-bit copy of every matmul weight (2 bytes per parameter), kept for the "
+    "backward pass.",
+    "Gradients are counted as coexisting with the activations and the gathered parameters (conservative); the "
+    "optimizer step's temporaries are not counted: the Trainer's default fused AdamW has none (the older foreach AdamW "
+    "allocated 4 bytes per parameter once the activations were freed).",
     "Activations: every tensor T5 saves for the backward pass (attention scores, softmax in fp32, dropout masks, "
     "feed-forward hidden states, layer norms), for the longest batch (batch x max lengths), plus the loss over the "
     "vocabulary (log-softmax output, its gradient and the logits' gradient). With gradient checkpointing only each "
     "block's input is kept, plus one block recomputed at a time.",
-    "Buckets: ZeRO-1/2 reduce buffers (reduce_bucket_size elements of the gradient type; two with overlap_comm); "
-    "ZeRO-3 one reduce buffer, the prefetch bucket (capped by stage3_max_live_parameters) and the persistent small "
-    "parameters. The all-gather bucket allocates no buffer (DeepSpeed gathers into the parameters in place).",
+    "Buckets: ZeRO-1/2 reduce buffers (reduce_bucket_size elements of the gradient type; two with overlap_comm) and, "
+    "with optimizer offload, a staging buffer the size of the largest parameter. ZeRO-3: the reduce buffer and "
+    "reduce-scatter's copy of it; without optimizer offload the fp32 gradient buffer of the largest optimizer "
+    "sub-group (sub_group_size) beyond the 2P/N the estimator counts; with it, a staging copy of a gradient partition.",
     "Overhead: 0.5 GB CUDA context, 0.25 GB NCCL buffers with more than one GPU, and 10% of the allocated memory "
-    "for the caching allocator.",
+    "for the caching allocator (not yet calibrated on a GPU; sources in textsql/memory.py).",
     "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
     "3 GB per training process for Python, libraries and data.",
 ]
@@ -134,13 +155,14 @@ class PlanArguments:
     max_source_length: int = field(default=96, metadata={"help": "Longest question in a batch, in tokens (batches are padded to their longest)."})
     max_target_length: int = field(default=96, metadata={"help": "Longest SQL target in a batch, in tokens."})
     precision: str = field(default="bf16", metadata={"help": "fp32, bf16 or fp16 (bf16 on Ampere and newer GPUs)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass (less memory, ~30% slower)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass (less memory, about 30 percent slower)."})
     dsconfig: str | None = field(
         default=None,
-        metadata={"help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3_offload): bucket, prefetch and "
-                  "persistence sizes come from it. Without it, the shipped dsconfig/ settings are assumed."})
+        metadata={"help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3_offload): bucket and sub-group "
+                  "sizes and the stage3_* settings (max live parameters, max reuse distance, prefetch bucket, "
+                  "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."})
     cpu_memory_gb: float | None = field(default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."})
-    safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90%)."})
+    safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
 
     def __post_init__(self):
@@ -166,6 +188,19 @@ class PlanArguments:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class ModuleTrace:
+    """The order in which ZeRO-3's module hooks fire during one training step, recorded on a narrow copy of the model.
+
+    Compared by identity: one trace per model config (_inspect_model is cached), so hashing a plan input stays cheap.
+    """
+
+    module_parameters: tuple  # per module (model.modules() order): indexes of its own parameters (model.parameters() order)
+    external: tuple  # (module, parameter): a parameter the module's code reads while no module holding it runs
+    step: tuple  # (module, is_fetch) for the forward and backward pass, in time order
+    checkpointed_step: tuple  # the same with gradient checkpointing (every checkpointed layer recomputed in the backward)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the planner needs to know about a T5-family model; parameter counts come from the meta device."""
@@ -182,16 +217,16 @@ class ModelShape:
     gated: bool
     parameters: int
     largest_layer_parameters: int
+    matmul_parameters: int = 0  # parameters of nn.Linear layers: the weights autocast copies to 16 bits
     parameter_sizes: tuple = field(repr=False, default=())
+    module_trace: ModuleTrace | None = field(repr=False, default=None)
 
     def persistent_parameters(self, threshold: int) -> int:
         """Elements of the parameters ZeRO-3 keeps gathered on every GPU (each at most `threshold` elements)."""
         return sum(n for n in self.parameter_sizes if n <= threshold)
 
     def as_dict(self) -> dict:
-        info = asdict(self)
-        info.pop("parameter_sizes")
-        return info
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
 
 
 def resolve_model(name: str) -> ModelShape:
@@ -247,12 +282,13 @@ def _shape_from_config(config, name: str, source: str) -> ModelShape:
         raise TextsqlError(f"'{name}' is a {model_type} model; the planner knows the T5 family only "
                            f"({', '.join(T5_MODEL_TYPES)}: t5, flan-t5, mt5, umt5), whose activations it models layer by "
                            f"layer. Pass one of those.")
-    total, largest, sizes = _count_parameters(config.to_json_string())
+    inspected = _inspect_model(config.to_json_string())
     return ModelShape(
         name=name, source=source, d_model=config.d_model, d_ff=config.d_ff, num_layers=config.num_layers,
         num_decoder_layers=config.num_decoder_layers or config.num_layers, num_heads=config.num_heads,
         d_kv=config.d_kv, vocab_size=config.vocab_size, gated=bool(getattr(config, "is_gated_act", False)),
-        parameters=total, largest_layer_parameters=largest, parameter_sizes=sizes)
+        parameters=sum(inspected["sizes"]), largest_layer_parameters=inspected["largest_layer"],
+        matmul_parameters=inspected["matmul"], parameter_sizes=inspected["sizes"], module_trace=inspected["trace"])
 
 
 @contextmanager
@@ -270,8 +306,9 @@ def _zero3_init_off():
 
 
 @lru_cache(maxsize=32)
-def _count_parameters(config_json: str) -> tuple[int, int, tuple]:
-    """(total parameters, largest layer's parameters, every parameter's size) of the model built on the meta device.
+def _inspect_model(config_json: str) -> dict:
+    """The model built on the meta device: every parameter's size, the largest layer, the nn.Linear parameters, and
+    the module trace of a training step as ZeRO-3 sees it (from a narrow copy on the CPU).
 
     Counted as DeepSpeed's model_to_params does (tied weights once; a layer = one module's own parameters), except
     that ties are found by identity: on the meta device every data_ptr() is 0.
@@ -280,12 +317,138 @@ def _count_parameters(config_json: str) -> tuple[int, int, tuple]:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     config_dict = json.loads(config_json)
-    config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
+    model_type = config_dict.pop("model_type")
     with _zero3_init_off(), torch.device("meta"):
-        model = AutoModelForSeq2SeqLM.from_config(config)
-    sizes = tuple(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    return sum(sizes), largest, sizes
+        model = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model(model_type, **config_dict))
+    parameters = list(model.parameters())  # yields a tied weight once, in DeepSpeed's ds_id order
+    index = {id(p): i for i, p in enumerate(parameters)}
+    linear = {index[id(p)] for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
+    # The hooks' order depends on the modules, not on their widths: record it on a narrow copy on the CPU, where a
+    # step takes a fraction of a second (meta tensors run Python reference kernels).
+    narrow = AutoConfig.for_model(model_type, **{**config_dict, **NARROW_WIDTHS})
+    with _zero3_init_off(), torch.random.fork_rng(devices=[]):  # seeded nothing: leave the caller's random state alone
+        small = AutoModelForSeq2SeqLM.from_config(narrow)
+        same_parameters = [n for n, _ in small.named_parameters()] == [n for n, _ in model.named_parameters()]
+        trace = _record_module_trace(small) if same_parameters else None
+    return {
+        "sizes": tuple(p.numel() for p in parameters),
+        "largest_layer": max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
+        "matmul": sum(parameters[i].numel() for i in linear),
+        "trace": trace,
+    }
+
+
+# Widths of the narrow copy whose training step gives the module trace (same layers, same parameters, tiny tensors).
+NARROW_WIDTHS = {"d_model": 8, "d_ff": 8, "d_kv": 4, "num_heads": 2, "vocab_size": 16}
+
+
+def _record_module_trace(model) -> ModuleTrace | None:
+    """Train the model for a step (on zeros: only the order of the hooks matters) with hooks that fire where
+    ZeRO-3's do (DeepSpeed 0.19.8, deepspeed/runtime/zero/parameter_offload.py, _register_deepspeed_module):
+    - a fetch before and a release after every module's forward;
+    - a fetch each time a gradient reaches one of a module's output tensors (PreBackwardFunctionForModule wraps every
+      output tensor), and a release once the gradients of all its input tensors that require one are computed
+      (PostBackwardFunctionModule; a module none of whose positional inputs requires a gradient, such as an embedding
+      or T5's relative attention bias, gets no release in the backward pass);
+    - a parameter read by a module that does not own it while no module holding it runs (T5's feed-forward block
+      reads `wo.weight` to pick a dtype) becomes that module's external parameter, as ZeROOrderedDict registers it.
+    The autograd engine orders the backward hooks, and replays checkpointed layers, as it does for DeepSpeed.
+    Returns None if the step fails.
+    """
+    import torch
+
+    index = {id(p): i for i, p in enumerate(model.parameters())}
+    modules = list(model.modules())
+    position = {id(m): j for j, m in enumerate(modules)}
+    own = [frozenset(index[id(p)] for p in m.parameters(recurse=False)) for m in modules]
+    events, external, stack, grads_remaining = [], {}, [], {}
+
+    class Reads(dict):  # a module's _parameters that reports reads, like DeepSpeed's ZeROOrderedDict
+        def __getitem__(self, key):
+            param = super().__getitem__(key)
+            if param is not None and stack and id(param) in index:
+                p = index[id(param)]
+                if not any(p in own[j] or (j, p) in external for j in stack):  # not gathered by a running module
+                    external[(stack[-1], p)] = True
+            return param
+
+    class Marked(torch.autograd.Function):  # passes a tensor through, remembering the module, as DeepSpeed's do
+        @staticmethod
+        def forward(ctx, module, tensor):
+            ctx.module = module
+            return tensor.detach()
+
+    class BeforeBackward(Marked):
+        @staticmethod
+        def backward(ctx, grad):
+            events.append((ctx.module, True))
+            return None, grad
+
+    class AfterBackward(Marked):
+        @staticmethod
+        def backward(ctx, grad):
+            grads_remaining[ctx.module] -= 1
+            if grads_remaining[ctx.module] == 0:
+                events.append((ctx.module, False))
+            return None, grad
+
+    def wrap(function, module, value):  # DeepSpeed's apply_to_tensors_only
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*(wrap(function, module, v) for v in value))
+        if isinstance(value, (tuple, list)):
+            return type(value)(wrap(function, module, v) for v in value)
+        if isinstance(value, dict):
+            for key in value.keys():
+                value[key] = wrap(function, module, value[key])
+            return value
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            if function is AfterBackward:
+                grads_remaining[module] += 1
+            return function.apply(module, value)
+        return value
+
+    def before_forward(module, args):
+        j = position[id(module)]
+        stack.append(j)
+        events.append((j, True))
+        grads_remaining[j] = 0
+        return wrap(AfterBackward, j, args)
+
+    def after_forward(module, args, output):
+        j = stack.pop()
+        events.append((j, False))
+        return wrap(BeforeBackward, j, output)
+
+    def step() -> tuple:
+        events.clear()
+        ids = torch.zeros((1, 8), dtype=torch.long)
+        # no attention mask: checking it for padding needs data
+        output = model(input_ids=ids, decoder_input_ids=ids, use_cache=False)
+        output.logits.sum().backward()
+        return tuple(events)
+
+    saved = [m._parameters for m in modules]
+    handles = []
+    for m in modules:
+        m._parameters = Reads(m._parameters)
+        handles += [m.register_forward_pre_hook(before_forward), m.register_forward_hook(after_forward)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: more threads only spin, 3x slower on a busy machine
+    try:
+        model.train()
+        plain = step()
+        model.activation_checkpointing_enable({"use_reentrant": False, "preserve_rng_state": False})
+        checkpointed = step()
+    except Exception:  # noqa: BLE001 - a model whose step fails here: the planner falls back to an upper bound
+        return None
+    finally:
+        torch.set_num_threads(threads)
+        for m, parameters in zip(modules, saved):
+            m._parameters = parameters
+        for handle in handles:
+            handle.remove()
+    return ModuleTrace(module_parameters=tuple(tuple(sorted(o)) for o in own), external=tuple(external), step=plain,
+                       checkpointed_step=checkpointed)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -385,6 +548,117 @@ def model_states(total_params: int, largest_layer_params: int, stage: int, offlo
     raise ValueError(f"ZeRO stage {stage}")
 
 
+def zero3_step_events(trace: ModuleTrace, persistent, gradient_checkpointing: bool) -> tuple[tuple, list]:
+    """(events, parameters per module) of one training step as ZeRO-3's hooks fire them.
+
+    An external parameter counts only if it is not persistent: a persistent one is always gathered, and DeepSpeed
+    registers a parameter only when it finds it NOT_AVAILABLE.
+    """
+    module_parameters = [set(own) for own in trace.module_parameters]
+    for module, parameter in trace.external:
+        if parameter not in persistent:
+            module_parameters[module].add(parameter)
+    events = trace.checkpointed_step if gradient_checkpointing else trace.step
+    return events, [tuple(sorted(p)) for p in module_parameters]
+
+
+def simulate_parameter_coordinator(sizes, events, module_parameters, persistent, prefetch_bucket_size: int,
+                                   max_live_parameters: int, max_reuse_distance: int) -> dict:
+    """Replay one training step (after the first, which records the trace) of DeepSpeed 0.19.8's ZeRO-3
+    PartitionedParameterCoordinator (deepspeed/runtime/zero/partitioned_param_coordinator.py): the parameter elements
+    it holds gathered after every fetch (its __n_available_params, persistent parameters not counted) as `timeline`,
+    and their peak.
+
+    As the coordinator does:
+    - fetch_sub_module gathers the module's parameters that are not available, pops them off the trace's parameter
+      queue, then prefetches from the queue up to min(stage3_max_live_parameters - gathered, stage3_prefetch_bucket_size)
+      elements (max_live_parameters caps prefetching only: a fetch the module needs always happens, and kept parameters
+      may exceed it);
+    - release_sub_module releases a module's parameters after it ran unless persistent (stage3_param_persistence_
+      threshold), still used by a running module, skipped by a prefetch for a later use (__most_recent_step_id_param_
+      fetched_for), or used again within the next stage3_max_reuse_distance elements of the trace (__params_to_release
+      walks the trace from the current step, adding each module's parameter sizes, until the sum reaches the distance).
+    """
+    import bisect
+    from collections import defaultdict, deque
+
+    order = [module for module, is_fetch in events if is_fetch]  # the coordinator's __submodule_order
+    prefix = [0]
+    for module in order:
+        prefix.append(prefix[-1] + sum(sizes[p] for p in module_parameters[module]))
+    uses = defaultdict(list)  # parameter -> steps using it, ascending
+    for step, module in enumerate(order):
+        for p in module_parameters[module]:
+            uses[p].append(step)
+
+    def reused_soon(p, step):
+        if max_reuse_distance <= 0:
+            return False
+        # the walk covers order[step:last + 1]: it stops before a module once the sizes added reach the distance
+        last = bisect.bisect_left(prefix, prefix[step] + max_reuse_distance, lo=step + 1) - 1
+        at = bisect.bisect_left(uses[p], step)
+        return at < len(uses[p]) and uses[p][at] <= last
+
+    queue = deque((p, step) for step, module in enumerate(order) for p in module_parameters[module])
+    most_recent = defaultdict(lambda: -10**10)
+    active = defaultdict(set)
+    gathered: set = set()
+    live = peak = peak_step = step = 0
+    timeline = []
+    for module, is_fetch in events:
+        params = module_parameters[module]
+        if is_fetch:
+            not_fetched_yet = {p for p in params if most_recent[p] < step}
+            for p in params:
+                active[p].add(module)
+                if p not in gathered and p not in persistent:
+                    gathered.add(p)
+                    live += sizes[p]
+            popped = set()
+            while queue and len(popped) < len(not_fetched_yet):
+                p, used_at = queue.popleft()
+                most_recent[p] = used_at
+                popped.add(p)
+            if prefetch_bucket_size > 0:
+                budget, prefetching = min(max_live_parameters - live, prefetch_bucket_size), 0
+                while queue and prefetching < budget:
+                    p, used_at = queue.popleft()
+                    if p not in gathered and p not in persistent:
+                        gathered.add(p)
+                        live += sizes[p]
+                        prefetching += sizes[p]
+                    most_recent[p] = max(most_recent[p], used_at)
+            timeline.append(live)
+            if live > peak:
+                peak, peak_step = live, step
+            step += 1
+        else:
+            for p in params:
+                active[p].discard(module)
+                if (p in gathered and not active[p] and most_recent[p] <= step
+                        and not reused_soon(p, step)):
+                    gathered.discard(p)
+                    live -= sizes[p]
+    return {"peak_gathered": peak, "peak_step": peak_step, "steps": len(order), "timeline": timeline}
+
+
+@lru_cache(maxsize=256)
+def zero3_residency(shape: ModelShape, persistence_threshold: int, prefetch_bucket_size: int, max_live_parameters: int,
+                    max_reuse_distance: int, gradient_checkpointing: bool) -> dict:
+    """Elements ZeRO-3 holds gathered on each GPU at its peak: the coordinator's gathered parameters, plus the
+    persistent ones (always gathered, on every GPU)."""
+    persistent = frozenset(i for i, n in enumerate(shape.parameter_sizes) if n <= persistence_threshold)
+    persistent_elements = shape.persistent_parameters(persistence_threshold)
+    if shape.module_trace is None:  # no module trace: every parameter, an upper bound
+        return {"gathered": shape.parameters - persistent_elements, "persistent": persistent_elements,
+                "source": "upper bound (no module trace)"}
+    events, module_parameters = zero3_step_events(shape.module_trace, persistent, gradient_checkpointing)
+    replay = simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
+                                            prefetch_bucket_size, max_live_parameters, max_reuse_distance)
+    return {"gathered": replay["peak_gathered"], "persistent": persistent_elements,
+            "source": "replay of DeepSpeed's PartitionedParameterCoordinator on the model's module trace"}
+
+
 def _states(parameters, gradients, optimizer_states, cpu) -> dict:
     return {"parameters": int(parameters), "gradients": int(gradients), "optimizer_states": int(optimizer_states),
             "cpu_model_states": int(cpu)}
@@ -431,20 +705,58 @@ def activation_bytes(shape: ModelShape, batch: int, source_length: int, target_l
             "loss_peak": int(loss), "total": int(total)}
 
 
-def bucket_bytes(shape: ModelShape, settings: dict, stage: int, precision: str, gpus: int) -> dict:
-    """GPU bytes of DeepSpeed's reduce buffers and ZeRO-3 prefetch/persistent parameters (DDP buckets without DeepSpeed)."""
+def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimizer: bool, precision: str, gpus: int) -> dict:
+    """GPU bytes of gradient and communication buffers: DDP's buckets without DeepSpeed; DeepSpeed's reduce buffers,
+    offload staging buffers and (ZeRO-3) the reduce-scatter copy and the fp32 gradient of the optimizer's sub-group."""
     low = 4 if precision == "fp32" else 2
     if stage == 0:
         # DDP (more than one GPU) copies gradients into fp32 buckets covering every parameter.
-        return {"reduce": 4 * shape.parameters if gpus > 1 else 0, "prefetch": 0, "persistent": 0}
+        return {"ddp": 4 * shape.parameters if gpus > 1 else 0}
     auto_bucket = shape.d_model * shape.d_model  # the Trainer's fill for "auto"
-    reduce = _filled(settings["reduce_bucket_size"], auto_bucket) * low if settings["contiguous_gradients"] else 0
+    bucket = _filled(settings["reduce_bucket_size"], auto_bucket)
+    reduce = bucket * low if settings["contiguous_gradients"] else 0
+    largest_parameter = max(shape.parameter_sizes)
     if stage in (1, 2):
-        return {"reduce": reduce * (2 if _overlap_comm(settings, stage) else 1), "prefetch": 0, "persistent": 0}
-    prefetch = min(_filled(settings["stage3_prefetch_bucket_size"], 0.9 * auto_bucket),
-                   _filled(settings["stage3_max_live_parameters"], 0))
-    threshold = _filled(settings["stage3_param_persistence_threshold"], 10 * shape.d_model)
-    return {"reduce": reduce, "prefetch": prefetch * low, "persistent": shape.persistent_parameters(threshold) * low}
+        # stage_1_and_2.py: one reduce buffer, two with overlap_comm; with optimizer offload a GPU buffer of the
+        # largest parameter (temp_grad_buffer_for_gpu_offload) through which gradients go to the host.
+        staging = largest_parameter * low if offload_optimizer else 0
+        return {"reduce": reduce * (2 if _overlap_comm(settings, stage) else 1), "offload_staging": staging}
+    # stage3.py: the reduce bucket (ipg_buckets) and reduce_scatter_coalesced's torch.cat of the bucket's gradients
+    # (runtime/comm/coalesced_collectives.py), in the gradient type.
+    detail = {"reduce": reduce, "reduce_scatter": bucket * low}
+    partition = math.ceil(shape.parameters / gpus)
+    if offload_optimizer:
+        # partition_grads copies each reduced gradient partition back to the GPU before offloading it
+        detail["offload_staging"] = math.ceil(largest_parameter / gpus) * low
+    else:
+        # initialize_optimizer_states: an fp32 gradient buffer the size of the largest optimizer sub-group's
+        # partition, on the GPU. DeepSpeed's estimator (18P/N) leaves 2P/N for it; the rest is added here.
+        sub_group = min(_filled(settings["sub_group_size"], 0), partition)
+        detail["fp32_gradient_sub_group"] = max(0, 4 * sub_group - 2 * partition)
+    return detail
+
+
+def weight_copy_bytes(shape: ModelShape, settings: dict, stage: int, precision: str, gradient_checkpointing: bool) -> dict:
+    """GPU bytes of parameter copies beyond the model states: ZeRO-3's gathered and persistent parameters (in the
+    training dtype), or, without DeepSpeed in 16-bit mixed precision, autocast's 16-bit copy of every matmul weight."""
+    if stage == 0:
+        return {"autocast": 2 * shape.matmul_parameters if precision != "fp32" else 0}
+    if stage != 3:
+        return {}
+    low = 4 if precision == "fp32" else 2
+    residency = zero3_residency_for(shape, settings, gradient_checkpointing)
+    in_model_states = low * shape.largest_layer_parameters  # DeepSpeed's estimator already counts the largest layer
+    return {"gathered": max(0, residency["gathered"] * low - in_model_states), "persistent": residency["persistent"] * low}
+
+
+def zero3_residency_for(shape: ModelShape, settings: dict, gradient_checkpointing: bool) -> dict:
+    """zero3_residency with the dsconfig's stage-3 settings ("auto" as the Trainer fills it), and the settings used."""
+    auto_bucket = shape.d_model * shape.d_model
+    used = {"stage3_param_persistence_threshold": _filled(settings["stage3_param_persistence_threshold"], 10 * shape.d_model),
+            "stage3_prefetch_bucket_size": _filled(settings["stage3_prefetch_bucket_size"], 0.9 * auto_bucket),
+            "stage3_max_live_parameters": _filled(settings["stage3_max_live_parameters"], 0),
+            "stage3_max_reuse_distance": _filled(settings["stage3_max_reuse_distance"], 0)}
+    return zero3_residency(shape, *used.values(), gradient_checkpointing) | {"settings": used}
 
 
 @dataclass(frozen=True)
@@ -471,10 +783,11 @@ def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool
                           setup.gpus_per_node, setup.nodes, setup.precision)
     activations = activation_bytes(shape, batch, setup.source_length, setup.target_length, setup.precision,
                                    setup.gradient_checkpointing, autocast=stage == 0 and setup.precision != "fp32")
-    buckets = bucket_bytes(shape, settings, stage, setup.precision, setup.gpus)
+    buckets = bucket_bytes(shape, settings, stage, offload_optimizer, setup.precision, setup.gpus)
+    copies = weight_copy_bytes(shape, settings, stage, setup.precision, setup.gradient_checkpointing)
     gpu = {"parameters": states["parameters"], "gradients": states["gradients"],
-           "optimizer_states": states["optimizer_states"], "activations": activations["total"],
-           "buckets": sum(buckets.values())}
+           "optimizer_states": states["optimizer_states"], "weight_copies": sum(copies.values()),
+           "activations": activations["total"], "buckets": sum(buckets.values())}
     allocated = sum(gpu.values())
     unseen_by_torch = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if setup.gpus > 1 else 0)
     gpu["overhead"] = int(ALLOCATOR_OVERHEAD_FRACTION * allocated) + unseen_by_torch
@@ -482,8 +795,11 @@ def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool
     cpu = int(states["cpu_model_states"] + CPU_RUNTIME_BYTES_PER_RANK * setup.gpus_per_node)
     return {"gpu_bytes": gpu, "gpu_total_bytes": total, "torch_allocated_bytes": allocated,
             "torch_reserved_bytes": total - unseen_by_torch, "model_states_bytes": states["parameters"] + states["gradients"] + states["optimizer_states"],
-            "activations_detail": activations, "buckets_detail": buckets, "cpu_per_node_bytes": cpu,
-            "cpu_model_states_bytes": states["cpu_model_states"]}
+            "activations_detail": activations, "buckets_detail": buckets, "weight_copies_detail": copies,
+            "zero3_residency": zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None,
+            "overhead_detail": {"allocator": gpu["overhead"] - unseen_by_torch, "cuda_context": CUDA_CONTEXT_BYTES,
+                                "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES},
+            "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": states["cpu_model_states"]}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -611,8 +927,8 @@ def _dsconfig_label(dsconfig) -> str | None:
 # Output
 # ---------------------------------------------------------------------------------------------------------------------
 
-COLUMN_TITLES = {"parameters": "params", "gradients": "grads", "optimizer_states": "optim", "activations": "activ",
-                 "buckets": "buckets", "overhead": "overhead"}
+COLUMN_TITLES = {"parameters": "params", "gradients": "grads", "optimizer_states": "optim", "weight_copies": "copies",
+                 "activations": "activ", "buckets": "buckets", "overhead": "overhead"}
 
 
 def format_plan(plan: dict, with_problem: bool = True) -> str:
@@ -626,8 +942,9 @@ def format_plan(plan: dict, with_problem: bool = True) -> str:
         f"training   batch {a['per_device_train_batch_size']} per GPU, {a['max_source_length']}/{a['max_target_length']} "
         f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
         f"buckets    from {plan['zero_settings_source']}",
+        _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
         "",
-        "GPU memory per GPU (GB)                                                     CPU/node",
+        "GPU memory per GPU (GB)                                                              CPU/node",
         f"{'strategy':<15}" + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS) + f"{'TOTAL':>9}{'GB':>9}  fits",
     ]
     for name, row in plan["strategies"].items():
@@ -644,7 +961,18 @@ def format_plan(plan: dict, with_problem: bool = True) -> str:
         lines.append(f"recommendation: {rec['strategy']} with batch {rec['per_device_train_batch_size']} per GPU "
                      f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
                      f"{rec['largest_per_device_train_batch_size']}.")
+    lines += ["", "assumptions:"]
+    lines += [textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+              for text in plan["assumptions"]]
     return "\n".join(lines)
+
+
+def _zero3_line(residency: dict) -> str:
+    used = {k.removeprefix("stage3_"): f"{v:.3g}".replace("e+0", "e").replace("e+", "e") for k, v in residency["settings"].items()}
+    how = ("an upper bound: no module trace" if residency["source"].startswith("upper bound")
+           else "DeepSpeed's coordinator replayed")
+    return (f"ZeRO-3     {residency['gathered'] / 1e6:.1f}M parameters gathered at the peak ({how}: "
+            + ", ".join(f"{k} {v}" for k, v in used.items()) + ")")
 
 
 def plot_plan(plan: dict, path=None):
@@ -732,6 +1060,7 @@ def compare_with_run(summary: dict, max_source_length: int | None = None, max_ta
         "predicted_gpu_total_bytes": row["gpu_total_bytes"], "predicted_reserved_bytes": row["torch_reserved_bytes"],
         "predicted_allocated_bytes": row["torch_allocated_bytes"],
         "predicted_gpu_gb": {k: round(v / GIB, 3) for k, v in row["gpu_bytes"].items()},
+        "predicted_zero3_gathered_elements": (row["zero3_residency"] or {}).get("gathered"),
     }
     if not on_gpu:
         rss = max((r.get("cpu_peak_rss_bytes", 0) for r in ranks), default=0)
@@ -764,7 +1093,7 @@ def _run_setup(summary: dict, max_source_length, max_target_length) -> dict:
         strategy = summary["strategy"]
         world = int(summary["world_size"])
         model = summary["model_id"]
-        precision = summary["precision"]
+        precision = _run_precision(summary)
         batch = int(training["per_device_train_batch_size"])
     except (KeyError, TypeError, ValueError) as error:
         raise TextsqlError(f"The run summary lacks {error} needed to predict its memory; it must be a "
@@ -781,6 +1110,19 @@ def _run_setup(summary: dict, max_source_length, max_target_length) -> dict:
                   checkpointing, tuple(sorted(settings.items())))
     return {"model": model, "setup": setup, "layout": layout, "batch": batch, "strategy": strategy.get("label", "none"),
             "lengths_from": lengths_from}
+
+
+# torch dtype names a run summary may give instead of textsql's precision names
+DTYPE_PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _run_precision(summary: dict) -> str:
+    """The run's training precision: `precision` as textsql train writes it, else a `dtype` (a torch dtype name)."""
+    value = summary.get("precision") or summary.get("dtype")
+    if value is None:
+        raise KeyError("precision")
+    value = str(value).removeprefix("torch.")
+    return DTYPE_PRECISIONS.get(value, value)
 
 
 def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: int):
