@@ -115,7 +115,7 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
     from deepspeed.utils import logger
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql import memory
+    from textsql import memory, zero3_trace
 
     logger.setLevel(logging.WARNING)  # DeepSpeed logs to stdout, where the JSON goes
     probe = install_coordinator_probe(only_in_training_steps=False)
@@ -145,8 +145,8 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
             engine.step()
         measured = [t for t in probe["timelines"] if t][-1]
         persistent = frozenset(i for i, n in enumerate(shape.parameter_sizes) if n <= persistence)
-        events, module_parameters = memory.zero3_step_events(shape.module_trace, persistent, checkpointing)
-        replay = memory.simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
+        events, module_parameters = zero3_trace.zero3_step_events(shape.module_trace, persistent, checkpointing)
+        replay = zero3_trace.simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
                                                        prefetch, live, reuse)
         results.append({
             "stage3_max_live_parameters": live, "stage3_max_reuse_distance": reuse, "stage3_prefetch_bucket_size": prefetch,
@@ -278,7 +278,7 @@ def child_env(gpu: int) -> dict:
 def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | None, strategy: str, precision: str, batch: int) -> dict:
     import torch
 
-    from textsql import memory
+    from textsql import plan
 
     on_gpu = torch.cuda.is_available()
     label = f"{shape}-{strategy}-{precision}-bs{batch}"
@@ -297,7 +297,7 @@ def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | Non
         child = json.loads(Path(result_file.name).read_text())
     summary = child["summary"]
     lengths = longest_lengths(data_dir, args.steps * batch, on_gpu)
-    check = memory.compare_with_run(summary, *lengths)
+    check = plan.compare_with_run(summary, *lengths)
     rank = summary["peak_memory_per_rank"][0]
     result = {
         "run": label, "shape": shape, "parameters": summary["parameters"], "strategy": strategy, "precision": precision,

@@ -1,4 +1,4 @@
-"""Tests for textsql.memory: DeepSpeed's own estimators, the walkthrough's measured figures, buckets, recommendations, CLI errors."""
+"""Tests for textsql.memory, textsql.zero3_trace and textsql.plan: DeepSpeed's own estimators, the walkthrough's measured figures, buckets, recommendations, CLI errors."""
 
 import json
 import os
@@ -13,17 +13,8 @@ import pytest
 
 from textsql import memory
 from textsql.errors import TextsqlError
-from textsql.memory import (
-    GIB,
-    PlanArguments,
-    compare_with_run,
-    format_plan,
-    model_states,
-    plan_cli,
-    plan_memory,
-    plot_plan,
-    resolve_model,
-)
+from textsql.memory import GIB, PlanArguments, model_states, plan_memory, resolve_model
+from textsql.plan import compare_with_run, format_comparison, format_plan, plan_cli, plot_plan
 
 # DESIGN.md section 2: A100-40GB per pod, fp32, batch 32, every sequence padded to 96 tokens.
 WALKTHROUGH = [
@@ -447,7 +438,7 @@ def test_compare_with_gpu_run(tmp_path):
     assert result["measured_rank"] == 1
     assert result["ratio"] == pytest.approx(int(3.1 * GIB) / result["predicted_reserved_bytes"], abs=1e-3)
     assert 0.2 < result["ratio"] < 5
-    assert "measured/predicted" in memory.format_comparison(result)
+    assert "measured/predicted" in format_comparison(result)
 
 
 def test_compare_with_cpu_run_says_it_is_not_comparable(tmp_path):

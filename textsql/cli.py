@@ -62,7 +62,7 @@ DELEGATED = {
     "train": ("textsql.train", "main"),
     "infer": ("textsql.infer", "infer_cli"),
     "check-config": ("textsql.dsconfig", "check_config_cli"),
-    "plan": ("textsql.memory", "plan_cli"),
+    "plan": ("textsql.plan", "plan_cli"),
     "cluster": ("textsql.cluster.cli", "cluster_cli"),
     "report": ("textsql.report", "report_cli"),
     "tensorboard": ("textsql.tensorboard_app", "tensorboard_cli"),

@@ -6,14 +6,12 @@ import json
 from contextlib import contextmanager
 import math
 import os
-import sys
-import textwrap
-import warnings
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.zero3_trace import NARROW_WIDTHS, ModuleTrace, record_module_trace, simulate_parameter_coordinator, zero3_step_events
 
 GIB = 2**30  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -188,19 +186,6 @@ class PlanArguments:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class ModuleTrace:
-    """The order in which ZeRO-3's module hooks fire during one training step, recorded on a narrow copy of the model.
-
-    Compared by identity: one trace per model config (_inspect_model is cached), so hashing a plan input stays cheap.
-    """
-
-    module_parameters: tuple  # per module (model.modules() order): indexes of its own parameters (model.parameters() order)
-    external: tuple  # (module, parameter): a parameter the module's code reads while no module holding it runs
-    step: tuple  # (module, is_fetch) for the forward and backward pass, in time order
-    checkpointed_step: tuple  # the same with gradient checkpointing (every checkpointed layer recomputed in the backward)
-
-
 @dataclass(frozen=True)
 class ModelShape:
     """What the planner needs to know about a T5-family model; parameter counts come from the meta device."""
@@ -329,126 +314,13 @@ def _inspect_model(config_json: str) -> dict:
     with _zero3_init_off(), torch.random.fork_rng(devices=[]):  # seeded nothing: leave the caller's random state alone
         small = AutoModelForSeq2SeqLM.from_config(narrow)
         same_parameters = [n for n, _ in small.named_parameters()] == [n for n, _ in model.named_parameters()]
-        trace = _record_module_trace(small) if same_parameters else None
+        trace = record_module_trace(small) if same_parameters else None
     return {
         "sizes": tuple(p.numel() for p in parameters),
         "largest_layer": max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
         "matmul": sum(parameters[i].numel() for i in linear),
         "trace": trace,
     }
-
-
-# Widths of the narrow copy whose training step gives the module trace (same layers, same parameters, tiny tensors).
-NARROW_WIDTHS = {"d_model": 8, "d_ff": 8, "d_kv": 4, "num_heads": 2, "vocab_size": 16}
-
-
-def _record_module_trace(model) -> ModuleTrace | None:
-    """Train the model for a step (on zeros: only the order of the hooks matters) with hooks that fire where
-    ZeRO-3's do (DeepSpeed 0.19.8, deepspeed/runtime/zero/parameter_offload.py, _register_deepspeed_module):
-    - a fetch before and a release after every module's forward;
-    - a fetch each time a gradient reaches one of a module's output tensors (PreBackwardFunctionForModule wraps every
-      output tensor), and a release once the gradients of all its input tensors that require one are computed
-      (PostBackwardFunctionModule; a module none of whose positional inputs requires a gradient, such as an embedding
-      or T5's relative attention bias, gets no release in the backward pass);
-    - a parameter read by a module that does not own it while no module holding it runs (T5's feed-forward block
-      reads `wo.weight` to pick a dtype) becomes that module's external parameter, as ZeROOrderedDict registers it.
-    The autograd engine orders the backward hooks, and replays checkpointed layers, as it does for DeepSpeed.
-    Returns None if the step fails.
-    """
-    import torch
-
-    index = {id(p): i for i, p in enumerate(model.parameters())}
-    modules = list(model.modules())
-    position = {id(m): j for j, m in enumerate(modules)}
-    own = [frozenset(index[id(p)] for p in m.parameters(recurse=False)) for m in modules]
-    events, external, stack, grads_remaining = [], {}, [], {}
-
-    class Reads(dict):  # a module's _parameters that reports reads, like DeepSpeed's ZeROOrderedDict
-        def __getitem__(self, key):
-            param = super().__getitem__(key)
-            if param is not None and stack and id(param) in index:
-                p = index[id(param)]
-                if not any(p in own[j] or (j, p) in external for j in stack):  # not gathered by a running module
-                    external[(stack[-1], p)] = True
-            return param
-
-    class Marked(torch.autograd.Function):  # passes a tensor through, remembering the module, as DeepSpeed's do
-        @staticmethod
-        def forward(ctx, module, tensor):
-            ctx.module = module
-            return tensor.detach()
-
-    class BeforeBackward(Marked):
-        @staticmethod
-        def backward(ctx, grad):
-            events.append((ctx.module, True))
-            return None, grad
-
-    class AfterBackward(Marked):
-        @staticmethod
-        def backward(ctx, grad):
-            grads_remaining[ctx.module] -= 1
-            if grads_remaining[ctx.module] == 0:
-                events.append((ctx.module, False))
-            return None, grad
-
-    def wrap(function, module, value):  # DeepSpeed's apply_to_tensors_only
-        if isinstance(value, tuple) and hasattr(value, "_fields"):
-            return type(value)(*(wrap(function, module, v) for v in value))
-        if isinstance(value, (tuple, list)):
-            return type(value)(wrap(function, module, v) for v in value)
-        if isinstance(value, dict):
-            for key in value.keys():
-                value[key] = wrap(function, module, value[key])
-            return value
-        if isinstance(value, torch.Tensor) and value.requires_grad:
-            if function is AfterBackward:
-                grads_remaining[module] += 1
-            return function.apply(module, value)
-        return value
-
-    def before_forward(module, args):
-        j = position[id(module)]
-        stack.append(j)
-        events.append((j, True))
-        grads_remaining[j] = 0
-        return wrap(AfterBackward, j, args)
-
-    def after_forward(module, args, output):
-        j = stack.pop()
-        events.append((j, False))
-        return wrap(BeforeBackward, j, output)
-
-    def step() -> tuple:
-        events.clear()
-        ids = torch.zeros((1, 8), dtype=torch.long)
-        # no attention mask: checking it for padding needs data
-        output = model(input_ids=ids, decoder_input_ids=ids, use_cache=False)
-        output.logits.sum().backward()
-        return tuple(events)
-
-    saved = [m._parameters for m in modules]
-    handles = []
-    for m in modules:
-        m._parameters = Reads(m._parameters)
-        handles += [m.register_forward_pre_hook(before_forward), m.register_forward_hook(after_forward)]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: more threads only spin, 3x slower on a busy machine
-    try:
-        model.train()
-        plain = step()
-        model.activation_checkpointing_enable({"use_reentrant": False, "preserve_rng_state": False})
-        checkpointed = step()
-    except Exception:  # noqa: BLE001 - a model whose step fails here: the planner falls back to an upper bound
-        return None
-    finally:
-        torch.set_num_threads(threads)
-        for m, parameters in zip(modules, saved):
-            m._parameters = parameters
-        for handle in handles:
-            handle.remove()
-    return ModuleTrace(module_parameters=tuple(tuple(sorted(o)) for o in own), external=tuple(external), step=plain,
-                       checkpointed_step=checkpointed)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -548,117 +420,6 @@ def model_states(total_params: int, largest_layer_params: int, stage: int, offlo
     raise ValueError(f"ZeRO stage {stage}")
 
 
-def zero3_step_events(trace: ModuleTrace, persistent, gradient_checkpointing: bool) -> tuple[tuple, list]:
-    """(events, parameters per module) of one training step as ZeRO-3's hooks fire them.
-
-    An external parameter counts only if it is not persistent: a persistent one is always gathered, and DeepSpeed
-    registers a parameter only when it finds it NOT_AVAILABLE.
-    """
-    module_parameters = [set(own) for own in trace.module_parameters]
-    for module, parameter in trace.external:
-        if parameter not in persistent:
-            module_parameters[module].add(parameter)
-    events = trace.checkpointed_step if gradient_checkpointing else trace.step
-    return events, [tuple(sorted(p)) for p in module_parameters]
-
-
-def simulate_parameter_coordinator(sizes, events, module_parameters, persistent, prefetch_bucket_size: int,
-                                   max_live_parameters: int, max_reuse_distance: int) -> dict:
-    """Replay one training step (after the first, which records the trace) of DeepSpeed 0.19.8's ZeRO-3
-    PartitionedParameterCoordinator (deepspeed/runtime/zero/partitioned_param_coordinator.py): the parameter elements
-    it holds gathered after every fetch (its __n_available_params, persistent parameters not counted) as `timeline`,
-    and their peak.
-
-    As the coordinator does:
-    - fetch_sub_module gathers the module's parameters that are not available, pops them off the trace's parameter
-      queue, then prefetches from the queue up to min(stage3_max_live_parameters - gathered, stage3_prefetch_bucket_size)
-      elements (max_live_parameters caps prefetching only: a fetch the module needs always happens, and kept parameters
-      may exceed it);
-    - release_sub_module releases a module's parameters after it ran unless persistent (stage3_param_persistence_
-      threshold), still used by a running module, skipped by a prefetch for a later use (__most_recent_step_id_param_
-      fetched_for), or used again within the next stage3_max_reuse_distance elements of the trace (__params_to_release
-      walks the trace from the current step, adding each module's parameter sizes, until the sum reaches the distance).
-    """
-    import bisect
-    from collections import defaultdict, deque
-
-    order = [module for module, is_fetch in events if is_fetch]  # the coordinator's __submodule_order
-    prefix = [0]
-    for module in order:
-        prefix.append(prefix[-1] + sum(sizes[p] for p in module_parameters[module]))
-    uses = defaultdict(list)  # parameter -> steps using it, ascending
-    for step, module in enumerate(order):
-        for p in module_parameters[module]:
-            uses[p].append(step)
-
-    def reused_soon(p, step):
-        if max_reuse_distance <= 0:
-            return False
-        # the walk covers order[step:last + 1]: it stops before a module once the sizes added reach the distance
-        last = bisect.bisect_left(prefix, prefix[step] + max_reuse_distance, lo=step + 1) - 1
-        at = bisect.bisect_left(uses[p], step)
-        return at < len(uses[p]) and uses[p][at] <= last
-
-    queue = deque((p, step) for step, module in enumerate(order) for p in module_parameters[module])
-    most_recent = defaultdict(lambda: -10**10)
-    active = defaultdict(set)
-    gathered: set = set()
-    live = peak = peak_step = step = 0
-    timeline = []
-    for module, is_fetch in events:
-        params = module_parameters[module]
-        if is_fetch:
-            not_fetched_yet = {p for p in params if most_recent[p] < step}
-            for p in params:
-                active[p].add(module)
-                if p not in gathered and p not in persistent:
-                    gathered.add(p)
-                    live += sizes[p]
-            popped = set()
-            while queue and len(popped) < len(not_fetched_yet):
-                p, used_at = queue.popleft()
-                most_recent[p] = used_at
-                popped.add(p)
-            if prefetch_bucket_size > 0:
-                budget, prefetching = min(max_live_parameters - live, prefetch_bucket_size), 0
-                while queue and prefetching < budget:
-                    p, used_at = queue.popleft()
-                    if p not in gathered and p not in persistent:
-                        gathered.add(p)
-                        live += sizes[p]
-                        prefetching += sizes[p]
-                    most_recent[p] = max(most_recent[p], used_at)
-            timeline.append(live)
-            if live > peak:
-                peak, peak_step = live, step
-            step += 1
-        else:
-            for p in params:
-                active[p].discard(module)
-                if (p in gathered and not active[p] and most_recent[p] <= step
-                        and not reused_soon(p, step)):
-                    gathered.discard(p)
-                    live -= sizes[p]
-    return {"peak_gathered": peak, "peak_step": peak_step, "steps": len(order), "timeline": timeline}
-
-
-@lru_cache(maxsize=256)
-def zero3_residency(shape: ModelShape, persistence_threshold: int, prefetch_bucket_size: int, max_live_parameters: int,
-                    max_reuse_distance: int, gradient_checkpointing: bool) -> dict:
-    """Elements ZeRO-3 holds gathered on each GPU at its peak: the coordinator's gathered parameters, plus the
-    persistent ones (always gathered, on every GPU)."""
-    persistent = frozenset(i for i, n in enumerate(shape.parameter_sizes) if n <= persistence_threshold)
-    persistent_elements = shape.persistent_parameters(persistence_threshold)
-    if shape.module_trace is None:  # no module trace: every parameter, an upper bound
-        return {"gathered": shape.parameters - persistent_elements, "persistent": persistent_elements,
-                "source": "upper bound (no module trace)"}
-    events, module_parameters = zero3_step_events(shape.module_trace, persistent, gradient_checkpointing)
-    replay = simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
-                                            prefetch_bucket_size, max_live_parameters, max_reuse_distance)
-    return {"gathered": replay["peak_gathered"], "persistent": persistent_elements,
-            "source": "replay of DeepSpeed's PartitionedParameterCoordinator on the model's module trace"}
-
-
 def _states(parameters, gradients, optimizer_states, cpu) -> dict:
     return {"parameters": int(parameters), "gradients": int(gradients), "optimizer_states": int(optimizer_states),
             "cpu_model_states": int(cpu)}
@@ -747,6 +508,23 @@ def weight_copy_bytes(shape: ModelShape, settings: dict, stage: int, precision: 
     residency = zero3_residency_for(shape, settings, gradient_checkpointing)
     in_model_states = low * shape.largest_layer_parameters  # DeepSpeed's estimator already counts the largest layer
     return {"gathered": max(0, residency["gathered"] * low - in_model_states), "persistent": residency["persistent"] * low}
+
+
+@lru_cache(maxsize=256)
+def zero3_residency(shape: ModelShape, persistence_threshold: int, prefetch_bucket_size: int, max_live_parameters: int,
+                    max_reuse_distance: int, gradient_checkpointing: bool) -> dict:
+    """Elements ZeRO-3 holds gathered on each GPU at its peak: the coordinator's gathered parameters, plus the
+    persistent ones (always gathered, on every GPU)."""
+    persistent = frozenset(i for i, n in enumerate(shape.parameter_sizes) if n <= persistence_threshold)
+    persistent_elements = shape.persistent_parameters(persistence_threshold)
+    if shape.module_trace is None:  # no module trace: every parameter, an upper bound
+        return {"gathered": shape.parameters - persistent_elements, "persistent": persistent_elements,
+                "source": "upper bound (no module trace)"}
+    events, module_parameters = zero3_step_events(shape.module_trace, persistent, gradient_checkpointing)
+    replay = simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
+                                            prefetch_bucket_size, max_live_parameters, max_reuse_distance)
+    return {"gathered": replay["peak_gathered"], "persistent": persistent_elements,
+            "source": "replay of DeepSpeed's PartitionedParameterCoordinator on the model's module trace"}
 
 
 def zero3_residency_for(shape: ModelShape, settings: dict, gradient_checkpointing: bool) -> dict:
@@ -921,231 +699,6 @@ def _dsconfig_label(dsconfig) -> str | None:
     from textsql.dsconfig import describe_strategy
 
     return describe_strategy(dsconfig)["label"]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Output
-# ---------------------------------------------------------------------------------------------------------------------
-
-COLUMN_TITLES = {"parameters": "params", "gradients": "grads", "optimizer_states": "optim", "weight_copies": "copies",
-                 "activations": "activ", "buckets": "buckets", "overhead": "overhead"}
-
-
-def format_plan(plan: dict, with_problem: bool = True) -> str:
-    """The plan as text: what was planned, a row per strategy (GB per GPU by component), then the recommendation."""
-    m, a = plan["model"], plan["inputs"]
-    lines = [
-        f"model      {m['name']} ({m['source']}): {m['parameters'] / 1e6:.1f}M parameters, largest layer "
-        f"{m['largest_layer_parameters'] / 1e6:.1f}M",
-        f"cluster    {a['nodes']} pod(s) x {a['gpus_per_node']} GPU(s) of {a['gpu_memory_gb']:g} GB"
-        + (f", {a['cpu_memory_gb']:g} GB host memory per pod" if a["cpu_memory_gb"] else ""),
-        f"training   batch {a['per_device_train_batch_size']} per GPU, {a['max_source_length']}/{a['max_target_length']} "
-        f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
-        f"buckets    from {plan['zero_settings_source']}",
-        _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
-        "",
-        "GPU memory per GPU (GB)                                                              CPU/node",
-        f"{'strategy':<15}" + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS) + f"{'TOTAL':>9}{'GB':>9}  fits",
-    ]
-    for name, row in plan["strategies"].items():
-        fits = "yes" if row["fits_with_margin"] else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
-        lines.append(f"{name:<15}" + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
-                     + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}")
-    lines.append(f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
-                 f"memory; tight = fits only without the safety margin)")
-    lines.append("")
-    rec = plan["recommendation"]
-    if rec is None:
-        lines.append("recommendation: none." + (f" {plan['problem']}" if with_problem else ""))
-    else:
-        lines.append(f"recommendation: {rec['strategy']} with batch {rec['per_device_train_batch_size']} per GPU "
-                     f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
-                     f"{rec['largest_per_device_train_batch_size']}.")
-    lines += ["", "assumptions:"]
-    lines += [textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-              for text in plan["assumptions"]]
-    return "\n".join(lines)
-
-
-def _zero3_line(residency: dict) -> str:
-    used = {k.removeprefix("stage3_"): f"{v:.3g}".replace("e+0", "e").replace("e+", "e") for k, v in residency["settings"].items()}
-    how = ("an upper bound: no module trace" if residency["source"].startswith("upper bound")
-           else "DeepSpeed's coordinator replayed")
-    return (f"ZeRO-3     {residency['gathered'] / 1e6:.1f}M parameters gathered at the peak ({how}: "
-            + ", ".join(f"{k} {v}" for k, v in used.items()) + ")")
-
-
-def plot_plan(plan: dict, path=None):
-    """Stacked bars of each strategy's GPU memory by component, with the GPU size and the margin; saved when path is given."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(9, 4.8))
-    FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch, works headless and in notebooks
-    ax = fig.add_subplot()
-    names = list(plan["strategies"])
-    bottoms = [0.0] * len(names)
-    for component in COMPONENTS:
-        heights = [plan["strategies"][n]["gpu_gb"][component] for n in names]
-        ax.bar(names, heights, bottom=bottoms, label=component.replace("_", " "))
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
-    inputs = plan["inputs"]
-    ax.axhline(inputs["gpu_memory_gb"], color="black", linewidth=1, label=f"GPU memory ({inputs['gpu_memory_gb']:g} GB)")
-    ax.axhline(inputs["gpu_memory_gb"] * (1 - inputs["safety_margin"]), color="black", linestyle="--", linewidth=1,
-               label=f"with {inputs['safety_margin']:.0%} margin")
-    rec = plan["recommendation"]
-    title = f"{plan['model']['name']}, {inputs['nodes']} x {inputs['gpus_per_node']} GPU, batch {inputs['per_device_train_batch_size']}, {inputs['precision']}"
-    ax.set_title(title + (f": {rec['strategy']} recommended" if rec else ": nothing fits"))
-    ax.set_ylabel("predicted peak GPU memory per GPU (GB)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path)
-    return fig
-
-
-def plan_cli(argv) -> int:
-    """Body of `textsql plan ...`: print the table (or --json), 0 when a strategy fits, 2 with a message otherwise."""
-    from transformers import HfArgumentParser
-
-    from textsql.dsconfig import DsConfigWarning
-
-    try:
-        (args,) = HfArgumentParser(PlanArguments).parse_args_into_dataclasses(args=list(argv))
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", DsConfigWarning)
-            plan = plan_memory(args)
-    except TextsqlError as error:
-        print(f"textsql plan: {error}", file=sys.stderr)
-        return 2
-    for warning in caught:
-        if issubclass(warning.category, DsConfigWarning):
-            print(f"textsql plan: warning: {args.dsconfig}: {warning.message}", file=sys.stderr)
-    print(json.dumps(_public(plan), indent=2) if args.json else format_plan(plan, with_problem=False))
-    if plan["recommendation"] is None:
-        print(f"textsql plan: {plan['problem']}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _public(plan: dict) -> dict:
-    return json.loads(json.dumps(plan, default=str))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checking a finished run
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def compare_with_run(summary: dict, max_source_length: int | None = None, max_target_length: int | None = None) -> dict:
-    """Predict the peak memory of a finished run (run_summary.json) and compare it with what was measured.
-
-    ratio = measured / predicted, comparing torch's peak reserved memory on the busiest rank with the predicted total
-    less the CUDA context and NCCL buffers (which torch does not count). On a CPU run the prediction is of GPU memory
-    and the measurement is the process's peak RSS, so the result says `comparable: false` and why.
-    """
-    try:
-        run = _run_setup(summary, max_source_length, max_target_length)
-        shape = resolve_model(run["model"])
-    except TextsqlError as error:
-        return {"comparable": False, "reason": str(error), "ratio": None}
-    row = predict(shape, run["setup"], *run["layout"], run["batch"])
-    ranks = summary.get("peak_memory_per_rank") or []
-    on_gpu = [r for r in ranks if "cuda_max_reserved_bytes" in r]
-    result = {
-        "strategy": run["strategy"], "precision": run["setup"].precision, "world_size": run["setup"].gpus,
-        "nodes": run["setup"].nodes, "per_device_train_batch_size": run["batch"],
-        "lengths": [run["setup"].source_length, run["setup"].target_length], "lengths_from": run["lengths_from"],
-        "gradient_checkpointing": run["setup"].gradient_checkpointing,
-        "predicted_gpu_total_bytes": row["gpu_total_bytes"], "predicted_reserved_bytes": row["torch_reserved_bytes"],
-        "predicted_allocated_bytes": row["torch_allocated_bytes"],
-        "predicted_gpu_gb": {k: round(v / GIB, 3) for k, v in row["gpu_bytes"].items()},
-        "predicted_zero3_gathered_elements": (row["zero3_residency"] or {}).get("gathered"),
-    }
-    if not on_gpu:
-        rss = max((r.get("cpu_peak_rss_bytes", 0) for r in ranks), default=0)
-        return result | {"comparable": False, "measured_cpu_peak_rss_bytes": rss, "ratio": None,
-                         "reason": "This run trained on the CPU: the prediction is of GPU memory, the measurement is the "
-                                   "process's peak resident memory (Python, torch, the data and the model together), so "
-                                   "no ratio is given. Runs on GPUs are compared."}
-    busiest = max(on_gpu, key=lambda r: r["cuda_max_reserved_bytes"])
-    reserved, allocated = busiest["cuda_max_reserved_bytes"], busiest["cuda_max_allocated_bytes"]
-    return result | {
-        "comparable": True, "reason": None, "measured_rank": busiest.get("rank"),
-        "measured_reserved_bytes": reserved, "measured_allocated_bytes": allocated,
-        "ratio": round(reserved / row["torch_reserved_bytes"], 3),
-        "ratio_allocated": round(allocated / row["torch_allocated_bytes"], 3),
-    }
-
-
-def format_comparison(result: dict) -> str:
-    """One line for the run summary: measured vs predicted GPU memory and the ratio, or why there is none."""
-    if not result.get("comparable"):
-        return f"memory check   not comparable: {result.get('reason')}"
-    return (f"memory check   rank {result['measured_rank']} reserved {result['measured_reserved_bytes'] / GIB:.2f} GB, "
-            f"planner predicted {result['predicted_reserved_bytes'] / GIB:.2f} GB (+ context: "
-            f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB): measured/predicted {result['ratio']:.2f}")
-
-
-def _run_setup(summary: dict, max_source_length, max_target_length) -> dict:
-    try:
-        training = summary["arguments"]["training"]
-        strategy = summary["strategy"]
-        world = int(summary["world_size"])
-        model = summary["model_id"]
-        precision = _run_precision(summary)
-        batch = int(training["per_device_train_batch_size"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise TextsqlError(f"The run summary lacks {error} needed to predict its memory; it must be a "
-                           f"run_summary.json written by textsql train.") from None
-    hosts = {r.get("host") for r in summary.get("peak_memory_per_rank") or []} - {None}
-    nodes = len(hosts) if hosts and world % len(hosts) == 0 else 1
-    stage = int(strategy.get("zero_stage") or 0)
-    layout = (stage, strategy.get("offload_optimizer", "none") != "none", strategy.get("offload_param", "none") != "none")
-    checkpointing = bool(training.get("activation_checkpointing") or training.get("gradient_checkpointing"))
-    on_gpu = any("cuda_max_reserved_bytes" in r for r in summary.get("peak_memory_per_rank") or [])
-    lengths, lengths_from = _run_lengths(summary, max_source_length, max_target_length, pad_multiple=8 if on_gpu else 1)
-    settings = zero_settings(summary.get("deepspeed_config"))
-    setup = Setup(nodes, world // nodes, lengths[0], lengths[1], precision if precision in PRECISIONS else "fp32",
-                  checkpointing, tuple(sorted(settings.items())))
-    return {"model": model, "setup": setup, "layout": layout, "batch": batch, "strategy": strategy.get("label", "none"),
-            "lengths_from": lengths_from}
-
-
-# torch dtype names a run summary may give instead of textsql's precision names
-DTYPE_PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
-def _run_precision(summary: dict) -> str:
-    """The run's training precision: `precision` as textsql train writes it, else a `dtype` (a torch dtype name)."""
-    value = summary.get("precision") or summary.get("dtype")
-    if value is None:
-        raise KeyError("precision")
-    value = str(value).removeprefix("torch.")
-    return DTYPE_PRECISIONS.get(value, value)
-
-
-def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: int):
-    """The longest source/target the run saw: given, or the prepared dataset's longest (rounded up as the collator pads)."""
-    if max_source_length and max_target_length:
-        return (max_source_length, max_target_length), "given"
-    from textsql.data import METADATA_FILE
-
-    folder = (summary.get("dataset") or {}).get("dir") or ""
-    path = Path(folder) / METADATA_FILE
-    try:
-        meta = json.loads(path.read_text())
-        train = meta["lengths"]["train"]
-        source = min(train["source_percentiles"]["p100"], meta.get("max_source_length") or math.inf)
-        target = min(train["target_percentiles"]["p100"], meta.get("max_target_length") or math.inf)
-    except (OSError, KeyError, TypeError, ValueError):
-        raise TextsqlError(f"The longest sequences of the run are unknown: '{path}' (written by textsql prep) cannot be "
-                           f"read. Pass max_source_length and max_target_length.") from None
-
-    def pad(n):
-        return int(math.ceil(n / pad_multiple) * pad_multiple)
-
-    return (max_source_length or pad(source), max_target_length or pad(target)), str(path)
 
 
 def _first_line(error) -> str:

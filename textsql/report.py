@@ -147,7 +147,7 @@ def memory_per_pod(summary: dict) -> tuple[float | None, str]:
 
 
 def planner_check(summary: dict) -> tuple[float | None, float | None]:
-    """(planned GiB, measured / planned) from the summary's memory_check (textsql.memory), where the two are comparable (GPU runs)."""
+    """(planned GiB, measured / planned) from the summary's memory_check (textsql.plan.compare_with_run), where the two are comparable (GPU runs)."""
     check = summary.get("memory_check") or {}
     if not check.get("comparable") or not check.get("predicted_reserved_bytes"):
         return None, None

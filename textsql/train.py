@@ -15,8 +15,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textsql.errors import TextsqlError
+
+if TYPE_CHECKING:
+    from textsql.devices import NodeDevices, PrecisionChoice
 
 logger = logging.getLogger("textsql.train")
 
@@ -183,9 +187,9 @@ class RunPlan:
     """Everything decided before the Trainer is built."""
 
     output_dir: Path
-    precision: "PrecisionChoice"
+    precision: PrecisionChoice
     accelerator: str
-    devices: "NodeDevices"
+    devices: NodeDevices
     strategy: dict
     dsconfig: dict | None
     resume_from: str | None
@@ -542,7 +546,7 @@ def train(argv: list[str]) -> dict | None:
         return None
     summary = build_summary(model_args, data_args, run_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
     summary["saved_dtype"] = saved_dtype
-    from textsql.memory import compare_with_run
+    from textsql.plan import compare_with_run
 
     summary["memory_check"] = compare_with_run(summary)  # every run checks the planner's prediction
     (plan.output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -627,7 +631,7 @@ def format_summary(summary: dict) -> str:
         gpu = f", CUDA max allocated {m['cuda_max_allocated_bytes'] / gib:.2f} GiB reserved {m['cuda_max_reserved_bytes'] / gib:.2f} GiB" if "cuda_max_allocated_bytes" in m else ""
         lines.append(f"rank {m['rank']:<9} {m['host']} {m['device']}: peak RSS {m['cpu_peak_rss_bytes'] / gib:.2f} GiB{gpu}")
     if summary.get("memory_check"):
-        from textsql.memory import format_comparison
+        from textsql.plan import format_comparison
 
         lines.append(format_comparison(summary["memory_check"]))
     lines.append(f"tensorboard    tensorboard --logdir {Path(summary['output_dir']).parent}")
