@@ -105,6 +105,11 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
     check_model_reloads_and_generates(output_dir, assets[1])
     check_saved_in_float32(output_dir)
     assert "Traceback" not in done.stderr
+    # The terminal: one progress bar, the logged metrics and the summary; the rest is in the run's train.log.
+    terminal = done.stdout + done.stderr
+    assert "Configuration saved in" not in terminal and "\x1b[A" not in terminal and "Loading weights" not in terminal
+    assert "Configuration saved in" in (output_dir / "train.log").read_text()
+    assert "'eval_loss'" in done.stdout and "strategy       " + label in done.stdout
 
 
 @pytest.mark.slow

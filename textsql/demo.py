@@ -101,9 +101,12 @@ def demo_train_argv(args: DemoArguments, data_dir: Path, model_dir: Path) -> lis
 
 def run_demo(args: DemoArguments, echo=print) -> dict:
     """Build the assets, train, score the model on the generated test split, and return the run summary."""
+    import datasets
+
     from textsql.infer import InferArguments, run_inference
     from textsql.train import train
 
+    datasets.disable_progress_bars()  # the terminal shows training's progress bar, not one per file written
     data_dir, model_dir = build_assets(
         Path(args.workdir), train_tables=args.train_tables, questions_per_table=args.questions_per_table,
         d_model=args.d_model, num_layers=args.num_layers, seed=args.seed, source_format=args.source_format,

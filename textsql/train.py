@@ -371,7 +371,7 @@ def make_trainer_class():
             _, metrics = decode_and_score(
                 self.accelerator.unwrap_model(self.model), self.processing_class, self.execution_scoring,
                 decoding=decoding["decoding"], num_beams=decoding["num_beams"], batch_size=self.args.per_device_eval_batch_size,
-                synced_gpus=is_deepspeed_zero3_enabled() and self.args.world_size > 1, progress=self.is_world_process_zero(),
+                synced_gpus=is_deepspeed_zero3_enabled() and self.args.world_size > 1, progress=False,
                 device=self.args.device,
             )
             return metrics["execution_accuracy"]
@@ -427,12 +427,71 @@ def gather_to_all(value) -> list:
     return gathered
 
 
-def configure_logging(is_main: bool) -> None:
+LOG_FILE = "train.log"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _TerminalFilter(logging.Filter):
+    """Warnings from everyone, and textsql's own messages (resuming, grown embeddings, ...) on rank 0."""
+
+    def __init__(self, is_main: bool):
+        super().__init__()
+        self.is_main = is_main
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or (self.is_main and record.name.startswith("textsql"))
+
+
+def configure_logging(is_main: bool, log_file: Path | None = None) -> None:
+    """The terminal shows one training progress bar (the Trainer's), the logged losses and evaluation results, warnings,
+    textsql's own messages and the summary; rank 0's `log_file` keeps everything at INFO (transformers' per-checkpoint
+    "Configuration saved in ..." lines, DeepSpeed's engine and config dumps). Safe to call again in one process."""
+    import datasets
     import transformers
 
-    level = logging.INFO if is_main else logging.WARNING
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=level)
-    transformers.utils.logging.set_verbosity(level)
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    terminal = logging.StreamHandler()
+    terminal.addFilter(_TerminalFilter(is_main))
+    handlers = [terminal]
+    if log_file is not None and is_main:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log_file, encoding="utf-8"))
+    for handler in handlers:
+        handler.textsql = True
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
+    transformers.utils.logging.disable_default_handler()  # its records reach the two handlers above instead
+    transformers.utils.logging.enable_propagation()
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
+    datasets.disable_progress_bars()
+    if "deepspeed" in sys.modules:
+        _route_deepspeed_logs()
+
+
+def _route_deepspeed_logs() -> None:
+    """DeepSpeed logs through its own stdout handler: keep its INFO lines for the file only."""
+    from deepspeed.utils import logger as deepspeed_logger
+
+    for handler in deepspeed_logger.handlers:
+        if not getattr(handler, "textsql", False):
+            handler.setLevel(logging.WARNING)
+    deepspeed_logger.propagate = True
+
+
+def training_progress_only():
+    """The Trainer's progress callback without its nested evaluation bar (which fills a log or notebook with escape codes)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class TrainingProgress(ProgressCallback):
+        def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+            pass
+
+    return TrainingProgress
 
 
 def pin_to_one_gpu(training_args, plan: RunPlan) -> None:
@@ -488,12 +547,13 @@ def save_final_model(trainer, output_dir: Path, dtype: str) -> str:
 def train(argv: list[str]) -> dict | None:
     """Parse, plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0."""
     model_args, data_args, run_args, training_args, plan = parse_arguments(argv)
-    configure_logging(training_args.process_index == 0)
+    configure_logging(training_args.process_index == 0, plan.output_dir / LOG_FILE)
     pin_to_one_gpu(training_args, plan)
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.output_dir / "tensorboard")
     if plan.dsconfig is not None:
         import deepspeed
 
+        _route_deepspeed_logs()
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
 
@@ -524,6 +584,11 @@ def train(argv: list[str]) -> dict | None:
         data_collator=collator,
         processing_class=tokenizer,
     )
+    if not training_args.disable_tqdm:
+        from transformers.trainer_callback import ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(training_progress_only())
     if data_args.execution_accuracy_samples and eval_set is not None:
         from textsql.infer import load_scoring_set
 
