@@ -61,12 +61,15 @@ class RunArguments:
 
     runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>-ws<world size>-bs<batch>."})
     precision: str = field(default="auto", metadata={"help": "auto (bf16 on GPUs that have it, else fp32), bf16, fp32 or fp16."})
+    device: str = field(default="auto", metadata={"help": "auto (the GPU when there is one), cuda (stop if there is none) or cpu."})
     force_fp16: bool = field(default=False, metadata={"help": "Allow fp16 on T5 anyway (it overflows to NaN on t5-large)."})
     overwrite: bool = field(default=False, metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."})
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise TextsqlError(f"--device must be one of auto, cuda, cpu, not '{self.device}'.")
 
 
 # Defaults textsql chooses for Trainer arguments the user did not give on the command line.
