@@ -179,12 +179,13 @@ def key_files(root: Path) -> list[str]:
     return found + files_holding(root, "-----BEGIN OPENSSH " + "PRIVATE KEY-----")
 
 
-def on_line(text: str, action):
-    """An echo that prints every line and calls action(line) once, on the first line containing `text`."""
+def on_line(text: str, action, echo_next=print):
+    """An echo that passes every line on (to print, or another such echo) and calls action(line) once, on the first
+    line containing `text`."""
     done = []
 
     def echo(line):
-        print(line)
+        echo_next(line)
         if text in line and not done:
             done.append(line)
             action(line)
@@ -497,9 +498,9 @@ def test_ctrl_c_during_training_and_again_during_clean_up_stops_everything_and_a
         other.stop()
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C (the kernel's interrupt) while the ranks train
 
-    training = on_line("Running training", second_launch_then_ctrl_c)
     cleanup = on_line("interrupted; stopping launch", lambda line: os.kill(os.getpid(), signal.SIGINT))  # again, during the clean-up
-    cluster = clusters("local", echo=lambda line: (lines.append(line), training(line), cleanup(line)))
+    training = on_line("Running training", second_launch_then_ctrl_c, cleanup)
+    cluster = clusters("local", echo=lambda line: (lines.append(line), training(line)))
     with pytest.raises(KeyboardInterrupt):
         cluster.train(argv)
     print(refused)

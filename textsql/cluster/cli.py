@@ -7,8 +7,8 @@
     textsql cluster launch --hostfile H [--ssh_config C] -- ...     # your own machines, over your own ssh (pdsh)
     textsql cluster check-hostfile H
 
-On CML, run `textsql cluster train ...` as a Job for long trainings: a session ends after CML's idle timeout, and
-with it the workers and the training.
+On CML, run `cluster train ...` as a Job for long trainings (script scripts/cml_job.py, these arguments): a session
+ends after CML's idle timeout, and with it the workers and the training.
 """
 
 from __future__ import annotations
