@@ -270,6 +270,29 @@ def test_two_nodes_zero3_offload_cml_backend_against_the_standin(assets, project
     assert files_holding(project, CANARY) == [] and key_files(project) == []
 
 
+def gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(gpus() < 2, reason="needs 2 CUDA GPUs (the CPU path of the same split is test_cluster_units.py::test_each_local_node_gets_its_own_gpus_and_cores)")
+def test_two_local_nodes_on_one_gpu_box_each_use_their_own_gpu(assets, project, clusters, monkeypatch):
+    monkeypatch.delenv("DS_ACCELERATOR")
+    seen = {}
+
+    def devices_of_ranks(line):
+        seen.update({rank: environ_of(pid).get("CUDA_VISIBLE_DEVICES") for rank, pid in rank_pids(project).items()})
+
+    cluster = clusters("local", nvidia_gpu=1, session_slots=1, echo=on_line("Running training", devices_of_ranks))
+    result = cluster.train(cluster_argv(assets, project / "runs", "--deepspeed", "zero2"))
+    assert seen == {0: "0", 1: "1"}  # not GPU 0 twice
+    assert all(m.get("cuda_max_allocated_bytes") for m in result["summary"]["peak_memory_per_rank"])
+    assert result["ranks"][0]["final_loss"] == pytest.approx(result["ranks"][1]["final_loss"], rel=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Faults of a rank, and resuming
 # ---------------------------------------------------------------------------------------------------------------------
@@ -553,7 +576,11 @@ def test_interrupts_while_workers_start_and_a_dead_kernel_s_workers_are_stopped_
     (report,) = [line for line in said if "stale worker(s) of an earlier start" in line]
     assert stale["id"] in report  # (and node 0's agent of that kernel, unless it noticed first that its session is gone)
     assert {w["id"]: w["status"] for w in standin.list_workers()}[stale["id"]] == "stopped"
-    cluster.stop()
+    # The notebook's start cell run again in the same kernel: the earlier cluster of that name is stopped first.
+    again = clusters("cml", lines=said)
+    assert not cluster.started and again.started and any("stopping the earlier cluster 'default' of this kernel" in line for line in said)
+    again.stop()
+    assert [w["status"] for w in standin.list_workers()] == ["stopped"] * len(standin.list_workers())
     wait_until_clean(project)
 
 

@@ -179,6 +179,13 @@ def test_each_local_node_gets_its_own_gpus_and_cores():
     assert multi_node_launcher_args([("10.0.0.1", 1, [0]), ("10.0.0.2", 1, None)]) == ([("10.0.0.1", 1), ("10.0.0.2", 1)], [])
 
 
+def test_a_nodes_devices_asked_in_a_child_process_are_the_same():
+    from textsql.cluster.node import local_devices
+    from textsql.devices import NodeDevices
+
+    assert local_devices(isolated=True) == local_devices(isolated=False) == NodeDevices.local()
+
+
 def test_deepspeed_runner_parses_our_hostfile_and_include_into_the_gpus_each_node_gets(tmp_path):
     """What DeepSpeed's own runner makes of the hostfile and --include: node 1 of a split box gets GPUs 2 and 3."""
     from deepspeed.launcher.runner import fetch_hostfile, parse_inclusion_exclusion

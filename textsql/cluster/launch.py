@@ -8,6 +8,7 @@ over the user's own ssh (textsql.cluster.pdsh). A node is asked things through `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -230,11 +231,11 @@ class LaunchPlan:
         return requests
 
     def describe(self) -> str:
+        from textsql.devices import NodeDevices
+
         d = self.decision
         lines = [f"{'node':<5}{'address':<17}{'ranks':<7}{'threads':<9}{'GPUs':<8}devices"]
         for index, node in enumerate(self.nodes):
-            from textsql.devices import NodeDevices
-
             ids = d.gpu_ids[node.address]
             lines.append(f"{index:<5}{node.address:<17}{d.hosts[index].slots:<7}{self.node_env[str(index)].get('OMP_NUM_THREADS', self.env.get('OMP_NUM_THREADS', '-')):<9}"
                          f"{','.join(map(str, ids)) if ids else '-':<8}{NodeDevices.from_dict(node.facts['devices']).describe()}")
@@ -286,8 +287,6 @@ def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: 
     marker = run_dir.parent / f".textsql-shared-probe-{secrets.token_hex(4)}"
     marker_text = secrets.token_hex(16)
     marker.write_text(marker_text)
-    import hashlib
-
     dataset = _absolute(workdir, _flag(train_argv, "dataset_dir") or "data/wikisql")
     model = _absolute(workdir, _flag(train_argv, "model_id") or "t5-small")
     model = model if model.exists() else None

@@ -50,7 +50,6 @@ def describe_node(address: str) -> dict:
     import importlib.metadata as metadata
 
     from textsql.cluster.environment import interface_of, node_local_extensions_dir
-    from textsql.devices import NodeDevices
 
     def version(name):
         try:
@@ -64,10 +63,26 @@ def describe_node(address: str) -> dict:
              "interface": interface_of(address), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
              "local_extensions_dir": node_local_extensions_dir()}
     try:
-        facts["devices"] = NodeDevices.local().as_dict()
+        facts["devices"] = local_devices().as_dict()
     except Exception as error:  # a broken driver: the session names this node
-        facts["devices_error"] = repr(error)
+        facts["devices_error"] = str(error)
     return facts
+
+
+def local_devices(isolated: bool | None = None):
+    """This machine's NodeDevices. On a machine with an NVIDIA driver they are asked in a short-lived child process: a
+    long-lived process (an agent, the notebook kernel) that asked torch itself would keep CUDA initialised there,
+    holding GPU memory the ranks need. Elsewhere asking torch here costs nothing."""
+    from textsql.devices import NodeDevices
+
+    if not (Path("/dev/nvidiactl").exists() if isolated is None else isolated):
+        return NodeDevices.local()
+    done = subprocess.run([sys.executable, "-c", "import json; from textsql.devices import NodeDevices; "
+                           f"print({ANSWER!r} + json.dumps(NodeDevices.local().as_dict()))"], capture_output=True, text=True, timeout=300)
+    found = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
+    if not found:
+        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
+    return NodeDevices.from_dict(json.loads(found[-1].removeprefix(ANSWER)))
 
 
 def _digest(path: str) -> str | None:

@@ -20,6 +20,7 @@ from textsql.errors import TextsqlError
 
 AGENT_CODE = "import sys\nfrom textsql.cluster.node import main\nsys.exit(main(['agent']))\n"
 AGENT_MODULE = "textsql.cluster.node"
+_STARTED: dict[str, "Cluster"] = {}  # this process's started clusters, by folder
 
 
 @contextlib.contextmanager
@@ -137,9 +138,10 @@ class LocalBackend:
 
     def placements(self, ranks_per_node: list[int]) -> list[dict]:
         """Per node (node 0 first): the environment and cores that give it its own GPUs and its share of the CPU."""
-        from textsql.devices import NodeDevices, split_local_cores, split_local_gpus
+        from textsql.cluster.node import local_devices
+        from textsql.devices import split_local_cores, split_local_gpus
 
-        devices = NodeDevices.local()
+        devices = local_devices()
         gpus = split_local_gpus(ranks_per_node, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
         cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(ranks_per_node))
         return [{"env": {"CUDA_VISIBLE_DEVICES": g} if g is not None else {}, "cpus": c} for g, c in zip(gpus, cores)]
@@ -303,10 +305,15 @@ class Cluster:
 
         if self.started:
             return self
+        earlier = _STARTED.get(str(self.dir))
+        if earlier is not None and earlier is not self:
+            self.echo(f"stopping the earlier cluster '{self.name}' of this kernel (its cell ran again)")
+            earlier.stop()
         self.session = self.backend.session_address()
         self.lock = FileLock(self.dir / "cluster.lock", f"Cluster '{self.name}' of {self.project_dir}",
                              "Stop it there (cluster.stop(), or end that session), or give this one another name (Cluster(name=...)).", {})
         self.started = True
+        _STARTED[str(self.dir)] = self
         atexit.register(self.stop)
         try:
             self._stop_stale()
@@ -399,7 +406,7 @@ class Cluster:
             stopped += [i for i in self.backend.stop_stale([r for r in records if not r.get("pid")]) if i not in stopped]
         if stopped:
             self.echo(f"stopped {len(stopped)} stale worker(s) of an earlier start ({state.get('start')}): {', '.join(stopped)}")
-        self.state_file.write_text(json.dumps({"backend": self.backend.name, "start": None, "workers": []}))
+        self._clear_state()
 
     def stop(self) -> None:
         """Stop every worker and node 0's agent (each stops its launch first). Safe to call twice, called at exit and
@@ -408,6 +415,8 @@ class Cluster:
             return
         with interrupts_deferred(self.echo):
             self.started = False
+            if _STARTED.get(str(self.dir)) is self:
+                del _STARTED[str(self.dir)]
             atexit.unregister(self.stop)
             self.echo(f"stopping {len(self.nodes)} worker(s) and node 0's agent")
             try:
@@ -416,13 +425,13 @@ class Cluster:
                 self.backend.stop(self.nodes)
                 if self.node0 is not None:
                     stop_processes([self._node0_process])
-                self._save_state_stopped()
+                self._clear_state()
             finally:
                 if self.lock is not None:
                     self.lock.release()
             self.echo(f"stopped {len(self.nodes)} worker(s) and node 0's agent")
 
-    def _save_state_stopped(self) -> None:
+    def _clear_state(self) -> None:
         self.state_file.write_text(json.dumps({"backend": self.backend.name, "start": None, "workers": []}))
 
     def __enter__(self) -> "Cluster":
