@@ -143,6 +143,20 @@ def test_device_precision_ranks_and_threads_are_decided_from_every_node():
         decide([NodeFacts("a", facts("a", [V100])), NodeFacts("b", facts("b", [H100_SXM]))], [])
 
 
+def test_nodes_whose_addresses_the_launch_cannot_use_are_refused_before_anything_is_asked(tmp_path):
+    from textsql.cluster.launch import NodeFacts, PreflightError, plan_launch
+
+    def never(op, payloads):
+        raise AssertionError("no node may be asked anything")
+
+    for addresses, expected in ((("10.0.0.1", "fe80::2"), "fe80::2: 'fe80::2' is an IPv6 address"),
+                                (("127.0.0.1", "localhost"), "127.0.0.1 and localhost are the same machine"),
+                                (("127.0.0.1", "no-such-node.invalid"), "no-such-node.invalid does not resolve")):
+        with pytest.raises(TextsqlError, match=re.escape(expected)):
+            plan_launch([NodeFacts(a, facts(a)) for a in addresses], [], never, workdir=tmp_path, log_root=tmp_path)
+    assert issubclass(PreflightError, TextsqlError)
+
+
 def test_bf16_on_pre_ampere_gpus_and_fp16_on_t5_are_refused_and_auto_is_fp32_there():
     from textsql.cluster.launch import NodeFacts, decide
     from textsql.devices import T4

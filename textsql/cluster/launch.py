@@ -276,9 +276,15 @@ def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: 
     from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
     from textsql.dsconfig import describe_strategy, load_dsconfig
 
+    from textsql.cluster.hostfile import address_problem, check_addresses
+
     workdir = Path(workdir).absolute()
     launch_id = launch_id or new_launch_id()
     log_dir = Path(log_root).absolute() / launch_id
+    bad = [f"{n.address}: {problem}" for n in nodes if (problem := address_problem(n.address))]
+    if bad:
+        raise PreflightError("These node addresses cannot be used:\n" + "\n".join(f"  {b}" for b in bad))
+    check_addresses([Host(n.address) for n in nodes])  # unresolvable names, two entries of one machine
     decision = decide(nodes, train_argv)
     dsconfig = _dsconfig_file(train_argv, workdir)
     zero_stage = describe_strategy(load_dsconfig(dsconfig))["zero_stage"] if dsconfig else None

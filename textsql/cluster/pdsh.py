@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from textsql.cluster.hostfile import Host, check_addresses, read_hostfile
+from textsql.cluster.hostfile import Host, read_hostfile
 from textsql.cluster.launch import LaunchFailed, LaunchMonitor, NodeFacts, PreflightError, failure_message, plan_launch, resume_sentence
 from textsql.cluster.node import ANSWER, encode
 from textsql.cluster.rank import LAUNCH_FLAG
@@ -95,7 +95,6 @@ def ask_over_ssh(op: str, payloads: dict[str, dict], ssh_config: Path | None, wo
 
 def plan_user_managed(hosts: list[Host], train_argv: list[str], *, ssh_config: Path | None = None, workdir=None, log_root=None):
     """Ask every host its facts over ssh and plan the launch (textsql.cluster.launch.plan_launch); returns (plan, ask)."""
-    check_addresses(hosts)
     workdir = Path(workdir or os.getcwd()).absolute()
     ask = lambda op, payloads: ask_over_ssh(op, payloads, ssh_config, workdir)  # noqa: E731
     facts = ask("describe", {h.address: {"address": h.address} for h in hosts})
