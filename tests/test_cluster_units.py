@@ -357,6 +357,25 @@ def test_checkpoint_files_cut_short_are_recognised(tmp_path):
     assert list(list_checkpoints(tmp_path / "run")) == ["checkpoint-4"]
 
 
+def test_preparing_a_node_sets_partial_checkpoints_aside_tags_latest_and_clears_dead_build_locks(tmp_path):
+    from textsql.cluster.node import prepare
+    from textsql.cluster.runs import RECORD
+
+    run = tmp_path / "run"
+    (run / "checkpoint-4" / "global_step4").mkdir(parents=True)
+    (run / "checkpoint-8").mkdir()
+    extensions = tmp_path / "ext"
+    (extensions / "cpu_adam").mkdir(parents=True)
+    (extensions / "cpu_adam" / "lock").write_text("")  # a build killed mid-way: every later rank would wait on it forever
+    done = prepare({"launch_id": "L7", "run_dir": str(run), "set_aside": ["checkpoint-8"], "resume": "checkpoint-4", "record": {"world_size": 2},
+                    "mkdirs": [str(tmp_path / "logs")], "files": {str(tmp_path / "logs" / "hostfile"): "a slots=1\n"},
+                    "clear_stale_locks_in": str(extensions)})
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-4", "incomplete-checkpoint-8-L7", RECORD]  # renamed, never deleted
+    assert (run / "checkpoint-4" / "latest").read_text() == "global_step4" and done["tagged"] == "global_step4"
+    assert json.loads((run / RECORD).read_text()) == {"world_size": 2} and (tmp_path / "logs" / "hostfile").read_text() == "a slots=1\n"
+    assert not (extensions / "cpu_adam" / "lock").exists() and (extensions / "cpu_adam").is_dir()
+
+
 def test_the_planned_run_folder_is_the_one_train_writes(tmp_path):
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir
 
