@@ -2,7 +2,7 @@
 # Build-time checks of a textsql runtime image: the last step of docker/Dockerfile.jupyter and
 # docker/Dockerfile.workbench. Any failure fails the build, with the reason.
 # Inputs (environment): TORCH_VERSION, DS_BUILD_OPS / DS_BUILD_CPU_ADAM / DS_BUILD_FUSED_ADAM (1 = pre-built),
-# ML_RUNTIME_CUDA_VERSION (from the CML base), CUDA_HOME, TEXTSQL_SSHD_CONFIG,
+# CPU_ARCH (the target of pre-built CPU ops), ML_RUNTIME_CUDA_VERSION (from the CML base), CUDA_HOME,
 # TEXTSQL_REQUIREMENTS (default /etc/textsql/requirements.txt).
 set -euo pipefail
 export TEXTSQL_REQUIREMENTS="${TEXTSQL_REQUIREMENTS:-/etc/textsql/requirements.txt}"
@@ -24,29 +24,23 @@ done
 [[ -f /usr/include/libaio.h ]] || fail "missing libaio headers (libaio-dev)"
 ok "nvcc $nvcc_release, CUDA headers, NVTX, libaio"
 
-# 2. Launchers and ssh.
-for tool in pdsh mpirun ssh /usr/sbin/sshd g++ ninja pkill; do
+# 2. Launchers and build tools (pdsh and ssh for user-managed machines; no ssh server: CML pods need none).
+for tool in pdsh mpirun ssh g++ ninja objdump pkill; do
   command -v "$tool" >/dev/null || fail "$tool not found"
 done
-ok "pdsh, mpirun, ssh, sshd, g++, ninja, pkill"
+if command -v sshd >/dev/null || [[ -e /usr/sbin/sshd ]]; then fail "an ssh server is installed; textsql's pods start their ranks without ssh"; fi
+ok "pdsh, mpirun, ssh, g++, ninja, objdump, pkill; no sshd"
 
 # 3. No host keys, no private keys, no disabled host key checking anywhere ssh looks.
 if compgen -G '/etc/ssh/ssh_host_*' >/dev/null; then fail "host keys left in the image: $(echo /etc/ssh/ssh_host_*)"; fi
-key_dirs=(/etc/ssh "$(dirname "$TEXTSQL_SSHD_CONFIG")")
+key_dirs=(/etc/ssh /etc/textsql)
 for home in /root /home/*; do [[ -d "$home/.ssh" ]] && key_dirs+=("$home/.ssh"); done
 # (The bracket keeps this line from matching itself: check_image.sh lies in the scanned folder.)
 if found="$(grep -rIl -e 'PRIVATE[ ]KEY-----' "${key_dirs[@]}" 2>/dev/null)"; then fail "private keys in the image: $found"; fi
 if found="$(grep -rIil -E 'StrictHostKeyChecking[[:space:]=]+no' /etc/ssh 2>/dev/null)"; then fail "host key checking disabled in: $found"; fi
 ok "no host keys, no private keys, host key checking not disabled"
 
-# 4. This image's sshd accepts the shipped configuration (with a throw-away host key, deleted at once).
-tmp="$(mktemp -d)"
-ssh-keygen -q -t ed25519 -N '' -C check -f "$tmp/key"
-/usr/sbin/sshd -t -f "$TEXTSQL_SSHD_CONFIG" -o "HostKey=$tmp/key" -o "PidFile=$tmp/pid" || { rm -rf "$tmp"; fail "sshd rejects $TEXTSQL_SSHD_CONFIG"; }
-rm -rf "$tmp"
-ok "sshd accepts $TEXTSQL_SSHD_CONFIG"
-
-# 5. torch: the pinned version, a CUDA build of the same CUDA major as nvcc (DeepSpeed's JIT refuses a major
+# 4. torch: the pinned version, a CUDA build of the same CUDA major as nvcc (DeepSpeed's JIT refuses a major
 #    mismatch); then every pin of requirements.txt installed at exactly its version.
 python3 - "$nvcc_release" <<'EOF'
 import re, sys
@@ -84,8 +78,8 @@ if bad:
 print("check_image: ok: every pin of requirements.txt installed")
 EOF
 
-# 6. Pre-built DeepSpeed ops, when asked for.
-python3 - <<'EOF'
+# 5. Pre-built DeepSpeed ops, when asked for.
+ops_report="$(python3 - <<'EOF'
 import importlib.util, os, pathlib, sys
 
 # Read what DeepSpeed's setup.py recorded, without importing deepspeed (and its accelerator detection).
@@ -109,4 +103,18 @@ if missing:
     sys.exit(f"check_image: FAILED: DeepSpeed ops requested but not pre-built: {missing}")
 built = sorted(op for op, on in installed_ops.items() if on)
 print(f"check_image: ok: DeepSpeed pre-built ops: {built or 'none (compiled just in time on the GPU pod)'}")
+if installed_ops.get("cpu_adam"):
+    print("cpu_adam " + str(next(pathlib.Path(list(spec.submodule_search_locations)[0], "ops", "adam").glob("cpu_adam_op*.so"))))
 EOF
+)"
+printf '%s\n' "$ops_report" | grep -v '^cpu_adam ' || true
+
+# 6. A pre-built cpu_adam runs on every CPU of CPU_ARCH, whatever the build host had: no AVX-512 instructions
+#    (zmm registers) unless the target is x86-64-v4.
+cpu_adam="$(printf '%s\n' "$ops_report" | sed -n 's/^cpu_adam //p')"
+if [[ -n "$cpu_adam" ]]; then
+  if [[ "${CPU_ARCH:-x86-64-v3}" != x86-64-v4 ]] && objdump -d "$cpu_adam" | grep -q '%zmm'; then
+    fail "$cpu_adam uses AVX-512 instructions: it was compiled for the build host, not for CPU_ARCH=${CPU_ARCH:-x86-64-v3} (build with CXX=/etc/textsql/portable-cxx.sh)"
+  fi
+  ok "cpu_adam compiled for ${CPU_ARCH:-x86-64-v3}, not for the build host"
+fi

@@ -64,6 +64,46 @@ NOTEBOOKS = {
             "import pandas as pd\n\npd.DataFrame(summary['peak_memory_per_rank'])"
         ),
     ],
+    "deepspeed_train.ipynb": [
+        new_markdown_cell(
+            "# Train on several pods with DeepSpeed\n\n"
+            "This session is node 0. `Cluster.start()` launches `workers` worker pods (CML: `cml.workers_v1.launch_workers`); each "
+            "runs a small node agent that connects back to this session and proves it belongs to this cluster with a token "
+            "passed in its environment. No ssh and no keys: nothing secret is written to the project folder. The preflight "
+            "decides once, from every node, CPU or GPU, precision, ranks and threads per node, and which checkpoint to resume "
+            "from; then every node runs `deepspeed --no_ssh --node_rank i` and the ranks' output streams here. On any failure "
+            "or interrupt every node is stopped, the rank that failed first is named, and the message says which checkpoint "
+            "the next run resumes from: run the notebook again to resume.\n\n"
+            "Long trainings: CML ends an idle session (and its workers) after its idle timeout. Run the same training as a "
+            "CML Job instead: `textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- <training arguments>`.\n\n"
+            "`backend = \"local\"` runs the same on this machine (node 0 = 127.0.0.1, workers 127.0.0.2, ...). Runs land in `runs/`; "
+            "launch logs in `.textsql/cluster/`. Variables you set to tune or debug (`NCCL_*`, `TORCH_NCCL_*`, `DS_*`, `HF_*`, "
+            "`PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
+        ),
+        new_code_cell(
+            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = "t5-small"\ndataset_dir = "data/wikisql"\n'
+            'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\nextra_args = []',
+            metadata={"tags": ["parameters"]},
+        ),
+        new_code_cell(
+            "from textsql.cluster import Cluster\n\n"
+            "cluster = Cluster(backend, workers=workers, cpu=cpu, memory=memory, nvidia_gpu=nvidia_gpu)\n"
+            "cluster.start()"
+        ),
+        new_code_cell(
+            "argv = ['--model_id', model_id, '--dataset_dir', dataset_dir, '--deepspeed', deepspeed,\n"
+            "        '--epochs', str(epochs), '--per_device_train_batch_size', str(per_device_train_batch_size),\n"
+            "        '--per_device_eval_batch_size', str(per_device_eval_batch_size), *extra_args]\n"
+            "plan = cluster.preflight(argv)"
+        ),
+        new_code_cell("result = cluster.train(argv)"),
+        new_code_cell(
+            "import pandas as pd\n\n"
+            "pd.DataFrame(result['ranks'])[['rank', 'node_address', 'world_size', 'global_step', 'final_loss', 'train_loss', 'eval_loss']]"
+        ),
+        new_code_cell("from textsql.train import format_summary\n\nprint(format_summary(result['summary']))"),
+        new_code_cell("cluster.stop()"),
+    ],
     "run_inference.ipynb": [
         new_markdown_cell(
             "# Generate and score SQL\n\n"

@@ -17,7 +17,7 @@ commands:
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
   report         collect every run's summary into the benchmark table (Markdown, CSV) and plots
   tensorboard    serve TensorBoard on the runs root (127.0.0.1, $CDSW_APP_PORT in CML)
-  cluster        multi-pod training: workers, hostfile, preflight, launch over pdsh (`textsql cluster --help`)
+  cluster        multi-pod training: CML or local workers (no ssh), or your machines over pdsh (`textsql cluster --help`)
   demo           generate data, train a tiny T5 with ZeRO-2 on this machine, print the run summary
 
 `textsql COMMAND --help` lists a command's arguments."""

@@ -140,8 +140,7 @@ def launcher_device_args(ranks: int, devices: NodeDevices, visible_devices: str 
     --num_gpus would delete it), so with it set we name the first `ranks` of those devices with --include.
     """
     if visible_devices and devices.gpus:
-        ids = [part.strip() for part in visible_devices.split(",") if part.strip()]
-        return ["--include", "localhost:" + ",".join(ids[:ranks])]
+        return ["--include", "localhost:" + ",".join(map(str, node_gpu_ids(ranks, devices, visible_devices)))]
     return ["--num_gpus", str(ranks)]
 
 
@@ -309,3 +308,74 @@ def peak_tflops(gpu_name: str | None, bf16_override: float | None = None) -> Pea
         if gpu_name and key in gpu_name:
             return PeakTflops(gpu_name, bf16, tf32, fp32, f"NVIDIA data sheet ({key}, dense)")
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Which GPUs each node's ranks use
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def visible_gpu_ids(visible_devices: str | None, count: int) -> list[int]:
+    """The physical indices of the GPUs a process sees: CUDA_VISIBLE_DEVICES's list, else 0..count-1.
+
+    DeepSpeed's node launcher sets CUDA_VISIBLE_DEVICES itself from integer slot ids, so GPUs named by UUID cannot be
+    handed to it."""
+    if not visible_devices:
+        return list(range(count))
+    ids = [part.strip() for part in visible_devices.split(",") if part.strip()]
+    if not all(part.isascii() and part.isdigit() for part in ids):
+        raise TextsqlError(f"CUDA_VISIBLE_DEVICES={visible_devices!r} names GPUs by UUID; DeepSpeed's launcher needs their indices "
+                           "(e.g. CUDA_VISIBLE_DEVICES=0,1). Use `nvidia-smi -L` to find them.")
+    return [int(part) for part in ids]
+
+
+def node_gpu_ids(ranks: int, devices: NodeDevices, visible_devices: str | None) -> list[int] | None:
+    """The GPU ids a node's `ranks` processes get (the first `ranks` it sees), or None on a CPU node."""
+    if not devices.gpus:
+        return None
+    return visible_gpu_ids(visible_devices, len(devices.gpus))[:ranks]
+
+
+def multi_node_launcher_args(nodes: list[tuple[str, int, list[int] | None]]) -> tuple[list[tuple[str, int]], list[str]]:
+    """Hostfile entries and launcher arguments for nodes given as (address, ranks, GPU ids or None).
+
+    The hostfile says `slots=<ranks>` and DeepSpeed numbers each node's GPUs 0..ranks-1. When a node's GPUs are other
+    ids (a multi-GPU machine split into nodes, or a user's CUDA_VISIBLE_DEVICES), `--include host:ids@...` names them
+    for every node, and that node's slots cover its highest id (DeepSpeed checks the ids against the slots)."""
+    entries, include, special = [], [], False
+    for address, ranks, ids in nodes:
+        ids = list(ids) if ids else list(range(ranks))
+        if len(ids) != ranks:
+            raise TextsqlError(f"{address} runs {ranks} rank(s) but {len(ids)} GPU id(s) were given for it: {ids}.")
+        special = special or ids != list(range(ranks))
+        entries.append((address, max(ids) + 1 if ids else ranks))
+        include.append(f"{address}:{','.join(map(str, ids))}")
+    return entries, (["--include", "@".join(include)] if special else [])
+
+
+def split_local_gpus(ranks_per_node: list[int], devices: NodeDevices, visible_devices: str | None) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each of several nodes run on one machine (the local backend): each node its own GPUs,
+    in order, from those this process sees. None for every node of a machine without GPUs."""
+    if not devices.gpus:
+        return [None] * len(ranks_per_node)
+    ids = visible_gpu_ids(visible_devices, len(devices.gpus))
+    if sum(ranks_per_node) > len(ids):
+        raise TextsqlError(f"{len(ranks_per_node)} local nodes with {'+'.join(map(str, ranks_per_node))} ranks need {sum(ranks_per_node)} GPUs, "
+                           f"but this machine has {len(ids)} visible ({devices.describe()}). Use fewer workers or fewer GPUs per worker.")
+    shares, start = [], 0
+    for ranks in ranks_per_node:
+        shares.append(",".join(map(str, ids[start:start + ranks])))
+        start += ranks
+    return shares
+
+
+def split_local_cores(cores: list[int], nodes: int) -> list[list[int]]:
+    """The CPU cores each of `nodes` nodes on one machine may use: disjoint equal shares, or shared round-robin when
+    there are fewer cores than nodes. Each node then gives its ranks threads_per_rank() of its share."""
+    cores = sorted(cores)
+    if nodes <= 0:
+        return []
+    if len(cores) < nodes:
+        return [[cores[i % len(cores)]] for i in range(nodes)]
+    size = len(cores) // nodes
+    return [cores[i * size:(i + 1) * size] for i in range(nodes)]

@@ -2,10 +2,13 @@
 
     textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- --model_id t5-small --deepspeed zero2 --epochs 3
     textsql cluster train --backend local --workers 1 -- ...        # this machine: 127.0.0.1 + 127.0.0.2
-    textsql cluster launch --hostfile H --ssh_config C -- ...       # nodes whose sshd you started yourself
-    textsql cluster preflight --hostfile H --ssh_config C -- ...
+    textsql cluster preflight --backend cml --workers 2 -- ...      # start the workers, check, plan, stop
+    textsql cluster preflight --hostfile H [--ssh_config C] -- ...  # check your own machines
+    textsql cluster launch --hostfile H [--ssh_config C] -- ...     # your own machines, over your own ssh (pdsh)
     textsql cluster check-hostfile H
-    textsql cluster worker --cluster-dir D --token T               # a node's sshd (what workers run)
+
+On CML, run `cluster train ...` as a Job for long trainings (script scripts/cml_job.py, these arguments): a session
+ends after CML's idle timeout, and with it the workers and the training.
 """
 
 from __future__ import annotations
@@ -25,18 +28,19 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _parser(command: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"textsql cluster {command}", epilog="Training arguments (those of `textsql train`) follow `--`.")
-    if command == "train":
+    if command in ("train", "preflight"):
         parser.add_argument("--backend", choices=("cml", "local"), default="cml")
         parser.add_argument("--workers", type=int, default=1, help="worker nodes besides this one (node 0)")
-        parser.add_argument("--cpu", type=float, default=4)
-        parser.add_argument("--memory", type=float, default=16, help="GiB per worker")
-        parser.add_argument("--nvidia_gpu", type=int, default=1, help="GPUs per worker (= ranks per node)")
+        parser.add_argument("--cpu", type=float, default=4, help="CPUs per worker pod")
+        parser.add_argument("--memory", type=float, default=16, help="GiB per worker pod")
+        parser.add_argument("--nvidia_gpu", type=int, default=1, help="GPUs per worker (= ranks per worker; 0: one CPU rank)")
+        parser.add_argument("--session_slots", type=int, default=None, help="ranks on node 0 (default: one per GPU it sees, one on a CPU)")
         parser.add_argument("--project_dir", default=".")
-        parser.add_argument("--ssh_port", type=int, default=2222)
-    else:
-        parser.add_argument("--hostfile", required=True)
-        parser.add_argument("--ssh_config", required=True, help="ssh client config naming key, port and known_hosts for every host")
-        parser.add_argument("--ssh_port", type=int, default=2222)
+        parser.add_argument("--name", default="default", help="the cluster's name (one cluster of a name per project at a time)")
+        parser.add_argument("--start_timeout", type=float, default=600, help="seconds to wait for the workers to start and connect")
+    if command in ("launch", "preflight"):
+        parser.add_argument("--hostfile", required=command == "launch", help="your nodes (preflight: check them instead of starting workers)")
+        parser.add_argument("--ssh_config", default=None, help="your ssh client config (default: ssh's own, ~/.ssh/config); host keys are always checked")
     return parser
 
 
@@ -49,10 +53,6 @@ def cluster_cli(argv: list[str]) -> int:
         print(__doc__)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "worker":
-        from textsql.cluster.worker import main
-
-        return main(rest)
     if command == "check-hostfile":
         if len(rest) != 1:
             raise TextsqlError("usage: textsql cluster check-hostfile HOSTFILE")
@@ -64,16 +64,18 @@ def cluster_cli(argv: list[str]) -> int:
         return 2
     own, train_argv = _split(rest)
     args = _parser(command).parse_args(own)
-    if command == "train":
-        with Cluster(args.backend, workers=args.workers, cpu=args.cpu, memory=args.memory, nvidia_gpu=args.nvidia_gpu,
-                     project_dir=args.project_dir, ssh_port=args.ssh_port) as cluster:
-            print(cluster.describe())
-            result = cluster.train(train_argv)
-    elif command == "preflight":
-        preflight(read_hostfile(args.hostfile), args.ssh_config, train_argv)
+    if command == "launch":
+        result = launch_training(args.hostfile, train_argv, ssh_config=args.ssh_config)
+    elif getattr(args, "hostfile", None):
+        preflight(args.hostfile, train_argv, ssh_config=args.ssh_config)
         return 0
     else:
-        result = launch_training(args.hostfile, args.ssh_config, train_argv, ssh_port=args.ssh_port)
+        with Cluster(args.backend, workers=args.workers, cpu=args.cpu, memory=args.memory, nvidia_gpu=args.nvidia_gpu,
+                     session_slots=args.session_slots, project_dir=args.project_dir, name=args.name, start_timeout=args.start_timeout) as cluster:
+            if command == "preflight":
+                cluster.preflight(train_argv)
+                return 0
+            result = cluster.train(train_argv)
     print(format_summary(result["summary"]))
     for rank in result["ranks"]:
         print(json.dumps({k: rank[k] for k in ("rank", "node_address", "world_size", "global_step", "final_loss")}))

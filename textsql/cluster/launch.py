@@ -1,22 +1,13 @@
-"""Multi-node training: preflight every host, then `deepspeed --hostfile H --launcher pdsh --ssh_port 2222 ...`.
+"""Multi-node launches: decide once on node 0 from every node's facts, prepare the nodes, run DeepSpeed's launcher on
+every node, stream and watch every rank, stop every node on the first failure, and say what the next launch resumes.
 
-- The environment the remote ranks need goes into a `.deepspeed_env` file (pdsh forwards only PYTHON*, MLFLOW*, MV2*
-  and UCX* variables by itself): PATH, the virtual environment, DS_ACCELERATOR, OMP_NUM_THREADS, the gloo/NCCL
-  network interface, caches and offline switches.
-- ssh takes its key, port and known_hosts from the cluster's ssh config (`PDSH_SSH_ARGS_APPEND='-F config'`); the
-  launcher's own check (a bare `ssh host hostname`, which would read ~/.ssh) is replaced by the preflight
-  (`--no_ssh_check`).
-- Every rank runs `textsql.cluster.rank`, which keeps the rank's log and reports how a rank ended. When one rank dies,
-  the launch stops every other rank of the run on every node within seconds and raises an error naming the host, the
-  rank and the tail of its log. The next launch with the same arguments resumes from the last checkpoint
-  (textsql.train does that by itself when the run folder has checkpoints but no run summary).
-- Checkpoints without a shared filesystem: the preflight checks whether every node sees node 0's output folder; if
-  not, training saves on each node (`--save_on_each_node True`, DeepSpeed `checkpoint.use_node_local_storage`).
+Two ways to reach the nodes share everything here: node agents (textsql.cluster.node; CML worker pods and the local
+backend, `deepspeed --no_ssh --node_rank i` on each node) and, for user-managed machines, DeepSpeed's pdsh launcher
+over the user's own ssh (textsql.cluster.pdsh). A node is asked things through `ask(op, {address: request})`.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -24,107 +15,251 @@ import queue
 import re
 import secrets
 import shlex
-import shutil
-import signal
 import socket
-import struct
-import subprocess
-import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.cluster.hostfile import Host, read_hostfile, write_hostfile
-from textsql.cluster.rank import LAUNCH_FLAG, LOG_DIR_ENV, RANK_EXIT_MARKER, RANK_SUMMARY_MARKER
-from textsql.cluster.ssh import explain_ssh_failure, find_program, remote_command, run_ssh
-from textsql.cluster.worker import DEFAULT_PORT
+from textsql.cluster.hostfile import Host, rank_layout, ranks_of
+from textsql.cluster.rank import LAUNCH_FLAG, RANK_EXIT_MARKER, RANK_SUMMARY_MARKER, SPEC_FLAG
 from textsql.errors import TextsqlError
-from textsql.launch import SUMMARY_MARKER
 
-# Variables passed to every rank when they are set here (besides the ones computed below).
-FORWARDED_ENV = ("VIRTUAL_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "TORCH_EXTENSIONS_DIR", "HF_HOME", "HF_HUB_OFFLINE",
-                 "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE", "TOKENIZERS_PARALLELISM")
-FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TEXTSQL_")
-PDSH_EXIT = re.compile(r"^pdsh@[^:]*: (?P<host>[^:\s]+): ssh exited with exit code (?P<code>\d+)")
-RANK_LINE = re.compile(r"^(?P<host>[^:\s]+): \[rank (?P<rank>\d+)\] (?P<text>.*)$")
-# How a rank fails when another one died first: its collective or socket broke (the cause is elsewhere).
-AFTERMATH = re.compile(r"Connection (?:closed|reset) by peer|gloo::|Broken pipe|NCCL communicator was aborted|timed out", re.IGNORECASE)
+RANK_LINE = re.compile(r"^(?P<host>[^\s]+): \[rank (?P<rank>\d+)\] (?P<text>.*)$")
+# How a rank fails when another one died first: its collective or socket broke, or its launcher stopped it.
+AFTERMATH = re.compile(
+    r"Connection (?:closed|reset) by (?:remote )?peer|remote process exited|ncclRemoteError|NCCL communicator was aborted|"
+    r"Broken pipe|Socket Timeout|DistNetworkError|recvBytes failed|Read error|gloo::EnforceNotMet|timed out|"
+    r"failed to recv|Connection refused", re.IGNORECASE)
+STOP_WAIT_SECONDS = 35  # agents SIGKILL what SIGTERM did not end after 10 s; a node silent longer than this is lost
 
 
 class PreflightError(TextsqlError):
-    """One or more hosts are not ready; the message says what is wrong where."""
+    """One or more nodes are not ready; the message says what is wrong where."""
 
 
 class LaunchFailed(TextsqlError):
-    """A multi-node launch ended badly; `failures` holds the rank records (host, rank, how, log, tail)."""
+    """A multi-node launch ended badly. `failures`: the rank records (first failing rank first); `resume`: which
+    checkpoint the next launch starts from."""
 
-    def __init__(self, message: str, failures: list[dict], launch_dir: Path):
+    def __init__(self, message: str, failures: list[dict], launch_dir: Path, resume: str | None = None):
         super().__init__(message)
         self.failures = failures
         self.launch_dir = launch_dir
+        self.resume = resume
+
+
+def new_launch_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Environment of the ranks
+# Decisions, made once on node 0 from every node's facts
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def interface_of(address: str) -> str | None:
-    """The network interface whose subnet holds `address` (lo for 127.x), for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME."""
-    target = struct.unpack("!I", socket.inet_aton(socket.gethostbyname(address)))[0]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
+def _flag(argv: list[str], name: str) -> str | None:
+    from textsql.train import flag_value, given, normalize_argv
+
+    argv = normalize_argv(argv)
+    value = flag_value(argv, name)
+    if value is None and given(argv, name):
+        return "True"  # a bare boolean flag
+    return "True" if value is not None and value.startswith("--") else value
+
+
+def _truthy(value: str | None) -> bool:
+    return str(value).lower() in ("true", "1", "yes", "y")
+
+
+def with_flag(argv: list[str], name: str, value: str) -> list[str]:
+    from textsql.train import given, normalize_argv, replace_flag
+
+    argv = normalize_argv(argv)
+    return replace_flag(argv, name, value) if given(argv, name) else argv + [f"--{name}", value]
+
+
+@dataclass
+class NodeFacts:
+    """One node as the session sees it: its address, what its agent (or ssh probe) reported, the ranks asked of it."""
+
+    address: str
+    facts: dict
+    ranks: int | None = None  # None: one per visible GPU (one on a CPU node)
+
+
+@dataclass
+class Decision:
+    hosts: list[Host]
+    accelerator: str
+    precision: object  # textsql.devices.PrecisionChoice
+    threads: dict[str, int]
+    gpu_ids: dict[str, list[int] | None]
+
+    @property
+    def world_size(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+
+def decide(nodes: list[NodeFacts], train_argv: list[str]) -> Decision:
+    """CPU or GPU, precision, ranks, GPUs and threads of every node: from all nodes' devices, never node 0's alone."""
+    from textsql.devices import (NodeDevices, all_gpus, check_nodes_agree, choose_accelerator, node_gpu_ids, precision_from_trainer_flags,
+                                 ranks_per_node, resolve_precision, threads_per_rank)
+
+    broken = [f"{n.address}: torch cannot see its GPUs: {n.facts['devices_error']}" for n in nodes if "devices_error" in n.facts]
+    if broken:
+        raise PreflightError("Preflight found problems:\n" + "\n".join(f"  {p}" for p in broken))
+    devices = {n.address: NodeDevices.from_dict(n.facts["devices"]) for n in nodes}
+    requested = _flag(train_argv, "device") or "auto"
+    if requested == "cpu":
+        accelerator = "cpu"
+    else:
+        for n in nodes:
             try:
-                ip = struct.unpack("!I", fcntl.ioctl(s.fileno(), 0x8915, request)[20:24])[0]  # SIOCGIFADDR
-                mask = struct.unpack("!I", fcntl.ioctl(s.fileno(), 0x891B, request)[20:24])[0]  # SIOCGIFNETMASK
-            except OSError:
-                continue
-            if ip & mask == target & mask:
-                return name
-    return None
+                choose_accelerator(requested, devices[n.address])
+            except TextsqlError as error:
+                raise PreflightError(f"{n.address}: {error}") from None
+        gpu_ranks = {n.address: ranks_per_node(n.ranks, devices[n.address]) for n in nodes}
+        accelerator = check_nodes_agree(devices, gpu_ranks)
+    cpu_only = NodeDevices()
+    ranks = {n.address: ranks_per_node(n.ranks, devices[n.address] if accelerator == "cuda" else cpu_only) for n in nodes}
+    precision = resolve_precision(
+        precision_from_trainer_flags(_flag(train_argv, "precision") or "auto", _truthy(_flag(train_argv, "bf16")), _truthy(_flag(train_argv, "fp16"))),
+        _flag(train_argv, "model_id") or "t5-small", all_gpus(devices) if accelerator == "cuda" else (), force_fp16=_truthy(_flag(train_argv, "force_fp16")))
+    return Decision(
+        hosts=[Host(n.address, ranks[n.address]) for n in nodes], accelerator=accelerator, precision=precision,
+        threads={n.address: threads_per_rank(devices[n.address], ranks[n.address]) for n in nodes},
+        gpu_ids={n.address: node_gpu_ids(ranks[n.address], devices[n.address], n.facts.get("visible_devices")) if accelerator == "cuda" else None
+                 for n in nodes})
 
 
-def cpu_only() -> bool:
-    if os.environ.get("DS_ACCELERATOR") == "cpu":
-        return True
-    import torch
+def rank_environments(decision: Decision, nodes: list[NodeFacts], environ, log_dir: Path) -> tuple[dict, dict[str, dict]]:
+    """(what every rank gets, what each node's ranks get besides, by node rank). The user's allowlisted variables win
+    over textsql's choices; secrets never go."""
+    from textsql.cluster.environment import forwarded
+    from textsql.devices import use_accelerator
 
-    return not torch.cuda.is_available()
-
-
-def rank_environment(master_addr: str, log_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """What every rank needs, whatever its node's ssh login environment has."""
-    env = {"PATH": os.pathsep.join(dict.fromkeys([str(Path(sys.executable).parent), *os.environ.get("PATH", "").split(os.pathsep)]))}
-    if sys.prefix != sys.base_prefix:
-        env["VIRTUAL_ENV"] = sys.prefix
-    for name, value in os.environ.items():
-        if name in FORWARDED_ENV or name.startswith(FORWARDED_PREFIXES):
-            env.setdefault(name, value)
-    if cpu_only():
-        env["DS_ACCELERATOR"] = "cpu"
-    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")  # n ranks x all cores each thrash a node
-    interface = interface_of(master_addr)
-    if interface:
-        env.setdefault("GLOO_SOCKET_IFNAME", interface)
-        env.setdefault("NCCL_SOCKET_IFNAME", interface)
-    env["PYTHONUNBUFFERED"] = "1"
-    env[LOG_DIR_ENV] = str(log_dir)
-    env.update(extra or {})
-    return env
+    common = forwarded(environ)
+    common["PYTHONUNBUFFERED"] = "1"
+    use_accelerator(decision.accelerator, common)  # DS_ACCELERATOR=cpu, or an error if the user forced it on GPUs
+    per_node = {}
+    for index, node in enumerate(nodes):
+        env = {}
+        if "OMP_NUM_THREADS" not in common:
+            env["OMP_NUM_THREADS"] = str(decision.threads[node.address])  # CPU Adam (offload) is OpenMP-parallel
+        interface = node.facts.get("interface")
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if interface and name not in common:
+                env[name] = interface
+        if "TORCH_EXTENSIONS_DIR" not in common and node.facts.get("local_extensions_dir"):
+            env["TORCH_EXTENSIONS_DIR"] = node.facts["local_extensions_dir"]
+        per_node[str(index)] = env
+    return common, per_node
 
 
-def write_deepspeed_env(path: Path, env: dict[str, str]) -> Path:
-    """The DeepSpeed runner reads KEY=VALUE lines (no blanks, no comments) and exports them on every node."""
-    lines = []
-    for key, value in env.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) or re.search(r'["$`\\\n]', value):
-            raise TextsqlError(f"Cannot pass {key}={value!r} to the ranks: the DeepSpeed launcher's .deepspeed_env takes no quotes, $, "
-                               "backquotes, backslashes or newlines in values.")
-        lines.append(f"{key}={value}\n")
-    path.write_text("".join(lines))
+@dataclass
+class LaunchPlan:
+    """Everything a launch does, decided before anything starts."""
+
+    launch_id: str
+    nodes: list[NodeFacts]
+    decision: Decision
+    workdir: Path
+    log_dir: Path
+    run_dir: Path
+    shared_output: bool
+    resume: object  # textsql.cluster.runs.ResumePlan
+    zero_stage: int | None
+    argv: list[str]
+    env: dict[str, str]
+    node_env: dict[str, dict[str, str]]
+    master_port: int
+    node_files: dict[str, str] = field(default_factory=dict)
+    probes: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def hosts(self) -> list[Host]:
+        return self.decision.hosts
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0].address
+
+    @property
+    def hostfile(self) -> Path:
+        return self.log_dir / "hostfile"
+
+    def launcher_hosts(self) -> tuple[str, list[str]]:
+        """The DeepSpeed hostfile text and the launcher's device arguments (--include when GPUs are not 0..n-1)."""
+        from textsql.devices import multi_node_launcher_args
+
+        entries, args = multi_node_launcher_args([(h.address, h.slots, self.decision.gpu_ids[h.address]) for h in self.hosts])
+        return "".join(f"{address} slots={slots}\n" for address, slots in entries), args
+
+    def spec(self) -> str:
+        from textsql.cluster.node import encode
+
+        return encode({"argv": self.argv, "env": self.env, "node_env": self.node_env, "log_dir": str(self.log_dir)})
+
+    def deepspeed_command(self, executable: str, extra: list[str]) -> list[str]:
+        """DeepSpeed's runner, its arguments from `extra` (--no_ssh --node_rank i, or --launcher pdsh), then the rank
+        program with the launch id and the spec: every training argument inside the spec, exactly."""
+        _, device_args = self.launcher_hosts()
+        return [executable, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", str(self.hostfile), *extra, "--master_addr", self.master_addr,
+                "--master_port", str(self.master_port), "--log_level", "warning", *device_args, "--module", "textsql.cluster.rank",
+                f"{LAUNCH_FLAG}{self.launch_id}", f"{SPEC_FLAG}{self.spec()}"]
+
+    def record(self) -> dict:
+        return {"launch": self.launch_id, "world_size": self.decision.world_size, "nodes": [h.line() for h in self.hosts],
+                "zero_stage": self.zero_stage, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def prepare_requests(self) -> dict[str, dict]:
+        """What each node does before its launcher starts (see textsql.cluster.node.prepare)."""
+        from textsql.cluster.runs import CHECKPOINT
+
+        hostfile, _ = self.launcher_hosts()
+        chosen = int(CHECKPOINT.match(self.resume.checkpoint)[1]) if self.resume.checkpoint else -1
+        newer = [name for name in self.resume.set_aside if int(CHECKPOINT.match(name)[1]) > chosen]
+        requests = {}
+        for index, node in enumerate(self.nodes):
+            request = {"launch_id": self.launch_id, "mkdirs": [str(self.log_dir)], "files": dict(self.node_files, **{str(self.hostfile): hostfile})}
+            if index == 0 or not self.shared_output:
+                request.update(run_dir=str(self.run_dir), set_aside=newer, resume=self.resume.checkpoint, record=self.record())
+            extensions = self.node_env[str(index)].get("TORCH_EXTENSIONS_DIR")
+            if extensions:
+                request["clear_stale_locks_in"] = extensions
+            requests[node.address] = request
+        return requests
+
+    def describe(self) -> str:
+        from textsql.devices import NodeDevices
+
+        d = self.decision
+        lines = [f"{'node':<5}{'address':<17}{'ranks':<7}{'threads':<9}{'GPUs':<8}devices"]
+        for index, node in enumerate(self.nodes):
+            ids = d.gpu_ids[node.address]
+            lines.append(f"{index:<5}{node.address:<17}{d.hosts[index].slots:<7}{self.node_env[str(index)].get('OMP_NUM_THREADS', self.env.get('OMP_NUM_THREADS', '-')):<9}"
+                         f"{','.join(map(str, ids)) if ids else '-':<8}{NodeDevices.from_dict(node.facts['devices']).describe()}")
+        lines.append(f"world size {d.world_size} on {'GPUs (NCCL)' if d.accelerator == 'cuda' else 'CPUs (gloo)'}, precision {d.precision.name} "
+                     f"({d.precision.reason}), TF32 {'on' if d.precision.tf32 else 'off'}")
+        lines.append(f"run folder {self.run_dir} ({'shared by every node' if self.shared_output else 'NOT shared: each node saves its own checkpoints'}); "
+                     f"the launch {self.resume.sentence()}")
+        return "\n".join(lines)
+
+
+def _absolute(workdir: Path, path: str) -> Path:
+    return Path(path) if Path(path).is_absolute() else (workdir / path).absolute()
+
+
+def _dsconfig_file(train_argv: list[str], workdir: Path) -> Path | None:
+    """The DeepSpeed config the ranks will read (a path relative to workdir, or a shipped name), checked here first."""
+    from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
+
+    name = _flag(train_argv, "deepspeed")
+    if not name:
+        return None
+    candidate = _absolute(workdir, name)
+    path = _absolute(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else name)))
+    load_dsconfig(path)  # raises with every problem of the file
     return path
 
 
@@ -134,350 +269,132 @@ def free_port(address: str) -> int:
         return s.getsockname()[1]
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Preflight
-# ---------------------------------------------------------------------------------------------------------------------
+def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: Path, log_root: Path, environ=os.environ,
+                launch_id: str | None = None) -> LaunchPlan:
+    """Decide, probe every node for this run, and plan it; raises PreflightError listing every problem by node.
+    `ask(op, {address: request})` asks every node at once and returns {address: answer}."""
+    from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
+    from textsql.dsconfig import describe_strategy, load_dsconfig
 
-PROBE = r"""
-import hashlib, importlib.metadata as md, json, os, socket, sys
-args = json.loads(sys.argv[1])
-def version(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
-def digest(path):
-    try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
-out = {"hostname": socket.gethostname(), "python": sys.version.split()[0], "executable": sys.executable,
-       "versions": {name: version(name) for name in ("textsql", "deepspeed", "torch", "transformers")},
-       "files": {p: digest(p) for p in args["files"]}, "dirs": {p: os.path.isdir(p) for p in args["dirs"]},
-       "shared_output": digest(args["probe"]) == args["probe_digest"]}
-try:
-    import textsql
-    out["textsql_path"] = os.path.dirname(textsql.__file__)
-except Exception as error:
-    out["textsql_error"] = repr(error)
-if args["gpus"]:
-    try:
-        import torch
-        out["gpus"] = torch.cuda.device_count()
-        out["gpu_names"] = [torch.cuda.get_device_name(i) for i in range(out["gpus"])]
-    except Exception as error:
-        out["gpu_error"] = repr(error)
-print("textsql-probe: " + json.dumps(out))
-"""
+    from textsql.cluster.hostfile import address_problem, check_addresses
 
-
-@dataclass
-class PreflightReport:
-    hosts: list[Host]
-    probes: dict[str, dict]
-    shared_output: bool
-    output_root: Path
-    dsconfig: Path | None
-    cpu: bool
-    problems: list[str] = field(default_factory=list)
-
-    def table(self) -> str:
-        rows = [f"{'node':<5}{'address':<17}{'slots':<6}{'python':<9}{'textsql':<9}{'deepspeed':<11}{'torch':<16}{'devices':<9}output folder"]
-        for i, host in enumerate(self.hosts):
-            p = self.probes.get(host.address) or {}
-            v = p.get("versions", {})
-            devices = "cpu" if self.cpu else str(p.get("gpus", "?")) + " GPU"
-            shared = "-" if not p else ("shared" if p.get("shared_output") else "own")
-            rows.append(f"{i:<5}{host.address:<17}{host.slots:<6}{p.get('python', '?'):<9}{v.get('textsql') or '?':<9}"
-                        f"{v.get('deepspeed') or '?':<11}{v.get('torch') or '?':<16}{devices:<9}{shared}")
-        return "\n".join(rows)
-
-
-def _train_flag(argv: list[str], name: str, default: str | None = None) -> str | None:
-    from textsql.train import flag_value, normalize_argv
-
-    return flag_value(normalize_argv(argv), name) or default
-
-
-def _resolve(workdir: Path, path: str) -> Path:
-    return (workdir / path).absolute() if not Path(path).is_absolute() else Path(path)
-
-
-def _dsconfig_file(train_argv: list[str], workdir: Path) -> Path | None:
-    """The DeepSpeed config the ranks will read (a path relative to workdir, or a shipped name), checked here first."""
-    from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
-
-    name = _train_flag(train_argv, "deepspeed")
-    if not name:
-        return None
-    candidate = _resolve(workdir, name)
-    path = _resolve(workdir, resolve_dsconfig_path(str(candidate) if candidate.exists() else name))
-    load_dsconfig(path)  # raises with every problem of the file
-    return path
-
-
-def preflight(hosts: list[Host], ssh_config: Path, train_argv: list[str], *, workdir=None, echo=print, timeout: float = 120) -> PreflightReport:
-    """Check every host before launching: ssh (host key included), same Python / textsql / DeepSpeed / torch /
-    transformers as node 0, GPUs for its slots, the working folder, dataset, model and DeepSpeed config present and
-    identical, and whether node 0's output folder is shared. Raises PreflightError listing every problem by host."""
-    workdir = Path(workdir or os.getcwd()).absolute()
-    cpu = cpu_only()
+    workdir = Path(workdir).absolute()
+    launch_id = launch_id or new_launch_id()
+    log_dir = Path(log_root).absolute() / launch_id
+    bad = [f"{n.address}: {problem}" for n in nodes if (problem := address_problem(n.address))]
+    if bad:
+        raise PreflightError("These node addresses cannot be used:\n" + "\n".join(f"  {b}" for b in bad))
+    check_addresses([Host(n.address) for n in nodes])  # unresolvable names, two entries of one machine
+    decision = decide(nodes, train_argv)
     dsconfig = _dsconfig_file(train_argv, workdir)
-    dataset = _resolve(workdir, _train_flag(train_argv, "dataset_dir", "data/wikisql"))
-    model_id = _train_flag(train_argv, "model_id", "t5-small")
-    model = _resolve(workdir, model_id) if _resolve(workdir, model_id).exists() else None
-    output_dir = _train_flag(train_argv, "output_dir")
-    output_root = _resolve(workdir, output_dir if output_dir else _train_flag(train_argv, "runs_root", "runs"))
-    output_root.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(16)
-    probe_file = output_root / f".textsql-shared-probe-{token[:8]}"
-    probe_file.write_text(token)
-    files = [str(p) for p in (dsconfig,) if p] + ([str(model / "config.json")] if model else [])
-    dirs = [str(workdir), str(dataset)] + ([str(model)] if model else [])
-    args = json.dumps({"files": files, "dirs": dirs, "probe": str(probe_file), "probe_digest": hashlib.sha256(token.encode()).hexdigest(), "gpus": not cpu})
-    env = {"PATH": rank_environment(hosts[0].address, workdir)["PATH"], "PYTHONNOUSERSITE": "1"}
-    command = remote_command([sys.executable, "-", args], env=env, cwd="/")
-    port = _ssh_port(ssh_config)
-
-    def probe(host: Host):
-        done = run_ssh(ssh_config, host.address, command, timeout=timeout, stdin=PROBE)
-        found = [line for line in done.stdout.splitlines() if line.startswith("textsql-probe: ")]
-        if done.returncode == 255 or (not found and "ssh" in done.stderr.lower()):
-            return None, explain_ssh_failure(host.address, port, done.stderr)
-        if not found:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return None, f"{sys.executable} does not run there (exit status {done.returncode}): {tail}"
-        return json.loads(found[-1].removeprefix("textsql-probe: ")), None
-
+    zero_stage = describe_strategy(load_dsconfig(dsconfig))["zero_stage"] if dsconfig else None
+    run_dir = planned_run_dir(train_argv, decision.world_size, workdir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    marker = run_dir.parent / f".textsql-shared-probe-{secrets.token_hex(4)}"
+    marker_text = secrets.token_hex(16)
+    marker.write_text(marker_text)
+    dataset = _absolute(workdir, _flag(train_argv, "dataset_dir") or "data/wikisql")
+    model = _absolute(workdir, _flag(train_argv, "model_id") or "t5-small")
+    model = model if model.exists() else None
+    request = {"dirs": [str(workdir), str(dataset)] + ([str(model)] if model else []),
+               "files": [str(p) for p in (dsconfig,) if p] + ([str(model / "config.json")] if model else []),
+               "shared_marker": {"path": str(marker), "digest": hashlib.sha256(marker_text.encode()).hexdigest()}, "run_dir": str(run_dir)}
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-            results = list(pool.map(probe, hosts))
+        probes = ask("probe", {n.address: request for n in nodes})
     finally:
-        probe_file.unlink(missing_ok=True)
-    probes, problems = {}, []
-    for host, (result, problem) in zip(hosts, results):
-        if problem:
-            problems.append(f"{host.address}: {problem}")
-        else:
-            probes[host.address] = result
-    problems += probe_problems(hosts, probes, cpu=cpu, workdir=workdir, dataset=dataset)
-    shared = bool(probes) and all(p.get("shared_output") for p in probes.values())
-    report = PreflightReport(hosts, probes, shared, output_root, dsconfig, cpu, problems)
-    echo(report.table())
+        marker.unlink(missing_ok=True)
+    problems = probe_problems(nodes, probes, workdir=workdir, dataset=dataset)
     if problems:
         raise PreflightError(f"Preflight found {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in problems))
-    echo(f"preflight OK: {len(hosts)} nodes, {sum(h.slots for h in hosts)} ranks, {'CPU (gloo)' if cpu else 'GPU (NCCL)'}, "
-         f"output folder {output_root} {'shared by all nodes' if shared else 'NOT shared: checkpoints are saved on each node'}")
-    return report
+    shared = all(p.get("shared_output") for p in probes.values())
+    head = probes[nodes[0].address]
+    overwrite = _truthy(_flag(train_argv, "overwrite"))
+    if head.get("finished") and not overwrite:
+        raise PreflightError(f"{run_dir} holds a finished run (run_summary.json is there). Pass --overwrite True to train again in it, "
+                             "or choose another --output_dir / --runs_root.")
+    world = decision.world_size
+    if overwrite:
+        from textsql.cluster.runs import ResumePlan
+
+        resume = ResumePlan(None)
+    else:
+        if not _flag(train_argv, "output_dir"):
+            for size, folder in sorted(interrupted_siblings(run_dir, world).items()):
+                raise PreflightError(f"{folder} holds an interrupted run of world size {size}, but this launch has world size {world} (and would "
+                                     f"start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume it; or, to start "
+                                     "afresh at this size, move that folder away or pass another --runs_root / --output_dir.")
+        if shared:
+            views, ranks_by_view = {nodes[0].address: head["checkpoints"]}, {nodes[0].address: list(range(world))}
+        else:
+            views = {n.address: probes[n.address]["checkpoints"] for n in nodes}
+            ranks_by_view = {n.address: ranks_of(decision.hosts, n.address) for n in nodes}
+        recorded = (head.get("record") or {}).get("world_size")
+        try:
+            resume = choose_checkpoint(views, ranks_by_view, world, zero_stage, recorded_world_size=recorded, run_dir=run_dir)
+        except TextsqlError as error:
+            raise PreflightError(str(error)) from None
+    argv = with_flag(with_flag(train_argv, "device", decision.accelerator), "precision", decision.precision.name)
+    node_files = {}
+    if not shared:
+        argv = with_flag(argv, "save_on_each_node", "True")
+        if dsconfig is not None:  # DeepSpeed saves each node's shards by its local ranks there
+            config = load_dsconfig(dsconfig)
+            config.setdefault("checkpoint", {})["use_node_local_storage"] = True
+            local = log_dir / f"node-local-{dsconfig.name}"
+            node_files[str(local)] = json.dumps(config, indent=2) + "\n"
+            argv = with_flag(argv, "deepspeed", str(local))
+    common, per_node = rank_environments(decision, nodes, environ, log_dir)
+    return LaunchPlan(launch_id, nodes, decision, workdir, log_dir, run_dir, shared, resume, zero_stage, argv, common, per_node,
+                      free_port(nodes[0].address), node_files, probes)
 
 
-def probe_problems(hosts: list[Host], probes: dict[str, dict], *, cpu: bool, workdir: Path, dataset: Path) -> list[str]:
-    """What is wrong where, from each host's probe, compared with node 0's (hosts[0]). Missing probes are skipped."""
+def probe_problems(nodes: list[NodeFacts], probes: dict[str, dict], *, workdir: Path, dataset: Path) -> list[str]:
+    """What is wrong where, from each node's facts and probe, compared with node 0's."""
     problems = []
-    reference = probes.get(hosts[0].address)
-    for i, host in enumerate(hosts):
-        p = probes.get(host.address)
-        if p is None:
-            continue
-        where = f"{host.address}" + (" (node 0)" if i == 0 else "")
-        if "textsql_error" in p:
-            problems.append(f"{where}: textsql does not import with {p['executable']}: {p['textsql_error']}")
-        if reference and i > 0:
-            if p["python"] != reference["python"]:
-                problems.append(f"{where}: Python {p['python']}, but node 0 ({hosts[0].address}) has {reference['python']}")
-            for name, have in p["versions"].items():
+    reference = nodes[0].facts
+    for index, node in enumerate(nodes):
+        facts, probe = node.facts, probes.get(node.address) or {}
+        where = node.address + (" (node 0)" if index == 0 else "")
+        if index:
+            if facts["python"] != reference["python"]:
+                problems.append(f"{where}: Python {facts['python']}, but node 0 ({nodes[0].address}) has {reference['python']}")
+            for name, have in facts["versions"].items():
                 want = reference["versions"].get(name)
                 if have != want:
-                    problems.append(f"{where}: {name} {have or 'is not installed'}, but node 0 ({hosts[0].address}) has {want}")
-        if not cpu:
-            if "gpu_error" in p:
-                problems.append(f"{where}: torch cannot see the GPUs: {p['gpu_error']}")
-            elif p.get("gpus", 0) < host.slots:
-                problems.append(f"{where}: the hostfile gives it {host.slots} slot(s) but torch sees {p.get('gpus', 0)} GPU(s)")
-        for path, is_dir in p["dirs"].items():
+                    problems.append(f"{where}: {name} {have or 'is not installed'}, but node 0 ({nodes[0].address}) has {want}")
+        for path, is_dir in probe.get("dirs", {}).items():
             if not is_dir:
                 what = "working folder" if path == str(workdir) else "dataset folder" if path == str(dataset) else "model folder"
                 problems.append(f"{where}: the {what} {path} does not exist there")
-        for path, digest in p["files"].items():
-            want = reference["files"].get(path) if reference else None
+        for path, digest in probe.get("files", {}).items():
+            want = (probes.get(nodes[0].address) or {}).get("files", {}).get(path)
             if digest is None:
                 problems.append(f"{where}: {path} does not exist there")
-            elif reference and digest != want:
+            elif index and digest != want:
                 problems.append(f"{where}: {path} differs from node 0's copy")
     return problems
 
 
-def _ssh_port(ssh_config: Path) -> int:
-    for line in Path(ssh_config).read_text().splitlines():
-        if line.strip().startswith("Port "):
-            return int(line.split()[1])
-    return 22
-
-
 # ---------------------------------------------------------------------------------------------------------------------
-# Launch
+# Watching a launch
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def deepspeed_command(hostfile: Path, hosts: list[Host], *, master_addr: str, master_port: int, ssh_port: int, launch_id: str, train_argv: list[str]) -> list[str]:
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
-    if launcher is None:
-        raise TextsqlError("The `deepspeed` launcher is not on PATH. Install the project's requirements (bash scripts/bootstrap.sh setup).")
-    command = [launcher, "--hostfile", str(hostfile), "--launcher", "pdsh", "--ssh_port", str(ssh_port), "--no_ssh_check",
-               "--num_nodes", str(len(hosts))]
-    if len({h.slots for h in hosts}) == 1:
-        command += ["--num_gpus", str(hosts[0].slots)]
-    command += ["--master_addr", master_addr, "--master_port", str(master_port), "--module", "textsql.cluster.rank",
-                f"{LAUNCH_FLAG}{launch_id}", *train_argv]
-    return command
-
-
-def _replace_or_add(argv: list[str], name: str, value: str) -> list[str]:
-    from textsql.train import replace_flag, given
-
-    return replace_flag(argv, name, value) if given(argv, name) else argv + [f"--{name}", value]
-
-
-def node_local_argv(train_argv: list[str], report: PreflightReport, launch_dir: Path, ssh_config: Path) -> list[str]:
-    """Without a shared output folder: save on each node, and DeepSpeed checkpoints by local rank (a copy of the
-    config with `checkpoint.use_node_local_storage`, put at the same path on every node). DeepSpeed writes the
-    `latest` tag of a checkpoint on global rank 0 only, so each node's checkpoints get theirs before a resume."""
-    from textsql.train import given
-
-    argv = list(train_argv)
-    if not given(argv, "save_on_each_node"):
-        argv += ["--save_on_each_node", "True"]
-    root = shlex.quote(str(report.output_root))
-    tag_latest = (f"for d in {root}/checkpoint-*/ {root}/*/checkpoint-*/; do for g in \"$d\"global_step*; do "
-                  f"[ -d \"$g\" ] && [ ! -e \"$d\"latest ] && basename \"$g\" > \"$d\"latest; done; done; true")
-    text = None
-    if report.dsconfig is not None:
-        config = json.loads(report.dsconfig.read_text())
-        config.setdefault("checkpoint", {})["use_node_local_storage"] = True
-        local = launch_dir / f"node-local-{report.dsconfig.name}"
-        text = json.dumps(config, indent=2) + "\n"
-        local.write_text(text)
-        argv = _replace_or_add(argv, "deepspeed", str(local))
-
-    def prepare(host: Host) -> str | None:
-        command = tag_latest
-        if text is not None:
-            command = f"mkdir -p {shlex.quote(str(launch_dir))} && cat > {shlex.quote(str(local))} && {tag_latest}"
-        done = run_ssh(ssh_config, host.address, command, stdin=text or "")
-        return None if done.returncode == 0 else f"{host.address}: {done.stderr.strip() or f'exit status {done.returncode}'}"
-
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(report.hosts)))) as pool:
-        failed = [f for f in pool.map(prepare, report.hosts[1:]) if f]
-    if failed:
-        raise TextsqlError("Could not prepare node-local checkpoints on " + "; ".join(failed))
-    return argv
-
-
-def stop_remote(hosts: list[Host], ssh_config: Path, launch_id: str, sig: str = "TERM") -> None:
-    """Signal this launch's processes on every node (they carry the launch id on their command line)."""
-    pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        list(pool.map(lambda h: run_ssh(ssh_config, h.address, f"pkill -{sig} -f -- {pattern}", timeout=20), hosts))
-
-
-def remaining_remote(hosts: list[Host], ssh_config: Path, launch_id: str) -> list[str]:
-    """Nodes where a process of this launch still runs (an unreachable node counts as having none left)."""
-    pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        codes = list(pool.map(lambda h: run_ssh(ssh_config, h.address, f"pgrep -f -- {pattern}", timeout=20).returncode, hosts))
-    return [h.address for h, code in zip(hosts, codes) if code == 0]
-
-
-def _read_lines(stream, lines: queue.Queue) -> None:
-    for line in stream:
-        lines.put(line.rstrip("\n"))
-    lines.put(None)
-
-
-def launch_training(hosts: list[Host] | Path | str, ssh_config: Path, train_argv: list[str], *, hostfile: Path | None = None,
-                    ssh_port: int = DEFAULT_PORT, launch_root: Path | None = None, workdir=None, echo=print, report: PreflightReport | None = None,
-                    grace_seconds: float = 10, extra_env: dict[str, str] | None = None) -> dict:
-    """Preflight, then run the multi-node launch, streaming every rank's output through `echo`.
-
-    Returns {"summary": rank 0's run_summary.json, "ranks": each rank's own summary (rank order), "launch_dir",
-    "command"}. Raises LaunchFailed naming the host, rank and log tail of the first rank that failed; by then every
-    process of the launch has been stopped on every node.
-    """
-    if isinstance(hosts, (str, Path)):
-        hostfile = Path(hosts)
-        hosts = read_hostfile(hostfile)
-    workdir = Path(workdir or os.getcwd()).absolute()
-    ssh_config = Path(ssh_config).absolute()
-    find_program("pdsh", "pdsh")
-    launch_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-    launch_dir = Path(launch_root or workdir / ".textsql" / "launches").absolute() / launch_id
-    launch_dir.mkdir(parents=True)
-    if hostfile is None:
-        hostfile = write_hostfile(launch_dir / "hostfile", hosts)
-    report = report or preflight(hosts, ssh_config, train_argv, workdir=workdir, echo=echo)
-    argv = list(train_argv) if report.shared_output else node_local_argv(train_argv, report, launch_dir, ssh_config)
-    master = hosts[0].address
-    rank_env = rank_environment(master, launch_dir, extra_env)
-    ds_env = write_deepspeed_env(launch_dir / ".deepspeed_env", rank_env)
-    command = deepspeed_command(hostfile, hosts, master_addr=master, master_port=free_port(master), ssh_port=ssh_port, launch_id=launch_id, train_argv=argv)
-    env = dict(os.environ, DS_ENV_FILE=str(ds_env), PDSH_SSH_ARGS_APPEND=f"-F {ssh_config}", PYTHONUNBUFFERED="1", PATH=rank_env["PATH"])
-    if report.cpu:
-        env["DS_ACCELERATOR"] = "cpu"
-    echo("$ " + " ".join(shlex.quote(a) for a in command))
-    echo(f"launch folder {launch_dir} (launch.log, rank-N.log on each node)")
-    monitor = LaunchMonitor()
-    lines: queue.Queue = queue.Queue()
-    process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, errors="replace", start_new_session=True)
-    threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
-    stopped = False
-    try:
-        with open(launch_dir / "launch.log", "w", buffering=1) as log:
-            while (line := _next_line(lines)) is not None:
-                if line:
-                    log.write(line + "\n")
-                    echo(line)
-                    monitor.feed(line)
-                if not stopped and monitor.failed_at is not None and time.monotonic() - monitor.failed_at > grace_seconds:
-                    echo(f"textsql: a rank failed; stopping the rest of launch {launch_id} on every node")
-                    _stop(process, reachable(hosts, monitor.node_exits), ssh_config, launch_id)
-                    stopped = True
-            process.wait()
-    except BaseException:
-        echo(f"textsql: interrupted; stopping launch {launch_id} on every node")
-        _stop(process, hosts, ssh_config, launch_id)
-        raise
-    if monitor.failed_at is not None or process.returncode != 0 or monitor.summary_path is None:
-        if not stopped:
-            _stop(process, reachable(hosts, monitor.node_exits), ssh_config, launch_id)
-        message = _failure_message(monitor.failures, monitor.node_exits, process.returncode, hosts, monitor.tails, launch_dir)
-        raise LaunchFailed(message, monitor.failures, launch_dir)
-    summary = json.loads(Path(monitor.summary_path).read_text())
-    return {"summary": summary, "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)], "launch_dir": launch_dir, "command": command,
-            "shared_output": report.shared_output}
-
-
-def _next_line(lines: queue.Queue) -> str | None:
-    """The next output line, "" when none came for half a second (to check the clock), None at the end."""
-    try:
-        return lines.get(timeout=0.5)
-    except queue.Empty:
-        return ""
 
 
 @dataclass
 class LaunchMonitor:
-    """What the streamed output of a launch says: rank failures, lost nodes, each rank's summary and log tail."""
+    """What the streamed output of a launch says: rank failures, nodes whose launcher ended badly or that were lost,
+    each rank's summary and log tail. Lines come as `<node address>: <text>`, ranks' as `<address>: [rank N] <text>`."""
 
     failures: list[dict] = field(default_factory=list)
-    node_exits: dict[str, int] = field(default_factory=dict)
+    node_exits: dict[str, object] = field(default_factory=dict)
     ranks: dict[int, dict] = field(default_factory=dict)
     tails: dict[int, list[str]] = field(default_factory=dict)
     summary_path: str | None = None
     failed_at: float | None = None
 
     def feed(self, line: str) -> None:
+        from textsql.launch import SUMMARY_MARKER
+
         match = RANK_LINE.match(line)
         text = match["text"] if match else line
         if match:
@@ -491,59 +408,175 @@ class LaunchMonitor:
             self.ranks[record["rank"]] = record
         elif SUMMARY_MARKER in text:
             self.summary_path = text.split(SUMMARY_MARKER, 1)[1].strip()
-        elif (lost := PDSH_EXIT.match(line)) and lost["code"] != "0":
-            self.node_exits[lost["host"]] = int(lost["code"])
-        if (self.failures or self.node_exits) and self.failed_at is None:
+        self._check()
+
+    def node_ended(self, address: str, code) -> None:
+        """A node's launcher ended (exit status), or the node was lost ("lost: <why>")."""
+        self.node_exits[address] = code
+        self._check()
+
+    def _check(self) -> None:
+        bad_exit = any(code != 0 for code in self.node_exits.values())
+        if (self.failures or bad_exit) and self.failed_at is None:
             self.failed_at = time.monotonic()
 
 
-def reachable(hosts: list[Host], node_exits: dict[str, int]) -> list[Host]:
-    """Hosts whose ssh session did not break (pdsh exit code 255): a lost node has nothing left to stop."""
-    return [h for h in hosts if node_exits.get(h.address) != 255]
+def secondary(record: dict) -> bool:
+    """A rank that failed because another one did: its launcher stopped it, or its connection to a peer broke."""
+    return bool(record.get("told_to_stop")) or bool(AFTERMATH.search("\n".join(record.get("tail", []))))
 
 
-def _stop(process: subprocess.Popen, hosts: list[Host], ssh_config: Path, launch_id: str) -> None:
-    """TERM this launch's processes on every node, then make sure none is left and the local pdsh/ssh are gone."""
-    stop_remote(hosts, ssh_config, launch_id, "TERM")
-    deadline = time.monotonic() + 15
-    while (left := remaining_remote(hosts, ssh_config, launch_id)) and time.monotonic() < deadline:
-        time.sleep(1)
-    if left:
-        stop_remote(hosts, ssh_config, launch_id, "KILL")
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # the runner, pdsh and ssh clients: never SIGTERM the runner, whose
-    except ProcessLookupError:                  # handler would `pkill -f deepspeed.launcher.launch` on every node
-        pass
-    process.wait()
+def first_failure(failures: list[dict]) -> dict:
+    """The rank that failed first: the earliest of those that did not merely lose a peer (reports come through one
+    stream per node, so not in the order the ranks died)."""
+    pool = [f for f in failures if not secondary(f)] or failures
+    return min(pool, key=lambda f: f.get("ended_at") or float("inf"))
 
 
-def _failure_message(failures, node_exits, returncode, hosts, tails, launch_dir) -> str:
-    from textsql.cluster.hostfile import rank_layout
-
+def failure_message(monitor: LaunchMonitor, hosts: list[Host], launch_dir: Path, resume: str | None) -> tuple[str, list[dict]]:
+    """The error a failed launch raises, and the rank records with the first failing rank first."""
+    failures = list(monitor.failures)
+    node_of = {h.address: i for i, h in enumerate(hosts)}
     if failures:
-        # Reports arrive through one ssh stream per node, so not always in the order the ranks died: the rank that
-        # failed first is the one whose log does not merely show a broken connection to the others.
-        first = next((f for f in failures if not AFTERMATH.search("\n".join(f["tail"]))), failures[0])
-        lines = [f"Rank {first['rank']} on {first.get('node_address') or first['host']} (host {first['host']}) failed first: {first['how']}.",
+        first = first_failure(failures)
+        failures.remove(first)
+        failures.sort(key=lambda f: f.get("ended_at") or float("inf"))
+        failures.insert(0, first)
+        address = first.get("node_address") or first["host"]
+        lines = [f"Rank {first['rank']} on node {node_of.get(address, '?')} ({address}, host {first['host']}) failed first: {first['how']}.",
                  f"Its log: {first['log']} (on that node). Last lines:"]
         lines += [f"  | {t}" for t in first["tail"]]
-        for other in failures:
-            if other is not first:
-                lines.append(f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']} (log {other['log']}).")
-    elif node_exits:
-        layout = rank_layout(hosts)
-        host, code = next(iter(node_exits.items()))
-        on_host = [r for r, (h, _) in layout.items() if h == host]
-        lines = [f"The launcher on {host} (rank(s) {', '.join(map(str, on_host))}) ended with exit code {code} without a rank report "
-                 "(the node was lost, ssh broke, or the launcher itself failed)."]
-        for rank in on_host:
-            lines += [f"  rank {rank} | {t}" for t in tails.get(rank, [])[-10:]]
+        for other in failures[1:]:
+            lines.append(f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']}"
+                         f"{' (stopped because of it)' if secondary(other) else ''} (log {other['log']}).")
     else:
-        lines = [f"The DeepSpeed launcher exited with status {returncode} and no run summary."]
-    lines.append(f"Every process of the launch was stopped. Whole output: {launch_dir / 'launch.log'}. "
-                 "Launch again with the same arguments to resume from the last checkpoint.")
-    return "\n".join(lines)
+        layout = rank_layout(hosts)
+        bad = {a: c for a, c in monitor.node_exits.items() if c != 0} or monitor.node_exits
+        lines = []
+        for address, code in bad.items():
+            on_host = [r for r, (h, _) in layout.items() if h == address]
+            what = f"was lost ({str(code).removeprefix('lost: ')})" if str(code).startswith("lost") else f"ended with exit status {code}"
+            lines.append(f"Node {node_of.get(address, '?')} ({address}, rank(s) {', '.join(map(str, on_host))}): its launcher {what} without a rank report.")
+            for rank in on_host:
+                lines += [f"  rank {rank} | {t}" for t in monitor.tails.get(rank, [])[-10:]]
+        if not lines:
+            lines = ["The launch ended without a run summary."]
+    lines.append(f"Every process of the launch was stopped on every node. Whole output: {launch_dir / 'launch.log'}.")
+    if resume:
+        lines.append(f"Launch again with the same arguments: the next launch {resume}.")
+    return "\n".join(lines), failures
+
+
+def resume_sentence(plan: LaunchPlan, ask) -> str:
+    """What the next launch will do, from every node's checkpoints as they are now (after the stop)."""
+    from textsql.cluster.runs import choose_checkpoint
+
+    nodes = plan.nodes if not plan.shared_output else plan.nodes[:1]
+    try:
+        probes = ask("probe", {n.address: {"run_dir": str(plan.run_dir)} for n in nodes})
+        world = plan.decision.world_size
+        views = {n.address: probes[n.address]["checkpoints"] for n in nodes}
+        ranks = {n.address: list(range(world)) if plan.shared_output else ranks_of(plan.hosts, n.address) for n in nodes}
+        return choose_checkpoint(views, ranks, world, plan.zero_stage, recorded_world_size=world, run_dir=plan.run_dir).sentence()
+    except TextsqlError as error:
+        return f"cannot tell which checkpoint it resumes from: {error}"
+
+
+def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=print, grace_seconds: float = 5) -> dict:
+    """The launch through node agents (links in node order): prepare every node, start `deepspeed --no_ssh --node_rank
+    i` on each, stream, and stop every node on the first failure or an interrupt. Returns the result dict; raises
+    LaunchFailed (or the interrupt, after stopping)."""
+    from textsql.cluster.coordinator import ask_all
+    from textsql.cluster.workers import interrupts_deferred
+
+    def ask(op, payloads):
+        by_address = {link.address: link for link in links}
+        return ask_all([by_address[a] for a in payloads], op, payloads)
+
+    while True:  # anything an earlier launch left in the queue is not this launch's
+        try:
+            events.get_nowait()
+        except queue.Empty:
+            break
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    ask("prepare", plan.prepare_requests())
+    commands = {}
+    for index, link in enumerate(links):
+        commands[link.address] = plan.deepspeed_command(link.facts["executable"], ["--no_ssh", "--node_rank", str(index)])
+    echo("node 0: " + _shown(commands[links[0].address]))
+    echo("training arguments (the same on every rank): " + " ".join(shlex.quote(a) for a in plan.argv))
+    echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
+    monitor = LaunchMonitor()
+    running = {link.address for link in links}
+    stopping_since = None
+    started = []
+    with open(plan.log_dir / "launch.log", "w", buffering=1) as log:
+        try:
+            for index, link in enumerate(links):
+                env = dict(plan.env, **plan.node_env[str(index)])
+                link.ask("run", command=commands[link.address], env=env, cwd=str(plan.workdir), launch_id=plan.launch_id)
+                started.append(link)
+            while running:
+                try:
+                    link, message = events.get(timeout=0.5)
+                except queue.Empty:
+                    link, message = None, None
+                if message is not None and message.get("launch_id", plan.launch_id) == plan.launch_id:
+                    op = message.get("op")
+                    if op == "line":
+                        line = f"{link.address}: {message['text']}"
+                        log.write(line + "\n")
+                        echo(line)
+                        monitor.feed(line)
+                    elif op in ("exit", "lost"):
+                        running.discard(link.address)
+                        monitor.node_ended(link.address, message["code"] if op == "exit" else f"lost: {message['reason']}")
+                now = time.monotonic()
+                if stopping_since is None and monitor.failed_at is not None and now - monitor.failed_at >= grace_seconds:
+                    echo(f"textsql: a rank failed; stopping launch {plan.launch_id} on every node")
+                    stopping_since = _stop_all(links)
+                if stopping_since is not None and now - stopping_since > STOP_WAIT_SECONDS:
+                    for address in running:
+                        monitor.node_ended(address, "lost: did not stop")
+                    break
+        except BaseException:
+            with interrupts_deferred(echo):
+                echo(f"textsql: interrupted; stopping launch {plan.launch_id} on every node")
+                _stop_all(started)
+                _wait_for_exits(events, {link.address for link in started} & running, log)
+            raise
+    if monitor.failed_at is not None or monitor.summary_path is None:
+        resume = resume_sentence(plan, ask)
+        message, failures = failure_message(monitor, plan.hosts, plan.log_dir, resume)
+        raise LaunchFailed(message, failures, plan.log_dir, resume)
+    return _result(plan, monitor, commands[links[0].address])
+
+
+def _stop_all(links: list) -> float:
+    for link in links:
+        link.send(op="stop")
+    return time.monotonic()
+
+
+def _wait_for_exits(events: queue.Queue, running: set[str], log) -> None:
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    while running and time.monotonic() < deadline:
+        try:
+            link, message = events.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if message.get("op") == "line":
+            log.write(f"{link.address}: {message['text']}\n")
+        elif message.get("op") in ("exit", "lost"):
+            running.discard(link.address)
+
+
+def _result(plan: LaunchPlan, monitor: LaunchMonitor, command: list[str]) -> dict:
+    summary = json.loads(Path(monitor.summary_path).read_text())
+    return {"summary": summary, "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)], "launch_dir": plan.log_dir, "command": command,
+            "shared_output": plan.shared_output, "plan": plan}
+
+
+def _shown(command: list[str]) -> str:
+    """A command for people: the spec (base64) shortened, the training arguments are echoed separately."""
+    return " ".join(shlex.quote(a if not a.startswith(SPEC_FLAG) else SPEC_FLAG + "...") for a in command)

@@ -1,14 +1,17 @@
-"""One rank of a multi-node launch: `python -m textsql.cluster.rank [--local_rank=N] --textsql_launch=ID TRAIN ARGS...`.
+"""One rank of a multi-node launch: `python -m textsql.cluster.rank [--local_rank=N] --textsql_launch=ID --textsql_spec=B64`.
 
-The DeepSpeed launcher on each node starts this instead of `textsql.train` directly. It runs the training in a child
+The DeepSpeed launcher on each node starts this instead of `textsql.train` directly. The spec (base64 JSON, one
+shell-safe word, so no shell on the way can expand anything) carries the training arguments exactly, the
+environment of the ranks (an allowlist, per node) and the log folder. This supervisor runs the training in a child
 process (the rank's process: it holds the model) and
-- keeps the rank's whole output in `$TEXTSQL_RANK_LOG_DIR/rank-<RANK>.log` (on the rank's own node),
-- passes every line on, prefixed `[rank N] `, so the launching notebook sees all ranks, told apart,
+- keeps the rank's whole output in `<log folder>/rank-<RANK>.log` (on the rank's own node),
+- passes every line on, prefixed `[rank N] `, so the session sees all ranks, told apart,
 - when the training process ends with an error or a signal, prints one `textsql-rank-exit: {json}` line that names the
-  rank, the host and how it ended, so the launch can stop the other ranks at once instead of waiting for a timeout,
+  rank, the host, how and when it ended and the tail of its output, so the session can name the rank that failed
+  first and stop the others at once instead of waiting for a timeout,
 - at the end of a good run prints `textsql-rank-summary: {json}`: this rank's own view of the run (world size,
-  steps, final losses), which the launch gathers from every rank.
-The launch id on the command line lets the launch find and stop exactly this run's processes on every node.
+  steps, final losses), which the session gathers from every rank.
+The launch id on the command line lets a user-managed launch find and stop exactly this run's processes on a node.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 RANK_EXIT_MARKER = "textsql-rank-exit: "
 RANK_SUMMARY_MARKER = "textsql-rank-summary: "
 LAUNCH_FLAG = "--textsql_launch="
-LOG_DIR_ENV = "TEXTSQL_RANK_LOG_DIR"
+SPEC_FLAG = "--textsql_spec="
 
 
 def _set_parent_death_signal() -> None:
@@ -38,35 +42,58 @@ def _set_parent_death_signal() -> None:
         pass
 
 
+def read_spec(argv: list[str]) -> dict:
+    from textsql.cluster.node import decode
+
+    words = [a for a in argv if a.startswith(SPEC_FLAG)]
+    if len(words) != 1:
+        raise SystemExit(f"textsql.cluster.rank: expected one {SPEC_FLAG}... argument (it is written by the session's launch)")
+    return decode(words[0].removeprefix(SPEC_FLAG))
+
+
+def rank_environment(spec: dict, environ=os.environ) -> dict[str, str]:
+    """The launcher's environment (RANK, WORLD_SIZE, MASTER_*, CUDA_VISIBLE_DEVICES, ...) plus the spec's variables for
+    this node (CROSS_RANK is the node rank DeepSpeed's node launcher sets)."""
+    node = str(environ.get("CROSS_RANK", "0"))
+    env = dict(environ)
+    env.update(spec.get("env", {}))
+    env.update(spec.get("node_env", {}).get(node, {}))
+    return env
+
+
 def supervise(argv: list[str]) -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    host = socket.gethostname()
-    train_args = [a for a in argv if not a.startswith(LAUNCH_FLAG)]
-    log_dir = Path(os.environ.get(LOG_DIR_ENV) or ".")
+    spec = read_spec(argv)
+    env = rank_environment(spec)
+    rank = int(env.get("RANK", "0"))
+    log_dir = Path(spec.get("log_dir") or ".")
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"rank-{rank}.log"
-    command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", *train_args]
+    command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", *spec["argv"]]
     prefix = f"[rank {rank}] "
     tail: list[str] = []
     with open(log_path, "a", buffering=1) as log:
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                  errors="replace", preexec_fn=_set_parent_death_signal)
         (log_dir / f"rank-{rank}.pid").write_text(f"{child.pid}\n")
+        signalled = []
 
         def forward(signum, frame):
+            signalled.append(signum)
             if child.poll() is None:
                 child.send_signal(signum)
 
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, forward)
         reader = threading.Thread(target=_pump, args=(child.stdout, log, prefix, tail), daemon=True)
         reader.start()
         code = child.wait()
+        ended = time.time()
         reader.join(timeout=5)
     if code != 0:
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        record = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": host, "pid": child.pid, "code": code,
-                  "how": how, "log": str(log_path.absolute()), "tail": tail[-15:]}
+        record = {"rank": rank, "local_rank": int(env.get("LOCAL_RANK", "0")), "node_rank": int(env.get("CROSS_RANK", "0")),
+                  "host": socket.gethostname(), "pid": child.pid, "code": code, "how": how, "ended_at": ended,
+                  "told_to_stop": bool(signalled), "log": str(log_path.absolute()), "tail": tail[-15:]}
         print(prefix + RANK_EXIT_MARKER + json.dumps(record), flush=True)
         return 1
     return 0
@@ -107,7 +134,8 @@ def train_main() -> int:
                    "world_size": seen.get("world_size"),
                    "process_index": seen.get("process_index"), "global_step": seen.get("global_step"),
                    "final_loss": seen["losses"][-1] if seen["losses"] else None, "train_loss": seen.get("train_loss"),
-                   "eval_loss": seen.get("eval_loss"), "logged_losses": seen["losses"], "output_dir": seen.get("output_dir")}
+                   "eval_loss": seen.get("eval_loss"), "logged_losses": seen["losses"], "output_dir": seen.get("output_dir"),
+                   "argv": sys.argv[1:], "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
         print(RANK_SUMMARY_MARKER + json.dumps(summary), flush=True)
     return code
 

@@ -1,66 +1,128 @@
-"""Worker nodes for multi-node training: one interface, two backends, and the Cluster that ties them to SSH.
-
-- `CmlBackend`: worker pods through `cml.workers_v1` (launch_workers / await_workers / list_workers / stop_workers);
-  the session is node 0.
-- `LocalBackend`: workers are processes on this machine, each a real sshd on its own loopback address (127.0.0.2,
-  127.0.0.3, ...); node 0 is 127.0.0.1. For tests, and for one multi-GPU box.
-
-Every node (node 0 included) runs `python -m textsql.cluster.worker`, which starts sshd on port 2222 and publishes its
-host key to the cluster folder in the shared project folder. `Cluster.start()` waits for those keys and writes
-known_hosts, the ssh config and the hostfile from them; `Cluster.stop()` stops every worker, and runs on failure
-and at exit too.
-"""
+"""Worker nodes — CML worker pods or local processes — and the Cluster: node 0 (this session) plus its workers, each
+running a node agent that connects back to this session. No ssh, no keys: see textsql.cluster."""
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.cluster.hostfile import Host, write_hostfile
-from textsql.cluster.ssh import (
-    authorized_keys_line,
-    ensure_project_key,
-    host_key_line,
-    write_ssh_config,
-)
-from textsql.cluster.worker import DEFAULT_PORT, default_sshd_config, published_path, stop_path
 from textsql.errors import TextsqlError
+
+AGENT_CODE = "import sys\nfrom textsql.cluster.node import main\nsys.exit(main(['agent']))\n"
+AGENT_MODULE = "textsql.cluster.node"
+_STARTED: dict[str, "Cluster"] = {}  # this process's started clusters, by folder
+
+
+@contextlib.contextmanager
+def interrupts_deferred(echo=print, doing: str = "stopping the cluster"):
+    """Ctrl-C (a notebook's interrupt) waits until the block is done, then is raised: clean-up is not cut short by
+    a second interrupt. Only the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+
+    def later(signum, frame):
+        received.append(signum)
+        echo(f"textsql: still {doing}; the interrupt takes effect once that is done")
+
+    previous = signal.signal(signal.SIGINT, later)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
 
 
 @dataclass
 class Worker:
+    """A worker node: its id (CML worker id, or local-<address>), address once known, and a local process's pid."""
+
     id: str
     address: str | None = None
+    pid: int | None = None
+    created: float | None = None
 
 
 @dataclass
 class WorkerSpec:
-    """What each worker pod gets (CML) and how many ranks it runs."""
+    """What each worker pod gets (CML) and how many ranks it runs (one per GPU; one on a CPU-only worker)."""
 
     cpu: float = 4
     memory: float = 16
     nvidia_gpu: int = 1
 
     @property
-    def slots(self) -> int:
+    def ranks(self) -> int:
         return max(1, self.nvidia_gpu)
 
 
-def worker_argv(cluster_dir: Path, token: str, port: int, sshd_config: Path, address: str | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "textsql.cluster.worker", "--cluster-dir", str(cluster_dir), "--token", token,
-            "--port", str(port), "--sshd-config", str(sshd_config)]
-    return argv + (["--address", address] if address else [])
+def start_agent(env: dict[str, str], log: Path, *, cpus: list[int] | None = None, prefix: list[str] | None = None) -> subprocess.Popen:
+    """A node agent as a local process in its own session (a notebook interrupt does not reach it), output in `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [*(prefix or []), sys.executable, "-m", AGENT_MODULE, "agent"]
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+
+
+def stop_processes(processes: list[subprocess.Popen], timeout: float = 20) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def stop_stale_processes(records: list[dict]) -> list[str]:
+    """Stop the agent processes an earlier start left (same pid AND start time AND command: never a recycled pid)."""
+    import psutil
+
+    stopped = []
+    for record in records:
+        try:
+            process = psutil.Process(record["pid"])
+            if abs(process.create_time() - record["created"]) > 1 or AGENT_MODULE not in " ".join(process.cmdline()):
+                continue
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except psutil.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+            stopped.append(record["id"])
+        except (psutil.Error, ProcessLookupError, KeyError, TypeError):
+            continue
+    return stopped
+
+
+def _created(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 class LocalBackend:
-    """Workers as local processes, each a real sshd on its own loopback address; node 0 is 127.0.0.1."""
+    """Workers as local processes on loopback addresses 127.0.0.2, 127.0.0.3, ...; node 0 is 127.0.0.1. On a machine
+    with GPUs each node gets its own (CUDA_VISIBLE_DEVICES), and each node its share of the cores."""
 
     name = "local"
 
@@ -68,34 +130,66 @@ class LocalBackend:
         self.session = session_address
         self.first = first_worker_address
         self.processes: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self.command_prefix: list[str] = []
 
     def session_address(self) -> str:
         return self.session
 
-    def launch(self, n: int, spec: WorkerSpec, argv: list[str], log_dir: Path) -> list[Worker]:
+    def placements(self, ranks_per_node: list[int]) -> list[dict]:
+        """Per node (node 0 first): the environment and cores that give it its own GPUs and its share of the CPU."""
+        from textsql.cluster.node import local_devices
+        from textsql.devices import split_local_cores, split_local_gpus
+
+        devices = local_devices()
+        gpus = split_local_gpus(ranks_per_node, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(ranks_per_node))
+        return [{"env": {"CUDA_VISIBLE_DEVICES": g} if g is not None else {}, "cpus": c} for g, c in zip(gpus, cores)]
+
+    def launch(self, n: int, spec: WorkerSpec, env: dict[str, str], log_dir: Path, placements: list[dict]) -> list[Worker]:
+        from textsql.cluster.node import NODE_ENV, WORKER_ENV
+
         prefix, last = self.first.rsplit(".", 1)
         workers = []
         for i in range(n):
             address = f"{prefix}.{int(last) + i}"
-            self.processes[address] = start_process(argv + ["--address", address], log_dir / f"worker-{address}.log")
-            workers.append(Worker(id=f"local-{address}", address=address))
+            worker = Worker(id=f"local-{address}", address=address)
+            self.logs[worker.id] = log_dir / f"worker-{address}.log"
+            node_env = _without_secrets(os.environ)  # what a pod would inherit from the project, less secrets
+            node_env.update(env)
+            node_env.update(placements[i]["env"])
+            node_env.update({NODE_ENV: address, WORKER_ENV: worker.id})
+            process = start_agent(node_env, self.logs[worker.id], cpus=placements[i]["cpus"], prefix=self.command_prefix)
+            self.processes[worker.id] = process
+            worker.pid, worker.created = process.pid, _created(process.pid)
+            workers.append(worker)
         return workers
 
-    def await_running(self, workers: list[Worker], timeout: float) -> list[Worker]:
-        return workers  # a local process runs as soon as it is started; its published host key says when sshd is up
+    def await_running(self, workers: list[Worker], timeout: float) -> None:
+        """A local process runs as soon as it is started."""
 
     def failed(self, worker: Worker) -> str | None:
-        process = self.processes.get(worker.address)
+        process = self.processes.get(worker.id)
         if process is not None and process.poll() is not None:
             return f"exited with status {process.returncode}"
         return None
 
+    def log_tail(self, worker: Worker, lines: int = 8) -> str:
+        log = self.logs.get(worker.id)
+        if log is None or not log.exists():
+            return ""
+        return f"--- {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
     def stop(self, workers: list[Worker]) -> None:
-        stop_processes([self.processes.pop(w.address) for w in workers if w.address in self.processes])
+        stop_processes([self.processes.pop(w.id) for w in workers if w.id in self.processes])
+
+    def stop_stale(self, records: list[dict]) -> list[str]:
+        return stop_stale_processes(records)
 
 
 class CmlBackend:
-    """Worker pods through CML's `cml.workers_v1`; the session itself is node 0 ($CDSW_IP_ADDRESS)."""
+    """Worker pods through CML's `cml.workers_v1`; the session itself is node 0 ($CDSW_IP_ADDRESS). Each pod runs the
+    node agent (`launch_workers(code=...)`); what it must know, the token included, is in `env`, never in a file."""
 
     name = "cml"
 
@@ -114,25 +208,23 @@ class CmlBackend:
             raise TextsqlError("CDSW_IP_ADDRESS is not set: the CML backend runs inside a CML session (its address is node 0).")
         return address
 
-    def launch(self, n: int, spec: WorkerSpec, argv: list[str], log_dir: Path) -> list[Worker]:
-        # The worker engine runs this code; the worker's own address comes from its $CDSW_IP_ADDRESS.
-        code = f"import subprocess, sys\nsys.exit(subprocess.call({argv!r}))\n"
-        launched = self.cml.launch_workers(n=n, cpu=spec.cpu, memory=spec.memory, nvidia_gpu=spec.nvidia_gpu, code=code, env={})
+    def placements(self, ranks_per_node: list[int]) -> list[dict]:
+        return [{"env": {}, "cpus": None} for _ in ranks_per_node]  # each pod has its own devices
+
+    def launch(self, n: int, spec: WorkerSpec, env: dict[str, str], log_dir: Path, placements: list[dict]) -> list[Worker]:
+        launched = self.cml.launch_workers(n=n, cpu=spec.cpu, memory=spec.memory, nvidia_gpu=spec.nvidia_gpu, code=AGENT_CODE, env=env)
         return [Worker(id=w["id"]) for w in launched]
 
-    def await_running(self, workers: list[Worker], timeout: float) -> list[Worker]:
-        ids = [w.id for w in workers]
-        result = self.cml.await_workers(ids, wait_for_completion=False, timeout_seconds=int(timeout))
+    def await_running(self, workers: list[Worker], timeout: float) -> None:
+        result = self.cml.await_workers([w.id for w in workers], wait_for_completion=False, timeout_seconds=int(timeout))
         failures = result.get("failures") or []
         if failures:
-            details = "; ".join(f"{f.get('id')}: {f.get('status', '?')} {f.get('message', '')}".strip() for f in failures)
-            raise TextsqlError(f"{len(failures)} of {len(ids)} CML workers did not start: {details}")
-        addresses = {w["id"]: w.get("ip_address") for w in self.cml.list_workers() if w.get("id") in ids}
-        for worker in workers:
-            worker.address = addresses.get(worker.id)
-            if not worker.address:
-                raise TextsqlError(f"CML lists no IP address for worker {worker.id}; is it still running?")
-        return workers
+            details = "; ".join(f"{f.get('id')}: {f.get('status', '?')} {f.get('message', '') or ''}".strip() for f in failures)
+            raise TextsqlError(f"{len(failures)} of {len(workers)} CML worker(s) did not start within {timeout:.0f} s: {details}. "
+                               "Check the workers' resources (cpu, memory, nvidia_gpu) against what the cluster has free.")
+
+    def addresses(self) -> dict[str, str]:
+        return {w.get("id"): w.get("ip_address") for w in self.cml.list_workers()}
 
     def failed(self, worker: Worker) -> str | None:
         for listed in self.cml.list_workers():
@@ -140,29 +232,19 @@ class CmlBackend:
                 return f"status {listed.get('status')}"
         return None
 
+    def log_tail(self, worker: Worker, lines: int = 8) -> str:
+        return f"--- {worker.id}: see its log in CML (the session's Workers tab)"
+
     def stop(self, workers: list[Worker]) -> None:
         if workers:
             self.cml.stop_workers(*[w.id for w in workers])
 
-
-def start_process(argv: list[str], log: Path) -> subprocess.Popen:
-    """A background process with its output in `log`, in its own session (a notebook interrupt does not reach it)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop_processes(processes: list[subprocess.Popen], timeout: float = 15) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    def stop_stale(self, records: list[dict]) -> list[str]:
+        ids = {r["id"] for r in records}
+        running = [w["id"] for w in self.cml.list_workers() if w.get("id") in ids and w.get("status") in ("scheduling", "running")]
+        if running:
+            self.cml.stop_workers(*running)
+        return running
 
 
 def make_backend(backend) -> LocalBackend | CmlBackend:
@@ -177,10 +259,10 @@ def make_backend(backend) -> LocalBackend | CmlBackend:
 
 @dataclass
 class Cluster:
-    """Node 0 (this session) plus `workers` worker nodes, reachable over SSH with host keys checked.
+    """Node 0 (this session) plus `workers` worker nodes, each running a node agent connected to this session.
 
         with Cluster("cml", workers=2, nvidia_gpu=1) as cluster:   # or Cluster("local", workers=1)
-            print(cluster.hostfile.read_text())
+            print(cluster.describe())
             cluster.preflight(train_argv)
             result = cluster.train(train_argv)
     """
@@ -193,8 +275,6 @@ class Cluster:
     session_slots: int | None = None
     project_dir: Path = Path(".")
     name: str = "default"
-    ssh_port: int = DEFAULT_PORT
-    sshd_config: Path | None = None
     start_timeout: float = 600
     echo: object = print
     nodes: list[Worker] = field(default_factory=list, init=False)
@@ -205,121 +285,154 @@ class Cluster:
         self.backend = make_backend(self.backend)
         self.project_dir = Path(self.project_dir).absolute()
         self.dir = self.project_dir / ".textsql" / "cluster" / self.name
-        self.key_dir = self.project_dir / ".textsql" / "ssh"
-        self.sshd_config = Path(self.sshd_config or default_sshd_config()).absolute()
         self.spec = WorkerSpec(self.cpu, self.memory, self.nvidia_gpu)
-        self.token = secrets.token_hex(8)
-        self.session_process: subprocess.Popen | None = None
         self.started = False
-        self.report = None
-
-    # -- files the launch reads -------------------------------------------------------------------------------------
-    @property
-    def hostfile(self) -> Path:
-        return self.dir / "hostfile"
+        self.links: list = []
+        self.coordinator = None
+        self.node0 = None
+        self.lock = None
 
     @property
-    def ssh_config(self) -> Path:
-        return self.dir / "ssh_config"
-
-    @property
-    def known_hosts(self) -> Path:
-        return self.dir / "known_hosts"
-
-    @property
-    def hosts(self) -> list[Host]:
-        return [Host(self.session, self.session_slots)] + [Host(w.address, self.spec.slots) for w in self.nodes]
+    def state_file(self) -> Path:
+        return self.dir / "workers.json"
 
     # -- life cycle ---------------------------------------------------------------------------------------------------
     def start(self) -> "Cluster":
+        from textsql.cluster.coordinator import Coordinator
+        from textsql.cluster.environment import forwarded
+        from textsql.cluster.node import ADDRESS_ENV, NODE_ENV, TOKEN_ENV, WORKER_ENV
+        from textsql.cluster.runs import FileLock
+
         if self.started:
             return self
-        if not self.sshd_config.is_file():
-            raise TextsqlError(f"The sshd configuration {self.sshd_config} does not exist (docker/sshd_config in the repository, "
-                               "or set TEXTSQL_SSHD_CONFIG / sshd_config=).")
+        earlier = _STARTED.get(str(self.dir))
+        if earlier is not None and earlier is not self:
+            self.echo(f"stopping the earlier cluster '{self.name}' of this kernel (its cell ran again)")
+            earlier.stop()
         self.session = self.backend.session_address()
-        if not self.session_slots:
-            import torch
-
-            self.session_slots = torch.cuda.device_count() or 1  # this session's GPUs (one rank on a CPU-only machine)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        key = ensure_project_key(self.key_dir)
-        authorized = self.dir / "authorized_keys"
-        authorized.write_text(authorized_keys_line(key, allowed_from=self.session))
-        os.chmod(authorized, 0o600)
-        for old in list((self.dir / "hostkeys").glob("*.json")) + list(self.dir.glob("stop-*")):
-            old.unlink()  # keys of earlier workers are never trusted again
+        self.lock = FileLock(self.dir / "cluster.lock", f"Cluster '{self.name}' of {self.project_dir}",
+                             "Stop it there (cluster.stop(), or end that session), or give this one another name (Cluster(name=...)).", {})
         self.started = True
+        _STARTED[str(self.dir)] = self
         atexit.register(self.stop)
         try:
-            argv = worker_argv(self.dir, self.token, self.ssh_port, self.sshd_config)
-            self.echo(f"starting sshd on node 0 ({self.session}:{self.ssh_port}) and {self.workers} {self.backend.name} worker(s)")
-            self.session_process = start_process(argv + ["--address", self.session], self.dir / "logs" / f"worker-{self.session}.log")
+            self._stop_stale()
+            self.start_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+            token = secrets.token_hex(32)
+            self.coordinator = Coordinator(self.session, token, self.echo)
+            env = dict(forwarded(os.environ), **{ADDRESS_ENV: f"{self.session}:{self.coordinator.port}", TOKEN_ENV: token})
+            ranks = [self.session_slots or 1] + [self.spec.ranks] * self.workers
+            placements = self.backend.placements(ranks)
+            logs = self.dir / "logs"
+            self.echo(f"starting node 0's agent ({self.session}) and {self.workers} {self.backend.name} worker(s)")
+            node0_id = f"node0-{self.start_id}"
+            node0_env = _without_secrets(os.environ)  # a local child: the session's environment, less its secrets
+            node0_env.update(env)
+            node0_env.update(placements[0]["env"])
+            node0_env.update({NODE_ENV: self.session, WORKER_ENV: node0_id})
+            with interrupts_deferred(self.echo, "starting the agents"):  # what is started is recorded, so that it can be stopped
+                self.node0 = Worker(id=node0_id, address=self.session)
+                self._node0_process = start_agent(node0_env, logs / f"node0-{self.session}.log", cpus=placements[0]["cpus"])
+                self.node0.pid, self.node0.created = self._node0_process.pid, _created(self._node0_process.pid)
+                self._save_state()
+                if self.workers:
+                    self.nodes = self.backend.launch(self.workers, self.spec, env, logs, placements[1:])
+                    self._save_state()
             if self.workers:
-                self.nodes = self.backend.launch(self.workers, self.spec, argv, self.dir / "logs")
+                self.echo(f"waiting for {self.workers} worker(s) to start (up to {self.start_timeout:.0f} s)")
                 self.backend.await_running(self.nodes, self.start_timeout)
-            published = self._await_published()
-            self.known_hosts.write_text("".join(host_key_line(r["address"], r["port"], r["host_key"]) for r in published))
-            addresses = [h.address for h in self.hosts]
-            write_ssh_config(self.ssh_config, hosts=addresses, port=self.ssh_port, key=key, known_hosts=self.known_hosts)
-            write_hostfile(self.hostfile, self.hosts)
+            self.links = self._await_agents()
         except BaseException:
             self.stop()
             raise
-        self.echo(f"cluster ready: {len(self.hosts)} nodes, hostfile {self.hostfile}")
+        self.echo(f"cluster ready: {len(self.links)} nodes\n{self.describe()}")
         return self
 
-    def _await_published(self) -> list[dict]:
-        """Wait until every node published its host key with this cluster's token; fail fast on a dead worker."""
-        wanted = [self.session] + [w.address for w in self.nodes]
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            records, missing = [], []
-            for address in wanted:
-                try:
-                    record = json.loads(published_path(self.dir, address).read_text())
-                except (OSError, ValueError):
-                    record = None
-                if record and record.get("token") == self.token and record.get("address") == address:
-                    records.append(record)
-                else:
-                    missing.append(address)
-            if not missing:
-                return records
-            dead = [f"{w.address} ({why})" for w in self.nodes if (why := self.backend.failed(w))]
-            if self.session_process.poll() is not None:
-                dead.append(f"{self.session} (node 0, exited with status {self.session_process.returncode})")
-            if dead or time.monotonic() > deadline:
-                what = f"ended before its sshd was up: {', '.join(dead)}" if dead else f"published no host key within {self.start_timeout:.0f} s: {', '.join(missing)}"
-                logs = self._log_tails([d.split()[0] for d in dead] if dead else missing)
-                raise TextsqlError(f"Cluster start failed: node(s) {what}. Their logs: {self.dir / 'logs'} (local) or the CML worker logs.\n{logs}")
-            time.sleep(1)
+    def _await_agents(self) -> list:
+        """Every node's agent connected and proved the token; node 0 first, then the workers in launch order."""
+        expected = [self.node0] + self.nodes
 
-    def _log_tails(self, addresses: list[str]) -> str:
-        tails = []
-        for address in addresses:
-            log = self.dir / "logs" / f"worker-{address}.log"
-            if log.exists():
-                lines = log.read_text(errors="replace").splitlines()[-8:]
-                tails.append(f"--- {log}:\n" + "\n".join(lines))
-        return "\n".join(tails)
+        def check():
+            dead = []
+            if self._node0_process.poll() is not None:
+                dead.append(f"node 0's agent ({self.session}): exited with status {self._node0_process.returncode}")
+            dead += [f"{w.id}" + (f" ({w.address})" if w.address else "") + f": {why}" for w in self.nodes if (why := self.backend.failed(w))]
+            if dead:
+                tails = "\n".join(filter(None, [self._node0_tail()] + [self.backend.log_tail(w) for w in self.nodes]))
+                raise TextsqlError(f"Cluster start failed: node(s) ended before their agent connected: {'; '.join(dead)}.\n{tails}")
+
+        try:
+            self.coordinator.wait_for(len(expected), self.start_timeout, check)
+        except TimeoutError:
+            joined = {link.worker_id for link in self.coordinator.links} | {link.address for link in self.coordinator.links}
+            missing = [w for w in expected if w.id not in joined and w.address not in joined]
+            tails = "\n".join(filter(None, [self.backend.log_tail(w) for w in missing if w is not self.node0]))
+            raise TextsqlError(
+                f"Cluster start failed: {', '.join(w.id for w in missing)} did not connect to the session at {self.session}:{self.coordinator.port} "
+                f"within {self.start_timeout:.0f} s (started but published nothing: it cannot reach the session, or it started too late).\n{tails}") from None
+        by_id = {link.worker_id: link for link in self.coordinator.links}
+        addresses = self.backend.addresses() if hasattr(self.backend, "addresses") else {}
+        by_address = {link.address: link for link in self.coordinator.links}
+        ordered = []
+        for worker in expected:
+            link = by_id.get(worker.id) or by_address.get(worker.address or addresses.get(worker.id))
+            if link is None:
+                raise TextsqlError(f"Cluster start failed: no agent answered for {worker.id}; the connected agents are "
+                                   f"{', '.join(f'{l.worker_id} ({l.address})' for l in self.coordinator.links)}.")
+            worker.address = link.address
+            ordered.append(link)
+        return ordered
+
+    def _node0_tail(self) -> str:
+        log = self.dir / "logs" / f"node0-{self.session}.log"
+        return f"--- {log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-8:]) if log.exists() else ""
+
+    def _save_state(self) -> None:
+        """Which agents this start runs, so that a later start (after a kernel restart) can stop any left over."""
+        records = [{"id": w.id, "pid": w.pid, "created": w.created} for w in [self.node0] + self.nodes if w is not None]
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        self.state_file.write_text(json.dumps({"backend": self.backend.name, "start": getattr(self, "start_id", None), "workers": records}, indent=2))
+
+    def _stop_stale(self) -> None:
+        try:
+            state = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return
+        records = state.get("workers") or []
+        if not records:
+            return
+        stopped = stop_stale_processes([r for r in records if r.get("pid")])
+        if state.get("backend") == self.backend.name and hasattr(self.backend, "stop_stale"):
+            stopped += [i for i in self.backend.stop_stale([r for r in records if not r.get("pid")]) if i not in stopped]
+        if stopped:
+            self.echo(f"stopped {len(stopped)} stale worker(s) of an earlier start ({state.get('start')}): {', '.join(stopped)}")
+        self._clear_state()
 
     def stop(self) -> None:
-        """Stop every worker and node 0's sshd. Safe to call twice, and called at exit and on any failure."""
+        """Stop every worker and node 0's agent (each stops its launch first). Safe to call twice, called at exit and
+        on any failure; a second Ctrl-C waits until it is done."""
         if not self.started:
             return
-        self.started = False
-        atexit.unregister(self.stop)
-        try:
-            stop_path(self.dir, self.token).touch()  # workers see it within seconds, wherever they run
-        except OSError:
-            pass
-        try:
-            self.backend.stop(self.nodes)
-        finally:
-            if self.session_process is not None:
-                stop_processes([self.session_process])
-            self.echo(f"stopped {len(self.nodes)} worker(s) and node 0's sshd")
+        with interrupts_deferred(self.echo):
+            self.started = False
+            if _STARTED.get(str(self.dir)) is self:
+                del _STARTED[str(self.dir)]
+            atexit.unregister(self.stop)
+            self.echo(f"stopping {len(self.nodes)} worker(s) and node 0's agent")
+            try:
+                if self.coordinator is not None:
+                    self.coordinator.close()
+                self.backend.stop(self.nodes)
+                if self.node0 is not None:
+                    stop_processes([self._node0_process])
+                self._clear_state()
+            finally:
+                if self.lock is not None:
+                    self.lock.release()
+            self.echo(f"stopped {len(self.nodes)} worker(s) and node 0's agent")
+
+    def _clear_state(self) -> None:
+        self.state_file.write_text(json.dumps({"backend": self.backend.name, "start": None, "workers": []}))
 
     def __enter__(self) -> "Cluster":
         return self.start()
@@ -328,37 +441,68 @@ class Cluster:
         self.stop()
 
     # -- training -------------------------------------------------------------------------------------------------------
-    def preflight(self, train_argv: list[str], **kwargs):
-        """Check every node for this training (see textsql.cluster.launch.preflight); train() reuses the report."""
-        from textsql.cluster.launch import preflight
+    def _node_facts(self) -> list:
+        from textsql.cluster.launch import NodeFacts
 
+        ranks = [self.session_slots] + [self.spec.ranks if self.spec.nvidia_gpu else 1] * len(self.nodes)
+        return [NodeFacts(link.address, link.facts, r) for link, r in zip(self.links, ranks)]
+
+    def _ask(self, op: str, payloads: dict[str, dict]) -> dict:
+        from textsql.cluster.coordinator import ask_all
+
+        by_address = {link.address: link for link in self.links}
+        return ask_all([by_address[a] for a in payloads], op, payloads)
+
+    def plan(self, train_argv: list[str]):
+        """Decide and check everything for this training (textsql.cluster.launch.plan_launch) without starting it."""
+        from textsql.cluster.launch import plan_launch
+
+        if not self.started:
+            raise TextsqlError("The cluster is not started (cluster.start()).")
+        return plan_launch(self._node_facts(), list(train_argv), self._ask, workdir=Path.cwd(), log_root=self.dir / "launches")
+
+    def preflight(self, train_argv: list[str]):
+        """Check every node for this training and show what the launch would do; raises PreflightError."""
         try:
-            self.report = (list(train_argv), preflight(self.hosts, self.ssh_config, train_argv, echo=self.echo, **kwargs))
+            plan = self.plan(train_argv)
         except BaseException:
             self.stop()
             raise
-        return self.report[1]
+        self.echo(plan.describe())
+        self.echo(f"preflight OK: {len(plan.hosts)} nodes, world size {plan.decision.world_size}")
+        return plan
 
-    def train(self, train_argv: list[str], stop_on_failure: bool = True, **kwargs):
-        """The multi-node launch (after a preflight, unless preflight() just ran for the same arguments); on any
-        failure every worker is stopped, since idle workers still hold their GPUs."""
-        from textsql.cluster.launch import launch_training
+    def train(self, train_argv: list[str], stop_on_failure: bool = True, grace_seconds: float = 5):
+        """One multi-node launch (textsql.cluster.launch): on any failure or interrupt every node's processes are
+        stopped, and (stop_on_failure) the workers too, since idle workers still hold their GPUs."""
+        from textsql.cluster.launch import run_on_agents
+        from textsql.cluster.runs import run_lock
 
-        report = self.report[1] if self.report and self.report[0] == list(train_argv) else None
         try:
-            return launch_training(self.hosts, self.ssh_config, train_argv, hostfile=self.hostfile, ssh_port=self.ssh_port,
-                                   launch_root=self.dir / "launches", echo=self.echo, report=report, **kwargs)
+            plan = self.plan(train_argv)
+            self.echo(plan.describe())
+            with run_lock(plan.run_dir, plan.launch_id):
+                return run_on_agents(self.links, plan, events=self.coordinator.events, echo=self.echo, grace_seconds=grace_seconds)
         except BaseException:
             if stop_on_failure:
                 self.stop()
             raise
 
     def describe(self) -> str:
-        lines = [f"{'node':<6}{'address':<18}{'slots':<7}worker"]
-        lines.append(f"{0:<6}{self.session:<18}{self.session_slots:<7}this session")
-        for i, worker in enumerate(self.nodes, 1):
-            lines.append(f"{i:<6}{worker.address:<18}{self.spec.slots:<7}{self.backend.name} {worker.id}")
+        from textsql.devices import NodeDevices
+
+        lines = [f"{'node':<6}{'address':<18}{'worker':<30}devices"]
+        for i, link in enumerate(self.links):
+            worker = "this session" if i == 0 else f"{self.backend.name} {link.worker_id}"
+            devices = NodeDevices.from_dict(link.facts["devices"]).describe() if "devices" in link.facts else link.facts.get("devices_error")
+            lines.append(f"{i:<6}{link.address:<18}{worker:<30}{devices}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"Cluster({self.backend.name}, nodes={[h.line() for h in self.hosts] if self.started else 'not started'})"
+        return f"Cluster({self.backend.name}, nodes={[l.address for l in self.links] if self.started else 'not started'})"
+
+
+def _without_secrets(environ) -> dict[str, str]:
+    from textsql.cluster.environment import is_secret
+
+    return {k: v for k, v in environ.items() if not is_secret(k)}

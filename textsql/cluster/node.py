@@ -1,0 +1,314 @@
+"""What runs on every node of a launch: `python -m textsql.cluster.node agent|probe B64|prepare B64`.
+
+`agent` (one per node, started by the session: a local process on node 0, `launch_workers(code=...)` on a CML worker
+pod, a local process per loopback address in the local backend) connects back to the session at
+$TEXTSQL_CLUSTER_ADDRESS, proves it holds $TEXTSQL_CLUSTER_TOKEN, reports what the node has, and then does what the
+session asks: probe, prepare (set aside incomplete checkpoints, write node-local files), run the node's DeepSpeed
+launcher with its output streamed back, stop it. It never spins, and it ends — stopping the launcher first — when the
+session says so, when its connection to the session breaks or falls silent, or on SIGTERM/SIGINT/SIGHUP: a notebook
+kernel that dies takes its workers with it.
+`probe` and `prepare` do the same for user-managed nodes, over ssh, answering with one `textsql-node: {json}` line.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
+CONNECT_TIMEOUT_ENV = "TEXTSQL_CLUSTER_CONNECT_TIMEOUT"
+ANSWER = "textsql-node: "
+SILENCE_SECONDS = 45  # the session pings every 5 s; this much silence means it is gone
+STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL for what is left of the launcher's process group
+
+
+def encode(data) -> str:
+    """JSON as one shell-safe word (base64url): how arguments and environments reach other nodes, unexpanded."""
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
+
+
+def decode(word: str):
+    return json.loads(base64.urlsafe_b64decode(word.encode()))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What a node has
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def describe_node(address: str) -> dict:
+    """This node's facts for the session's decisions: devices (textsql.devices), interface, Python and versions."""
+    import importlib.metadata as metadata
+
+    from textsql.cluster.environment import interface_of, node_local_extensions_dir
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    facts = {"address": address, "hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
+             "executable": sys.executable, "textsql_path": str(Path(__file__).resolve().parent.parent),
+             "versions": {name: version(name) for name in ("textsql", "deepspeed", "torch", "transformers")},
+             "interface": interface_of(address), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+             "local_extensions_dir": node_local_extensions_dir()}
+    try:
+        facts["devices"] = local_devices().as_dict()
+    except Exception as error:  # a broken driver: the session names this node
+        facts["devices_error"] = str(error)
+    return facts
+
+
+def local_devices(isolated: bool | None = None):
+    """This machine's NodeDevices. On a machine with an NVIDIA driver they are asked in a short-lived child process: a
+    long-lived process (an agent, the notebook kernel) that asked torch itself would keep CUDA initialised there,
+    holding GPU memory the ranks need. Elsewhere asking torch here costs nothing."""
+    from textsql.devices import NodeDevices
+
+    if not (Path("/dev/nvidiactl").exists() if isolated is None else isolated):
+        return NodeDevices.local()
+    done = subprocess.run([sys.executable, "-c", "import json; from textsql.devices import NodeDevices; "
+                           f"print({ANSWER!r} + json.dumps(NodeDevices.local().as_dict()))"], capture_output=True, text=True, timeout=300)
+    found = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
+    if not found:
+        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
+    return NodeDevices.from_dict(json.loads(found[-1].removeprefix(ANSWER)))
+
+
+def _digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def probe(request: dict) -> dict:
+    """Run-specific checks: folders and files present (files by digest), node 0's shared-folder marker visible,
+    the run folder's checkpoints and launch record."""
+    from textsql.cluster.runs import RECORD, list_checkpoints
+
+    result = {"dirs": {p: os.path.isdir(p) for p in request.get("dirs", [])}, "files": {p: _digest(p) for p in request.get("files", [])}}
+    marker = request.get("shared_marker")
+    if marker:
+        result["shared_output"] = _digest(marker["path"]) == marker["digest"]
+    if request.get("run_dir"):
+        run_dir = Path(request["run_dir"])
+        result["checkpoints"] = list_checkpoints(run_dir)
+        try:
+            result["record"] = json.loads((run_dir / RECORD).read_text())
+        except (OSError, ValueError):
+            result["record"] = None
+        result["finished"] = (run_dir / "run_summary.json").exists()
+    return result
+
+
+def prepare(request: dict) -> dict:
+    """Get the node ready for a launch: folders, node-local files, the launch record, incomplete checkpoints set
+    aside (renamed, never deleted), DeepSpeed's `latest` tag where only rank 0's node got one, stale JIT locks."""
+    from textsql.cluster.runs import QUARANTINE_PREFIX, RECORD
+
+    done = {"set_aside": [], "tagged": None}
+    for folder in request.get("mkdirs", []):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    for path, text in request.get("files", {}).items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    run_dir = Path(request["run_dir"]) if request.get("run_dir") else None
+    if run_dir is not None:
+        for name in request.get("set_aside", []):
+            if (run_dir / name).is_dir():
+                target = run_dir / f"{QUARANTINE_PREFIX}{name}-{request['launch_id']}"
+                (run_dir / name).rename(target)
+                done["set_aside"].append(str(target))
+        resume = request.get("resume")
+        if resume and (run_dir / resume).is_dir() and not (run_dir / resume / "latest").exists():
+            tags = sorted(p.name for p in (run_dir / resume).glob("global_step*") if p.is_dir())
+            if tags:
+                (run_dir / resume / "latest").write_text(tags[-1])
+                done["tagged"] = tags[-1]
+        if request.get("record"):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / RECORD).write_text(json.dumps(request["record"], indent=2) + "\n")
+    extensions = request.get("clear_stale_locks_in")
+    if extensions and Path(extensions).is_dir():
+        for lock in Path(extensions).glob("*/lock"):  # no rank runs on this node now: a lock is a dead build's
+            lock.unlink(missing_ok=True)
+    return done
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The agent
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _log(message: str) -> None:
+    print(f"textsql node agent: {message}", flush=True)
+
+
+class Agent:
+    def __init__(self, session: tuple[str, int], token: str, address: str, worker_id: str):
+        self.session, self.token, self.address, self.worker_id = session, token, address, worker_id
+        self.channel = None
+        self.launcher: subprocess.Popen | None = None
+        self.stopping_launcher = False
+        self.launch_id = None
+        self.signalled: str | None = None
+
+    def connect(self, timeout: float) -> None:
+        from textsql.cluster.channel import HandshakeFailed, client_handshake
+
+        hello = dict(describe_node(self.address), worker_id=self.worker_id)
+        deadline = time.monotonic() + timeout
+        complained = False
+        while True:
+            try:
+                sock = socket.create_connection(self.session, timeout=10)
+                sock.settimeout(None)
+                self.channel = client_handshake(sock, self.token, hello)
+                _log(f"connected to the session at {self.session[0]}:{self.session[1]} as {self.address} ({self.worker_id})")
+                return
+            except HandshakeFailed as error:
+                raise SystemExit(f"textsql node agent: the session at {self.session[0]}:{self.session[1]} refused this node: {error}")
+            except OSError as error:
+                if self.signalled or time.monotonic() > deadline:
+                    raise SystemExit(f"textsql node agent: cannot reach the session at {self.session[0]}:{self.session[1]} "
+                                     f"({error}); gave up after {timeout:.0f} s") from None
+                if not complained:
+                    _log(f"cannot reach the session at {self.session[0]}:{self.session[1]} ({error}); retrying")
+                    complained = True
+                time.sleep(1)
+
+    def serve(self) -> int:
+        from textsql.cluster.channel import ChannelClosed
+
+        last = time.monotonic()
+        try:
+            while True:
+                if self.signalled:
+                    _log(f"{self.signalled}: stopping")
+                    return 0
+                message = self.channel.receive(timeout=1)
+                if message is None:
+                    if time.monotonic() - last > SILENCE_SECONDS:
+                        _log(f"the session has been silent for {SILENCE_SECONDS} s: it is gone; stopping")
+                        return 3
+                    continue
+                last = time.monotonic()
+                if self.handle(message) == "bye":
+                    return 0
+        except ChannelClosed as error:
+            _log(f"the connection to the session broke ({error}): stopping")
+            return 3
+        finally:
+            self.stop_launcher()
+            self.channel.close()
+
+    def handle(self, message: dict) -> str | None:
+        op = message.get("op")
+        try:
+            if op == "probe":
+                self.channel.send(op="answer", id=message["id"], result=probe(message["request"]))
+            elif op == "prepare":
+                self.channel.send(op="answer", id=message["id"], result=prepare(message["request"]))
+            elif op == "run":
+                self.run(message)
+                self.channel.send(op="answer", id=message["id"], result={"pid": self.launcher.pid})
+            elif op == "stop":
+                threading.Thread(target=self.stop_launcher, daemon=True).start()
+            elif op == "bye":
+                return "bye"
+        except Exception as error:  # tell the session what went wrong here instead of dying silently
+            if "id" in message:
+                self.channel.send(op="answer", id=message["id"], error=f"{type(error).__name__}: {error}")
+            else:
+                raise
+        return None
+
+    def run(self, message: dict) -> None:
+        from textsql.cluster.environment import system
+
+        if self.launcher is not None and self.launcher.poll() is None:
+            raise RuntimeError("a launch is already running on this node")
+        env = dict(system(os.environ), **message["env"])
+        self.stopping_launcher = False
+        self.launch_id = message.get("launch_id")
+        self.launcher = subprocess.Popen(message["command"], cwd=message["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        threading.Thread(target=self._pump, args=(self.launcher, self.launch_id), daemon=True).start()
+
+    def _pump(self, launcher: subprocess.Popen, launch_id: str | None) -> None:
+        from textsql.cluster.channel import ChannelClosed
+
+        try:
+            for line in launcher.stdout:
+                self.channel.send(op="line", text=line.rstrip("\n"), launch_id=launch_id)
+            code = launcher.wait()
+            self.channel.send(op="exit", code=code, stopped=self.stopping_launcher, launch_id=launch_id)
+        except ChannelClosed:
+            pass
+
+    def stop_launcher(self) -> None:
+        """SIGTERM the launcher's whole process group (runner, node launcher, rank supervisors, ranks), then SIGKILL."""
+        launcher = self.launcher
+        if launcher is None or launcher.poll() is not None:
+            return
+        self.stopping_launcher = True
+        _signal_group(launcher.pid, signal.SIGTERM)
+        try:
+            launcher.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(launcher.pid, signal.SIGKILL)  # stragglers whose leader already exited, too
+        launcher.wait()
+
+
+def _signal_group(pgid: int, sig) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_agent() -> int:
+    target, token = os.environ.get(ADDRESS_ENV, ""), os.environ.get(TOKEN_ENV, "")
+    address = os.environ.get(NODE_ENV) or os.environ.get("CDSW_IP_ADDRESS")
+    if not (target and token and address):
+        _log(f"{ADDRESS_ENV}, {TOKEN_ENV} and {NODE_ENV} (or CDSW_IP_ADDRESS) must be set: the session sets them when it starts the agent")
+        return 2
+    host, _, port = target.rpartition(":")
+    agent = Agent((host, int(port)), token, address, os.environ.get(WORKER_ENV) or os.environ.get("CDSW_ENGINE_ID") or socket.gethostname())
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: setattr(agent, "signalled", signal.Signals(signum).name))
+    agent.connect(float(os.environ.get(CONNECT_TIMEOUT_ENV, "60")))
+    return agent.serve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:
+        return run_agent()
+    if len(argv) == 2 and argv[0] in ("probe", "prepare", "describe"):
+        request = decode(argv[1])
+        if argv[0] == "describe":
+            answer = describe_node(request["address"])
+        else:
+            answer = (probe if argv[0] == "probe" else prepare)(request)
+        print(ANSWER + json.dumps(answer), flush=True)
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

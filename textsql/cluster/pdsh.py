@@ -1,0 +1,210 @@
+"""User-managed nodes (bare metal, VMs): the same launch over DeepSpeed's pdsh launcher and the user's own ssh setup.
+
+textsql writes no key, no known_hosts and no ssh config for this path: ssh reads the user's own (~/.ssh/config, or
+the file passed as `ssh_config`), and every ssh call — textsql's and pdsh's — gets `BatchMode=yes` and
+`StrictHostKeyChecking=yes` on its command line, which win over any config file: an unknown or changed host key is
+refused, never accepted. The nodes are asked their facts and prepared over ssh (`python -m textsql.cluster.node`),
+then `deepspeed --launcher pdsh` starts the same rank program as the agents do, its spec in one base64 word.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from textsql.cluster.hostfile import Host, read_hostfile
+from textsql.cluster.launch import LaunchFailed, LaunchMonitor, NodeFacts, PreflightError, failure_message, plan_launch, resume_sentence
+from textsql.cluster.node import ANSWER, encode
+from textsql.cluster.rank import LAUNCH_FLAG
+from textsql.errors import TextsqlError
+
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+               "-o", "ServerAliveCountMax=3")
+PDSH_EXIT = re.compile(r"^pdsh@[^:]*: (?P<host>[^:\s]+): ssh exited with exit code (?P<code>\d+)")
+
+
+def find_program(name: str, package: str) -> str:
+    for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise TextsqlError(f"`{name}` is not installed on this machine. Install the {package} package (Debian/Ubuntu: apt-get install {package}).")
+
+
+def ssh_options(ssh_config: Path | None) -> list[str]:
+    return (["-F", str(ssh_config)] if ssh_config else []) + list(SSH_OPTIONS)
+
+
+def run_ssh(host: str, command: str, ssh_config: Path | None, *, timeout: float = 120) -> subprocess.CompletedProcess:
+    argv = [find_program("ssh", "openssh-client"), *ssh_options(ssh_config), host, command]
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 255, "", f"ssh timed out after {timeout:.0f} s")
+
+
+def explain_ssh_failure(host: str, stderr: str) -> str:
+    """Turn ssh's stderr into what is wrong and what to do."""
+    text = stderr.strip()
+    last = text.splitlines()[-1] if text else "no message"
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "Host key verification failed" in text:
+        return (f"ssh refused {host}: its host key is not the one in your known_hosts (host key verification failed). If the machine "
+                "was reinstalled, check its new key out of band and update known_hosts; otherwise another machine answers at that address.")
+    if "Connection refused" in text:
+        return f"nothing accepts ssh on {host} (connection refused): is its sshd running, on the port your ssh config names?"
+    if "timed out" in text or "No route to host" in text:
+        return f"ssh to {host} timed out: the address is unreachable or a firewall drops the ssh port."
+    if "Permission denied" in text:
+        return f"{host} refused your key (permission denied): add your public key to the authorized keys of your account there, or name the key in your ssh config."
+    return f"ssh to {host} failed: {last}"
+
+
+def ask_over_ssh(op: str, payloads: dict[str, dict], ssh_config: Path | None, workdir: Path) -> dict[str, dict]:
+    """`python -m textsql.cluster.node OP <request>` on every host at once; raises PreflightError naming each failure."""
+    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+    prefix = f"cd {shlex.quote(str(workdir))} && " + (f"env PYTHONPATH={shlex.quote(env['PYTHONPATH'])} " if env else "")
+
+    def one(item):
+        host, request = item
+        done = run_ssh(host, prefix + " ".join(shlex.quote(a) for a in (sys.executable, "-m", "textsql.cluster.node", op, encode(request))), ssh_config)
+        found = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
+        if found:
+            return host, json.loads(found[-1].removeprefix(ANSWER)), None
+        if done.returncode == 255:
+            return host, None, explain_ssh_failure(host, done.stderr)
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return host, None, f"{sys.executable} -m textsql.cluster.node does not run there (exit status {done.returncode}): {tail}"
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(payloads)))) as pool:
+        results = list(pool.map(one, payloads.items()))
+    problems = [f"{host}: {problem}" for host, _, problem in results if problem]
+    if problems:
+        raise PreflightError(f"{op} failed on {len(problems)} node(s):\n" + "\n".join(f"  {p}" for p in problems))
+    return {host: answer for host, answer, _ in results}
+
+
+def plan_user_managed(hosts: list[Host], train_argv: list[str], *, ssh_config: Path | None = None, workdir=None, log_root=None):
+    """Ask every host its facts over ssh and plan the launch (textsql.cluster.launch.plan_launch); returns (plan, ask)."""
+    workdir = Path(workdir or os.getcwd()).absolute()
+    ask = lambda op, payloads: ask_over_ssh(op, payloads, ssh_config, workdir)  # noqa: E731
+    facts = ask("describe", {h.address: {"address": h.address} for h in hosts})
+    nodes = [NodeFacts(h.address, facts[h.address], h.slots) for h in hosts]
+    plan = plan_launch(nodes, train_argv, ask, workdir=workdir, log_root=Path(log_root or workdir / ".textsql" / "launches"))
+    return plan, ask
+
+
+def preflight(hostfile, train_argv: list[str], *, ssh_config: Path | None = None, workdir=None, echo=print):
+    plan, _ = plan_user_managed(read_hostfile(hostfile), train_argv, ssh_config=ssh_config, workdir=workdir)
+    echo(plan.describe())
+    echo(f"preflight OK: {len(plan.hosts)} nodes, world size {plan.decision.world_size}")
+    return plan
+
+
+def launch_training(hostfile, train_argv: list[str], *, ssh_config: Path | None = None, workdir=None, log_root=None, echo=print,
+                    grace_seconds: float = 5) -> dict:
+    """Preflight over ssh, then `deepspeed --launcher pdsh ...`, streaming every rank's output through `echo`.
+
+    Returns {"summary", "ranks", "launch_dir", "command", "shared_output", "plan"}. Raises LaunchFailed naming the rank
+    that failed first, with its log tail and what the next launch resumes from; by then every process of the launch
+    has been stopped on every node."""
+    from textsql.cluster.runs import run_lock
+    from textsql.cluster.workers import interrupts_deferred
+
+    find_program("pdsh", "pdsh")
+    ssh_config = Path(ssh_config).absolute() if ssh_config else None
+    plan, ask = plan_user_managed(read_hostfile(hostfile), train_argv, ssh_config=ssh_config, workdir=workdir, log_root=log_root)
+    echo(plan.describe())
+    with run_lock(plan.run_dir, plan.launch_id):
+        plan.log_dir.mkdir(parents=True, exist_ok=True)
+        ask("prepare", plan.prepare_requests())
+        command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check"])
+        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=" ".join(ssh_options(ssh_config)), PYTHONUNBUFFERED="1")
+        echo("training arguments (the same on every rank): " + " ".join(shlex.quote(a) for a in plan.argv))
+        echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
+        monitor = LaunchMonitor()
+        lines: queue.Queue = queue.Queue()
+        process = subprocess.Popen(command, cwd=plan.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, errors="replace", start_new_session=True)
+        threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
+        stopped = False
+        try:
+            with open(plan.log_dir / "launch.log", "w", buffering=1) as log:
+                while (line := _next_line(lines)) is not None:
+                    if line:
+                        log.write(line + "\n")
+                        echo(line)
+                        if lost := PDSH_EXIT.match(line):
+                            monitor.node_ended(lost["host"], int(lost["code"]))
+                        else:
+                            monitor.feed(line)
+                    if not stopped and monitor.failed_at is not None and time.monotonic() - monitor.failed_at >= grace_seconds:
+                        echo(f"textsql: a rank failed; stopping launch {plan.launch_id} on every node")
+                        _stop(process, plan.hosts, ssh_config, plan.launch_id)
+                        stopped = True
+                process.wait()
+        except BaseException:
+            with interrupts_deferred(echo):
+                echo(f"textsql: interrupted; stopping launch {plan.launch_id} on every node")
+                _stop(process, plan.hosts, ssh_config, plan.launch_id)
+            raise
+        if monitor.failed_at is not None or process.returncode != 0 or monitor.summary_path is None:
+            if not stopped:
+                _stop(process, plan.hosts, ssh_config, plan.launch_id)
+            if not monitor.failures and not monitor.node_exits:
+                monitor.node_ended(plan.hosts[0].address, process.returncode)
+            resume = resume_sentence(plan, ask)
+            message, failures = failure_message(monitor, plan.hosts, plan.log_dir, resume)
+            raise LaunchFailed(message, failures, plan.log_dir, resume)
+    summary = json.loads(Path(monitor.summary_path).read_text())
+    return {"summary": summary, "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)], "launch_dir": plan.log_dir, "command": command,
+            "shared_output": plan.shared_output, "plan": plan}
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+def _next_line(lines: queue.Queue) -> str | None:
+    """The next output line, "" when none came for half a second (to check the clock), None at the end."""
+    try:
+        return lines.get(timeout=0.5)
+    except queue.Empty:
+        return ""
+
+
+def _signal_launch(hosts: list[Host], ssh_config: Path | None, launch_id: str, command: str) -> list[int]:
+    pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        return list(pool.map(lambda h: run_ssh(h.address, f"{command} -f -- {pattern}", ssh_config, timeout=20).returncode, hosts))
+
+
+def _stop(process: subprocess.Popen, hosts: list[Host], ssh_config: Path | None, launch_id: str) -> None:
+    """TERM this launch's processes on every node (they carry the launch id), KILL what is left, then end the local
+    runner, pdsh and ssh clients — with SIGKILL: the runner's SIGTERM handler would `pkill -f deepspeed.launcher.launch`
+    on every node, other launches included."""
+    _signal_launch(hosts, ssh_config, launch_id, "pkill -TERM")
+    deadline = time.monotonic() + 15
+    while 0 in _signal_launch(hosts, ssh_config, launch_id, "pgrep") and time.monotonic() < deadline:
+        time.sleep(1)
+    _signal_launch(hosts, ssh_config, launch_id, "pkill -KILL")
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

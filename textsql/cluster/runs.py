@@ -1,0 +1,347 @@
+"""The run a multi-node launch trains: its folder, the lock that keeps two launches out of it, and which checkpoint a
+launch resumes from (the newest one complete on every node; never a partial one, never another world size's)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import struct
+import threading
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+QUARANTINE_PREFIX = "incomplete-"  # not "checkpoint-*": the Trainer neither resumes from nor rotates what we set aside
+RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+SHARD = re.compile(r"(?:^|/)(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt$")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run folder
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def planned_run_dir(train_argv: list[str], world_size: int, workdir: Path) -> Path:
+    """The folder `textsql.train` will write with these arguments at this world size (`--output_dir`, or
+    runs_root/<model>-<strategy>-ws<N>-bs<B>)."""
+    from textsql.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
+    from textsql.train import TRAINER_DEFAULTS, ModelArguments, RunArguments, flag_value, normalize_argv, run_folder_name
+
+    argv = normalize_argv(train_argv)
+    if output_dir := flag_value(argv, "output_dir"):
+        return _absolute(workdir, output_dir)
+    config = flag_value(argv, "deepspeed")
+    if config:
+        candidate = _absolute(workdir, config)
+        config = load_dsconfig(_absolute(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else config))))
+    label = describe_strategy(config)["label"]
+    batch = int(flag_value(argv, "per_device_train_batch_size") or TRAINER_DEFAULTS["per_device_train_batch_size"])
+    model_id = flag_value(argv, "model_id") or ModelArguments.model_id
+    with _world_size(world_size):  # train names the folder after the WORLD_SIZE its launcher set
+        name = run_folder_name(model_id, label, batch)
+    return _absolute(workdir, flag_value(argv, "runs_root") or RunArguments.runs_root) / name
+
+
+_ENV_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _world_size(n: int):
+    with _ENV_LOCK:
+        before = os.environ.get("WORLD_SIZE")
+        os.environ["WORLD_SIZE"] = str(n)
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("WORLD_SIZE", None)
+            else:
+                os.environ["WORLD_SIZE"] = before
+
+
+def _absolute(workdir: Path, path: str) -> Path:
+    return Path(path) if Path(path).is_absolute() else (Path(workdir) / path).absolute()
+
+
+def interrupted_siblings(run_dir: Path, world_size: int) -> dict[int, Path]:
+    """Other world sizes' folders of the same run (…-ws<K>-…) that hold an interrupted run: K -> folder."""
+    from textsql.train import output_state
+
+    marker = f"-ws{world_size}-"
+    if marker not in run_dir.name or not run_dir.parent.is_dir():
+        return {}
+    head, tail = run_dir.name.split(marker, 1)
+    pattern = re.compile(re.escape(head) + r"-ws(\d+)-" + re.escape(tail) + "$")
+    found = {}
+    for sibling in run_dir.parent.iterdir():
+        match = pattern.match(sibling.name)
+        if match and int(match[1]) != world_size and output_state(sibling) == "interrupted":
+            found[int(match[1])] = sibling
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Locks
+# ---------------------------------------------------------------------------------------------------------------------
+
+_HELD: set[str] = set()
+_HELD_LOCK = threading.Lock()
+
+
+class FileLock:
+    """An exclusive lock held while a cluster or a launch lives: flock on a file (released by the kernel when the
+    process dies, so a restarted notebook kernel never finds its own stale lock), plus a registry for this process.
+    The file records who holds it, for the message that refuses the next one."""
+
+    def __init__(self, path: Path, what: str, fix: str, owner: dict):
+        import fcntl
+
+        self.path = Path(path).absolute()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        key = str(self.path)
+        with _HELD_LOCK:
+            held_here = key in _HELD
+            if not held_here:
+                _HELD.add(key)
+        self.file = None
+        try:
+            if held_here:
+                raise BlockingIOError
+            self.file = open(self.path, "a+")
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_owner(self.path)
+            if self.file is not None:
+                self.file.close()
+                with _HELD_LOCK:
+                    _HELD.discard(key)
+            raise TextsqlError(f"{what} is in use by {holder}. {fix}") from None
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(json.dumps(dict(owner, host=socket.gethostname(), pid=os.getpid(), since=time.strftime("%Y-%m-%d %H:%M:%S"))))
+        self.file.flush()
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing releases the flock
+            self.file = None
+            with _HELD_LOCK:
+                _HELD.discard(str(self.path))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _read_owner(path: Path) -> str:
+    try:
+        owner = json.loads(path.read_text())
+        return f"process {owner['pid']} on {owner['host']} since {owner['since']}" + (f" (launch {owner['launch']})" if owner.get("launch") else "")
+    except (OSError, ValueError, KeyError):
+        return "another process"
+
+
+def run_lock(run_dir: Path, launch_id: str) -> FileLock:
+    """Held by the session for the whole launch: a second launch into the same run folder is refused."""
+    return FileLock(run_dir.parent / f".{run_dir.name}.textsql-lock", f"The run folder {run_dir}",
+                    "Two launches into one run would overwrite each other's checkpoints: wait for it to end (or stop it), "
+                    "or give this launch another --output_dir / --runs_root.", {"launch": launch_id})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Checkpoints: what each node has (node side), and which one every node can resume from (session side)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def file_is_whole(path: Path) -> bool:
+    """Whether a checkpoint file was written to the end: torch's zip archives have their central directory last,
+    safetensors their data after a header that says how long everything is, JSON files parse."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return False
+        if path.suffix in (".pt", ".pth", ".bin"):
+            if not zipfile.is_zipfile(path):
+                return path.suffix == ".bin"  # a legacy (non-zip) torch file: nothing to check but its size
+            with zipfile.ZipFile(path) as archive:
+                return bool(archive.namelist())
+        if path.suffix == ".safetensors":
+            with open(path, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length))
+            ends = [t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"]
+            return size == 8 + length + max(ends, default=0)
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        return True
+    except (OSError, ValueError, zipfile.BadZipFile, struct.error, KeyError, TypeError, IndexError):
+        return False
+
+
+def list_checkpoints(run_dir: Path) -> dict[str, dict[str, bool]]:
+    """Every checkpoint-N folder of `run_dir`: relative path of each file -> whether it is whole."""
+    run_dir = Path(run_dir)
+    found = {}
+    if not run_dir.is_dir():
+        return found
+    for folder in run_dir.iterdir():
+        if CHECKPOINT.match(folder.name) and folder.is_dir():
+            files = {}
+            for path in sorted(folder.rglob("*")):
+                if path.is_file() and path.suffix != ".py":
+                    files[str(path.relative_to(folder))] = file_is_whole(path)
+            found[folder.name] = files
+    return found
+
+
+def missing_parts(files: dict[str, bool], step: int, ranks: list[int], world_size: int, zero_stage: int | None, whole_run: bool) -> list[str]:
+    """What checkpoint-<step> lacks, in one node's view, for `ranks` to resume from it (empty: nothing).
+
+    `whole_run`: this view should hold the run-wide files too (trainer_state.json, model or model states). DeepSpeed
+    (zero_stage not None) writes model states (one per rank under ZeRO-3) and one optimizer shard per rank under
+    global_step<N>/; without DeepSpeed rank 0 writes model, optimizer and scheduler. Every rank writes its RNG state.
+    """
+    missing = []
+
+    def need(name: str, what: str) -> None:
+        if name not in files:
+            missing.append(f"{what} ({name}) is missing")
+        elif not files[name]:
+            missing.append(f"{what} ({name}) is cut short")
+
+    if whole_run:
+        need("trainer_state.json", "the trainer state")
+    for rank in ranks:
+        need("rng_state.pth" if world_size == 1 else f"rng_state_{rank}.pth", f"rank {rank}'s RNG state")
+    if zero_stage is None:
+        if whole_run:
+            weights = [n for n in files if n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")]
+            if not weights:
+                missing.append("the model weights (model.safetensors) are missing")
+            for name in weights:
+                need(name, "the model weights")
+            need("optimizer.pt", "the optimizer state")
+            need("scheduler.pt", "the scheduler state")
+        return missing
+    states = f"global_step{step}"
+    for rank in ranks:
+        if zero_stage >= 1:
+            need(_shard(files, states, rank, "optim"), f"rank {rank}'s optimizer shard")
+        if zero_stage == 3:
+            need(_shard(files, states, rank, "model"), f"rank {rank}'s model states")
+    if whole_run and zero_stage < 3:
+        need(f"{states}/mp_rank_00_model_states.pt", "the model states")
+    return missing
+
+
+def _shard(files: dict[str, bool], folder: str, rank: int, kind: str) -> str:
+    """The file name of a rank's shard as written (a bf16_ prefix under bf16), or the plain name when absent."""
+    for name in files:
+        match = SHARD.search(name)
+        if name.startswith(folder + "/") and match and int(match[1]) == rank and match[2] == kind:
+            return name
+    return f"{folder}/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
+
+
+def ranks_in(files: dict[str, bool]) -> set[int]:
+    """The ranks a checkpoint view has files of (RNG states and ZeRO shards); rng_state.pth means a single rank."""
+    ranks = set()
+    for name in files:
+        if match := RNG.match(name):
+            ranks.add(int(match[1] or 0))
+        elif match := SHARD.search(name):
+            ranks.add(int(match[1]))
+    return ranks
+
+
+@dataclass
+class ResumePlan:
+    """The checkpoint every node resumes from (None: start at step 0) and what is set aside, with the reasons."""
+
+    checkpoint: str | None
+    set_aside: dict[str, list[str]] = field(default_factory=dict)  # checkpoint -> why it cannot be resumed from
+    views: list[str] = field(default_factory=list)  # the nodes whose folders were looked at
+
+    def sentence(self) -> str:
+        why = "; ".join(f"{name} is incomplete: {', '.join(reasons[:3])}" for name, reasons in sorted(self.set_aside.items(), key=_step_of, reverse=True))
+        if self.checkpoint is None:
+            return "starts from step 0 (no checkpoint is complete on every node" + (f"; {why})" if why else ")")
+        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node" + (f"; {why})" if why else ")")
+
+
+def _step_of(item) -> int:
+    name = item[0] if isinstance(item, tuple) else item
+    return int(CHECKPOINT.match(name)[1])
+
+
+RECORD = "textsql-launch.json"  # in the run folder: the world size and nodes of the launch that trains it
+
+
+def saved_world_size(views: dict[str, dict[str, dict[str, bool]]], recorded: int | None) -> int | None:
+    """How many ranks wrote the run's checkpoints: what the last launch recorded, else what the file names say
+    (rng_state.pth is a single process's; rng_state_<r>.pth and ZeRO shards name their rank)."""
+    listings = [files for listing in views.values() for files in listing.values()]
+    if not listings:
+        return None
+    if recorded:
+        return recorded
+    if any("rng_state.pth" in files for files in listings):
+        return 1
+    ranks = set().union(*(ranks_in(files) for files in listings))
+    if not ranks:
+        return None
+    several = any(RNG.match(name) for files in listings for name in files)  # rng_state_<r>.pth: more than one rank
+    return max(max(ranks) + 1, 2 if several else 1)
+
+
+def choose_checkpoint(views: dict[str, dict[str, dict[str, bool]]], ranks_by_view: dict[str, list[int]], world_size: int,
+                      zero_stage: int | None, *, recorded_world_size: int | None = None, run_dir: Path | str = "the run folder") -> ResumePlan:
+    """The newest checkpoint that every view can resume from.
+
+    `views`: node address -> its list_checkpoints() of the run folder: one view (node 0's, ranks_by_view = every
+    rank) when the nodes share the folder, one per node (its own ranks) when they do not. Refuses checkpoints of
+    another world size (DeepSpeed cannot re-partition them: a resume would crash, a restart would lose them), and
+    node-local folders that share no complete checkpoint while some node has one (the nodes would resume from
+    different steps).
+    """
+    saved = saved_world_size(views, recorded_world_size)
+    names = sorted({name for listing in views.values() for name in listing}, key=_step_of, reverse=True)
+    # Without a record, fewer ranks' files than the world size may just be a save that a dead rank left unfinished.
+    certain = recorded_world_size is not None or (saved or 0) > world_size or (saved == 1) != (world_size == 1)
+    if saved is not None and saved != world_size and certain:
+        raise TextsqlError(
+            f"{run_dir} holds checkpoints of a run with world size {saved} ({', '.join(names[:3])}), but this launch has world size "
+            f"{world_size}. DeepSpeed cannot load a checkpoint into another number of ranks. Launch again with {saved} rank(s) to "
+            "resume it, or choose another --output_dir / --runs_root to start a new run.")
+    plan = ResumePlan(None, views=list(views))
+    complete_on: dict[str, list[str]] = {address: [] for address in views}
+    for name in names:
+        reasons = []
+        for address, listing in views.items():
+            where = f" on {address}" if len(views) > 1 else ""
+            if name not in listing:
+                reasons.append(f"absent{where}")
+                continue
+            parts = missing_parts(listing[name], _step_of(name), ranks_by_view[address], world_size, zero_stage, True)
+            if not parts:
+                complete_on[address].append(name)
+            reasons += [f"{part}{where}" for part in parts]
+        if not reasons:
+            plan.checkpoint = name
+            return plan
+        plan.set_aside[name] = reasons
+    if len(views) > 1 and any(complete_on.values()):
+        have = "; ".join(f"{address}: {', '.join(found) or 'none'}" for address, found in complete_on.items())
+        raise TextsqlError(f"The nodes do not share the run folder {run_dir}, and no checkpoint is complete on all of them ({have}). "
+                           "Resuming would start the nodes from different steps. Copy one complete checkpoint to every node, or move "
+                           "the run folder away on every node to start again from step 0.")
+    return plan
