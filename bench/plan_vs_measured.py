@@ -177,10 +177,10 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
     """Train with `textsql train` under the coordinator probe and write what the parent needs."""
     import torch
 
-    from textsql.train import train
+    from textsql.train import parse_arguments, train
 
     probe = install_coordinator_probe(only_in_training_steps=True)
-    summary = train(train_argv)
+    summary = train(*parse_arguments(train_argv))
     device = {}
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
@@ -459,7 +459,7 @@ def bench(args, on_gpu: bool) -> dict:
         raise SystemExit(f"unknown shape(s)/strategy(ies) {unknown}, precisions {precisions} or --steps {args.steps}: shapes "
                          f"{list(SHAPES)}, strategies {list(PLANNER_STRATEGIES)}, precisions bf16/fp32, at least 2 steps.")
     if "bf16" in precisions and not on_gpu:
-        raise SystemExit("bf16 needs a GPU (textsql train refuses it on a CPU); use --precisions fp32 here.")
+        raise SystemExit("bf16 is measured on a GPU (on a CPU it is emulated autocast, not what a pod runs); use --precisions fp32 here.")
     workdir = Path(args.workdir)
     data_dir, tiny_dir = build_assets(workdir / "generated", train_tables=args.train_tables, questions_per_table=10, seed=0)
     configs = strategy_configs(workdir)

@@ -4,7 +4,7 @@
     python bench/sql_quality.py --epochs 2 --output q.json   # quicker
 
 For each --source_format it prepares the generated data (textsql.demo.build_assets), trains the demo's tiny T5 from
-scratch in a child process (`python -m textsql.train`, no DeepSpeed: the strategy does not change what is learned),
+scratch in a child process (textsql.launch.run_training, no DeepSpeed: the strategy does not change what is learned),
 then scores the generated test split with greedy and execution-guided decoding (textsql.infer.run_inference). It
 prints one JSON object: per format and decoding the execution, logical-form and exact-match accuracy, the component
 accuracies and how often execution-guided decoding changed the answer, with the machine and the training figures.
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,19 +30,15 @@ DECODINGS = (("greedy", 1), ("execution_guided", 4))
 
 def train_one(args, source_format: str) -> tuple[dict, Path]:
     """(run summary, prepared data folder) of the demo-sized model trained on one source format."""
-    from textsql.demo import DemoArguments, build_assets, demo_train_argv
+    from textsql.demo import DemoArguments, build_assets, demo_training
+    from textsql.launch import run_training
 
     demo = DemoArguments(workdir=str(Path(args.workdir) / source_format), deepspeed="none", train_tables=args.train_tables,
                          epochs=args.epochs, seed=args.seed, source_format=source_format)
     data_dir, model_dir = build_assets(Path(demo.workdir), train_tables=demo.train_tables, questions_per_table=demo.questions_per_table,
                                        d_model=demo.d_model, num_layers=demo.num_layers, seed=demo.seed, source_format=source_format)
-    argv = demo_train_argv(demo, data_dir, model_dir)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"training on {source_format} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    marker = next(line for line in done.stdout.splitlines() if line.startswith("textsql-run-summary: "))
-    return json.loads(Path(marker.split(": ", 1)[1]).read_text()), data_dir
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return run_training(*demo_training(demo, data_dir, model_dir), echo=lambda line: None), data_dir
 
 
 def score(run_dir: str, data_dir: Path, decoding: str, beams: int, output_dir: Path) -> dict:

@@ -155,7 +155,7 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
     from textsql.devices import NodeDevices, resolve_precision
-    from textsql.train import TRAINER_DEFAULTS, make_trainer_class
+    from textsql.train import TextsqlTrainingArguments, make_trainer_class
 
     gpu = torch.cuda.is_available()
     precision = resolve_precision("auto", "t5", NodeDevices.local().gpus)  # what `textsql train` picks here
@@ -169,8 +169,8 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
                               data_collator=collator, callbacks=list(callbacks)), collator
     args = Seq2SeqTrainingArguments(
         **common, **precision.trainer_flags(), optim="adamw_torch_fused" if gpu else "adamw_torch",
-        train_sampling_strategy=TRAINER_DEFAULTS["train_sampling_strategy"],
-        average_tokens_across_devices=TRAINER_DEFAULTS["average_tokens_across_devices"] == "True",
+        train_sampling_strategy=TextsqlTrainingArguments.train_sampling_strategy,  # textsql's defaults
+        average_tokens_across_devices=TextsqlTrainingArguments.average_tokens_across_devices,
     )
     collator = CountingCollator(DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if gpu else None))
     return make_trainer_class()(model=model, args=args, train_dataset=subset, data_collator=collator, processing_class=tokenizer,

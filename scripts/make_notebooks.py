@@ -34,15 +34,25 @@ NOTEBOOKS = {
         new_markdown_cell(
             "# Fine-tune on one pod\n\n"
             "Trains with the Seq2SeqTrainer, without DeepSpeed (`deepspeed = None`) or with a strategy from `dsconfig/` "
-            "(`zero1`, `zero2`, `zero3_offload`, or a path to your own edited JSON). Training runs in a child process "
-            "(the `deepspeed` launcher when a config is given), its output streams here, and the run summary is shown at "
-            "the end. Runs land under `runs_root`; watch them with `tensorboard --logdir runs`."
+            "(`zero1`, `zero2`, `zero3_offload`, or a path to your own edited JSON), one rank per visible GPU. The "
+            "arguments are the same dataclasses `textsql train` parses (`TextsqlTrainingArguments` takes every Trainer "
+            "argument); building them here touches no GPU. Training runs in child processes (the `deepspeed` launcher "
+            "when a config is given), its output streams here, and the run summary is shown at the end. Runs land under "
+            "`runs_root`; watch them with `tensorboard --logdir runs`."
         ),
         new_code_cell(
             'model_id = "t5-small"\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
-            "num_gpus = None  # one rank per visible GPU; 1 for one GPU\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n"
-            "gradient_checkpointing = False\nextra_args = []",
+            "num_gpus = None  # one rank per visible GPU; 1 for one GPU\nepochs = 3\nper_device_train_batch_size = 32\n"
+            "per_device_eval_batch_size = 32\ngradient_checkpointing = False\nextra_args = {}  # any other Trainer argument",
             metadata={"tags": ["parameters"]},
+        ),
+        new_code_cell(
+            "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
+            "training = TextsqlTrainingArguments(\n"
+            "    runs_root=runs_root, deepspeed=deepspeed, num_train_epochs=epochs, activation_checkpointing=gradient_checkpointing,\n"
+            "    per_device_train_batch_size=per_device_train_batch_size, per_device_eval_batch_size=per_device_eval_batch_size,\n"
+            "    **extra_args)\n"
+            "model, data = ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir)"
         ),
         new_code_cell(
             "from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path\n\n"
@@ -51,13 +61,7 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             "from textsql.launch import run_training\n\n"
-            "argv = ['--model_id', model_id, '--dataset_dir', dataset_dir, '--runs_root', runs_root,\n"
-            "        '--epochs', str(epochs), '--per_device_train_batch_size', str(per_device_train_batch_size),\n"
-            "        '--per_device_eval_batch_size', str(per_device_eval_batch_size),\n"
-            "        '--gradient_checkpointing', str(gradient_checkpointing), *extra_args]\n"
-            "if deepspeed:\n"
-            "    argv += ['--deepspeed', deepspeed]\n"
-            "summary = run_training(argv, num_gpus=num_gpus)"
+            "summary = run_training(model, data, training, num_gpus=num_gpus)"
         ),
         new_code_cell("from textsql.train import format_summary\n\nprint(format_summary(summary))"),
         new_code_cell(
@@ -82,7 +86,8 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = "t5-small"\ndataset_dir = "data/wikisql"\n'
-            'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\nextra_args = []',
+            'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n'
+            'extra_args = {}  # any other Trainer argument',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
@@ -91,12 +96,14 @@ NOTEBOOKS = {
             "cluster.start()"
         ),
         new_code_cell(
-            "argv = ['--model_id', model_id, '--dataset_dir', dataset_dir, '--deepspeed', deepspeed,\n"
-            "        '--epochs', str(epochs), '--per_device_train_batch_size', str(per_device_train_batch_size),\n"
-            "        '--per_device_eval_batch_size', str(per_device_eval_batch_size), *extra_args]\n"
-            "plan = cluster.preflight(argv)"
+            "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
+            "model, data = ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir)\n"
+            "training = TextsqlTrainingArguments(deepspeed=deepspeed, num_train_epochs=epochs, **extra_args,\n"
+            "                                    per_device_train_batch_size=per_device_train_batch_size,\n"
+            "                                    per_device_eval_batch_size=per_device_eval_batch_size)\n"
+            "plan = cluster.preflight(model, data, training)"
         ),
-        new_code_cell("result = cluster.train(argv)"),
+        new_code_cell("result = cluster.train(model, data, training)"),
         new_code_cell(
             "import pandas as pd\n\n"
             "pd.DataFrame(result['ranks'])[['rank', 'node_address', 'world_size', 'global_step', 'final_loss', 'train_loss', 'eval_loss']]"
@@ -150,6 +157,8 @@ def main() -> None:
     folder = Path(__file__).resolve().parent.parent / "notebooks"
     folder.mkdir(exist_ok=True)
     for name, cells in NOTEBOOKS.items():
+        for number, cell in enumerate(cells):
+            cell.id = f"cell-{number}"  # stable ids: regenerating a notebook changes only what its cells say
         notebook = new_notebook(cells=cells)
         notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         notebook.metadata["language_info"] = {"name": "python"}

@@ -112,12 +112,21 @@ def facts(address, gpus=(), cores=16, visible=None):
             "versions": {"textsql": "0.1.0", "deepspeed": "0.19.8", "torch": "2.13.0", "transformers": "5.23.0"}}
 
 
+def decide_for(nodes, argv: list[str]):
+    """The launch's decision for a `textsql train` command line (parsed once, as the launch does)."""
+    from textsql.cluster.launch import decide
+    from textsql.train import parse_arguments
+
+    model, _, training = parse_arguments(argv)
+    return decide(nodes, model, training)
+
+
 def test_device_precision_ranks_and_threads_are_decided_from_every_node():
-    from textsql.cluster.launch import NodeFacts, PreflightError, decide, rank_environments
+    from textsql.cluster.launch import NodeFacts, PreflightError, rank_environments
     from textsql.devices import A100_40GB, H100_SXM, V100
 
     a100s = [NodeFacts("10.0.0.1", facts("10.0.0.1", [A100_40GB] * 2, cores=16)), NodeFacts("10.0.0.2", facts("10.0.0.2", [A100_40GB] * 2, cores=16), 2)]
-    d = decide(a100s, ["--model_id", "t5-small"])
+    d = decide_for(a100s, ["--model_id", "t5-small"])
     assert d.accelerator == "cuda" and d.precision.name == "bf16" and d.precision.tf32
     assert [h.line() for h in d.hosts] == ["10.0.0.1 slots=2", "10.0.0.2 slots=2"] and d.world_size == 4
     assert d.threads == {"10.0.0.1": 8, "10.0.0.2": 8}  # each rank its share of the pod's cores, not OMP_NUM_THREADS=1
@@ -128,19 +137,19 @@ def test_device_precision_ranks_and_threads_are_decided_from_every_node():
     assert mine[1]["0"] == {"GLOO_SOCKET_IFNAME": "eth0"} and mine[0]["OMP_NUM_THREADS"] == "3"  # what the user set wins
     with pytest.raises(TextsqlError, match="DS_ACCELERATOR=cpu is set, but this process trains on the GPU"):
         rank_environments(d, a100s, {"DS_ACCELERATOR": "cpu"}, Path("/l"))
-    assert decide(a100s, ["--model_id", "t5-small", "--precision", "fp32"]).precision.tf32 is False
+    assert decide_for(a100s, ["--model_id", "t5-small", "--precision", "fp32"]).precision.tf32 is False
 
     # A CPU-only session launching GPU workers must not put every rank on the CPU: it is refused, naming the node.
     mixed = [NodeFacts("10.0.0.1", facts("10.0.0.1", [], cores=8), 1), NodeFacts("10.0.0.2", facts("10.0.0.2", [A100_40GB]))]
     with pytest.raises(TextsqlError, match=r"10.0.0.2 has 1 x NVIDIA A100-PCIE-40GB, 16 CPU cores, but node 0 \(10.0.0.1\) has no GPU"):
-        decide(mixed, [])
-    cpu = decide(mixed, ["--device", "cpu"])  # unless the user asks for the CPU everywhere
+        decide_for(mixed, [])
+    cpu = decide_for(mixed, ["--accelerator", "cpu"])  # unless the user asks for the CPU everywhere
     assert cpu.accelerator == "cpu" and cpu.precision.name == "fp32" and [h.slots for h in cpu.hosts] == [1, 1] and cpu.threads["10.0.0.1"] == 8
     assert rank_environments(cpu, mixed, {}, Path("/l"))[0]["DS_ACCELERATOR"] == "cpu"
-    with pytest.raises(PreflightError, match=r"10.0.0.1: GPUs were asked for \(--device cuda\), but this process sees none"):
-        decide(mixed, ["--device", "cuda"])
+    with pytest.raises(PreflightError, match=r"10.0.0.1: GPUs were asked for \(--accelerator cuda\), but this process sees none"):
+        decide_for(mixed, ["--accelerator", "cuda"])
     with pytest.raises(TextsqlError, match="native bf16 on some GPUs and not on others"):
-        decide([NodeFacts("a", facts("a", [V100])), NodeFacts("b", facts("b", [H100_SXM]))], [])
+        decide_for([NodeFacts("a", facts("a", [V100])), NodeFacts("b", facts("b", [H100_SXM]))], [])
 
 
 def test_nodes_whose_addresses_the_launch_cannot_use_are_refused_before_anything_is_asked(tmp_path):
@@ -158,17 +167,17 @@ def test_nodes_whose_addresses_the_launch_cannot_use_are_refused_before_anything
 
 
 def test_bf16_on_pre_ampere_gpus_and_fp16_on_t5_are_refused_and_auto_is_fp32_there():
-    from textsql.cluster.launch import NodeFacts, decide
+    from textsql.cluster.launch import NodeFacts
     from textsql.devices import T4
 
     t4s = [NodeFacts("a", facts("a", [T4])), NodeFacts("b", facts("b", [T4]))]
-    assert decide(t4s, []).precision.name == "fp32"
+    assert decide_for(t4s, []).precision.name == "fp32"
     with pytest.raises(TextsqlError, match="--precision bf16 needs native bf16, and Tesla T4 has none"):
-        decide(t4s, ["--bf16", "True"])
+        decide_for(t4s, ["--bf16", "True"])
     with pytest.raises(TextsqlError, match="fp16 is refused for T5"):
-        decide(t4s, ["--model_id", "t5-large", "--fp16"])
+        decide_for(t4s, ["--model_id", "t5-large", "--fp16"])
     with pytest.raises(TextsqlError, match="2 processes per node were asked for, but this node has 1 GPU"):
-        decide([NodeFacts("a", facts("a", [T4]), 2)], [])
+        decide_for([NodeFacts("a", facts("a", [T4]), 2)], [])
 
 
 def test_each_local_node_gets_its_own_gpus_and_cores():
@@ -378,11 +387,16 @@ def test_preparing_a_node_sets_partial_checkpoints_aside_tags_latest_and_clears_
 
 def test_the_planned_run_folder_is_the_one_train_writes(tmp_path):
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir
+    from textsql.train import parse_arguments
 
-    assert planned_run_dir(["--model_id", "x/tiny-t5", "--deepspeed", "zero3_offload", "--per_device_train_batch_size", "8"], 4, tmp_path) == \
+    def planned(argv, world_size):
+        model, _, training = parse_arguments(argv)
+        return planned_run_dir(model, training, world_size, tmp_path)
+
+    assert planned(["--model_id", "x/tiny-t5", "--deepspeed", "zero3_offload", "--per_device_train_batch_size", "8"], 4) == \
         tmp_path / "runs" / "tiny-t5-zero3_offload-ws4-bs8"
-    assert planned_run_dir(["--runs_root", "/r", "--output_dir", "out"], 2, tmp_path) == tmp_path / "out"
-    assert planned_run_dir(["--runs_root", "/r"], 2, tmp_path) == Path("/r/t5-small-none-ws2-bs32")
+    assert planned(["--runs_root", "/r", "--output_dir", "out"], 2) == tmp_path / "out"
+    assert planned(["--runs_root", "/r"], 2) == Path("/r/t5-small-none-ws2-bs32")
     assert "WORLD_SIZE" not in os.environ
     (tmp_path / "runs" / "tiny-t5-none-ws2-bs16" / "checkpoint-5").mkdir(parents=True)
     (tmp_path / "runs" / "tiny-t5-none-ws4-bs16" / "checkpoint-5").mkdir(parents=True)
@@ -450,7 +464,8 @@ def test_the_monitor_reads_rank_reports_summaries_and_node_exits():
 # The command every node runs, and what its ranks receive
 # ---------------------------------------------------------------------------------------------------------------------
 
-NASTY = ["--run_name", "a b;$(touch pwned) `id` * ~ $HOME \"q\" 'q' \\ é\nnewline", "--runs_root", "runs dir/$USER;*", "--output_dir=x y&&z"]
+NASTY = {"run_name": "a b;$(touch pwned) `id` * ~ $HOME \"q\" 'q' \\ é\nnewline", "runs_root": "runs dir/$USER;*", "output_dir": "x y&&z",
+         "report_to": ["tensorboard"], "learning_rate": 0.001}
 
 
 def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path):
@@ -471,7 +486,7 @@ def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path):
     spec_word = command[-1].removeprefix(SPEC_FLAG)
     assert re.fullmatch(r"[A-Za-z0-9_=-]+", spec_word)  # nothing a shell (pdsh's remote one included) could expand
     spec = read_spec(["--local_rank=0", "--textsql_launch=L1", command[-1]])
-    assert spec["argv"] == NASTY and spec["log_dir"] == str(tmp_path / "logs")
+    assert spec["arguments"] == NASTY and spec["log_dir"] == str(tmp_path / "logs")
     env = rank_environment(spec, {"CROSS_RANK": "1", "RANK": "1", "PATH": "/bin"})
     assert env["X"] == "a b;$(y)" and env["OMP_NUM_THREADS"] == "2" and env["DS_ACCELERATOR"] == "cpu" and env["RANK"] == "1"
     requests = plan.prepare_requests()

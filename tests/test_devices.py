@@ -1,6 +1,7 @@
 """Every CPU/GPU decision, fed the hardware facts of an A100, V100, T4, H100 or no GPU (textsql.devices, train.plan_run)."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_device_choice_and_a_clear_error_when_gpus_were_asked_for():
     assert choose_accelerator("auto", node(A100_40GB)) == "cuda"
     assert choose_accelerator("auto", NO_GPU) == "cpu"
     assert choose_accelerator("cpu", node(A100_40GB)) == "cpu"
-    with pytest.raises(TextsqlError, match="asked for \\(--device cuda\\).*sees none"):
+    with pytest.raises(TextsqlError, match="asked for \\(--accelerator cuda\\).*sees none"):
         choose_accelerator("cuda", NO_GPU)
 
 
@@ -129,38 +130,40 @@ def test_peak_table_tells_sxm_from_pcie_and_nvl_and_fp32_runs_use_their_own_peak
 
 
 def plan_for(devices, assets, tmp_path, monkeypatch, *trainer_flags, **run):
-    """train.plan_run for this model on these devices; `run` are RunArguments (precision, device)."""
-    from textsql.train import ModelArguments, RunArguments, plan_run
+    """train.plan_run for this model on these devices; `run` are TextsqlTrainingArguments fields (precision, accelerator)."""
+    from textsql.train import parse_arguments, plan_run
 
     monkeypatch.setenv("DS_ACCELERATOR", "")  # plan_run decides it; monkeypatch puts the old value back
     monkeypatch.delenv("DS_ACCELERATOR")
-    argv = ["--output_dir", str(tmp_path / "run"), *trainer_flags]
-    return plan_run(argv, ModelArguments(model_id=str(assets[1])), RunArguments(**run), devices=devices)
+    argv = ["--model_id", str(assets[1]), "--output_dir", str(tmp_path / "run"), *trainer_flags]
+    argv += [word for name, value in run.items() for word in (f"--{name}", value)]
+    model, _, training = parse_arguments(argv)
+    return plan_run(model, training, devices=devices)
 
 
-def flag(argv, name):
-    return argv[argv.index(f"--{name}") + 1]
+def flag(settings: dict, name: str) -> str:
+    return str(settings[name])
 
 
 @pytest.mark.parametrize("gpu,bf16,tf32", [(A100_40GB, "True", "True"), (H100_SXM, "True", "True"), (V100, "False", "False"), (T4, "False", "False")])
 def test_train_asks_the_trainer_for_what_the_gpu_has(assets, tmp_path, monkeypatch, gpu, bf16, tf32):
     plan = plan_for(node(gpu), assets, tmp_path, monkeypatch)
-    assert plan.accelerator == "cuda" and "--use_cpu" not in plan.trainer_argv
-    assert (flag(plan.trainer_argv, "bf16"), flag(plan.trainer_argv, "tf32"), flag(plan.trainer_argv, "fp16")) == (bf16, tf32, "False")
+    assert plan.accelerator == "cuda" and plan.trainer_settings["use_cpu"] is False
+    assert (flag(plan.trainer_settings, "bf16"), flag(plan.trainer_settings, "tf32"), flag(plan.trainer_settings, "fp16")) == (bf16, tf32, "False")
 
 
 def test_train_on_no_gpu_and_the_trainers_own_flags(assets, tmp_path, monkeypatch):
     plan = plan_for(NO_GPU, assets, tmp_path, monkeypatch)
-    assert plan.accelerator == "cpu" and flag(plan.trainer_argv, "use_cpu") == "True" and flag(plan.trainer_argv, "tf32") == "False"
+    assert plan.accelerator == "cpu" and flag(plan.trainer_settings, "use_cpu") == "True" and flag(plan.trainer_settings, "tf32") == "False"
     assert os.environ["DS_ACCELERATOR"] == "cpu"  # decided here, before DeepSpeed is imported
     with pytest.raises(TextsqlError, match="fp16 is refused for T5"):
         plan_for(node(A100_40GB), assets, tmp_path, monkeypatch, "--fp16", "True")
     with pytest.raises(TextsqlError, match="contradicts --precision fp32"):
         plan_for(node(A100_40GB), assets, tmp_path, monkeypatch, "--bf16", "True", precision="fp32")
     plan = plan_for(node(A100_40GB), assets, tmp_path, monkeypatch, "--bf16", "True")
-    assert plan.trainer_argv.count("--bf16") == 1 and flag(plan.trainer_argv, "bf16") == "True"
-    with pytest.raises(TextsqlError, match="--device cuda"):
-        plan_for(NO_GPU, assets, tmp_path, monkeypatch, device="cuda")
+    assert flag(plan.trainer_settings, "bf16") == "True" and flag(plan.trainer_settings, "tf32") == "True"
+    with pytest.raises(TextsqlError, match="--accelerator cuda"):
+        plan_for(NO_GPU, assets, tmp_path, monkeypatch, accelerator="cuda")
 
 
 # --------------------------------------------------------------------------- how training processes are started on a pod
@@ -173,11 +176,11 @@ def test_one_rank_per_gpu_through_the_launcher_by_default(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     four = node(A100_40GB, 4, cores=32)
-    command = training_command(["--model_id", "t5-small"], devices=four)
-    assert command[1:4] == ["--num_gpus", "4", "--module"] and command[4] == "textsql.train"
-    assert training_command(["--model_id", "t5-small"], num_gpus=1, devices=four)[1:3] == ["-m", "textsql.train"]
+    command = training_command(Path("args.json"), 4, four, uses_deepspeed=False)
+    assert command[1:] == ["--num_gpus", "4", "--module", "textsql.train", "args.json"]
+    assert training_command(Path("args.json"), 1, four, uses_deepspeed=False)[1:] == ["-m", "textsql.train", "args.json"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
-    assert training_command(["--deepspeed", "zero2"], devices=node(A100_40GB, 2))[1:3] == ["--include", "localhost:1,3"]
+    assert training_command(Path("a.json"), 2, node(A100_40GB, 2), uses_deepspeed=True)[1:3] == ["--include", "localhost:1,3"]
     env = child_environment(4, four)
     assert env["OMP_NUM_THREADS"] == "8" and "DS_ACCELERATOR" not in env
     assert env[STARTED_BY_TEXTSQL] == "4"
@@ -199,17 +202,17 @@ def test_a_process_that_sees_several_gpus_trains_on_one(caplog):
 
 def test_textsql_train_starts_ranks_only_when_it_is_not_one(monkeypatch):
     from textsql.launch import STARTED_BY_TEXTSQL
-    from textsql.train import launches_ranks
+    from textsql.train import TextsqlTrainingArguments, launches_ranks
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv(STARTED_BY_TEXTSQL, raising=False)
     four = node(A100_40GB, 4)
-    assert launches_ranks([], four) == 4
-    assert launches_ranks(["--num_gpus", "2"], four) == 2
-    assert launches_ranks(["--num_gpus", "1"], four) == 0  # one rank: trains in this process, on one GPU
-    assert launches_ranks([], node(A100_40GB, 1)) == launches_ranks([], NO_GPU) == 0
+    assert launches_ranks(TextsqlTrainingArguments(), four) == 4
+    assert launches_ranks(TextsqlTrainingArguments(num_gpus=2), four) == 2
+    assert launches_ranks(TextsqlTrainingArguments(num_gpus=1), four) == 0  # one rank: trains in this process, on one GPU
+    assert launches_ranks(TextsqlTrainingArguments(), node(A100_40GB, 1)) == launches_ranks(TextsqlTrainingArguments(), NO_GPU) == 0
     monkeypatch.setenv(STARTED_BY_TEXTSQL, "1")
-    assert launches_ranks([], four) == 0  # run_training started this process: never again
+    assert launches_ranks(TextsqlTrainingArguments(), four) == 0  # run_training started this process: never again
     monkeypatch.delenv(STARTED_BY_TEXTSQL)
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert launches_ranks([], four) == 0  # already a rank
+    assert launches_ranks(TextsqlTrainingArguments(), four) == 0  # already a rank

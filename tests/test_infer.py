@@ -95,16 +95,16 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     from textsql.errors import TextsqlError
     from textsql.infer import InferArguments, run_inference
     from textsql.sql import executes_plausibly
-    from textsql.train import train
+    from textsql.train import parse_arguments, train
 
     for name in ("TENSORBOARD_LOGGING_DIR", "DS_ACCELERATOR"):  # train() sets them; monkeypatch puts them back
         monkeypatch.setenv(name, os.environ.get(name, "cpu" if name == "DS_ACCELERATOR" else ""))
     data_dir, model_dir = header_assets
-    summary = train(["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"),
+    summary = train(*parse_arguments(["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"),
                      "--max_steps", "40", "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--warmup_steps", "4",
                      "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", "40", "--save_strategy", "no",
                      "--max_eval_samples", "16", "--execution_accuracy_samples", "16", "--execution_accuracy_decoding",
-                     "execution_guided", "--execution_accuracy_num_beams", "3", "--dataloader_num_workers", "0"])
+                     "execution_guided", "--execution_accuracy_num_beams", "3", "--dataloader_num_workers", "0"]))
     run_dir = Path(summary["output_dir"])
     config = json.loads((run_dir / "config.json").read_text())
     assert config["task_specific_params"]["textsql"]["source_format"] == "question+header"

@@ -49,7 +49,7 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
         "train_single_pod.ipynb",
         tmp_path,
         {"model_id": str(model_dir), "dataset_dir": "data/wikisql", "deepspeed": "zero2", "per_device_train_batch_size": 16,
-         "extra_args": ["--max_steps", "12", "--logging_steps", "4", "--eval_strategy", "no", "--save_strategy", "no"]},
+         "extra_args": {"max_steps": 12, "logging_steps": 4, "eval_strategy": "no", "save_strategy": "no"}},
     )
     text = outputs_text(train)
     assert "--module textsql.train" in text and "strategy       zero2" in text and "peak RSS" in text

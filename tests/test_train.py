@@ -116,6 +116,7 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
 def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, monkeypatch):
     """`deepspeed --num_gpus 2 --module textsql.train`: both ranks train, their memory is gathered to rank 0."""
     from textsql.launch import run_training
+    from textsql.train import parse_arguments
 
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
@@ -123,7 +124,7 @@ def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, 
     lines = []
     # Execution accuracy at evaluation: under ZeRO-3 both ranks must generate together (synced_gpus).
     argv = train_argv(assets, tmp_path / "runs", "--deepspeed", "zero3_offload", "--execution_accuracy_samples", "16", steps=20)
-    summary = run_training(argv, num_gpus=2, echo=lines.append)
+    summary = run_training(*parse_arguments(argv), num_gpus=2, echo=lines.append)
     assert lines[0].startswith("$ ") and "--num_gpus 2 --module textsql.train" in lines[0]
     assert summary["world_size"] == 2 and summary["run"] == "tiny-t5-zero3_offload-ws2-bs16"
     assert sorted(m["rank"] for m in summary["peak_memory_per_rank"]) == [0, 1]
@@ -159,19 +160,24 @@ def test_interrupted_run_resumes_and_a_finished_one_is_kept(assets, tmp_path, cp
 
 
 def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch):
-    from textsql.train import parse_arguments
+    import copy
+
+    from textsql.train import parse_arguments, plan_run
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     data_dir, model_dir = assets
     base = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--outputdir", str(tmp_path / "out"), "--epochs", "2",
             "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]
-    model, data, run, training, plan = parse_arguments(base + ["--gradient_checkpointing", "False"])
+    model, data, training = parse_arguments(base + ["--gradient_checkpointing", "False"])
     assert training.activation_checkpointing is False  # the walkthrough's type=bool turned this ON
     assert training.output_dir == str(tmp_path / "out") and training.num_train_epochs == 2
     assert (training.per_device_train_batch_size, training.per_device_eval_batch_size) == (8, 4)
     assert training.train_sampling_strategy == "group_by_length" and training.average_tokens_across_devices is False
-    assert plan.precision.name == "fp32" and training.use_cpu and not training.bf16 and training.tf32 is False
-    *_, training, _ = parse_arguments(base + ["--gradient_checkpointing", "True"])
+    assert not training.finalized  # parsing decides nothing: the Trainer's checks run in train()
+    plan = plan_run(model, training)
+    finalized = copy.copy(training).finalize(**plan.trainer_settings)
+    assert plan.precision.name == "fp32" and finalized.use_cpu and not finalized.bf16 and finalized.tf32 is False
+    *_, training = parse_arguments(base + ["--gradient_checkpointing", "True"])
     assert training.activation_checkpointing is True
     assert not (tmp_path / "out").exists()  # parsing writes nothing without a DeepSpeed config
 
@@ -180,8 +186,11 @@ def test_fp16_on_t5_is_refused_with_the_reason(assets, tmp_path):
     from textsql.errors import TextsqlError
     from textsql.train import parse_arguments
 
+    from textsql.train import plan_run
+
+    model, _, training = parse_arguments(["--model_id", "t5-small", "--precision", "fp16", "--output_dir", str(tmp_path / "o")])
     with pytest.raises(TextsqlError, match="fp16 is refused for T5.*overflow"):
-        parse_arguments(["--model_id", "t5-small", "--precision", "fp16", "--output_dir", str(tmp_path / "o")])
+        plan_run(model, training)
 
 
 def write(path: Path, text: str) -> Path:
@@ -216,3 +225,37 @@ def test_bad_input_gets_one_paragraph_and_no_traceback(assets, tmp_path, cpu_env
     assert done.returncode == 2, done.stderr[-3000:]
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists() or case in ("missing_dataset", "unknown_model")
+
+
+def test_arguments_are_dataclasses_from_a_command_line_or_a_recipe_and_travel_as_one_json_object(assets, tmp_path):
+    from textsql.errors import TextsqlError
+    from textsql.train import TextsqlTrainingArguments, arguments_dict, arguments_from_dict, parse_arguments
+
+    data_dir, model_dir = assets
+    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--epochs", "2", "--deepspeed", "zero2", "--report_to", "none",
+            "--hub_token", "hf_secret_canary"]
+    model, data, training = parse_arguments(argv)
+    assert (model.model_id, data.dataset_dir, training.num_train_epochs, training.deepspeed) == (str(model_dir), str(data_dir), 2, "zero2")
+    assert training.learning_rate == 3e-4 and training.save_total_limit == 2  # textsql's defaults, as field defaults
+    values = arguments_dict(model, data, training)
+    assert values["hub_token"] is None and "hf_secret_canary" not in json.dumps(values)  # never travels, never lands in files
+    again = arguments_from_dict(json.loads(json.dumps(values)))
+    assert arguments_dict(*again) == values
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"model_id: {model_dir}\ndataset_dir: {data_dir}\nnum_train_epochs: 2\ndeepspeed: zero2\nreport_to: none\n")
+    from_yaml = arguments_dict(*parse_arguments([str(recipe)]))
+    assert all(from_yaml[key] == values[key] for key in ("model_id", "dataset_dir", "num_train_epochs", "deepspeed", "report_to", "learning_rate"))
+    (tmp_path / "recipe.json").write_text(json.dumps(values))
+    assert arguments_dict(*parse_arguments([str(tmp_path / "recipe.json")])) == values
+    (tmp_path / "typo.yaml").write_text("model_idd: t5-small\n")
+    with pytest.raises(TextsqlError, match="model_idd"):
+        parse_arguments([str(tmp_path / "typo.yaml")])
+    with pytest.raises(TextsqlError, match="--precision must be one of"):
+        parse_arguments(["--precision", "fp8"])
+
+    # Building the arguments touches no device (the Trainer would refuse bf16 on this CPU here); finalizing does.
+    described = TextsqlTrainingArguments(bf16=True, output_dir=str(tmp_path / "o"))
+    assert not described.finalized
+    with pytest.raises(TextsqlError, match="Invalid training arguments.*bf16"):
+        described.finalize(use_cpu=False)

@@ -78,25 +78,17 @@ def build_assets(workdir: Path, *, train_tables: int = 300, questions_per_table:
     return data_dir, model_dir
 
 
-def demo_train_argv(args: DemoArguments, data_dir: Path, model_dir: Path) -> list[str]:
-    argv = [
-        "--model_id", str(model_dir),
-        "--dataset_dir", str(data_dir),
-        "--runs_root", str(Path(args.workdir) / "runs"),
-        "--num_train_epochs", str(args.epochs),
-        "--per_device_train_batch_size", str(args.batch_size),
-        "--per_device_eval_batch_size", "64",
-        "--learning_rate", "2e-3",
-        "--lr_scheduler_type", "constant_with_warmup",
-        "--warmup_steps", "50",
-        "--logging_steps", "50",
-        "--execution_accuracy_samples", "200",
-        "--seed", str(args.seed),
-        "--overwrite", "True",  # the demo's own folder: running it again trains again
-    ]
-    if args.deepspeed != "none":
-        argv += ["--deepspeed", args.deepspeed]
-    return argv
+def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
+    """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates."""
+    from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments
+
+    training = TextsqlTrainingArguments(
+        runs_root=str(Path(args.workdir) / "runs"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64, learning_rate=2e-3, lr_scheduler_type="constant_with_warmup", warmup_steps=50,
+        logging_steps=50, seed=args.seed, deepspeed=None if args.deepspeed == "none" else args.deepspeed,
+        overwrite=True,  # the demo's own folder: running it again trains again
+    )
+    return ModelArguments(model_id=str(model_dir)), DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=200), training
 
 
 def run_demo(args: DemoArguments, echo=print) -> dict:
@@ -111,7 +103,7 @@ def run_demo(args: DemoArguments, echo=print) -> dict:
         Path(args.workdir), train_tables=args.train_tables, questions_per_table=args.questions_per_table,
         d_model=args.d_model, num_layers=args.num_layers, seed=args.seed, source_format=args.source_format,
     )
-    summary = train(demo_train_argv(args, data_dir, model_dir))
+    summary = train(*demo_training(args, data_dir, model_dir))
     metadata = json.loads((data_dir / "textsql_data.json").read_text())
     summary["mean_real_tokens_per_example"] = metadata["lengths"]["train"]["mean_tokens_per_example"]
     beams = 4 if args.decoding == "execution_guided" else 1

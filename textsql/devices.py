@@ -93,14 +93,14 @@ def usable_cores() -> int:
 
 
 def choose_accelerator(requested: str, devices: NodeDevices) -> str:
-    """'cuda' or 'cpu' for `--device auto|cuda|cpu` on a node with these devices; cuda without a GPU is an error."""
+    """'cuda' or 'cpu' for `--accelerator auto|cuda|cpu` on a node with these devices; cuda without a GPU is an error."""
     if requested not in DEVICE_CHOICES:
-        raise TextsqlError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not '{requested}'.")
+        raise TextsqlError(f"--accelerator must be one of {', '.join(DEVICE_CHOICES)}, not '{requested}'.")
     if requested == "cuda" and not devices.gpus:
         raise TextsqlError(
-            "GPUs were asked for (--device cuda), but this process sees none: torch.cuda.is_available() is False"
+            "GPUs were asked for (--accelerator cuda), but this process sees none: torch.cuda.is_available() is False"
             + (f" with CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}" if "CUDA_VISIBLE_DEVICES" in os.environ else "")
-            + ". Check the pod's GPU request (nvidia_gpu) and the driver (nvidia-smi), or pass --device cpu to train on the CPU."
+            + ". Check the pod's GPU request (nvidia_gpu) and the driver (nvidia-smi), or pass --accelerator cpu to train on the CPU."
         )
     if requested == "auto":
         return devices.accelerator
@@ -112,7 +112,7 @@ def use_accelerator(accelerator: str, environ=os.environ) -> None:
     if accelerator == "cpu":
         environ["DS_ACCELERATOR"] = "cpu"
     elif environ.get("DS_ACCELERATOR") == "cpu":
-        raise TextsqlError("DS_ACCELERATOR=cpu is set, but this process trains on the GPU. Unset DS_ACCELERATOR, or pass --device cpu.")
+        raise TextsqlError("DS_ACCELERATOR=cpu is set, but this process trains on the GPU. Unset DS_ACCELERATOR, or pass --accelerator cpu.")
 
 
 def ranks_per_node(requested: int | None, devices: NodeDevices) -> int:

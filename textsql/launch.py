@@ -1,4 +1,5 @@
-"""Start training in a child process (python, or the deepspeed launcher), stream its output, and return its run summary."""
+"""Start training in child processes (python, or the deepspeed launcher for DeepSpeed or several GPUs), stream their
+output, and return the run summary. The arguments reach the children as one JSON file, parsed once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from pathlib import Path
 
@@ -14,35 +16,35 @@ from textsql.errors import TextsqlError
 
 SUMMARY_MARKER = "textsql-run-summary: "
 STARTED_BY_TEXTSQL = "TEXTSQL_STARTED_RANKS"  # set for the processes run_training starts: they never start ranks themselves
+ARGUMENTS_FILE = "train-arguments.json"
 
 
-def node_devices_for(argv: list[str]):
-    """This pod's devices as a training with `argv` uses them: none with --device cpu."""
+def node_devices(accelerator: str = "auto"):
+    """This pod's devices as a training with `--accelerator device` uses them: none with --accelerator cpu."""
     from textsql.devices import NodeDevices, usable_cores
-    from textsql.train import flag_value
 
-    return NodeDevices((), usable_cores()) if flag_value(argv, "device") == "cpu" else NodeDevices.local()
+    return NodeDevices((), usable_cores()) if accelerator == "cpu" else NodeDevices.local()
 
 
-def training_command(argv: list[str], num_gpus: int | None = None, use_deepspeed_launcher: bool | None = None, devices=None) -> list[str]:
-    """`deepspeed <devices> --module textsql.train ...` for DeepSpeed or several ranks, else `python -m textsql.train ...`.
-
-    `num_gpus` ranks (default: one per visible GPU, one on a CPU); a user's CUDA_VISIBLE_DEVICES is kept
-    (textsql.devices.launcher_device_args). `devices` are this pod's (read from torch when not given).
-    """
-    from textsql.devices import launcher_device_args, ranks_per_node
-
-    devices = devices if devices is not None else node_devices_for(argv)
-    ranks = ranks_per_node(num_gpus, devices)
-    uses_deepspeed = any(a == "--deepspeed" or a.startswith("--deepspeed=") for a in argv)
-    if use_deepspeed_launcher is None:
-        use_deepspeed_launcher = uses_deepspeed or ranks > 1
-    if not use_deepspeed_launcher:
-        return [sys.executable, "-m", "textsql.train", *argv]
+def deepspeed_launcher() -> str:
+    """The `deepspeed` launcher beside this Python (the virtual environment's), else on PATH."""
     launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if launcher is None:
         raise TextsqlError("The `deepspeed` launcher is not on PATH. Install the project's requirements (bash scripts/bootstrap.sh setup).")
-    return [launcher, *launcher_device_args(ranks, devices, os.environ.get("CUDA_VISIBLE_DEVICES")), "--module", "textsql.train", *argv]
+    return launcher
+
+
+def training_command(arguments_file: Path, ranks: int, devices, uses_deepspeed: bool) -> list[str]:
+    """`deepspeed <devices> --module textsql.train FILE` for DeepSpeed or several ranks, else `python -m textsql.train FILE`.
+
+    A user's CUDA_VISIBLE_DEVICES is kept (textsql.devices.launcher_device_args).
+    """
+    from textsql.devices import launcher_device_args
+
+    if not uses_deepspeed and ranks == 1:
+        return [sys.executable, "-m", "textsql.train", str(arguments_file)]
+    devices_args = launcher_device_args(ranks, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return [deepspeed_launcher(), *devices_args, "--module", "textsql.train", str(arguments_file)]
 
 
 def child_environment(ranks: int, devices) -> dict[str, str]:
@@ -58,24 +60,28 @@ def child_environment(ranks: int, devices) -> dict[str, str]:
     return env
 
 
-def run_training(argv: list[str], num_gpus: int | None = None, *, echo=print, tail_lines: int = 40) -> dict:
-    """Run training in child processes (one rank per visible GPU unless `num_gpus` says otherwise), echo their output
-    line by line, and return run_summary.json as a dict."""
+def run_training(model_args, data_args, training_args, num_gpus: int | None = None, *, echo=print, tail_lines: int = 40) -> dict:
+    """Train in child processes (one rank per visible GPU unless `num_gpus` says otherwise), echo their output line by
+    line, and return run_summary.json as a dict. The arguments are textsql.train's dataclasses (notebooks build them)."""
     from textsql.devices import ranks_per_node
+    from textsql.train import arguments_dict
 
-    devices = node_devices_for(argv)
-    command = training_command(argv, num_gpus, devices=devices)
-    echo("$ " + " ".join(command))
-    tail: deque[str] = deque(maxlen=tail_lines)
-    summary_path = None
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=child_environment(ranks_per_node(num_gpus, devices), devices)) as child:
-        for line in child.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            echo(line)
-            if SUMMARY_MARKER in line:
-                summary_path = line.split(SUMMARY_MARKER, 1)[1].strip()
+    devices = node_devices(training_args.accelerator)
+    ranks = ranks_per_node(num_gpus, devices)
+    with tempfile.TemporaryDirectory(prefix="textsql-launch-") as folder:
+        arguments_file = Path(folder) / ARGUMENTS_FILE
+        arguments_file.write_text(json.dumps(arguments_dict(model_args, data_args, training_args), indent=2) + "\n")
+        command = training_command(arguments_file, ranks, devices, uses_deepspeed=bool(training_args.deepspeed))
+        echo("$ " + " ".join(command))
+        tail: deque[str] = deque(maxlen=tail_lines)
+        summary_path = None
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_environment(ranks, devices)) as child:
+            for line in child.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                echo(line)
+                if SUMMARY_MARKER in line:
+                    summary_path = line.split(SUMMARY_MARKER, 1)[1].strip()
     if child.returncode != 0 or summary_path is None:
         last = "\n".join(tail)
         raise TextsqlError(f"Training exited with status {child.returncode}. Last lines of its output:\n{last}")

@@ -1,21 +1,25 @@
 """Fine-tune a seq2seq model on prepared WikiSQL with the Seq2SeqTrainer, with or without a DeepSpeed ZeRO config.
 
-Run it as `textsql train ...`, `python -m textsql.train ...`, or under the DeepSpeed launcher:
-    deepspeed --num_gpus 2 --module textsql.train --model_id t5-small --deepspeed dsconfig/zero2.json
-or with the script path the launcher also accepts: `deepspeed textsql/train.py ...`.
+Run it as `textsql train ...` (one rank per visible GPU), `textsql train recipe.yaml`, `python -m textsql.train ...`,
+or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t5-small --deepspeed zero2`. From Python:
+    train(ModelArguments(model_id="t5-small"), DataArguments(), TextsqlTrainingArguments(deepspeed="zero2"))
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from transformers import Seq2SeqTrainingArguments
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from textsql.errors import TextsqlError
 
@@ -67,10 +71,44 @@ class DataArguments:
                 raise TextsqlError(f"--{name} must be a positive number (or left out for all).")
 
 
-@dataclass
-class RunArguments:
-    """How textsql sets up the run around the Trainer."""
+def _textsql_default(name: str, default, why: str = ""):
+    """A Seq2SeqTrainingArguments field with textsql's default; the Trainer's help text says what it is."""
+    parent = _TRAINER_FIELDS[name]
+    note = f" textsql's default: {default!r}" + (f" ({why})" if why else "") + "."
+    return field(default=default, metadata={**parent.metadata, "help": parent.metadata.get("help", "").rstrip() + note})
 
+
+_TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
+
+
+@dataclass
+class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
+    """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
+
+    Building one is cheap and touches no device, so a notebook kernel or the multi-pod session (perhaps without a GPU)
+    can describe a run and hand it to the processes that train. The Trainer's own checks and device setup run once, in
+    the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
+    TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run.
+    """
+
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where the run is written; default: <runs_root>/<model>-<strategy>-ws<world size>-bs<batch>."})
+    num_train_epochs: float = _textsql_default("num_train_epochs", 3.0)
+    per_device_train_batch_size: int = _textsql_default("per_device_train_batch_size", 32, "the walkthrough's")
+    per_device_eval_batch_size: int = _textsql_default("per_device_eval_batch_size", 32)
+    learning_rate: float = _textsql_default("learning_rate", 3e-4)
+    eval_strategy: IntervalStrategy | str = _textsql_default("eval_strategy", "epoch")
+    save_strategy: SaveStrategy | str = _textsql_default("save_strategy", "epoch")
+    save_total_limit: int | None = _textsql_default("save_total_limit", 2)
+    logging_steps: float = _textsql_default("logging_steps", 50)
+    logging_first_step: bool = _textsql_default("logging_first_step", True)
+    report_to: None | str | list[str] = _textsql_default("report_to", "tensorboard")
+    train_sampling_strategy: str = _textsql_default(
+        "train_sampling_strategy", "group_by_length", "batches of similar lengths waste little on padding")
+    average_tokens_across_devices: bool = _textsql_default(
+        "average_tokens_across_devices", False, "T5's forward ignores the token count, so averaging would scale the loss by the world size")
+    ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
+    # How textsql sets the run up.
     runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>-ws<world size>-bs<batch>."})
     precision: str = field(
         default="auto",
@@ -79,7 +117,8 @@ class RunArguments:
                   "flags mean the same."},
     )
     force_fp16: bool = field(default=False, metadata={"help": "Allow fp16 on T5 anyway (it overflows to NaN on t5-large)."})
-    device: str = field(
+    # Not `device`: that is the Trainer's property for the torch device it sets up.
+    accelerator: str = field(
         default="auto",
         metadata={"help": "auto (the GPUs when there are any), cuda (stop with an error when this process sees no GPU, "
                   "instead of training on the CPU) or cpu."},
@@ -97,57 +136,31 @@ class RunArguments:
     overwrite: bool = field(default=False, metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."})
 
     def __post_init__(self):
+        """textsql's own checks only; the Trainer's __post_init__ runs in finalize()."""
         from textsql.devices import DEVICE_CHOICES, PRECISIONS
 
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
-        if self.device not in DEVICE_CHOICES:
-            raise TextsqlError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, not '{self.device}'.")
+        if self.accelerator not in DEVICE_CHOICES:
+            raise TextsqlError(f"--accelerator must be one of {', '.join(DEVICE_CHOICES)}, not '{self.accelerator}'.")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise TextsqlError(f"--save_dtype must be float32 or bfloat16, not '{self.save_dtype}'.")
+        if self.num_gpus is not None and self.num_gpus < 1:
+            raise TextsqlError(f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}.")
+        self.finalized = False
 
-
-# Defaults textsql chooses for Trainer arguments the user did not give on the command line.
-TRAINER_DEFAULTS = {
-    "num_train_epochs": "3",
-    "per_device_train_batch_size": "32",
-    "per_device_eval_batch_size": "32",
-    "learning_rate": "3e-4",
-    "eval_strategy": "epoch",
-    "save_strategy": "epoch",
-    "save_total_limit": "2",
-    "logging_steps": "50",
-    "logging_first_step": "True",
-    "report_to": "tensorboard",
-    # Batches of similar lengths waste little on padding (transformers 5 has no group_by_length flag).
-    "train_sampling_strategy": "group_by_length",
-    # T5's forward ignores the token count, so averaging across devices would scale the loss by the world size.
-    "average_tokens_across_devices": "False",
-    "ddp_find_unused_parameters": "False",
-    "seed": "42",
-}
-
-
-def normalize_argv(argv: list[str]) -> list[str]:
-    """Map the walkthrough's flag names to the Trainer's and expand `--deepspeed zero2` to the shipped file."""
-    result = []
-    for arg in argv:
-        flag, eq, value = arg.partition("=")
-        result.append(LEGACY_FLAGS.get(flag, flag) + eq + value if flag.startswith("--") else arg)
-    return result
-
-
-def given(argv: list[str], name: str) -> bool:
-    return any(a == f"--{name}" or a.startswith(f"--{name}=") for a in argv)
-
-
-def flag_value(argv: list[str], name: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg.startswith(f"--{name}="):
-            return arg.split("=", 1)[1]
-        if arg == f"--{name}" and i + 1 < len(argv):
-            return argv[i + 1]
-    return None
+    def finalize(self, **decided) -> "TextsqlTrainingArguments":
+        """Set what textsql decided, then run the Trainer's own checks and device setup (once, in the training process)."""
+        if self.finalized:
+            raise RuntimeError("These training arguments are finalized already; finalize a copy (copy.copy) for another run.")
+        for name, value in decided.items():
+            setattr(self, name, value)
+        try:
+            super().__post_init__()
+        except ValueError as error:
+            raise TextsqlError(f"Invalid training arguments: {error}") from None
+        self.finalized = True
+        return self
 
 
 def world_size() -> int:
@@ -158,8 +171,27 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int) -> str:
-    return f"{Path(model_id.rstrip('/')).name}-{strategy_label}-ws{world_size()}-bs{per_device_batch}"
+def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int, ranks: int) -> str:
+    return f"{Path(model_id.rstrip('/')).name}-{strategy_label}-ws{ranks}-bs{per_device_batch}"
+
+
+def load_strategy(deepspeed) -> tuple[dict | None, dict]:
+    """(the DeepSpeed config, validated, or None without one; its strategy: stage, offload, label)."""
+    from textsql.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
+
+    if not deepspeed:
+        return None, describe_strategy(None)
+    config = load_dsconfig(resolve_dsconfig_path(deepspeed)) if not isinstance(deepspeed, dict) else deepspeed
+    return config, describe_strategy(config)
+
+
+def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: int, strategy_label: str | None = None) -> Path:
+    """The run's folder: --output_dir, or <runs_root>/<model>-<strategy>-ws<ranks>-bs<batch>."""
+    if training.output_dir:
+        return Path(training.output_dir)
+    if strategy_label is None:
+        strategy_label = load_strategy(training.deepspeed)[1]["label"]
+    return Path(training.runs_root) / run_folder_name(model.model_id, strategy_label, training.per_device_train_batch_size, ranks)
 
 
 def ensure_distributed_env() -> None:
@@ -184,7 +216,7 @@ def output_state(output_dir: Path) -> str:
 
 @dataclass
 class RunPlan:
-    """Everything decided before the Trainer is built."""
+    """Everything decided before the Trainer is built, and the Trainer settings it fixes."""
 
     output_dir: Path
     precision: PrecisionChoice
@@ -193,101 +225,46 @@ class RunPlan:
     strategy: dict
     dsconfig: dict | None
     resume_from: str | None
-    trainer_argv: list[str]
+    trainer_settings: dict
 
 
-def plan_run(argv: list[str], model: ModelArguments, run: RunArguments, devices=None) -> RunPlan:
-    """Validate the dsconfig, pick the device, precision and output folder, and decide whether to resume.
-
-    `devices` (textsql.devices.NodeDevices) is what this process sees; read from torch when not given.
+def plan_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=None) -> RunPlan:
+    """Decide the device, precision and run folder, validate the DeepSpeed config against the arguments, and decide
+    whether to resume. `devices` (textsql.devices.NodeDevices) is what this process sees; read from torch when not given.
     """
     from textsql.devices import NodeDevices, choose_accelerator, precision_from_trainer_flags, resolve_precision, use_accelerator
-    from textsql.dsconfig import check_batch_settings, describe_strategy, load_dsconfig, resolve_dsconfig_path, resolve_for_run
+    from textsql.dsconfig import check_batch_settings, resolve_for_run
 
     devices = devices if devices is not None else NodeDevices.local()
-    accelerator = choose_accelerator(run.device, devices)
+    accelerator = choose_accelerator(training.accelerator, devices)
     use_accelerator(accelerator)  # before anything imports deepspeed
-    requested = precision_from_trainer_flags(run.precision, _bool_flag(argv, "bf16"), _bool_flag(argv, "fp16"))
-    precision = resolve_precision(requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=run.force_fp16)
-    dsconfig_arg = flag_value(argv, "deepspeed")
-    dsconfig = None
-    if dsconfig_arg:
-        dsconfig = load_dsconfig(resolve_dsconfig_path(dsconfig_arg))
-    strategy = describe_strategy(dsconfig)
-    batch = int(flag_value(argv, "per_device_train_batch_size") or TRAINER_DEFAULTS["per_device_train_batch_size"])
+    requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
+    precision = resolve_precision(requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16)
+    dsconfig, strategy = load_strategy(training.deepspeed)
     if dsconfig is not None:
         check_batch_settings(
             dsconfig,
-            per_device_train_batch_size=batch,
-            gradient_accumulation_steps=int(flag_value(argv, "gradient_accumulation_steps") or 1),
+            per_device_train_batch_size=training.per_device_train_batch_size,
+            gradient_accumulation_steps=training.gradient_accumulation_steps,
             world_size=world_size(),
-            max_grad_norm=float(flag_value(argv, "max_grad_norm") or 1.0),
+            max_grad_norm=training.max_grad_norm,
         )
-    output_dir = Path(flag_value(argv, "output_dir") or Path(run.runs_root) / run_folder_name(model.model_id, strategy["label"], batch))
+    output_dir = run_dir(model, training, world_size(), strategy["label"])
     state = output_state(output_dir)
-    if state == "finished" and not run.overwrite:
+    if state == "finished" and not training.overwrite:
         raise TextsqlError(
             f"'{output_dir}' holds a finished run ({SUMMARY_FILE} is there). Pass --overwrite True to train again in it, "
             "or choose another --output_dir / --runs_root. textsql never deletes a run."
         )
     resume_from = None
-    if state == "interrupted" and not run.overwrite:
+    if state == "interrupted" and not training.overwrite:
         from transformers.trainer_utils import get_last_checkpoint
 
         resume_from = get_last_checkpoint(str(output_dir))
-    trainer_argv = list(argv)
+    settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
     if dsconfig is not None:
-        trainer_argv = replace_flag(trainer_argv, "deepspeed", str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir)))
-    # Precision is decided above, once: the Trainer's own flags are replaced by the decision.
-    trainer_argv = drop_flags(trainer_argv, ("bf16", "fp16", "tf32"))
-    decided = {name: str(value) for name, value in precision.trainer_flags().items()}
-    if accelerator == "cpu":
-        decided["use_cpu"] = "True"
-    extra = dict(TRAINER_DEFAULTS, output_dir=str(output_dir), **decided)
-    for name, value in extra.items():
-        if not given(trainer_argv, name):
-            trainer_argv += [f"--{name}", value]
-    return RunPlan(output_dir, precision, accelerator, devices, strategy, dsconfig, resume_from, trainer_argv)
-
-
-def _bool_flag(argv: list[str], name: str) -> bool | None:
-    """A Trainer boolean flag's value: True for a bare `--name` or a true word, False for a false one, None if absent."""
-    if not given(argv, name):
-        return None
-    value = flag_value(argv, name)
-    return value is None or value.startswith("--") or value.lower() in ("true", "1", "yes", "y", "t")
-
-
-def drop_flags(argv: list[str], names: tuple[str, ...]) -> list[str]:
-    """argv without `--name`, `--name=V` and `--name V` (a value is any following word not starting with --)."""
-    result, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        flag = arg.split("=", 1)[0]
-        if flag.startswith("--") and flag[2:] in names:
-            skip = "=" not in arg and i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            continue
-        result.append(arg)
-    return result
-
-
-def replace_flag(argv: list[str], name: str, value: str) -> list[str]:
-    """argv with the value of `--name` (either `--name V` or `--name=V`) replaced."""
-    result, skip = [], False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if arg == f"--{name}":
-            result += [arg, value]
-            skip = True
-        elif arg.startswith(f"--{name}="):
-            result.append(f"--{name}={value}")
-        else:
-            result.append(arg)
-    return result
+        settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir))
+    return RunPlan(output_dir, precision, accelerator, devices, strategy, dsconfig, resume_from, settings)
 
 
 def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
@@ -300,25 +277,78 @@ def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
     return path
 
 
-def parse_arguments(argv: list[str]):
-    """(model, data, run, training arguments, plan), parsed the Hugging Face way."""
-    from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments: parsed once (command line, or a JSON/YAML recipe), handed between processes as one JSON object
+# ---------------------------------------------------------------------------------------------------------------------
 
-    argv = normalize_argv(argv)
-    if "-h" in argv or "--help" in argv:
-        HfArgumentParser((ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments)).print_help()
-        raise SystemExit(0)
-    own = HfArgumentParser((ModelArguments, DataArguments, RunArguments))
-    model, data, run, rest = own.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-    plan = plan_run(rest, model, run)
-    if plan.dsconfig is not None or world_size() > 1:
-        ensure_distributed_env()
-    trainer_parser = HfArgumentParser(Seq2SeqTrainingArguments)
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, TextsqlTrainingArguments)
+RECIPE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Map the walkthrough's flag names to the Trainer's."""
+    result = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        result.append(LEGACY_FLAGS.get(flag, flag) + eq + value if flag.startswith("--") else arg)
+    return result
+
+
+def argument_parser():
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(ARGUMENT_CLASSES, prog="textsql train",
+                            description="Fine-tune a seq2seq model on prepared WikiSQL. Arguments, or one JSON/YAML recipe file.")
+
+
+def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
+    """The three argument dataclasses from a command line, or from a JSON or YAML recipe (`textsql train recipe.yaml`)."""
+    parser = argument_parser()
     try:
-        (training,) = trainer_parser.parse_args_into_dataclasses(args=plan.trainer_argv)
+        if len(argv) == 1 and argv[0].endswith(RECIPE_SUFFIXES):
+            recipe = Path(argv[0])
+            if not recipe.is_file():
+                raise TextsqlError(f"The recipe file {recipe} does not exist.")
+            if recipe.suffix == ".json":
+                return tuple(parser.parse_json_file(recipe, allow_extra_keys=False))
+            return tuple(parser.parse_yaml_file(recipe, allow_extra_keys=False))
+        return tuple(parser.parse_args_into_dataclasses(args=normalize_argv(argv)))
+    except ValueError as error:  # unknown keys or flags, bad values
+        raise TextsqlError(f"Invalid training arguments: {error}") from None
+
+
+def as_arguments(arguments) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
+    """The three argument dataclasses, given as they are or as a command line (parsed here, once)."""
+    arguments = tuple(arguments)
+    if len(arguments) == 3 and all(isinstance(a, kind) for a, kind in zip(arguments, ARGUMENT_CLASSES)):
+        return arguments
+    if all(isinstance(a, str) for a in arguments):
+        return parse_arguments(list(arguments))
+    raise TextsqlError("Pass the training arguments as (ModelArguments, DataArguments, TextsqlTrainingArguments) or as a "
+                       "command line (a list of strings, as `textsql train` takes).")
+
+
+def arguments_dict(model: ModelArguments, data: DataArguments, training: TextsqlTrainingArguments) -> dict:
+    """The arguments as one JSON-able object (what each dataclass was given: nothing the Trainer derives later), with
+    every token left out: the object travels to other processes and nodes, and lands in files."""
+    from enum import Enum
+
+    values = {}
+    for instance in (model, data, training):
+        for f in fields(instance):
+            if f.init:
+                value = getattr(instance, f.name)
+                values[f.name] = value.value if isinstance(value, Enum) else value
+    for name in [name for name in values if name.endswith("_token")]:
+        values[name] = None
+    return values
+
+
+def arguments_from_dict(values: dict) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
+    try:
+        return tuple(argument_parser().parse_dict(values, allow_extra_keys=False))
     except ValueError as error:
         raise TextsqlError(f"Invalid training arguments: {error}") from None
-    return model, data, run, training, plan
 
 
 def load_training_data(data: DataArguments, model_tokenizer):
@@ -544,9 +574,15 @@ def save_final_model(trainer, output_dir: Path, dtype: str) -> str:
     return dtype
 
 
-def train(argv: list[str]) -> dict | None:
-    """Parse, plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0."""
-    model_args, data_args, run_args, training_args, plan = parse_arguments(argv)
+def train(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> dict | None:
+    """Plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0.
+
+    The arguments are left as given: the Trainer gets a finalized copy.
+    """
+    plan = plan_run(model_args, training_args)
+    if plan.dsconfig is not None or world_size() > 1:
+        ensure_distributed_env()
+    training_args = copy.copy(training_args).finalize(**plan.trainer_settings)
     configure_logging(training_args.process_index == 0, plan.output_dir / LOG_FILE)
     pin_to_one_gpu(training_args, plan)
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.output_dir / "tensorboard")
@@ -596,6 +632,8 @@ def train(argv: list[str]) -> dict | None:
         trainer.execution_decoding = {"decoding": data_args.execution_accuracy_decoding, "num_beams": data_args.execution_accuracy_num_beams}
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
+    logger.info("Training starts: %s, world size %d, %s%s on %s; the full log is %s", plan.output_dir, training_args.world_size,
+                plan.precision.name, " + TF32" if plan.precision.tf32 else "", plan.accelerator, plan.output_dir / LOG_FILE)
     try:
         result = trainer.train(resume_from_checkpoint=plan.resume_from)
     except ValueError as error:
@@ -603,13 +641,13 @@ def train(argv: list[str]) -> dict | None:
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
     eval_metrics = trainer.evaluate() if eval_set is not None else {}
-    saved_dtype = save_final_model(trainer, plan.output_dir, run_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
+    saved_dtype = save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
     trainer.save_state()
     memory = gather_to_all(peak_memory(plan.accelerator))
     real_tokens = sum(gather_to_all(trainer.real_tokens))
     if not trainer.is_world_process_zero():
         return None
-    summary = build_summary(model_args, data_args, run_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
+    summary = build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
     summary["saved_dtype"] = saved_dtype
     from textsql.plan import compare_with_run
 
@@ -618,7 +656,7 @@ def train(argv: list[str]) -> dict | None:
     return summary
 
 
-def build_summary(model_args, data_args, run_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer) -> dict:
+def build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer) -> dict:
     import deepspeed
     import torch
     import transformers
@@ -663,7 +701,6 @@ def build_summary(model_args, data_args, run_args, training_args, plan, result, 
         "arguments": {
             "model": asdict(model_args),
             "data": asdict(data_args),
-            "run": asdict(run_args),
             "training": json.loads(training_args.to_json_string()),
         },
         "deepspeed_config": ds_config,
@@ -703,32 +740,23 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def launches_ranks(argv: list[str], devices=None) -> int:
+def launches_ranks(training: TextsqlTrainingArguments, devices=None) -> int:
     """How many ranks `textsql train` itself must start on this pod: 0 under a launcher or for one rank (it trains in
     this process), else one per visible GPU (or --num_gpus)."""
     from textsql.devices import ranks_per_node
-    from textsql.launch import node_devices_for
+    from textsql.launch import STARTED_BY_TEXTSQL, node_devices
 
-    from textsql.launch import STARTED_BY_TEXTSQL
-
-    if "LOCAL_RANK" in os.environ or STARTED_BY_TEXTSQL in os.environ or "-h" in argv or "--help" in argv:
+    if "LOCAL_RANK" in os.environ or STARTED_BY_TEXTSQL in os.environ:
         return 0
-    requested = flag_value(argv, "num_gpus")
-    devices = devices if devices is not None else node_devices_for(argv)
-    ranks = ranks_per_node(int(requested) if requested and requested.isdigit() else None, devices)
+    ranks = ranks_per_node(training.num_gpus, devices if devices is not None else node_devices(training.accelerator))
     return ranks if ranks > 1 else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def train_and_report(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> int:
+    """Train, then (rank 0) print the summary and the line that tells a launcher where run_summary.json is; 2 with one
+    paragraph for a problem the user can fix."""
     try:
-        ranks = launches_ranks(argv)
-        if ranks:
-            from textsql.launch import run_training
-
-            run_training(argv, num_gpus=ranks)  # rank 0 prints the summary
-            return 0
-        summary = train(argv)
+        summary = train(model_args, data_args, training_args)
     except TextsqlError as error:
         print(f"textsql train: {error}", file=sys.stderr)
         return 2
@@ -738,6 +766,23 @@ def main(argv: list[str] | None = None) -> int:
         print(format_summary(summary))
         print(f"{SUMMARY_MARKER}{Path(summary['output_dir']).resolve() / SUMMARY_FILE}", flush=True)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`textsql train ARGS` or `textsql train recipe.yaml`: parse once, then train here or start one rank per GPU."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        model_args, data_args, training_args = parse_arguments(argv)
+        ranks = launches_ranks(training_args)
+        if ranks:
+            from textsql.launch import run_training
+
+            run_training(model_args, data_args, training_args, num_gpus=ranks)  # rank 0 prints the summary
+            return 0
+    except TextsqlError as error:
+        print(f"textsql train: {error}", file=sys.stderr)
+        return 2
+    return train_and_report(model_args, data_args, training_args)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def cluster_cli(argv: list[str]) -> int:
     """Body of `textsql cluster`. Returns the exit status; raises TextsqlError for problems a user can fix."""
     from textsql.cluster import Cluster, launch_training, preflight, read_hostfile
-    from textsql.train import format_summary
+    from textsql.train import format_summary, parse_arguments
 
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -64,18 +64,19 @@ def cluster_cli(argv: list[str]) -> int:
         return 2
     own, train_argv = _split(rest)
     args = _parser(command).parse_args(own)
+    arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
     if command == "launch":
-        result = launch_training(args.hostfile, train_argv, ssh_config=args.ssh_config)
+        result = launch_training(args.hostfile, arguments, ssh_config=args.ssh_config)
     elif getattr(args, "hostfile", None):
-        preflight(args.hostfile, train_argv, ssh_config=args.ssh_config)
+        preflight(args.hostfile, arguments, ssh_config=args.ssh_config)
         return 0
     else:
         with Cluster(args.backend, workers=args.workers, cpu=args.cpu, memory=args.memory, nvidia_gpu=args.nvidia_gpu,
                      session_slots=args.session_slots, project_dir=args.project_dir, name=args.name, start_timeout=args.start_timeout) as cluster:
             if command == "preflight":
-                cluster.preflight(train_argv)
+                cluster.preflight(*arguments)
                 return 0
-            result = cluster.train(train_argv)
+            result = cluster.train(*arguments)
     print(format_summary(result["summary"]))
     for rank in result["ranks"]:
         print(json.dumps({k: rank[k] for k in ("rank", "node_address", "world_size", "global_step", "final_loss")}))

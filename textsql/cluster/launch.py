@@ -57,27 +57,6 @@ def new_launch_id() -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    from textsql.train import flag_value, given, normalize_argv
-
-    argv = normalize_argv(argv)
-    value = flag_value(argv, name)
-    if value is None and given(argv, name):
-        return "True"  # a bare boolean flag
-    return "True" if value is not None and value.startswith("--") else value
-
-
-def _truthy(value: str | None) -> bool:
-    return str(value).lower() in ("true", "1", "yes", "y")
-
-
-def with_flag(argv: list[str], name: str, value: str) -> list[str]:
-    from textsql.train import given, normalize_argv, replace_flag
-
-    argv = normalize_argv(argv)
-    return replace_flag(argv, name, value) if given(argv, name) else argv + [f"--{name}", value]
-
-
 @dataclass
 class NodeFacts:
     """One node as the session sees it: its address, what its agent (or ssh probe) reported, the ranks asked of it."""
@@ -100,8 +79,9 @@ class Decision:
         return sum(h.slots for h in self.hosts)
 
 
-def decide(nodes: list[NodeFacts], train_argv: list[str]) -> Decision:
-    """CPU or GPU, precision, ranks, GPUs and threads of every node: from all nodes' devices, never node 0's alone."""
+def decide(nodes: list[NodeFacts], model, training) -> Decision:
+    """CPU or GPU, precision, ranks, GPUs and threads of every node: from all nodes' devices, never node 0's alone.
+    `model` and `training` are textsql.train's ModelArguments and TextsqlTrainingArguments."""
     from textsql.devices import (NodeDevices, all_gpus, check_nodes_agree, choose_accelerator, node_gpu_ids, precision_from_trainer_flags,
                                  ranks_per_node, resolve_precision, threads_per_rank)
 
@@ -109,7 +89,7 @@ def decide(nodes: list[NodeFacts], train_argv: list[str]) -> Decision:
     if broken:
         raise PreflightError("Preflight found problems:\n" + "\n".join(f"  {p}" for p in broken))
     devices = {n.address: NodeDevices.from_dict(n.facts["devices"]) for n in nodes}
-    requested = _flag(train_argv, "device") or "auto"
+    requested = training.accelerator
     if requested == "cpu":
         accelerator = "cpu"
     else:
@@ -122,9 +102,8 @@ def decide(nodes: list[NodeFacts], train_argv: list[str]) -> Decision:
         accelerator = check_nodes_agree(devices, gpu_ranks)
     cpu_only = NodeDevices()
     ranks = {n.address: ranks_per_node(n.ranks, devices[n.address] if accelerator == "cuda" else cpu_only) for n in nodes}
-    precision = resolve_precision(
-        precision_from_trainer_flags(_flag(train_argv, "precision") or "auto", _truthy(_flag(train_argv, "bf16")), _truthy(_flag(train_argv, "fp16"))),
-        _flag(train_argv, "model_id") or "t5-small", all_gpus(devices) if accelerator == "cuda" else (), force_fp16=_truthy(_flag(train_argv, "force_fp16")))
+    precision = resolve_precision(precision_from_trainer_flags(training.precision, training.bf16, training.fp16), model.model_id,
+                                  all_gpus(devices) if accelerator == "cuda" else (), force_fp16=training.force_fp16)
     return Decision(
         hosts=[Host(n.address, ranks[n.address]) for n in nodes], accelerator=accelerator, precision=precision,
         threads={n.address: threads_per_rank(devices[n.address], ranks[n.address]) for n in nodes},
@@ -169,7 +148,7 @@ class LaunchPlan:
     shared_output: bool
     resume: object  # textsql.cluster.runs.ResumePlan
     zero_stage: int | None
-    argv: list[str]
+    arguments: dict  # textsql.train.arguments_dict: what every rank trains with, exactly
     env: dict[str, str]
     node_env: dict[str, dict[str, str]]
     master_port: int
@@ -198,7 +177,7 @@ class LaunchPlan:
     def spec(self) -> str:
         from textsql.cluster.node import encode
 
-        return encode({"argv": self.argv, "env": self.env, "node_env": self.node_env, "log_dir": str(self.log_dir)})
+        return encode({"arguments": self.arguments, "env": self.env, "node_env": self.node_env, "log_dir": str(self.log_dir)})
 
     def deepspeed_command(self, executable: str, extra: list[str]) -> list[str]:
         """DeepSpeed's runner, its arguments from `extra` (--no_ssh --node_rank i, or --launcher pdsh), then the rank
@@ -250,13 +229,16 @@ def _absolute(workdir: Path, path: str) -> Path:
     return Path(path) if Path(path).is_absolute() else (workdir / path).absolute()
 
 
-def _dsconfig_file(train_argv: list[str], workdir: Path) -> Path | None:
+def _dsconfig_file(training, workdir: Path) -> Path | None:
     """The DeepSpeed config the ranks will read (a path relative to workdir, or a shipped name), checked here first."""
     from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
 
-    name = _flag(train_argv, "deepspeed")
+    name = training.deepspeed
     if not name:
         return None
+    if isinstance(name, dict):
+        raise PreflightError("Pass the DeepSpeed config of a multi-node launch as a file (or a shipped name), not a dict: "
+                             "every node reads the same file.")
     candidate = _absolute(workdir, name)
     path = _absolute(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else name)))
     load_dsconfig(path)  # raises with every problem of the file
@@ -269,10 +251,13 @@ def free_port(address: str) -> int:
         return s.getsockname()[1]
 
 
-def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: Path, log_root: Path, environ=os.environ,
+def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_root: Path, environ=os.environ,
                 launch_id: str | None = None) -> LaunchPlan:
     """Decide, probe every node for this run, and plan it; raises PreflightError listing every problem by node.
+    `arguments`: textsql.train's three argument dataclasses, or a command line (parsed once, here).
     `ask(op, {address: request})` asks every node at once and returns {address: answer}."""
+    from textsql.train import arguments_dict, as_arguments
+
     from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
     from textsql.dsconfig import describe_strategy, load_dsconfig
 
@@ -285,19 +270,20 @@ def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: 
     if bad:
         raise PreflightError("These node addresses cannot be used:\n" + "\n".join(f"  {b}" for b in bad))
     check_addresses([Host(n.address) for n in nodes])  # unresolvable names, two entries of one machine
-    decision = decide(nodes, train_argv)
-    dsconfig = _dsconfig_file(train_argv, workdir)
+    model, data, training = as_arguments(arguments)
+    decision = decide(nodes, model, training)
+    dsconfig = _dsconfig_file(training, workdir)
     zero_stage = describe_strategy(load_dsconfig(dsconfig))["zero_stage"] if dsconfig else None
-    run_dir = planned_run_dir(train_argv, decision.world_size, workdir)
+    run_dir = planned_run_dir(model, training, decision.world_size, workdir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     marker = run_dir.parent / f".textsql-shared-probe-{secrets.token_hex(4)}"
     marker_text = secrets.token_hex(16)
     marker.write_text(marker_text)
-    dataset = _absolute(workdir, _flag(train_argv, "dataset_dir") or "data/wikisql")
-    model = _absolute(workdir, _flag(train_argv, "model_id") or "t5-small")
-    model = model if model.exists() else None
-    request = {"dirs": [str(workdir), str(dataset)] + ([str(model)] if model else []),
-               "files": [str(p) for p in (dsconfig,) if p] + ([str(model / "config.json")] if model else []),
+    dataset = _absolute(workdir, data.dataset_dir)
+    model_dir = _absolute(workdir, model.model_id)
+    model_dir = model_dir if model_dir.exists() else None
+    request = {"dirs": [str(workdir), str(dataset)] + ([str(model_dir)] if model_dir else []),
+               "files": [str(p) for p in (dsconfig,) if p] + ([str(model_dir / "config.json")] if model_dir else []),
                "shared_marker": {"path": str(marker), "digest": hashlib.sha256(marker_text.encode()).hexdigest()}, "run_dir": str(run_dir)}
     try:
         probes = ask("probe", {n.address: request for n in nodes})
@@ -308,7 +294,7 @@ def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: 
         raise PreflightError(f"Preflight found {len(problems)} problem(s):\n" + "\n".join(f"  {p}" for p in problems))
     shared = all(p.get("shared_output") for p in probes.values())
     head = probes[nodes[0].address]
-    overwrite = _truthy(_flag(train_argv, "overwrite"))
+    overwrite = training.overwrite
     if head.get("finished") and not overwrite:
         raise PreflightError(f"{run_dir} holds a finished run (run_summary.json is there). Pass --overwrite True to train again in it, "
                              "or choose another --output_dir / --runs_root.")
@@ -318,7 +304,7 @@ def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: 
 
         resume = ResumePlan(None)
     else:
-        if not _flag(train_argv, "output_dir"):
+        if not training.output_dir:
             for size, folder in sorted(interrupted_siblings(run_dir, world).items()):
                 raise PreflightError(f"{folder} holds an interrupted run of world size {size}, but this launch has world size {world} (and would "
                                      f"start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume it; or, to start "
@@ -333,18 +319,21 @@ def plan_launch(nodes: list[NodeFacts], train_argv: list[str], ask, *, workdir: 
             resume = choose_checkpoint(views, ranks_by_view, world, zero_stage, recorded_world_size=recorded, run_dir=run_dir)
         except TextsqlError as error:
             raise PreflightError(str(error)) from None
-    argv = with_flag(with_flag(train_argv, "device", decision.accelerator), "precision", decision.precision.name)
+    # Decided here once for every rank: the device, the precision (the Trainer's own flags folded into it), the files.
+    decided = {"accelerator": decision.accelerator, "precision": decision.precision.name, "bf16": False, "fp16": False,
+               "deepspeed": str(dsconfig) if dsconfig else None}
     node_files = {}
     if not shared:
-        argv = with_flag(argv, "save_on_each_node", "True")
+        decided["save_on_each_node"] = True
         if dsconfig is not None:  # DeepSpeed saves each node's shards by its local ranks there
             config = load_dsconfig(dsconfig)
             config.setdefault("checkpoint", {})["use_node_local_storage"] = True
             local = log_dir / f"node-local-{dsconfig.name}"
             node_files[str(local)] = json.dumps(config, indent=2) + "\n"
-            argv = with_flag(argv, "deepspeed", str(local))
+            decided["deepspeed"] = str(local)
+    rank_arguments = dict(arguments_dict(model, data, training), **decided)
     common, per_node = rank_environments(decision, nodes, environ, log_dir)
-    return LaunchPlan(launch_id, nodes, decision, workdir, log_dir, run_dir, shared, resume, zero_stage, argv, common, per_node,
+    return LaunchPlan(launch_id, nodes, decision, workdir, log_dir, run_dir, shared, resume, zero_stage, rank_arguments, common, per_node,
                       free_port(nodes[0].address), node_files, probes)
 
 
@@ -504,7 +493,7 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
     for index, link in enumerate(links):
         commands[link.address] = plan.deepspeed_command(link.facts["executable"], ["--no_ssh", "--node_rank", str(index)])
     echo("node 0: " + _shown(commands[links[0].address]))
-    echo("training arguments (the same on every rank): " + " ".join(shlex.quote(a) for a in plan.argv))
+    echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
     echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
     monitor = LaunchMonitor()
     running = {link.address for link in links}

@@ -93,24 +93,25 @@ def ask_over_ssh(op: str, payloads: dict[str, dict], ssh_config: Path | None, wo
     return {host: answer for host, answer, _ in results}
 
 
-def plan_user_managed(hosts: list[Host], train_argv: list[str], *, ssh_config: Path | None = None, workdir=None, log_root=None):
+def plan_user_managed(hosts: list[Host], arguments, *, ssh_config: Path | None = None, workdir=None, log_root=None):
     """Ask every host its facts over ssh and plan the launch (textsql.cluster.launch.plan_launch); returns (plan, ask)."""
     workdir = Path(workdir or os.getcwd()).absolute()
     ask = lambda op, payloads: ask_over_ssh(op, payloads, ssh_config, workdir)  # noqa: E731
     facts = ask("describe", {h.address: {"address": h.address} for h in hosts})
     nodes = [NodeFacts(h.address, facts[h.address], h.slots) for h in hosts]
-    plan = plan_launch(nodes, train_argv, ask, workdir=workdir, log_root=Path(log_root or workdir / ".textsql" / "launches"))
+    plan = plan_launch(nodes, arguments, ask, workdir=workdir, log_root=Path(log_root or workdir / ".textsql" / "launches"))
     return plan, ask
 
 
-def preflight(hostfile, train_argv: list[str], *, ssh_config: Path | None = None, workdir=None, echo=print):
-    plan, _ = plan_user_managed(read_hostfile(hostfile), train_argv, ssh_config=ssh_config, workdir=workdir)
+def preflight(hostfile, arguments, *, ssh_config: Path | None = None, workdir=None, echo=print):
+    """`arguments`: textsql.train's three argument dataclasses, or one command line."""
+    plan, _ = plan_user_managed(read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir)
     echo(plan.describe())
     echo(f"preflight OK: {len(plan.hosts)} nodes, world size {plan.decision.world_size}")
     return plan
 
 
-def launch_training(hostfile, train_argv: list[str], *, ssh_config: Path | None = None, workdir=None, log_root=None, echo=print,
+def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, workdir=None, log_root=None, echo=print,
                     grace_seconds: float = 5) -> dict:
     """Preflight over ssh, then `deepspeed --launcher pdsh ...`, streaming every rank's output through `echo`.
 
@@ -122,14 +123,14 @@ def launch_training(hostfile, train_argv: list[str], *, ssh_config: Path | None 
 
     find_program("pdsh", "pdsh")
     ssh_config = Path(ssh_config).absolute() if ssh_config else None
-    plan, ask = plan_user_managed(read_hostfile(hostfile), train_argv, ssh_config=ssh_config, workdir=workdir, log_root=log_root)
+    plan, ask = plan_user_managed(read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir, log_root=log_root)
     echo(plan.describe())
     with run_lock(plan.run_dir, plan.launch_id):
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         ask("prepare", plan.prepare_requests())
         command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check"])
         env = dict(os.environ, PDSH_SSH_ARGS_APPEND=" ".join(ssh_options(ssh_config)), PYTHONUNBUFFERED="1")
-        echo("training arguments (the same on every rank): " + " ".join(shlex.quote(a) for a in plan.argv))
+        echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
         echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
         monitor = LaunchMonitor()
         lines: queue.Queue = queue.Queue()

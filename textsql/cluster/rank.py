@@ -68,7 +68,8 @@ def supervise(argv: list[str]) -> int:
     log_dir = Path(spec.get("log_dir") or ".")
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"rank-{rank}.log"
-    command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", *spec["argv"]]
+    spec_word = next(a for a in argv if a.startswith(SPEC_FLAG))
+    command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", spec_word]
     prefix = f"[rank {rank}] "
     tail: list[str] = []
     with open(log_path, "a", buffering=1) as log:
@@ -113,6 +114,7 @@ def train_main() -> int:
     from transformers import TrainerCallback, trainer
 
     from textsql import train
+    from textsql.errors import TextsqlError
 
     seen: dict = {"losses": []}
 
@@ -128,14 +130,20 @@ def train_main() -> int:
                         output_dir=args.output_dir)
 
     trainer.DEFAULT_CALLBACKS.append(RankRecorder)  # every Trainer built in this process gets it
-    code = train.main(sys.argv[1:])
+    arguments = read_spec(sys.argv[1:])["arguments"]
+    try:
+        parsed = train.arguments_from_dict(arguments)
+    except TextsqlError as error:
+        print(f"textsql train: {error}", file=sys.stderr)
+        return 2
+    code = train.train_and_report(*parsed)
     if code == 0:
         summary = {"rank": int(os.environ.get("RANK", "0")), "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": socket.gethostname(),
                    "world_size": seen.get("world_size"),
                    "process_index": seen.get("process_index"), "global_step": seen.get("global_step"),
                    "final_loss": seen["losses"][-1] if seen["losses"] else None, "train_loss": seen.get("train_loss"),
                    "eval_loss": seen.get("eval_loss"), "logged_losses": seen["losses"], "output_dir": seen.get("output_dir"),
-                   "argv": sys.argv[1:], "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+                   "arguments": arguments, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
         print(RANK_SUMMARY_MARKER + json.dumps(summary), flush=True)
     return code
 

@@ -3,7 +3,6 @@ launch resumes from (the newest one complete on every node; never a partial one,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -28,42 +27,12 @@ SHARD = re.compile(r"(?:^|/)(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def planned_run_dir(train_argv: list[str], world_size: int, workdir: Path) -> Path:
-    """The folder `textsql.train` will write with these arguments at this world size (`--output_dir`, or
-    runs_root/<model>-<strategy>-ws<N>-bs<B>)."""
-    from textsql.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
-    from textsql.train import TRAINER_DEFAULTS, ModelArguments, RunArguments, flag_value, normalize_argv, run_folder_name
+def planned_run_dir(model, training, world_size: int, workdir: Path) -> Path:
+    """The folder `textsql.train` will write for these arguments (textsql.train's ModelArguments and
+    TextsqlTrainingArguments) at this world size, relative paths taken from `workdir`."""
+    from textsql.train import run_dir
 
-    argv = normalize_argv(train_argv)
-    if output_dir := flag_value(argv, "output_dir"):
-        return _absolute(workdir, output_dir)
-    config = flag_value(argv, "deepspeed")
-    if config:
-        candidate = _absolute(workdir, config)
-        config = load_dsconfig(_absolute(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else config))))
-    label = describe_strategy(config)["label"]
-    batch = int(flag_value(argv, "per_device_train_batch_size") or TRAINER_DEFAULTS["per_device_train_batch_size"])
-    model_id = flag_value(argv, "model_id") or ModelArguments.model_id
-    with _world_size(world_size):  # train names the folder after the WORLD_SIZE its launcher set
-        name = run_folder_name(model_id, label, batch)
-    return _absolute(workdir, flag_value(argv, "runs_root") or RunArguments.runs_root) / name
-
-
-_ENV_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _world_size(n: int):
-    with _ENV_LOCK:
-        before = os.environ.get("WORLD_SIZE")
-        os.environ["WORLD_SIZE"] = str(n)
-        try:
-            yield
-        finally:
-            if before is None:
-                os.environ.pop("WORLD_SIZE", None)
-            else:
-                os.environ["WORLD_SIZE"] = before
+    return _absolute(workdir, str(run_dir(model, training, world_size)))
 
 
 def _absolute(workdir: Path, path: str) -> Path:

@@ -263,8 +263,8 @@ class Cluster:
 
         with Cluster("cml", workers=2, nvidia_gpu=1) as cluster:   # or Cluster("local", workers=1)
             print(cluster.describe())
-            cluster.preflight(train_argv)
-            result = cluster.train(train_argv)
+            cluster.preflight(model_args, data_args, training_args)   # or one command line: cluster.train(argv)
+            result = cluster.train(model_args, data_args, training_args)
     """
 
     backend: object = "local"
@@ -453,18 +453,19 @@ class Cluster:
         by_address = {link.address: link for link in self.links}
         return ask_all([by_address[a] for a in payloads], op, payloads)
 
-    def plan(self, train_argv: list[str]):
-        """Decide and check everything for this training (textsql.cluster.launch.plan_launch) without starting it."""
+    def plan(self, *arguments):
+        """Decide and check everything for this training (textsql.cluster.launch.plan_launch) without starting it.
+        `arguments`: textsql.train's (ModelArguments, DataArguments, TextsqlTrainingArguments), or one command line."""
         from textsql.cluster.launch import plan_launch
 
         if not self.started:
             raise TextsqlError("The cluster is not started (cluster.start()).")
-        return plan_launch(self._node_facts(), list(train_argv), self._ask, workdir=Path.cwd(), log_root=self.dir / "launches")
+        return plan_launch(self._node_facts(), _arguments(arguments), self._ask, workdir=Path.cwd(), log_root=self.dir / "launches")
 
-    def preflight(self, train_argv: list[str]):
+    def preflight(self, *arguments):
         """Check every node for this training and show what the launch would do; raises PreflightError."""
         try:
-            plan = self.plan(train_argv)
+            plan = self.plan(*arguments)
         except BaseException:
             self.stop()
             raise
@@ -472,14 +473,14 @@ class Cluster:
         self.echo(f"preflight OK: {len(plan.hosts)} nodes, world size {plan.decision.world_size}")
         return plan
 
-    def train(self, train_argv: list[str], stop_on_failure: bool = True, grace_seconds: float = 5):
+    def train(self, *arguments, stop_on_failure: bool = True, grace_seconds: float = 5):
         """One multi-node launch (textsql.cluster.launch): on any failure or interrupt every node's processes are
         stopped, and (stop_on_failure) the workers too, since idle workers still hold their GPUs."""
         from textsql.cluster.launch import run_on_agents
         from textsql.cluster.runs import run_lock
 
         try:
-            plan = self.plan(train_argv)
+            plan = self.plan(*arguments)
             self.echo(plan.describe())
             with run_lock(plan.run_dir, plan.launch_id):
                 return run_on_agents(self.links, plan, events=self.coordinator.events, echo=self.echo, grace_seconds=grace_seconds)
@@ -500,6 +501,13 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"Cluster({self.backend.name}, nodes={[l.address for l in self.links] if self.started else 'not started'})"
+
+
+def _arguments(arguments: tuple):
+    """The training arguments of plan/preflight/train: the three dataclasses, or one command line (a list)."""
+    from textsql.train import as_arguments
+
+    return as_arguments(arguments[0] if len(arguments) == 1 and isinstance(arguments[0], (list, tuple)) else arguments)
 
 
 def _without_secrets(environ) -> dict[str, str]:
