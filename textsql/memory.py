@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.extras import require_notebooks_extra
 
 GIB = 2**30  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -977,6 +978,7 @@ def _zero3_line(residency: dict) -> str:
 
 def plot_plan(plan: dict, path=None):
     """Stacked bars of each strategy's GPU memory by component, with the GPU size and the margin; saved when path is given."""
+    require_notebooks_extra("matplotlib", "The plan's plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
