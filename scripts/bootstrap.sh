@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Set up everything textsql needs in ./.venv (idempotent), then run the demo or the tests.
+# Set up everything textsql needs in ./.venv (idempotent), then run the demo, the tests or JupyterLab.
 #   bash scripts/bootstrap.sh demo [textsql demo args...]
 #   bash scripts/bootstrap.sh test [pytest args...]
+#   bash scripts/bootstrap.sh lab [textsql lab args...]    (JupyterLab on the notebooks, 127.0.0.1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION="${TEXTSQL_TORCH_VERSION:-2.13.0}"
 VENV="${TEXTSQL_VENV:-.venv}"
 PY="${PYTHON:-python3}"
 
-stamp_of_inputs() { cat requirements.txt requirements-test.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16; }
+stamp_of_inputs() { cat requirements.txt requirements-lab.txt requirements-test.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16; }
 
 setup_python() {
   local stamp; stamp="$(stamp_of_inputs)"
@@ -21,7 +22,7 @@ setup_python() {
   local installed; installed="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
   # Pin exactly the torch now installed for every later pip call, build environments included (PIP_CONSTRAINT is inherited).
   mkdir -p "$VENV/etc"; echo "torch==$installed" > "$VENV/etc/constraints.txt"
-  PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-test.txt
+  PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-lab.txt -r requirements-test.txt
   PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q --no-deps -e .
   "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
   echo "$stamp" > "$VENV/.textsql-stamp"
@@ -58,8 +59,11 @@ case "$cmd" in
     # Tests build DeepSpeed's C++ ops once into this cache (60-70 s each on 2 cores).
     export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/textsql-torch-extensions}"
     exec "$VENV/bin/python" -m pytest "$@" ;;
+  lab)
+    setup_system lab; setup_python
+    exec "$VENV/bin/textsql" lab "$@" ;;
   setup)
     setup_system test; setup_python ;;
   *)
-    echo "usage: bash scripts/bootstrap.sh {demo|test|setup} [args...]" >&2; exit 2 ;;
+    echo "usage: bash scripts/bootstrap.sh {demo|test|lab|setup} [args...]" >&2; exit 2 ;;
 esac

@@ -4,7 +4,7 @@ import traceback
 
 from textsql.cli import COMMANDS, main
 
-EXPECTED = {"prep", "train", "infer", "check-config", "plan", "report", "tensorboard", "demo", "cluster"}
+EXPECTED = {"prep", "train", "infer", "check-config", "plan", "report", "tensorboard", "lab", "demo", "cluster"}
 
 
 def run_help(argv: list[str]) -> tuple[int | str, str]:

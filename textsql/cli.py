@@ -17,6 +17,7 @@ commands:
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
   report         collect every run's summary into the benchmark table (Markdown, CSV) and plots
   tensorboard    serve TensorBoard on the runs root (127.0.0.1, $CDSW_APP_PORT in CML)
+  lab            open JupyterLab on the notebooks (127.0.0.1, token printed once; needs textsql[notebooks])
   cluster        multi-pod training: CML or local workers (no ssh), or your machines over pdsh (`textsql cluster --help`)
   demo           generate data, train a tiny T5 with ZeRO-2 on this machine, print the run summary
 
@@ -66,6 +67,7 @@ DELEGATED = {
     "cluster": ("textsql.cluster.cli", "cluster_cli"),
     "report": ("textsql.report", "report_cli"),
     "tensorboard": ("textsql.tensorboard_app", "tensorboard_cli"),
+    "lab": ("textsql.lab", "lab_cli"),
 }
 
 

@@ -10,11 +10,14 @@ import sys
 import typing
 import warnings
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 
 from textsql.errors import TextsqlError
 
-DSCONFIG_DIR = Path(__file__).resolve().parent.parent / "dsconfig"
+# Package data (textsql/shipped_dsconfig, a link to the repository's dsconfig/ in a checkout): resolved, so messages
+# name the folder users edit in an editable install, and the installed copy in a wheel.
+DSCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_dsconfig")).resolve()
 
 # The places where the Hugging Face Trainer replaces "auto", copied from
 # transformers/integrations/deepspeed.py (HfTrainerDeepSpeedConfig.trainer_config_process and
@@ -147,12 +150,13 @@ def resolve_for_run(cfg, run_dir) -> dict:
 
 
 def shipped_configs() -> dict[str, Path]:
-    """The JSON files in the repository's dsconfig/ folder, by name without .json."""
+    """The shipped JSON files (the repository's dsconfig/ folder, package data when installed), by name without .json."""
     if not DSCONFIG_DIR.is_dir():
         raise TextsqlError(
-            f"The folder of shipped DeepSpeed configs, {DSCONFIG_DIR}, does not exist. textsql finds it next to "
-            f"the package, so install textsql from its repository with `pip install -e .`, or pass the path "
-            f"of your own DeepSpeed JSON file instead.")
+            f"The folder of shipped DeepSpeed configs, {DSCONFIG_DIR}, does not exist: in a checkout, "
+            f"textsql/shipped_dsconfig must be the symbolic link to dsconfig/ that git stores (check out with "
+            f"`git config core.symlinks true`), then reinstall with `pip install .`; or pass the path of your own "
+            f"DeepSpeed JSON file instead.")
     return {p.stem: p for p in sorted(DSCONFIG_DIR.glob("*.json"))}
 
 
@@ -172,8 +176,8 @@ def check_config_cli(argv) -> int:
     """Body of `textsql check-config FILE [FILE ...]`: report each file as OK or its problems; 0 if all are OK."""
     files = list(argv)
     if not files or files[0] in ("-h", "--help"):
-        print("usage: textsql check-config FILE [FILE ...]\n\nValidate DeepSpeed JSON config files "
-              f"(the shipped ones are in {DSCONFIG_DIR}).",
+        print("usage: textsql check-config FILE [FILE ...]\n\nValidate DeepSpeed JSON config files, or shipped "
+              f"strategies by name (the *.json files in {DSCONFIG_DIR}).",
               file=sys.stdout if files else sys.stderr)
         return 0 if files else 1
     status = 0
@@ -181,7 +185,7 @@ def check_config_cli(argv) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DsConfigWarning)
             try:
-                cfg = load_dsconfig(name)
+                cfg = load_dsconfig(resolve_dsconfig_path(name, flag="check-config"))
             except TextsqlError as exc:
                 print(exc, file=sys.stderr)
                 status = 1

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.extras import require_notebooks_extra
 from textsql.memory import (
     COMPONENTS, GIB, PRECISIONS, PlanArguments, Setup, plan_memory, predict, resolve_model, zero_settings,
 )
@@ -69,6 +70,7 @@ def _zero3_line(residency: dict) -> str:
 
 def plot_plan(plan: dict, path=None):
     """Stacked bars of each strategy's GPU memory by component, with the GPU size and the margin; saved when path is given."""
+    require_notebooks_extra("matplotlib", "The plan's plot")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.extras import require_notebooks_extra
 from textsql.infer import METRICS_FILE as EVAL_METRICS_FILE
 from textsql.sql import COMPONENTS
 from textsql.train import SUMMARY_FILE
@@ -270,12 +271,16 @@ def _cell(value, column) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+PLOTS_PURPOSE = "The report's plots (`textsql report --no_plots` writes only the table)"
+
+
 def row_label(row) -> str:
     return f"{row['model']} · {row['technique']} · {row['nodes']} node{'s' if row['nodes'] != 1 else ''} / {row['world_size']} rank{'s' if row['world_size'] != 1 else ''}"
 
 
 def plot_time_and_memory(table, path: Path) -> Path:
     """Three horizontal bar charts, one bar per run: duration, samples/s and memory per pod."""
+    require_notebooks_extra("matplotlib", PLOTS_PURPOSE)
     from matplotlib.figure import Figure
 
     labels = [row_label(row) for _, row in table.iterrows()]
@@ -344,6 +349,7 @@ def plot_loss_curves(records: list[RunRecord], table, path: Path) -> Path:
 
     `records` and the rows of `table` are in the same order.
     """
+    require_notebooks_extra("matplotlib", PLOTS_PURPOSE)
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(10, 5.5), dpi=100, layout="constrained")

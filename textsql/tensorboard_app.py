@@ -20,8 +20,8 @@ APP_PORT_VARIABLE = "CDSW_APP_PORT"
 RUNS_ROOT_VARIABLE = "TEXTSQL_RUNS_ROOT"
 
 
-def resolve_port(port: int | None, environ=os.environ) -> tuple[int, str | None]:
-    """(port, note): $CDSW_APP_PORT when set (CML proxies only that one), else `port`, else 6006."""
+def resolve_port(port: int | None, environ=os.environ, default: int = DEFAULT_PORT) -> tuple[int, str | None]:
+    """(port, note): $CDSW_APP_PORT when set (CML proxies only that one), else `port`, else `default` (6006)."""
     app_port = environ.get(APP_PORT_VARIABLE, "").strip()
     if app_port:
         if not app_port.isdigit():
@@ -30,7 +30,7 @@ def resolve_port(port: int | None, environ=os.environ) -> tuple[int, str | None]
         if port is not None and port != int(app_port):
             note = f"--port {port} ignored: ${APP_PORT_VARIABLE} is set to {app_port}, the only port CML proxies to this engine."
         return int(app_port), note
-    return (port if port is not None else DEFAULT_PORT), None
+    return (port if port is not None else default), None
 
 
 def tensorboard_flags(runs_root: str | Path, port: int, host: str = DEFAULT_HOST, extra: list[str] | None = None) -> list[str]:
