@@ -1,6 +1,9 @@
-"""Every `textsql COMMAND --help` prints its help and exits 0, without a traceback (in-process: cheap)."""
+"""Every `textsql COMMAND --help` prints its help and exits 0, without a traceback, under a usage line that names the
+command (in-process: cheap)."""
 
 import traceback
+
+import pytest
 
 from textsql.cli import COMMANDS, main
 
@@ -27,3 +30,20 @@ def test_every_command_help_exits_zero_without_traceback(capsys):
         if status != 0 or "Traceback" in printed + crash or not printed.strip():
             failures.append(f"textsql {' '.join(argv)}: exit {status}\n{crash or printed[-2000:]}")
     assert not failures, "\n\n".join(failures)
+
+
+# `textsql cluster --help` prints the module's overview (textsql/cluster/cli.py); its subcommands have usage lines.
+USAGE_ARGV = {name: [name, "--help"] for name in EXPECTED - {"cluster"}}
+USAGE_ARGV |= {f"cluster {sub}": ["cluster", sub, "--help"] for sub in ("train", "launch", "preflight")}
+
+
+@pytest.mark.parametrize("command", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="textsql/train.py builds its own parser; its usage "
+                                                "line is fixed with the typed training entry point (issue 15)"))
+    if name == "train" else name
+    for name in sorted(USAGE_ARGV)])
+def test_usage_line_names_the_command(command, capsys):
+    run_help(USAGE_ARGV[command])
+    captured = capsys.readouterr()
+    usage = [line for line in (captured.out + captured.err).splitlines() if line.startswith("usage:")]
+    assert usage and usage[0].startswith(f"usage: textsql {command} "), usage

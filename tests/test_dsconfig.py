@@ -95,6 +95,14 @@ def problems_of(tmp_path, cfg):
     return str(info.value)
 
 
+def warnings_of(tmp_path, cfg) -> str:
+    """Load cfg (it must be accepted, unchanged) and return its DsConfigWarnings, one per line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DsConfigWarning)
+        assert load_dsconfig(write(tmp_path, cfg)) == cfg
+    return "\n".join(str(w.message) for w in caught if issubclass(w.category, DsConfigWarning))
+
+
 # --- shipped configs ------------------------------------------------------------------------------------------------
 
 
@@ -260,10 +268,18 @@ def test_unknown_top_level_key_suggests_the_right_one(tmp_path):
     assert "gradient_acumulation_steps: unknown key; did you mean gradient_accumulation_steps?" in message
 
 
-def test_unknown_key_in_profiler_block(tmp_path):
+def test_unknown_key_in_profiler_block_warns(tmp_path):
+    # DeepSpeed reads the profiler block key by key and ignores the rest: the run goes on, without the setting.
     cfg = zero2()
     cfg["flops_profiler"]["profile_stepp"] = 3
-    assert "flops_profiler.profile_stepp: unknown key; did you mean profile_step?" in problems_of(tmp_path, cfg)
+    assert ("flops_profiler.profile_stepp: unknown key; did you mean profile_step? DeepSpeed ignores it"
+            in warnings_of(tmp_path, cfg))
+
+
+def test_unknown_top_level_key_with_a_value_warns(tmp_path):
+    cfg = zero2()
+    cfg["steps_per_prnt"] = 10  # DeepSpeed ignores unknown top-level keys; "auto" under one would stop accelerate
+    assert "steps_per_prnt: unknown key; did you mean steps_per_print? DeepSpeed ignores it" in warnings_of(tmp_path, cfg)
 
 
 def test_removed_deepspeed_feature_is_reported_with_deepspeeds_reason(tmp_path):
@@ -280,7 +296,6 @@ def test_bad_stage(tmp_path, stage):
 
 @pytest.mark.parametrize("key, value, expected", [
     ("overlap_comm", "maybe", "zero_optimization.overlap_comm: must be true or false"),
-    ("contiguous_gradients", "false", "zero_optimization.contiguous_gradients: must be true or false"),
     ("allgather_bucket_size", "big", "zero_optimization.allgather_bucket_size: input should be a valid integer"),
     ("allgather_bucket_size", -5, "zero_optimization.allgather_bucket_size: input should be greater than or equal"),
 ])
@@ -288,13 +303,27 @@ def test_wrong_type_or_value_in_zero_block(tmp_path, key, value, expected):
     assert expected in problems_of(tmp_path, zero2(**{key: value}))
 
 
+def test_quoted_boolean_that_deepspeed_reads_warns(tmp_path):
+    cfg = zero2(contiguous_gradients="false")  # pydantic reads "false" as false: it runs
+    assert ('zero_optimization.contiguous_gradients: \'false\' is not a JSON boolean; DeepSpeed reads it as false'
+            in warnings_of(tmp_path, cfg))
+
+
 def test_wrong_top_level_types(tmp_path):
     cfg = zero2()
-    cfg.update(steps_per_print=0, wall_clock_breakdown="no", gradient_clipping=-1)
+    cfg.update(wall_clock_breakdown="no", gradient_clipping="1.0", gradient_accumulation_steps=0)
     message = problems_of(tmp_path, cfg)
-    assert "steps_per_print: must be a whole number >= 1" in message
-    assert "wall_clock_breakdown: must be true or false" in message
+    assert "wall_clock_breakdown: must be true or false" in message and "DeepSpeed stops on it" in message
     assert "gradient_clipping: must be a number >= 0" in message
+    assert "gradient_accumulation_steps: must be a whole number >= 1" in message
+
+
+def test_top_level_values_that_run_anyway_warn(tmp_path):
+    cfg = zero2()
+    cfg.update(steps_per_print=0, gradient_clipping=-1)
+    found = warnings_of(tmp_path, cfg)
+    assert "steps_per_print: must be a whole number >= 1; got 0. It has no effect under the Trainer" in found
+    assert "gradient_clipping: -1 is negative, which DeepSpeed treats as 0" in found
 
 
 def test_auto_where_the_trainer_does_not_fill_it(tmp_path):
@@ -303,23 +332,27 @@ def test_auto_where_the_trainer_does_not_fill_it(tmp_path):
     assert "train_micro_batch_size_per_gpu" in message and "reduce_bucket_size" in message  # where auto is allowed
 
 
-def test_stage3_auto_keys_need_stage3(tmp_path):
-    message = problems_of(tmp_path, zero2(stage3_prefetch_bucket_size="auto"))
-    assert "zero_optimization.stage3_prefetch_bucket_size" in message and "only with ZeRO stage 3" in message
+def test_stage3_auto_keys_below_stage3_warn(tmp_path):
+    # accelerate fills these "auto" at every stage (the Trainer only at stage 3), and DeepSpeed ignores them below 3.
+    found = warnings_of(tmp_path, zero2(stage3_prefetch_bucket_size="auto"))
+    assert ("zero_optimization.stage3_prefetch_bucket_size: used only by ZeRO stage 3 (this file has stage 2)"
+            in found)
 
 
 def test_all_problems_are_reported_together_and_numbered(tmp_path):
     cfg = zero2(stage=7, reduce_bucket_sise=1)
-    cfg["steps_per_prnt"] = 10
+    cfg["gradient_accumulation_steps"] = 0
     message = problems_of(tmp_path, cfg)
     assert "has 3 problems" in message
     assert "\n  1. " in message and "\n  2. " in message and "\n  3. " in message
 
 
-def test_duplicate_keys_are_reported(tmp_path):
-    path = write(tmp_path, '{"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": 8}')
-    with pytest.raises(TextsqlError, match="train_micro_batch_size_per_gpu: duplicate key"):
-        load_dsconfig(path)
+def test_duplicate_keys_warn(tmp_path):
+    # JSON keeps the last value and the Trainer runs with it: a warning, not a refusal.
+    path = write(tmp_path, '{"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}, '
+                           '"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": "auto"}')
+    with pytest.warns(DsConfigWarning, match="train_micro_batch_size_per_gpu: duplicate key; JSON keeps only the last"):
+        assert load_dsconfig(path)["train_micro_batch_size_per_gpu"] == "auto"
 
 
 def test_fp16_and_bf16_together(tmp_path):
@@ -413,7 +446,7 @@ def test_cli_reports_shipped_configs_ok(capsys):
 
 def test_cli_reports_a_bad_file_and_fails(tmp_path, capsys):
     bad = write(tmp_path, zero2(reduce_bucket_sise=1))
-    assert check_config_cli([str(shipped_configs()["zero1"]), str(bad)]) == 1
+    assert check_config_cli([str(shipped_configs()["zero1"]), str(bad)]) == 2
     captured = capsys.readouterr()
     assert "OK (zero1" in captured.out
     assert "did you mean reduce_bucket_size?" in captured.err and str(bad) in captured.err
@@ -426,8 +459,15 @@ def test_cli_prints_warnings(tmp_path, capsys):
 
 
 def test_cli_without_files_fails_with_usage(capsys):
-    assert check_config_cli([]) == 1
-    assert "usage: textsql check-config FILE" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        check_config_cli([])
+    assert exit_.value.code == 2
+    assert "usage: textsql check-config [-h] FILE [FILE ...]" in capsys.readouterr().err
+
+
+def test_cli_takes_shipped_names(capsys):
+    assert check_config_cli(["zero2"]) == 0
+    assert "zero2: OK (zero2, offload: none)" in capsys.readouterr().out
 
 
 def test_auto_under_a_misspelt_key_is_an_unknown_key(tmp_path):
@@ -451,3 +491,103 @@ def test_resolve_dsconfig_path_takes_files_and_shipped_names(tmp_path):
         resolve_dsconfig_path("zero9", flag="--dsconfig")
     with pytest.raises(TextsqlError, match="--deepspeed '.*missing.json' is neither"):
         resolve_dsconfig_path(str(tmp_path / "missing.json"))
+
+
+# --- what accelerate fills and what the Trainer compares ------------------------------------------------------------
+
+
+def test_accelerate_plugin_auto_list_matches_what_its_plugin_fills():
+    from accelerate.utils import DeepSpeedPlugin
+
+    cfg = {"zero_optimization": {"offload_optimizer": {}, "offload_param": {}}}
+    for path in dsconfig.ACCELERATE_PLUGIN_AUTO:
+        *parents, key = path.split(".")
+        node = cfg
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[key] = "auto"
+    cfg["zero_optimization"]["sub_group_size"] = "auto"  # a place the plugin does not fill
+    filled = DeepSpeedPlugin(hf_ds_config=cfg).deepspeed_config
+    assert auto_paths(filled) == ["zero_optimization.sub_group_size"]
+
+
+def test_trainer_compares_exactly_the_listed_values(tiny_t5, tmp_path):
+    """Write a value unlike the training arguments wherever the Trainer takes "auto": it stops on exactly these."""
+    odd = {"optimizer.params.betas": [0.5, 0.5], "fp16.enabled": True, "bf16.enabled": True}
+    cfg = {}
+    for path in dsconfig.HF_AUTO_PLACEHOLDERS:
+        *parents, key = path.split(".")
+        node = cfg
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[key] = odd.get(path, 777)
+    cfg["zero_optimization"]["stage"] = 3
+    with pytest.raises(ValueError) as info:
+        fill_like_trainer(cfg, tiny_t5, tmp_path)
+    compared = {line.split("=")[0].removeprefix("- ds ") for line in str(info.value).splitlines() if line.startswith("- ds ")}
+    assert compared == set(dsconfig.TRAINER_COMPARES)
+
+
+def test_values_the_trainer_compares_warn(tmp_path):
+    cfg = zero2()
+    cfg["gradient_accumulation_steps"] = 2
+    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": "auto"}}
+    found = warnings_of(tmp_path, cfg)
+    assert "gradient_accumulation_steps = 2 (compared with --gradient_accumulation_steps)" in found
+    assert "optimizer.params.lr = 0.0003 (compared with --learning_rate)" in found
+    assert "The Trainer stops with a mismatch error unless the training arguments say the same" in found
+
+
+def test_precision_written_as_a_value_warns_and_a_quoted_one_is_refused(tmp_path):
+    cfg = zero2()
+    cfg["bf16"]["enabled"] = True
+    assert "bf16.enabled is true: the Trainer stops unless --bf16 is True too" in warnings_of(tmp_path, cfg)
+    cfg["bf16"]["enabled"] = "true"
+    message = problems_of(tmp_path, cfg)
+    assert "bf16.enabled: must be true, false or \"auto\"; got 'true'. The Trainer compares it with --bf16" in message
+
+
+def test_fp16_values_checked_only_when_fp16_is_on_warn_under_auto(tmp_path):
+    cfg = zero2()
+    cfg["fp16"].update(loss_scale=0, loss_scale_window=0)
+    assert ("fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled" in warnings_of(tmp_path, cfg)
+            and "a run in fp16 stops on it" in warnings_of(tmp_path, cfg))
+
+
+def test_accelerate_fills_stage_and_offload_device(tmp_path, monkeypatch):
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", raising=False)
+    cfg = zero2(stage="auto", offload_optimizer={"device": "auto"})
+    found = warnings_of(tmp_path, cfg)
+    assert 'zero_optimization.stage: "auto" is filled by accelerate, not from the training arguments: with 2' in found
+    assert 'zero_optimization.offload_optimizer.device: "auto" is filled by accelerate' in found and '"none"' in found
+    assert describe_strategy(cfg)["label"] == "zero2"
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    assert describe_strategy(cfg)["label"] == "zero3"
+
+
+def test_auto_that_only_deepspeed_understands_is_refused(tmp_path):
+    # DeepSpeed takes "auto" for keep_in_fp32_modules, but accelerate stops on every "auto" it does not fill.
+    cfg = zero2()
+    cfg["data_types"] = {"keep_in_fp32_modules": "auto"}
+    assert "`data_types.keep_in_fp32_modules` not found in kwargs" in problems_of(tmp_path, cfg)
+
+
+def test_steps_per_print_auto_is_overwritten_by_accelerate(tmp_path):
+    cfg = zero2()
+    cfg["steps_per_print"] = "auto"
+    assert warnings_of(tmp_path, cfg) == ""
+
+
+def test_deepspeeds_second_name_for_a_setting(tmp_path):
+    cfg = json.loads(shipped_configs()["zero3_offload"].read_text())
+    zero = cfg["zero_optimization"]
+    zero["max_live_parameters"] = zero.pop("stage3_max_live_parameters")
+    assert ("zero_optimization.max_live_parameters: DeepSpeed also accepts this name for stage3_max_live_parameters, "
+            "but the Trainer, accelerate and textsql's planner read only stage3_max_live_parameters") in warnings_of(tmp_path, cfg)
+    zero["stage3_max_live_parameters"] = 1e8
+    assert "given twice, as max_live_parameters and as stage3_max_live_parameters" in problems_of(tmp_path, cfg)
+    del zero["stage3_max_live_parameters"]
+    zero["prefetch_bucket_size"] = zero.pop("stage3_prefetch_bucket_size")  # "auto" under the second name
+    message = problems_of(tmp_path, cfg)
+    assert "zero_optimization.prefetch_bucket_size: \"auto\" is not allowed here" in message
+    assert "only under DeepSpeed's other name for this setting, stage3_prefetch_bucket_size" in message

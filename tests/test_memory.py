@@ -172,7 +172,7 @@ def test_walkthrough_figures_rule_out_checkpointing_off(tmp_path):
 
 def test_dsconfig_bucket_sizes_change_the_bucket_term(tmp_path):
     def zero(stage, size, **extra):
-        return {"zero_optimization": {"stage": stage, "reduce_bucket_size": size, **extra}}
+        return {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": stage, "reduce_bucket_size": size, **extra}}
 
     big = plan(model="t5-small", dsconfig=write_json(tmp_path / "big.json", zero(2, 5e8, overlap_comm=True)))
     small = plan(model="t5-small", dsconfig=write_json(tmp_path / "small.json", zero(2, 5e7, overlap_comm=True)))
@@ -289,7 +289,7 @@ def test_zero3_offload_row_holds_gathered_parameters_in_the_training_dtype(tmp_p
     assert bf16["weight_copies_detail"]["gathered"] == 2 * gathered - 2 * shape.largest_layer_parameters
     assert fp32["weight_copies_detail"]["gathered"] == 4 * gathered - 4 * shape.largest_layer_parameters
     assert bf16["gpu_gb"]["weight_copies"] > 10 * bf16["model_states_bytes"] / GIB
-    smaller = write_json(tmp_path / "live.json", {"zero_optimization": {
+    smaller = write_json(tmp_path / "live.json", {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {
         "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
         "stage3_max_live_parameters": 1e8, "stage3_max_reuse_distance": 1e8}})
     lean = plan(model="t5-3b", dsconfig=smaller)["strategies"]["zero3_offload"]

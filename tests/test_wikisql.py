@@ -89,7 +89,7 @@ def test_offline_unknown_hub_dataset_says_what_to_download(monkeypatch, tmp_path
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(TextsqlError, match="HF_HUB_OFFLINE.*huggingface-cli download --repo-type dataset someone/wikisql-copy"):
+    with pytest.raises(TextsqlError, match="HF_HUB_OFFLINE is set.*`hf download someone/wikisql-copy --repo-type dataset --local-dir data/wikisql-copy`"):
         load_wikisql("someone/wikisql-copy")
 
 

@@ -24,12 +24,22 @@ commands:
 `textsql COMMAND --help` lists a command's arguments."""
 
 
-def prep_command(argv: list[str]) -> int:
+def parse_arguments(dataclass_type, command: str, argv: list[str]):
+    """Parse argv into one arguments dataclass for `textsql COMMAND`: usage lines name the command, and an unknown flag
+    is a usage error (exit 2, one paragraph) as in argparse, not HfArgumentParser's ValueError with a traceback."""
     from transformers import HfArgumentParser
 
+    parser = HfArgumentParser(dataclass_type, prog=f"textsql {command}")
+    args, unknown = parser.parse_args_into_dataclasses(args=list(argv), return_remaining_strings=True)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def prep_command(argv: list[str]) -> int:
     from textsql.data import PrepArguments, format_length_report, load_prepared, prepare_dataset
 
-    (args,) = HfArgumentParser(PrepArguments).parse_args_into_dataclasses(args=argv)
+    args = parse_arguments(PrepArguments, "prep", argv)
     folder = prepare_dataset(args)
     _, metadata = load_prepared(folder)
     print(format_length_report(metadata["lengths"]))
@@ -38,13 +48,11 @@ def prep_command(argv: list[str]) -> int:
 
 
 def demo_command(argv: list[str]) -> int:
-    from transformers import HfArgumentParser
-
     from textsql.demo import DEMO_ACCURACY_NOTE, DemoArguments, run_demo
     from textsql.infer import COMPONENT_LABELS
     from textsql.train import format_summary
 
-    (args,) = HfArgumentParser(DemoArguments).parse_args_into_dataclasses(args=argv)
+    args = parse_arguments(DemoArguments, "demo", argv)
     summary = run_demo(args)
     print("\n=== textsql demo: run summary ===")
     print(format_summary(summary))
@@ -82,10 +90,16 @@ COMMANDS = {"prep": prep_command, "demo": demo_command, **{name: delegate(*targe
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`textsql COMMAND ARGS`: the command's exit status; a user error is one paragraph on stderr and exit status 2."""
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print(USAGE, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        problem = f"unknown command '{argv[0]}'" if argv else "a command is needed"
+        print(f"{USAGE.splitlines()[0]}\ntextsql: error: {problem}; choose one of {', '.join(COMMANDS)} "
+              "(`textsql --help` says what each does).", file=sys.stderr)
+        return 2
     try:
         return COMMANDS[argv[0]](argv[1:])
     except TextsqlError as error:

@@ -9,7 +9,19 @@ from textsql.errors import TextsqlError
 
 
 def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    """Whether HF_HUB_OFFLINE turns the hub off, read now (not at import) and by huggingface_hub's own rule: 1, true,
+    yes or on (any case) mean offline; 0, false, no, off, empty or unset mean online. Every textsql reader asks here."""
+    from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
+
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ENV_VARS_TRUE_VALUES
+
+
+def download_command(repo_id: str, *files: str, local_dir: str, repo_type: str | None = None) -> str:
+    """The Hugging Face CLI command that fetches repo_id (or some of its files) into local_dir, as a hint to print."""
+    parts = ["hf", "download", repo_id, *files]
+    if repo_type:
+        parts += ["--repo-type", repo_type]
+    return " ".join(parts + ["--local-dir", local_dir])
 
 
 def _not_found(name: str, error: Exception) -> TextsqlError:
@@ -25,7 +37,7 @@ def _not_found(name: str, error: Exception) -> TextsqlError:
         else f"'{name}' could not be fetched from the hub ({str(error).splitlines()[0]})."
     )
     return TextsqlError(
-        f"{where} On a machine with internet access run `huggingface-cli download {name} --local-dir {local}`, "
+        f"{where} On a machine with internet access run `{download_command(name, local_dir=local)}`, "
         f"copy the folder '{local}' into the project, and pass --model_id {local}."
     )
 

@@ -302,8 +302,8 @@ def format_metrics(metrics: dict) -> str:
 
 
 def infer_cli(argv: list[str]) -> int:
-    from transformers import HfArgumentParser
+    from textsql.cli import parse_arguments
 
-    (args,) = HfArgumentParser(InferArguments).parse_args_into_dataclasses(args=argv)
+    args = parse_arguments(InferArguments, "infer", argv)
     run_inference(args)
     return 0

@@ -246,7 +246,7 @@ def _config_from_folder(folder: Path):
 def _config_from_hub(name: str):
     from transformers import AutoConfig
 
-    from textsql.hub import hub_offline
+    from textsql.hub import download_command, hub_offline
 
     try:
         return AutoConfig.from_pretrained(name, local_files_only=hub_offline())  # the env is read now, not at import
@@ -257,7 +257,7 @@ def _config_from_hub(name: str):
         raise TextsqlError(
             f"Unknown model '{name}': it is not one of the built-in shapes ({', '.join(T5_SHAPES)}), not a local "
             f"folder, and {where}. Only its config.json is needed: on a machine with internet access run "
-            f"`huggingface-cli download {name} config.json --local-dir {local}`, copy '{local}' into the project "
+            f"`{download_command(name, 'config.json', local_dir=local)}`, copy '{local}' into the project "
             f"and pass --model {local}.") from None
 
 

@@ -100,12 +100,11 @@ def plot_plan(plan: dict, path=None):
 
 def plan_cli(argv) -> int:
     """Body of `textsql plan ...`: print the table (or --json), 0 when a strategy fits, 2 with a message otherwise."""
-    from transformers import HfArgumentParser
-
+    from textsql.cli import parse_arguments
     from textsql.dsconfig import DsConfigWarning
 
     try:
-        (args,) = HfArgumentParser(PlanArguments).parse_args_into_dataclasses(args=list(argv))
+        args = parse_arguments(PlanArguments, "plan", argv)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DsConfigWarning)
             plan = plan_memory(args)

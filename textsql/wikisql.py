@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -152,12 +151,14 @@ def _dataset_load_message(name: str, error: Exception) -> str:
     text = str(error)
     if "scripts are no longer supported" in text.lower():
         return f"'{name}' is a script-based dataset, which datasets >= 4 refuses to load. Use a parquet copy or the original release files."
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+    from textsql.hub import download_command, hub_offline
+
+    local = f"data/{name.split('/')[-1]}"
     hint = (
         f"HF_HUB_OFFLINE is set and '{name}' is not in the local cache. On a machine with internet access run "
-        f"`huggingface-cli download --repo-type dataset {name} --local-dir data/{name.split('/')[-1]}`, copy that folder "
-        f"into the project and pass --source data/{name.split('/')[-1]}; or copy the WikiSQL release files (data.tar.bz2) and pass their path."
-        if offline
+        f"`{download_command(name, repo_type='dataset', local_dir=local)}`, copy that folder "
+        f"into the project and pass --source {local}; or copy the WikiSQL release files (data.tar.bz2) and pass their path."
+        if hub_offline()
         else "No local folder of that name exists either. Check the name and your network, or pass a local folder "
         "of the WikiSQL release files instead."
     )
