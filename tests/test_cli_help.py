@@ -37,11 +37,7 @@ USAGE_ARGV = {name: [name, "--help"] for name in EXPECTED - {"cluster"}}
 USAGE_ARGV |= {f"cluster {sub}": ["cluster", sub, "--help"] for sub in ("train", "launch", "preflight")}
 
 
-@pytest.mark.parametrize("command", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="textsql/train.py builds its own parser; its usage "
-                                                "line is fixed with the typed training entry point (issue 15)"))
-    if name == "train" else name
-    for name in sorted(USAGE_ARGV)])
+@pytest.mark.parametrize("command", sorted(USAGE_ARGV))
 def test_usage_line_names_the_command(command, capsys):
     run_help(USAGE_ARGV[command])
     captured = capsys.readouterr()

@@ -60,8 +60,8 @@ def cluster_cli(argv: list[str]) -> int:
         print(f"{rest[0]}: OK, {len(hosts)} nodes, {sum(h.slots for h in hosts)} ranks (rank 0 on {hosts[0].address})")
         return 0
     if command not in ("train", "launch", "preflight"):
-        print(__doc__)
-        return 2
+        raise TextsqlError(f"unknown cluster command '{command}': use train, launch, preflight or check-hostfile "
+                           "(`textsql cluster --help` shows them).")
     own, train_argv = _split(rest)
     args = _parser(command).parse_args(own)
     arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
