@@ -186,7 +186,7 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
         free, total = torch.cuda.mem_get_info()
         device = {"device_used_bytes": total - free, "reserved_now_bytes": torch.cuda.memory_reserved(),
                   "device_total_bytes": total}
-    Path(result_path).write_text(json.dumps({"summary": summary, "coordinator_peak_gathered": coordinator_peak(probe),
+    Path(result_path).write_text(json.dumps({"summary": summary.as_dict(), "coordinator_peak_gathered": coordinator_peak(probe),
                                              "device_memory_at_end": device}, default=str))
 
 
@@ -279,6 +279,7 @@ def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | Non
     import torch
 
     from textsql import plan
+    from textsql.run_summary import RunSummary
 
     on_gpu = torch.cuda.is_available()
     label = f"{shape}-{strategy}-{precision}-bs{batch}"
@@ -295,13 +296,13 @@ def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | Non
             return {"run": label, "shape": shape, "strategy": strategy, "precision": precision, "batch": batch,
                     "failed": True, "out_of_memory": "out of memory" in tail.lower(), "error_tail": tail[-1500:]}
         child = json.loads(Path(result_file.name).read_text())
-    summary = child["summary"]
+    summary = RunSummary.from_dict(child["summary"])
     lengths = longest_lengths(data_dir, args.steps * batch, on_gpu)
     check = plan.compare_with_run(summary, *lengths)
-    rank = summary["peak_memory_per_rank"][0]
+    rank = summary.peak_memory_per_rank[0]
     result = {
-        "run": label, "shape": shape, "parameters": summary["parameters"], "strategy": strategy, "precision": precision,
-        "batch": batch, "lengths": list(lengths), "steps": summary["global_step"], "seconds": seconds,
+        "run": label, "shape": shape, "parameters": summary.parameters, "strategy": strategy, "precision": precision,
+        "batch": batch, "lengths": list(lengths), "steps": summary.global_step, "seconds": seconds,
         "gradient_checkpointing": args.gradient_checkpointing, "device": rank.get("device"),
         "comparable": check["comparable"], "reason": check.get("reason"),
         "measured": {"cuda_max_reserved_bytes": rank.get("cuda_max_reserved_bytes"),

@@ -67,9 +67,9 @@ def main(argv=None) -> int:
     for source_format in args.formats.split(","):
         summary, data_dir = train_one(args, source_format)
         for decoding, beams in DECODINGS:
-            scored = score(summary["output_dir"], data_dir, decoding, beams, Path(args.workdir) / source_format / f"scored-{decoding}")
+            scored = score(summary.output_dir, data_dir, decoding, beams, Path(args.workdir) / source_format / f"scored-{decoding}")
             results.append({"source_format": source_format, "decoding": decoding, "num_beams": beams, **scored,
-                            "training": {k: summary.get(k) for k in ("parameters", "global_step", "epochs", "train_runtime", "train_loss", "eval_loss")}})
+                            "training": {k: getattr(summary, k) for k in ("parameters", "global_step", "epochs", "train_runtime", "train_loss", "eval_loss")}})
     report = {
         "benchmark": "sql_quality", "date": time.strftime("%Y-%m-%d"), "wall_seconds": round(time.time() - started, 1),
         "data": f"generated WikiSQL-format, {args.train_tables} training tables x 10 questions; test split on other tables",

@@ -63,9 +63,9 @@ NOTEBOOKS = {
             "from textsql.launch import run_training\n\n"
             "summary = run_training(model, data, training, num_gpus=num_gpus)"
         ),
-        new_code_cell("from textsql.train import format_summary\n\nprint(format_summary(summary))"),
+        new_code_cell("from textsql.run_summary import format_summary\n\nprint(format_summary(summary))"),
         new_code_cell(
-            "import pandas as pd\n\npd.DataFrame(summary['peak_memory_per_rank'])"
+            "import pandas as pd\n\npd.DataFrame(summary.peak_memory_per_rank)"
         ),
     ],
     "deepspeed_train.ipynb": [
@@ -108,7 +108,7 @@ NOTEBOOKS = {
             "import pandas as pd\n\n"
             "pd.DataFrame(result['ranks'])[['rank', 'node_address', 'world_size', 'global_step', 'final_loss', 'train_loss', 'eval_loss']]"
         ),
-        new_code_cell("from textsql.train import format_summary\n\nprint(format_summary(result['summary']))"),
+        new_code_cell("from textsql.run_summary import format_summary\n\nprint(format_summary(result['summary']))"),
         new_code_cell("cluster.stop()"),
     ],
     "run_inference.ipynb": [

@@ -130,9 +130,9 @@ def cluster_argv(assets, runs_root, *extra, steps=10, logging_steps=5):
 
 def check_two_node_run(result, assets, stage, offload, steps=10):
     summary = result["summary"]
-    assert summary["world_size"] == 2 and summary["global_step"] == steps
-    assert summary["strategy"]["zero_stage"] == stage and summary["strategy"]["offload_optimizer"] == offload
-    assert sorted(m["rank"] for m in summary["peak_memory_per_rank"]) == [0, 1]
+    assert summary.world_size == 2 and summary.global_step == steps
+    assert summary.strategy["zero_stage"] == stage and summary.strategy["offload_optimizer"] == offload
+    assert sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
     ranks = result["ranks"]
     for rank in ranks:
         print(f"rank {rank['rank']} on node {rank['node_address']}: world size {rank['world_size']}, step {rank['global_step']}, "
@@ -143,7 +143,7 @@ def check_two_node_run(result, assets, stage, offload, steps=10):
     assert ranks[0]["logged_losses"][-1] < ranks[0]["logged_losses"][0]
     assert "Training starts" in (result["launch_dir"] / "rank-0.log").read_text()  # each rank's own log, kept
     assert (result["launch_dir"] / "rank-1.log").exists() and "[rank 1]" in (result["launch_dir"] / "launch.log").read_text()
-    check_model_reloads_and_generates(Path(summary["output_dir"]), assets[1])
+    check_model_reloads_and_generates(Path(summary.output_dir), assets[1])
 
 
 def listeners(pids: list[int]) -> list[tuple[int, str, str, int]]:
@@ -400,8 +400,8 @@ def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_
         monkeypatch.delenv("TEXTSQL_TEST_FAULT", raising=False)
         result = cluster.train(argv)
         summary = result["summary"]
-        assert Path(summary["resumed_from"]).name == f"checkpoint-{resume}"
-        assert summary["global_step"] == 16 and [r["global_step"] for r in result["ranks"]] == [16, 16]
+        assert Path(summary.resumed_from).name == f"checkpoint-{resume}"
+        assert summary.global_step == 16 and [r["global_step"] for r in result["ranks"]] == [16, 16]
         assert result["ranks"][0]["final_loss"] == pytest.approx(result["ranks"][1]["final_loss"], rel=1e-6)
         assert len(list(output_dir.glob(f"incomplete-checkpoint-{resume + 4}-*"))) == 2
         assert json.loads((output_dir / "textsql-launch.json").read_text())["world_size"] == 2

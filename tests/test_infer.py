@@ -105,12 +105,12 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
                      "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", "40", "--save_strategy", "no",
                      "--max_eval_samples", "16", "--execution_accuracy_samples", "16", "--execution_accuracy_decoding",
                      "execution_guided", "--execution_accuracy_num_beams", "3", "--dataloader_num_workers", "0"]))
-    run_dir = Path(summary["output_dir"])
+    run_dir = Path(summary.output_dir)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["task_specific_params"]["textsql"]["source_format"] == "question+header"
     assert config["vocab_size"] == len(AutoTokenizer.from_pretrained(run_dir))  # grown for the added '<'
     assert AutoTokenizer.from_pretrained(run_dir).decode(AutoTokenizer.from_pretrained(run_dir)("a < b")["input_ids"], skip_special_tokens=True) == "a < b"
-    assert summary["execution_accuracy"] is not None
+    assert summary.execution_accuracy is not None
 
     scored = {}
     for decoding, beams in (("greedy", 1), ("execution_guided", 4)):

@@ -15,6 +15,7 @@ from textsql import memory
 from textsql.errors import TextsqlError
 from textsql.memory import GIB, PlanArguments, model_states, plan_memory, resolve_model
 from textsql.plan import compare_with_run, format_comparison, format_plan, plan_cli, plot_plan
+from textsql.run_summary import RunSummary
 
 # DESIGN.md section 2: A100-40GB per pod, fp32, batch 32, every sequence padded to 96 tokens.
 WALKTHROUGH = [
@@ -424,7 +425,7 @@ def run_summary(tmp_path, ranks, **overrides):
         "deepspeed_config": {"zero_optimization": {"stage": 2, "reduce_bucket_size": 262144, "overlap_comm": True}},
     }
     summary.update(overrides)
-    return summary
+    return RunSummary.from_dict(summary)
 
 
 def test_compare_with_gpu_run(tmp_path):
@@ -459,14 +460,10 @@ def test_compare_without_lengths_says_why(tmp_path):
     assert given["comparable"] is True and given["lengths"] == [64, 32]
 
 
-def test_compare_reads_a_dtype_when_the_summary_has_no_precision(tmp_path):
+def test_compare_says_what_a_summary_lacks(tmp_path):
     ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
-    summary = run_summary(tmp_path, ranks, dtype="torch.bfloat16")
-    del summary["precision"]
-    assert compare_with_run(summary)["precision"] == "bf16"
-    del summary["dtype"]
-    result = compare_with_run(summary)
-    assert result["comparable"] is False and "precision" in result["reason"]
+    result = compare_with_run(run_summary(tmp_path, ranks, arguments={}))
+    assert result["comparable"] is False and "training" in result["reason"]
 
 
 def test_compare_with_a_zero3_run_predicts_the_gathered_parameters(tmp_path):

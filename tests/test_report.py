@@ -82,7 +82,7 @@ def test_loss_curves_come_from_the_tensorboard_events(runs_copy):
     from textsql.report import find_runs, load_scalars, run_event_dirs
 
     runs_root, summaries = runs_copy
-    records = {r.summary["strategy"]["label"]: r for r in find_runs(runs_root)}
+    records = {r.summary.strategy_label: r for r in find_runs(runs_root)}
     for label, summary in summaries.items():
         dirs = run_event_dirs(records[label])
         assert dirs and all(d.is_relative_to(runs_root / summary["run"] / "tensorboard") for d in dirs)

@@ -50,19 +50,19 @@ def prep_command(argv: list[str]) -> int:
 def demo_command(argv: list[str]) -> int:
     from textsql.demo import DEMO_ACCURACY_NOTE, DemoArguments, run_demo
     from textsql.infer import COMPONENT_LABELS
-    from textsql.train import format_summary
+    from textsql.run_summary import SUMMARY_FILE, format_summary
 
     args = parse_arguments(DemoArguments, "demo", argv)
-    summary = run_demo(args)
+    result = run_demo(args)
     print("\n=== textsql demo: run summary ===")
-    print(format_summary(summary))
-    print(f"mean real tokens per example: {summary['mean_real_tokens_per_example']:.1f}")
-    test, baseline = summary["test_metrics"], summary["baseline_metrics"]
+    print(format_summary(result.summary))
+    print(f"mean real tokens per example: {result.mean_real_tokens_per_example:.1f}")
+    test, baseline = result.test_metrics, result.baseline_metrics
     print(f"test split: execution {test['execution_accuracy']:.1%}, logical form {test['logical_form_accuracy']:.1%}, "
           f"exact match {test['exact_match']:.1%}  (trivial baseline: execution {baseline['execution_accuracy']:.1%})")
     print("parts right: " + ", ".join(f"{COMPONENT_LABELS[k]} {v:.1%}" for k, v in test["components"].items()))
     print(DEMO_ACCURACY_NOTE)
-    print(f"full summary: {summary['output_dir']}/run_summary.json")
+    print(f"full summary: {result.summary.output_dir}/{SUMMARY_FILE}")
     return 0
 
 

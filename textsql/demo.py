@@ -91,8 +91,18 @@ def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
     return ModelArguments(model_id=str(model_dir)), DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=200), training
 
 
-def run_demo(args: DemoArguments, echo=print) -> dict:
-    """Build the assets, train, score the model on the generated test split, and return the run summary."""
+@dataclass
+class DemoResult:
+    """What the demo did: the run's summary, its scores on the generated test split and a trivial baseline's."""
+
+    summary: object  # textsql.run_summary.RunSummary
+    test_metrics: dict
+    baseline_metrics: dict
+    mean_real_tokens_per_example: float
+
+
+def run_demo(args: DemoArguments, echo=print) -> DemoResult:
+    """Build the assets, train, score the model on the generated test split and a trivial baseline."""
     import datasets
 
     from textsql.infer import InferArguments, run_inference
@@ -105,12 +115,10 @@ def run_demo(args: DemoArguments, echo=print) -> dict:
     )
     summary = train(*demo_training(args, data_dir, model_dir))
     metadata = json.loads((data_dir / "textsql_data.json").read_text())
-    summary["mean_real_tokens_per_example"] = metadata["lengths"]["train"]["mean_tokens_per_example"]
     beams = 4 if args.decoding == "execution_guided" else 1
-    summary["test_metrics"] = run_inference(InferArguments(model_dir=summary["output_dir"], dataset_dir=str(data_dir), split="test", show_examples=3,
-                                                           decoding=args.decoding, num_beams=beams), echo=echo)
-    summary["baseline_metrics"] = trivial_baseline(data_dir)
-    return summary
+    test = run_inference(InferArguments(model_dir=summary.output_dir, dataset_dir=str(data_dir), split="test", show_examples=3,
+                                        decoding=args.decoding, num_beams=beams), echo=echo)
+    return DemoResult(summary, test, trivial_baseline(data_dir), metadata["lengths"]["train"]["mean_tokens_per_example"])
 
 
 def trivial_baseline(data_dir: Path) -> dict:

@@ -13,6 +13,7 @@ from collections import deque
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.run_summary import read_summary
 
 SUMMARY_MARKER = "textsql-run-summary: "
 STARTED_BY_TEXTSQL = "TEXTSQL_STARTED_RANKS"  # set for the processes run_training starts: they never start ranks themselves
@@ -62,7 +63,7 @@ def child_environment(ranks: int, devices) -> dict[str, str]:
 
 def run_training(model_args, data_args, training_args, num_gpus: int | None = None, *, echo=print, tail_lines: int = 40) -> dict:
     """Train in child processes (one rank per visible GPU unless `num_gpus` says otherwise), echo their output line by
-    line, and return run_summary.json as a dict. The arguments are textsql.train's dataclasses (notebooks build them)."""
+    line, and return the run's summary (textsql.run_summary). The arguments are textsql.train's dataclasses (notebooks build them)."""
     from textsql.devices import ranks_per_node
     from textsql.train import arguments_dict
 
@@ -85,4 +86,4 @@ def run_training(model_args, data_args, training_args, num_gpus: int | None = No
     if child.returncode != 0 or summary_path is None:
         last = "\n".join(tail)
         raise TextsqlError(f"Training exited with status {child.returncode}. Last lines of its output:\n{last}")
-    return json.loads(Path(summary_path).read_text())
+    return read_summary(summary_path)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
+from textsql.run_summary import RunSummary
 from textsql.memory import (
     COMPONENTS, GIB, PRECISIONS, PlanArguments, Setup, plan_memory, predict, resolve_model, zero_settings,
 )
@@ -130,7 +131,7 @@ def _public(plan: dict) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def compare_with_run(summary: dict, max_source_length: int | None = None, max_target_length: int | None = None) -> dict:
+def compare_with_run(summary: RunSummary, max_source_length: int | None = None, max_target_length: int | None = None) -> dict:
     """Predict the peak memory of a finished run (run_summary.json) and compare it with what was measured.
 
     ratio = measured / predicted, comparing torch's peak reserved memory on the busiest rank with the predicted total
@@ -143,7 +144,7 @@ def compare_with_run(summary: dict, max_source_length: int | None = None, max_ta
     except TextsqlError as error:
         return {"comparable": False, "reason": str(error), "ratio": None}
     row = predict(shape, run["setup"], *run["layout"], run["batch"])
-    ranks = summary.get("peak_memory_per_rank") or []
+    ranks = summary.peak_memory_per_rank
     on_gpu = [r for r in ranks if "cuda_max_reserved_bytes" in r]
     result = {
         "strategy": run["strategy"], "precision": run["setup"].precision, "world_size": run["setup"].gpus,
@@ -180,42 +181,26 @@ def format_comparison(result: dict) -> str:
             f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB): measured/predicted {result['ratio']:.2f}")
 
 
-def _run_setup(summary: dict, max_source_length, max_target_length) -> dict:
+def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dict:
     try:
-        training = summary["arguments"]["training"]
-        strategy = summary["strategy"]
-        world = int(summary["world_size"])
-        model = summary["model_id"]
-        precision = _run_precision(summary)
+        training = summary.arguments["training"]
         batch = int(training["per_device_train_batch_size"])
     except (KeyError, TypeError, ValueError) as error:
         raise TextsqlError(f"The run summary lacks {error} needed to predict its memory; it must be a "
                            f"run_summary.json written by textsql train.") from None
-    hosts = {r.get("host") for r in summary.get("peak_memory_per_rank") or []} - {None}
+    strategy, world, model, precision = summary.strategy, int(summary.world_size), summary.model_id, summary.precision
+    hosts = {r.get("host") for r in summary.peak_memory_per_rank} - {None}
     nodes = len(hosts) if hosts and world % len(hosts) == 0 else 1
     stage = int(strategy.get("zero_stage") or 0)
     layout = (stage, strategy.get("offload_optimizer", "none") != "none", strategy.get("offload_param", "none") != "none")
     checkpointing = bool(training.get("activation_checkpointing") or training.get("gradient_checkpointing"))
-    on_gpu = any("cuda_max_reserved_bytes" in r for r in summary.get("peak_memory_per_rank") or [])
+    on_gpu = any("cuda_max_reserved_bytes" in r for r in summary.peak_memory_per_rank)
     lengths, lengths_from = _run_lengths(summary, max_source_length, max_target_length, pad_multiple=8 if on_gpu else 1)
-    settings = zero_settings(summary.get("deepspeed_config"))
+    settings = zero_settings(summary.deepspeed_config)
     setup = Setup(nodes, world // nodes, lengths[0], lengths[1], precision if precision in PRECISIONS else "fp32",
                   checkpointing, tuple(sorted(settings.items())))
     return {"model": model, "setup": setup, "layout": layout, "batch": batch, "strategy": strategy.get("label", "none"),
             "lengths_from": lengths_from}
-
-
-# torch dtype names a run summary may give instead of textsql's precision names
-DTYPE_PRECISIONS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-
-
-def _run_precision(summary: dict) -> str:
-    """The run's training precision: `precision` as textsql train writes it, else a `dtype` (a torch dtype name)."""
-    value = summary.get("precision") or summary.get("dtype")
-    if value is None:
-        raise KeyError("precision")
-    value = str(value).removeprefix("torch.")
-    return DTYPE_PRECISIONS.get(value, value)
 
 
 def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: int):
@@ -224,7 +209,7 @@ def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: in
         return (max_source_length, max_target_length), "given"
     from textsql.data import METADATA_FILE
 
-    folder = (summary.get("dataset") or {}).get("dir") or ""
+    folder = summary.dataset.get("dir") or ""
     path = Path(folder) / METADATA_FILE
     try:
         meta = json.loads(path.read_text())

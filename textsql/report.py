@@ -21,7 +21,7 @@ from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.infer import METRICS_FILE as EVAL_METRICS_FILE
 from textsql.sql import COMPONENTS
-from textsql.train import SUMMARY_FILE
+from textsql.run_summary import SUMMARY_FILE, RunSummary, read_summary
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class RunRecord:
     """One finished run: its folder, its summary and (if any) its eval metrics."""
 
     folder: Path
-    summary: dict
+    summary: RunSummary
     eval_metrics: dict | None = None
 
 
@@ -100,12 +100,9 @@ def find_runs(runs_root: str | Path, *, skipped: list[str] | None = None) -> lis
     records = []
     for path in sorted(root.rglob(SUMMARY_FILE)):
         try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            _skip(skipped, f"{path}: unreadable ({error})")
-            continue
-        if not isinstance(summary, dict) or "strategy" not in summary:
-            _skip(skipped, f"{path}: not a textsql run summary")
+            summary = read_summary(path)
+        except TextsqlError as error:
+            _skip(skipped, str(error))
             continue
         eval_metrics = None
         metrics_path = path.parent / EVAL_METRICS_FILE
@@ -129,15 +126,9 @@ def _skip(skipped: list[str] | None, message: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def count_nodes(summary: dict) -> int:
-    """Distinct hosts among the ranks' memory records; the world size when there are none."""
-    hosts = {m.get("host") for m in summary.get("peak_memory_per_rank") or [] if m.get("host")}
-    return len(hosts) if hosts else int(summary.get("world_size") or 1)
-
-
-def memory_per_pod(summary: dict) -> tuple[float | None, str]:
+def memory_per_pod(summary: RunSummary) -> tuple[float | None, str]:
     """(GiB, what was measured): the max over ranks of CUDA reserved memory, or of peak RSS on a CPU-only run."""
-    ranks = summary.get("peak_memory_per_rank") or []
+    ranks = summary.peak_memory_per_rank
     gpu = [m["cuda_max_reserved_bytes"] for m in ranks if m.get("cuda_max_reserved_bytes") is not None]
     if gpu:
         return max(gpu) / GIB, "GPU reserved (max over ranks)"
@@ -147,9 +138,9 @@ def memory_per_pod(summary: dict) -> tuple[float | None, str]:
     return None, "not recorded"
 
 
-def planner_check(summary: dict) -> tuple[float | None, float | None]:
+def planner_check(summary: RunSummary) -> tuple[float | None, float | None]:
     """(planned GiB, measured / planned) from the summary's memory_check (textsql.plan.compare_with_run), where the two are comparable (GPU runs)."""
-    check = summary.get("memory_check") or {}
+    check = summary.memory_check or {}
     if not check.get("comparable") or not check.get("predicted_reserved_bytes"):
         return None, None
     return check["predicted_reserved_bytes"] / GIB, _number(check.get("ratio"))
@@ -166,9 +157,9 @@ def execution_accuracy(record: RunRecord) -> tuple[float | None, str | None]:
         examples = metrics.get("examples")
         split = metrics.get("split") or "?"
         return float(metrics["execution_accuracy"]), f"{split} ({examples} questions)" if examples else split
-    if record.summary.get("execution_accuracy") is not None:
-        samples = ((record.summary.get("arguments") or {}).get("data") or {}).get("execution_accuracy_samples")
-        return float(record.summary["execution_accuracy"]), f"validation ({samples} questions, in training)" if samples else "validation (in training)"
+    if record.summary.execution_accuracy is not None:
+        samples = (record.summary.arguments.get("data") or {}).get("execution_accuracy_samples")
+        return float(record.summary.execution_accuracy), f"validation ({samples} questions, in training)" if samples else "validation (in training)"
     return None, None
 
 
@@ -189,26 +180,25 @@ def report_row(record: RunRecord) -> dict:
     memory, measure = memory_per_pod(s)
     accuracy, split = execution_accuracy(record)
     planned, vs_plan = planner_check(s)
-    strategy = s.get("strategy") or {}
     return {
-        "model": Path(str(s.get("model_id", "?")).rstrip("/")).name,
-        "technique": strategy.get("label", "none"),
-        "nodes": count_nodes(s),
-        "world_size": int(s.get("world_size") or 1),
-        "epochs": _number(s.get("epochs")),
-        "duration_s": _number(s.get("train_runtime")),
-        "samples_per_s": _number(s.get("train_samples_per_second")),
-        "real_tokens_per_s": _number(s.get("real_tokens_per_second")),
+        "model": Path(str(s.model_id or "?").rstrip("/")).name,
+        "technique": s.strategy_label,
+        "nodes": s.nodes,
+        "world_size": int(s.world_size or 1),
+        "epochs": _number(s.epochs),
+        "duration_s": _number(s.train_runtime),
+        "samples_per_s": _number(s.train_samples_per_second),
+        "real_tokens_per_s": _number(s.real_tokens_per_second),
         "memory_per_pod_gib": memory,
         "memory_measure": measure,
         "planned_memory_gib": planned,
         "memory_vs_plan": vs_plan,
-        "eval_loss": _number(s.get("eval_loss")),
+        "eval_loss": _number(s.eval_loss),
         "execution_accuracy": accuracy,
         "accuracy_split": split,
         **sql_quality(record),
-        "precision": s.get("precision"),
-        "run": s.get("run") or record.folder.name,
+        "precision": s.precision,
+        "run": s.run or record.folder.name,
     }
 
 
@@ -313,7 +303,7 @@ def plot_time_and_memory(table, path: Path) -> Path:
 def run_event_dirs(record: RunRecord) -> list[Path]:
     """Folders holding the run's TensorBoard event files: <run>/tensorboard, else the summary's path, else the run folder."""
     candidates = [record.folder / "tensorboard"]
-    recorded = record.summary.get("tensorboard_dir")
+    recorded = record.summary.tensorboard_dir
     if recorded:
         candidates.append(Path(recorded))
     candidates.append(record.folder)  # e.g. output_dir/runs/<time>_<host>/ when the logging dir was not set

@@ -25,10 +25,10 @@ from textsql.errors import TextsqlError
 
 if TYPE_CHECKING:
     from textsql.devices import NodeDevices, PrecisionChoice
+    from textsql.run_summary import RunSummary
 
 logger = logging.getLogger("textsql.train")
 
-SUMMARY_FILE = "run_summary.json"
 # The original walkthrough's flag names, kept so its commands still work.
 # transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
 LEGACY_FLAGS = {"--outputdir": "--output_dir", "--epochs": "--num_train_epochs", "--gradient_checkpointing": "--activation_checkpointing"}
@@ -205,15 +205,6 @@ def ensure_distributed_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(port))
 
 
-def output_state(output_dir: Path) -> str:
-    """'new', 'finished' (a run summary is there) or 'interrupted' (checkpoints but no summary)."""
-    if (output_dir / SUMMARY_FILE).exists():
-        return "finished"
-    if output_dir.is_dir() and any(p.name.startswith("checkpoint-") for p in output_dir.iterdir()):
-        return "interrupted"
-    return "new"
-
-
 @dataclass
 class RunPlan:
     """Everything decided before the Trainer is built, and the Trainer settings it fixes."""
@@ -234,6 +225,7 @@ def plan_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=
     """
     from textsql.devices import NodeDevices, choose_accelerator, precision_from_trainer_flags, resolve_precision, use_accelerator
     from textsql.dsconfig import check_batch_settings, resolve_for_run
+    from textsql.run_summary import run_state
 
     devices = devices if devices is not None else NodeDevices.local()
     accelerator = choose_accelerator(training.accelerator, devices)
@@ -250,10 +242,10 @@ def plan_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=
             max_grad_norm=training.max_grad_norm,
         )
     output_dir = run_dir(model, training, world_size(), strategy["label"])
-    state = output_state(output_dir)
+    state = run_state(output_dir)
     if state == "finished" and not training.overwrite:
         raise TextsqlError(
-            f"'{output_dir}' holds a finished run ({SUMMARY_FILE} is there). Pass --overwrite True to train again in it, "
+            f"'{output_dir}' holds a finished run (run_summary.json is there). Pass --overwrite True to train again in it, "
             "or choose another --output_dir / --runs_root. textsql never deletes a run."
         )
     resume_from = None
@@ -574,7 +566,7 @@ def save_final_model(trainer, output_dir: Path, dtype: str) -> str:
     return dtype
 
 
-def train(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> dict | None:
+def train(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> RunSummary | None:
     """Plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0.
 
     The arguments are left as given: the Trainer gets a finalized copy.
@@ -648,27 +640,29 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
-    summary["saved_dtype"] = saved_dtype
+    summary.saved_dtype = saved_dtype
     from textsql.plan import compare_with_run
+    from textsql.run_summary import write_summary
 
-    summary["memory_check"] = compare_with_run(summary)  # every run checks the planner's prediction
-    (plan.output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
+    write_summary(summary, plan.output_dir)
     return summary
 
 
-def build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer) -> dict:
+def build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer) -> RunSummary:
     import deepspeed
     import torch
     import transformers
 
     from textsql import __version__
+    from textsql.run_summary import RunSummary
 
     metrics = result.metrics
     runtime = metrics.get("train_runtime", 0.0)
     ds_config = None
     if trainer.is_deepspeed_enabled:
         ds_config = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
-    return {
+    return RunSummary.from_dict({
         "run": plan.output_dir.name,
         "output_dir": str(plan.output_dir),
         "model_id": model_args.model_id,
@@ -706,38 +700,12 @@ def build_summary(model_args, data_args, training_args, plan, result, eval_metri
         "deepspeed_config": ds_config,
         "versions": {"textsql": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    })
 
 
 def _zero3_parameters(model) -> int:
     # Under ZeRO-3 each parameter is a placeholder; ds_numel holds its real size.
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
-
-
-def format_summary(summary: dict) -> str:
-    """A few lines for people: what ran, how fast, how well, how much memory per rank."""
-    gib = 1024**3
-    lines = [
-        f"run            {summary['run']}  ({summary['output_dir']})",
-        f"model          {summary['model_id']}  {summary['parameters'] / 1e6:.2f}M parameters, {summary['precision']}"
-        f"{' + TF32' if summary.get('tf32') else ''} on {summary.get('device', '?')}, saved in {summary.get('saved_dtype', '?')}",
-        f"strategy       {summary['strategy']['label']}  world size {summary['world_size']}",
-        f"steps          {summary['global_step']}  epochs {summary['epochs']:.2f}  runtime {summary['train_runtime']:.1f} s",
-        f"throughput     {summary['train_samples_per_second']:.1f} samples/s, {summary['real_tokens_per_second']:.0f} real tokens/s",
-        f"loss           first {summary['first_logged_loss']:.3f} -> last {summary['last_logged_loss']:.3f}; "
-        f"train {summary['train_loss']:.3f}, eval {summary['eval_loss'] if summary['eval_loss'] is None else round(summary['eval_loss'], 3)}",
-    ]
-    if summary.get("execution_accuracy") is not None:
-        lines.append(f"exec accuracy  {summary['execution_accuracy']:.1%} on the first {summary['arguments']['data']['execution_accuracy_samples']} validation questions")
-    for m in summary["peak_memory_per_rank"]:
-        gpu = f", CUDA max allocated {m['cuda_max_allocated_bytes'] / gib:.2f} GiB reserved {m['cuda_max_reserved_bytes'] / gib:.2f} GiB" if "cuda_max_allocated_bytes" in m else ""
-        lines.append(f"rank {m['rank']:<9} {m['host']} {m['device']}: peak RSS {m['cpu_peak_rss_bytes'] / gib:.2f} GiB{gpu}")
-    if summary.get("memory_check"):
-        from textsql.plan import format_comparison
-
-        lines.append(format_comparison(summary["memory_check"]))
-    lines.append(f"tensorboard    tensorboard --logdir {Path(summary['output_dir']).parent}")
-    return "\n".join(lines)
 
 
 def launches_ranks(training: TextsqlTrainingArguments, devices=None) -> int:
@@ -762,9 +730,10 @@ def train_and_report(model_args: ModelArguments, data_args: DataArguments, train
         return 2
     if summary is not None:
         from textsql.launch import SUMMARY_MARKER
+        from textsql.run_summary import SUMMARY_FILE, format_summary
 
         print(format_summary(summary))
-        print(f"{SUMMARY_MARKER}{Path(summary['output_dir']).resolve() / SUMMARY_FILE}", flush=True)
+        print(f"{SUMMARY_MARKER}{Path(summary.output_dir).resolve() / SUMMARY_FILE}", flush=True)
     return 0
 
 

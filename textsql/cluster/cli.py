@@ -47,7 +47,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
 def cluster_cli(argv: list[str]) -> int:
     """Body of `textsql cluster`. Returns the exit status; raises TextsqlError for problems a user can fix."""
     from textsql.cluster import Cluster, launch_training, preflight, read_hostfile
-    from textsql.train import format_summary, parse_arguments
+    from textsql.run_summary import format_summary
+    from textsql.train import parse_arguments
 
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)

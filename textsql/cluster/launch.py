@@ -561,7 +561,9 @@ def _wait_for_exits(events: queue.Queue, running: set[str], log) -> None:
 
 
 def _result(plan: LaunchPlan, monitor: LaunchMonitor, command: list[str]) -> dict:
-    summary = json.loads(Path(monitor.summary_path).read_text())
+    from textsql.run_summary import read_summary
+
+    summary = read_summary(monitor.summary_path)
     return {"summary": summary, "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)], "launch_dir": plan.log_dir, "command": command,
             "shared_output": plan.shared_output, "plan": plan}
 

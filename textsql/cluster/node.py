@@ -109,7 +109,9 @@ def probe(request: dict) -> dict:
             result["record"] = json.loads((run_dir / RECORD).read_text())
         except (OSError, ValueError):
             result["record"] = None
-        result["finished"] = (run_dir / "run_summary.json").exists()
+        from textsql.run_summary import run_state
+
+        result["finished"] = run_state(run_dir) == "finished"
     return result
 
 

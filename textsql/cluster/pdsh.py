@@ -166,7 +166,9 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
             resume = resume_sentence(plan, ask)
             message, failures = failure_message(monitor, plan.hosts, plan.log_dir, resume)
             raise LaunchFailed(message, failures, plan.log_dir, resume)
-    summary = json.loads(Path(monitor.summary_path).read_text())
+    from textsql.run_summary import read_summary
+
+    summary = read_summary(monitor.summary_path)
     return {"summary": summary, "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)], "launch_dir": plan.log_dir, "command": command,
             "shared_output": plan.shared_output, "plan": plan}
 

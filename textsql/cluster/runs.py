@@ -41,7 +41,7 @@ def _absolute(workdir: Path, path: str) -> Path:
 
 def interrupted_siblings(run_dir: Path, world_size: int) -> dict[int, Path]:
     """Other world sizes' folders of the same run (…-ws<K>-…) that hold an interrupted run: K -> folder."""
-    from textsql.train import output_state
+    from textsql.run_summary import run_state
 
     marker = f"-ws{world_size}-"
     if marker not in run_dir.name or not run_dir.parent.is_dir():
@@ -51,7 +51,7 @@ def interrupted_siblings(run_dir: Path, world_size: int) -> dict[int, Path]:
     found = {}
     for sibling in run_dir.parent.iterdir():
         match = pattern.match(sibling.name)
-        if match and int(match[1]) != world_size and output_state(sibling) == "interrupted":
+        if match and int(match[1]) != world_size and run_state(sibling) == "interrupted":
             found[int(match[1])] = sibling
     return found
 

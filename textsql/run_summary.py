@@ -1,0 +1,159 @@
+"""run_summary.json, the record of a finished run: its one schema (a versioned dataclass), how it is written (atomically)
+and read back, the few lines people read, and what the state of a run folder is. Every reader goes through here."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+
+SUMMARY_FILE = "run_summary.json"
+SCHEMA_VERSION = 1
+GIB = 1024**3
+
+
+@dataclass
+class RunSummary:
+    """What a finished run was and did; written by rank 0 of `textsql train` beside the model.
+
+    Memory per rank: {"rank", "local_rank", "host", "device", "cpu_peak_rss_bytes"} and, on a GPU,
+    "cuda_max_allocated_bytes" and "cuda_max_reserved_bytes". `memory_check` is textsql.plan.compare_with_run's result.
+    """
+
+    run: str = ""
+    output_dir: str = ""
+    model_id: str = ""
+    parameters: int = 0
+    world_size: int = 1
+    strategy: dict = field(default_factory=lambda: {"label": "none", "zero_stage": None})  # textsql.dsconfig.describe_strategy
+    precision: str = "fp32"
+    tf32: bool = False
+    precision_reason: str = ""
+    device: str = "cpu"
+    node_devices: str = ""
+    resumed_from: str | None = None
+    train_runtime: float = 0.0
+    train_samples_per_second: float | None = None
+    real_tokens: int = 0
+    real_tokens_per_second: float | None = None
+    global_step: int = 0
+    epochs: float = 0.0
+    train_loss: float | None = None
+    eval_loss: float | None = None
+    execution_accuracy: float | None = None
+    execution_accuracy_history: list = field(default_factory=list)  # [{"step", "execution_accuracy"}]
+    first_logged_loss: float | None = None
+    last_logged_loss: float | None = None
+    peak_memory_per_rank: list = field(default_factory=list)  # one dict per rank, rank order (see above)
+    tensorboard_dir: str | None = None
+    dataset: dict = field(default_factory=dict)  # {"dir", "source", "train_examples"}
+    arguments: dict = field(default_factory=dict)  # {"model", "data", "training"}: what the run was given, resolved
+    deepspeed_config: dict | None = None  # the config as DeepSpeed ran it ("auto" filled)
+    versions: dict = field(default_factory=dict)
+    saved_dtype: str = "float32"
+    memory_check: dict | None = None
+    finished: str = ""
+    version: int = SCHEMA_VERSION
+    extras: dict = field(default_factory=dict)  # fields a newer textsql wrote, kept as they were
+
+    @property
+    def strategy_label(self) -> str:
+        return self.strategy.get("label", "none")
+
+    @property
+    def nodes(self) -> int:
+        """Nodes the run spanned: distinct hosts among the ranks (the world size when hosts are unknown)."""
+        hosts = {m.get("host") for m in self.peak_memory_per_rank if m.get("host")}
+        return len(hosts) if hosts else int(self.world_size or 1)
+
+    def as_dict(self) -> dict:
+        values = asdict(self)
+        values.update(values.pop("extras"))
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "run summary") -> "RunSummary":
+        known = {f.name for f in fields(cls)} - {"extras"}
+        version = values.get("version", 0)  # 0: written before the schema had a version; the same fields
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            warnings.warn(f"{source} has schema version {version!r}, newer than this textsql's {SCHEMA_VERSION}; read as far as known.")
+        summary = cls(**{k: v for k, v in values.items() if k in known})
+        summary.extras = {k: v for k, v in values.items() if k not in known}
+        return summary
+
+
+def write_summary(summary: RunSummary, run_dir: str | Path) -> Path:
+    """Write run_summary.json atomically (a temporary file, then rename): a half-written file never looks like a finished run."""
+    run_dir = Path(run_dir)
+    path = run_dir / SUMMARY_FILE
+    tmp = run_dir / f".{SUMMARY_FILE}.{socket.gethostname()}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(json.dumps(summary.as_dict(), indent=2, default=str) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_summary(path: str | Path) -> RunSummary:
+    """The summary in a run folder (or the file itself); a clear error when there is none or it cannot be read."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SUMMARY_FILE
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TextsqlError(f"{path} does not exist: the run did not finish (or this is not a run folder).") from None
+    except (OSError, ValueError) as error:
+        raise TextsqlError(f"{path} cannot be read as a run summary ({error}).") from None
+    if not isinstance(values, dict):
+        raise TextsqlError(f"{path} is not a run summary (a JSON object).")
+    return RunSummary.from_dict(values, str(path))
+
+
+def run_state(run_dir: str | Path) -> str:
+    """'new', 'finished' (a run summary is there) or 'interrupted' (checkpoints but no summary)."""
+    run_dir = Path(run_dir)
+    if (run_dir / SUMMARY_FILE).exists():
+        return "finished"
+    if run_dir.is_dir() and any(p.name.startswith("checkpoint-") for p in run_dir.iterdir()):
+        return "interrupted"
+    return "new"
+
+
+def format_summary(summary: RunSummary) -> str:
+    """A few lines for people: what ran, how fast, how well, how much memory per rank."""
+    s = summary
+    eval_loss = "none" if s.eval_loss is None else f"{s.eval_loss:.3f}"
+    lines = [
+        f"run            {s.run}  ({s.output_dir})",
+        f"model          {s.model_id}  {s.parameters / 1e6:.2f}M parameters, {s.precision}{' + TF32' if s.tf32 else ''} on {s.device}, "
+        f"saved in {s.saved_dtype}",
+        f"strategy       {s.strategy_label}  world size {s.world_size}",
+        f"steps          {s.global_step}  epochs {s.epochs:.2f}  runtime {s.train_runtime:.1f} s",
+        f"throughput     {s.train_samples_per_second or 0:.1f} samples/s, {s.real_tokens_per_second or 0:.0f} real tokens/s",
+        f"loss           first {s.first_logged_loss or 0:.3f} -> last {s.last_logged_loss or 0:.3f}; "
+        f"train {s.train_loss or 0:.3f}, eval {eval_loss}",
+    ]
+    if s.execution_accuracy is not None:
+        samples = (s.arguments.get("data") or {}).get("execution_accuracy_samples")
+        lines.append(f"exec accuracy  {s.execution_accuracy:.1%} on the first {samples} validation questions")
+    for m in s.peak_memory_per_rank:
+        gpu = (f", CUDA max allocated {m['cuda_max_allocated_bytes'] / GIB:.2f} GiB reserved {m['cuda_max_reserved_bytes'] / GIB:.2f} GiB"
+               if "cuda_max_allocated_bytes" in m else "")
+        lines.append(f"rank {m['rank']:<9} {m['host']} {m['device']}: peak RSS {m['cpu_peak_rss_bytes'] / GIB:.2f} GiB{gpu}")
+    if s.memory_check:
+        from textsql.plan import format_comparison
+
+        lines.append(format_comparison(s.memory_check))
+    lines.append(f"tensorboard    tensorboard --logdir {Path(s.output_dir).parent}")
+    return "\n".join(lines)
