@@ -241,7 +241,7 @@ def test_two_nodes_zero2_local_backend(assets, project, clusters, monkeypatch):
     for rank in result["ranks"]:
         check_rank_arguments(rank, argv)
         assert rank["arguments"]["run_name"] == argv[argv.index("--run_name") + 1]
-    assert not list(project.rglob("pwned*")) and Path(result["summary"]["output_dir"]).parent == runs
+    assert not list(project.rglob("pwned*")) and Path(result["summary"].output_dir).parent == runs
     assert result["command"][result["command"].index("--node_rank") + 1] == "0" and "--no_ssh" in result["command"]
     # The ranks' environment: the allowlist and textsql's choices, no secret, no cluster token.
     assert sorted(seen["environ"]) == [0, 1]
@@ -304,7 +304,7 @@ def test_two_local_nodes_on_one_gpu_box_each_use_their_own_gpu(assets, project, 
     cluster = clusters("local", nvidia_gpu=1, session_slots=1, echo=on_line("Training starts", devices_of_ranks))
     result = cluster.train(cluster_argv(assets, project / "runs", "--deepspeed", "zero2"))
     assert seen == {0: "0", 1: "1"}  # not GPU 0 twice
-    assert all(m.get("cuda_max_allocated_bytes") for m in result["summary"]["peak_memory_per_rank"])
+    assert all(m.get("cuda_max_allocated_bytes") for m in result["summary"].peak_memory_per_rank)
     assert result["ranks"][0]["final_loss"] == pytest.approx(result["ranks"][1]["final_loss"], rel=1e-5)
 
 
@@ -446,7 +446,7 @@ def test_without_a_shared_run_folder_every_node_resumes_from_the_same_checkpoint
     backend.on_node_1("truncate", "-s", "1000", str(shards / "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
     (run / "run_summary.json").unlink()
     second = cluster.train(argv[:argv.index("--max_steps") + 1] + ["9"] + argv[argv.index("--max_steps") + 2:])
-    assert Path(second["summary"]["resumed_from"]).name == "checkpoint-3"
+    assert Path(second["summary"].resumed_from).name == "checkpoint-3"
     assert [r["global_step"] for r in second["ranks"]] == [9, 9]
     assert second["ranks"][0]["final_loss"] == pytest.approx(second["ranks"][1]["final_loss"], rel=1e-6)
     assert "incomplete-checkpoint-6-" in backend.on_node_1("ls", str(run)).stdout and list(run.glob("incomplete-checkpoint-6-*"))
