@@ -269,7 +269,10 @@ def child_env(gpu: int) -> dict:
     if torch.cuda.is_available():
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)  # one GPU: world size 1, no DataParallel
     else:
-        env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+        from textsql.devices import use_accelerator
+
+        use_accelerator("cpu", env)
+        env.setdefault("OMP_NUM_THREADS", "1")
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # textsql train sets up a world of one
     return env
@@ -429,9 +432,10 @@ def main(argv=None) -> int:
         return 0
     import torch
 
+    from textsql.devices import prepare_deepspeed_import
+
     on_gpu = torch.cuda.is_available()
-    if not on_gpu:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    prepare_deepspeed_import()
     started = time.time()
     if args.coordinator_sweep:
         report = {"benchmark": "plan_vs_measured/coordinator_sweep", "machine": machine(), "results": coordinator_sweep()}

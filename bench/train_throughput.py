@@ -378,9 +378,11 @@ def _child_env() -> dict:
     Trainer would make one process on several GPUs nn.DataParallel, and the figures would not be one GPU's)."""
     import torch
 
+    from textsql.devices import use_accelerator
+
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if not torch.cuda.is_available():
-        env.setdefault("DS_ACCELERATOR", "cpu")
+        use_accelerator("cpu", env)
     else:
         visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
         env["CUDA_VISIBLE_DEVICES"] = visible[0] if visible else "0"

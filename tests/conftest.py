@@ -9,6 +9,17 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt, as in a notebook kernel, also when pytest was started in the background (a
+    shell starts background jobs with SIGINT ignored): the tests that simulate an interrupt rely on it."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory):
     """(data_dir, model_dir): a small generated dataset, prepared with a tokenizer trained on it, and a tiny T5."""
@@ -38,6 +49,33 @@ def header_assets(raw_wikisql, tmp_path_factory):
     data_dir = prepare_dataset(PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(folder / "data"),
                                              source_format="question+header"))
     return data_dir, model_dir
+
+
+@pytest.fixture
+def textsql_in_process(monkeypatch, capsys):
+    """`textsql ARGV` in this process (no interpreter start-up: cheap), CPU-only and offline: returns (exit status,
+    stdout, stderr). What a command sets for itself (DeepSpeed's rank variables, logging handlers) is undone after."""
+    import logging
+
+    from textsql.cli import main
+
+    for name, value in {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                        "TENSORBOARD_LOGGING_DIR": "", "OMP_NUM_THREADS": "2"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # train() sets these for DeepSpeed
+        monkeypatch.setenv(name, "")  # so that monkeypatch removes them again afterwards
+        monkeypatch.delenv(name)
+
+    def run(argv: list[str]) -> tuple[int, str, str]:
+        status = main(list(argv))
+        printed = capsys.readouterr()
+        return status, printed.out, printed.err
+
+    yield run
+    root = logging.getLogger()  # textsql train configured logging for its run
+    for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
+        root.removeHandler(handler)
+        handler.close()
 
 
 @pytest.fixture

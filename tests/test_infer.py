@@ -73,15 +73,15 @@ def test_training_scored_execution_accuracy_at_each_evaluation(trained_run):
     assert "eval/execution_accuracy" in accumulator.Tags()["scalars"]
 
 
-def test_bad_inference_input_is_one_paragraph(trained_run, cpu_env, tmp_path):
+def test_bad_inference_input_is_one_paragraph(trained_run, textsql_in_process, tmp_path):
     run_dir, data_dir = trained_run
     for argv, message in [
         (["--model_dir", str(run_dir), "--dataset_dir", str(data_dir), "--split", "nope"], "has no 'nope' split"),
         (["--model_dir", str(tmp_path / "missing-model"), "--dataset_dir", str(data_dir)], "not a usable model folder"),
         (["--model_dir", str(run_dir), "--dataset_dir", str(data_dir), "--batch_size", "0"], "must be at least 1"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "textsql.cli", "infer", *argv], capture_output=True, text=True, env=cpu_env, timeout=300)
-        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+        status, _, err = textsql_in_process(["infer", *argv])
+        assert status == 2 and message in err and "Traceback" not in err, err[-2000:]
 
 
 @pytest.mark.slow
@@ -131,3 +131,21 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
 
     with pytest.raises(TextsqlError, match="question\\+header.*--source_format question"):
         run_inference(InferArguments(model_dir=str(run_dir), dataset_dir=str(assets[0]), split="test", max_examples=4))
+
+
+@pytest.mark.slow
+def test_question_format_model_scores_with_execution_guided_decoding(trained_run, tmp_path):
+    """The other half of the end-to-end pair: the question-format model (trained_run), scored with execution guidance."""
+    from textsql.data import load_tables
+    from textsql.infer import InferArguments, run_inference
+    from textsql.sql import executes_plausibly
+
+    run_dir, data_dir = trained_run
+    metrics = run_inference(InferArguments(model_dir=str(run_dir), dataset_dir=str(data_dir), split="test", max_examples=40,
+                                           decoding="execution_guided", num_beams=3, output_dir=str(tmp_path), show_examples=0),
+                            echo=lambda line: None)
+    records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert metrics["source_format"] == "question" and metrics["decoding"]["label"] == "execution-guided (3 beams)"
+    assert metrics["decoding"]["changed"] == sum(r["decoding_changed"] for r in records) and len(records) == 40
+    tables = load_tables(data_dir)
+    assert all(r["candidate_rank"] == 0 or executes_plausibly(r["predicted_sql"], tables[r["table_id"]]) for r in records)

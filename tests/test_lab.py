@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 
-from textsql.cluster.launch import free_port
+from textsql.launch import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 ANNOUNCED = re.compile(r"textsql lab: JupyterLab on (http://127\.0\.0\.1:(\d+)/lab/tree/notebooks)\?token=([\w-]+)")

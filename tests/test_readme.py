@@ -1,7 +1,6 @@
 """The README's quick start runs as written: each fenced `textsql` command, in order, against what the demo leaves in
 textsql-demo/ (built here small), through textsql.cli.main in this process (one interpreter: cheap)."""
 
-import logging
 import re
 import shlex
 from pathlib import Path
@@ -24,28 +23,14 @@ def test_quick_start_names_every_step():
 
 
 @pytest.mark.slow
-def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, capsys):
-    from textsql.cli import main
+def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_process):
     from textsql.demo import build_assets
 
     build_assets(tmp_path / "textsql-demo", train_tables=20, questions_per_table=4, d_model=32, num_layers=1, seed=0)
     monkeypatch.chdir(tmp_path)
-    for name, value in {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                        "TENSORBOARD_LOGGING_DIR": "", "OMP_NUM_THREADS": "2"}.items():
-        monkeypatch.setenv(name, value)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # train() sets these for DeepSpeed
-        monkeypatch.setenv(name, "")  # so that monkeypatch removes them again afterwards
-        monkeypatch.delenv(name)
-    try:
-        for argv in quick_start_commands():
-            status = main(argv[1:])
-            printed = capsys.readouterr()
-            assert status == 0, f"`{' '.join(argv)}` exited {status}:\n{printed.out[-2000:]}\n{printed.err[-3000:]}"
-            assert "Traceback" not in printed.out + printed.err
-    finally:  # textsql train configured logging for its run; leave the test process as it was
-        root = logging.getLogger()
-        for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
-            root.removeHandler(handler)
-            handler.close()
+    for argv in quick_start_commands():
+        status, out, err = textsql_in_process(argv[1:])
+        assert status == 0, f"`{' '.join(argv)}` exited {status}:\n{out[-2000:]}\n{err[-3000:]}"
+        assert "Traceback" not in out + err
     assert (tmp_path / "runs" / "tiny-t5-zero2-ws1-bs16" / "eval_metrics.json").is_file()
     assert (tmp_path / "runs" / "report" / "report.md").is_file()

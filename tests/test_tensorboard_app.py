@@ -14,14 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from textsql.launch import free_port
+
 CHROMIUM = "/usr/bin/chromium"
 INSTALL_HINT = "Headless Chromium is needed to render TensorBoard: as root, `apt-get update && apt-get install -y chromium` (Debian's chromium package)."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str, timeout: float = 10):

@@ -208,7 +208,7 @@ def write(path: Path, text: str) -> Path:
         ("unknown_model", "HF_HUB_OFFLINE is set"),
     ],
 )
-def test_bad_input_gets_one_paragraph_and_no_traceback(assets, tmp_path, cpu_env, case, message):
+def test_bad_input_gets_one_paragraph_and_no_traceback(assets, tmp_path, monkeypatch, textsql_in_process, case, message):
     data_dir, model_dir = assets
     argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"), "--max_steps", "2", "--per_device_train_batch_size", "16"]
     if case == "bad_json":
@@ -221,9 +221,10 @@ def test_bad_input_gets_one_paragraph_and_no_traceback(assets, tmp_path, cpu_env
         argv[3] = str(tmp_path / "no-such-dataset")
     elif case == "unknown_model":
         argv[1] = "nobody-knows/t5-none"
-    done = subprocess.run([sys.executable, "-m", "textsql.cli", "train", *argv], capture_output=True, text=True, env=cpu_env, cwd=tmp_path, timeout=300)
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert message in done.stderr and "Traceback" not in done.stderr
+    monkeypatch.chdir(tmp_path)
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 2, err[-3000:]
+    assert message in err and "Traceback" not in err and len(err.strip().split("\n\n")) == 1
     assert not (tmp_path / "runs").exists() or case in ("missing_dataset", "unknown_model")
 
 

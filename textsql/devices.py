@@ -115,6 +115,16 @@ def use_accelerator(accelerator: str, environ=os.environ) -> None:
         raise TextsqlError("DS_ACCELERATOR=cpu is set, but this process trains on the GPU. Unset DS_ACCELERATOR, or pass --accelerator cpu.")
 
 
+def prepare_deepspeed_import(environ=os.environ) -> None:
+    """DeepSpeed picks its accelerator when first imported: in a process that only reads configs (check-config, plan),
+    the CPU where there is no CUDA, unless a training decision (use_accelerator) or the user set one already."""
+    if "DS_ACCELERATOR" not in environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            environ["DS_ACCELERATOR"] = "cpu"
+
+
 def ranks_per_node(requested: int | None, devices: NodeDevices) -> int:
     """Training processes on one node: one per visible GPU unless asked otherwise (never nn.DataParallel); 1 on a CPU."""
     available = len(devices.gpus)

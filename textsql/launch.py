@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,13 @@ def node_devices(accelerator: str = "auto"):
     from textsql.devices import NodeDevices, usable_cores
 
     return NodeDevices((), usable_cores()) if accelerator == "cpu" else NodeDevices.local()
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port free on `address` now (the OS picks it): for a rendezvous, a control server, a test's server."""
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
 
 
 def deepspeed_launcher() -> str:

@@ -5,40 +5,17 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 import math
-import os
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
+from textsql.dsconfig import STRATEGIES, STRATEGY_LAYOUT
 from textsql.errors import TextsqlError
 from textsql.zero3_trace import NARROW_WIDTHS, ModuleTrace, record_module_trace, simulate_parameter_coordinator, zero3_step_events
 
 GIB = 2**30  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
 PRECISIONS = ("fp32", "bf16", "fp16")
 
-# Fastest first; the recommendation is the first that fits. Why this order:
-# - none: plain PyTorch (DDP on several GPUs); its gradient all-reduce overlaps the backward pass.
-# - zero1: the same communication volume as DDP (reduce-scatter + all-gather = one all-reduce) plus a little
-#   bookkeeping; it only saves optimizer-state memory.
-# - zero2: the same volume again, but gradients are reduced bucket by bucket into partitions during the backward
-#   pass, with more synchronisation than ZeRO-1.
-# - zero3: 1.5x the communication (parameters are all-gathered for the forward and again for the backward), but all
-#   of it GPU to GPU and overlapped by prefetching.
-# - zero2_offload: every step copies all gradients to the host and runs Adam on the pod's CPU cores (DeepSpeedCPUAdam),
-#   then copies the parameters back over PCIe. CML pods get a handful of CPU cores, so that step is the bottleneck.
-#   (Hugging Face's DeepSpeed guide lists stage 2 + offload ahead of stage 3; on GPU-rich, CPU-poor pods we put
-#   GPU-only ZeRO-3 first.)
-# - zero3_offload: all of zero2_offload's host traffic plus the parameters themselves streamed from host memory.
-STRATEGIES = ("none", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
-# name -> (ZeRO stage, optimizer offloaded, parameters offloaded); stage 0 means no DeepSpeed
-STRATEGY_LAYOUT = {
-    "none": (0, False, False),
-    "zero1": (1, False, False),
-    "zero2": (2, False, False),
-    "zero2_offload": (2, True, False),
-    "zero3": (3, False, False),
-    "zero3_offload": (3, True, True),
-}
 # parameters + gradients + optimizer_states are the model states (DeepSpeed's estimators); weight_copies are the parameter
 # copies held beyond them (ZeRO-3's gathered parameters, autocast's 16-bit weights); buckets are communication and
 # gradient buffers.
@@ -347,16 +324,7 @@ def read_dsconfig(name_or_path: str) -> dict:
     """Load and validate a DeepSpeed JSON file, or a shipped strategy name (zero1, zero2, zero3_offload)."""
     from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
 
-    path = resolve_dsconfig_path(name_or_path, flag="--dsconfig")
-    if not _cuda_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before load_dsconfig imports deepspeed
-    return load_dsconfig(path)
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    return load_dsconfig(resolve_dsconfig_path(name_or_path, flag="--dsconfig"))
 
 
 def _filled(value, auto_value) -> int:

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.dsconfig import strategy_rank
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.infer import METRICS_FILE as EVAL_METRICS_FILE
@@ -60,7 +61,6 @@ COLUMNS = {
     "precision": "precision",
     "run": "run",
 }
-TECHNIQUE_ORDER = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "zero3_offload": 4, "zero3_nvme": 5}
 
 
 @dataclass
@@ -215,7 +215,7 @@ def sort_records(records: list[RunRecord]) -> list[RunRecord]:
 
     def key(record):
         row = report_row(record)
-        return (row["model"], row["nodes"], row["world_size"], TECHNIQUE_ORDER.get(row["technique"], len(TECHNIQUE_ORDER)), row["technique"], row["run"])
+        return (row["model"], row["nodes"], row["world_size"], strategy_rank(row["technique"]), row["technique"], row["run"])
 
     return sorted(records, key=key)
 
@@ -274,7 +274,7 @@ def plot_time_and_memory(table, path: Path) -> Path:
     from matplotlib.figure import Figure
 
     labels = [row_label(row) for _, row in table.iterrows()]
-    colors = [f"C{TECHNIQUE_ORDER.get(t, 6)}" for t in table["technique"]]
+    colors = [f"C{strategy_rank(t)}" for t in table["technique"]]
     measures = set(table["memory_measure"])
     memory_label = "memory per pod (GiB)" + (f"\n{measures.pop()}" if len(measures) == 1 else "\nsee table: GPU reserved or CPU RSS")
     panels = [("duration_s", "train runtime (s)"), ("samples_per_s", "samples/s (all ranks)"), ("memory_per_pod_gib", memory_label)]

@@ -196,13 +196,12 @@ def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: in
 
 def ensure_distributed_env() -> None:
     """DeepSpeed outside its launcher needs the rank variables (else it looks for mpi4py)."""
+    from textsql.launch import free_port
+
     if "RANK" in os.environ:
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 @dataclass

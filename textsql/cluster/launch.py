@@ -15,7 +15,6 @@ import queue
 import re
 import secrets
 import shlex
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,17 +244,12 @@ def _dsconfig_file(training, workdir: Path) -> Path | None:
     return path
 
 
-def free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
-
-
 def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_root: Path, environ=os.environ,
                 launch_id: str | None = None) -> LaunchPlan:
     """Decide, probe every node for this run, and plan it; raises PreflightError listing every problem by node.
     `arguments`: textsql.train's three argument dataclasses, or a command line (parsed once, here).
     `ask(op, {address: request})` asks every node at once and returns {address: answer}."""
+    from textsql.launch import free_port
     from textsql.train import arguments_dict, as_arguments
 
     from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
