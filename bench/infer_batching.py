@@ -9,12 +9,17 @@ speed, not quality). Prints one JSON object: questions/s of each way, the speed-
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
+
+from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
 
 
 def one_at_a_time(model, tokenizer, sources: list[str], max_new_tokens: int) -> list[str]:
@@ -46,8 +51,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    import torch
-
     from textsql.infer import generate_sql, load_model_for_inference, load_scoring_set
 
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as tmp:
@@ -70,7 +73,7 @@ def main() -> None:
             rounds["batched"].append(seconds)
         agree = sum(a == b for a, b in zip(loop_outputs, batched_outputs))
     best = {way: min(times) for way, times in rounds.items()}
-    print(json.dumps({
+    emit({
         "benchmark": "infer_batching",
         "questions": len(sources),
         "batch_size": args.batch_size,
@@ -82,9 +85,8 @@ def main() -> None:
         "median_seconds": {way: round(statistics.median(times), 3) for way, times in rounds.items()},
         "speedup": round(best["one_at_a_time"] / best["batched"], 2),
         "outputs_identical": f"{agree}/{len(sources)}",
-        "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
-    }, indent=2))
+        "machine": machine(),
+    }, None)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
+
+from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
 
 # T5Config shapes (random init: memory does not depend on the weights). vocab None = the tokenizer's size.
 SHAPES = {
@@ -380,23 +381,6 @@ def markdown_table(reports: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict:
-    import deepspeed
-    import torch
-    import transformers
-
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "python": platform.python_version()}
-    try:
-        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    if torch.cuda.is_available():
-        info.update(gpu=torch.cuda.get_device_name(), gpu_count=torch.cuda.device_count(), cuda=torch.version.cuda,
-                    gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
-    return info
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=None, help=f"Comma-separated, from {', '.join(SHAPES)} (default: {CPU_DEFAULTS['shapes']} "
@@ -442,10 +426,7 @@ def main(argv=None) -> int:
     else:
         report = bench(args, on_gpu)
     report["wall_seconds"] = round(time.time() - started, 1)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output)
     return 0
 
 

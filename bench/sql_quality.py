@@ -13,9 +13,7 @@ accuracies and how often execution-guided decoding changed the answer, with the 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -24,6 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
+
+from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
 
 DECODINGS = (("greedy", 1), ("execution_guided", 4))
 
@@ -59,9 +59,6 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench-quality"))
     parser.add_argument("--output", default=None, help="Also write the JSON here.")
     args = parser.parse_args(argv)
-
-    import torch
-
     started = time.time()
     results = []
     for source_format in args.formats.split(","):
@@ -73,14 +70,10 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "sql_quality", "date": time.strftime("%Y-%m-%d"), "wall_seconds": round(time.time() - started, 1),
         "data": f"generated WikiSQL-format, {args.train_tables} training tables x 10 questions; test split on other tables",
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
-                    "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
+        "machine": machine(),
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output)
     return 0
 
 

@@ -31,7 +31,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
+
+from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
 
 RECIPES = ("walkthrough", "textsql")
 WALKTHROUGH_LENGTH = 96  # the walkthrough padded (and truncated) questions and targets to 96 tokens
@@ -270,24 +271,6 @@ def run_one(args) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def machine() -> dict:
-    import torch
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    info = {"cpu": cpu, "cores": os.cpu_count(), "torch_default_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version(), "platform": platform.platform()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-        info["gpu_count"] = torch.cuda.device_count()
-        info["cuda"] = torch.version.cuda
-    return info
-
-
 def summarize(runs: list[dict], peak) -> dict:
     """Medians over the repetitions of one recipe; MFU against `peak` (textsql.devices.PeakTflops) on a GPU."""
     def median(key):
@@ -435,10 +418,7 @@ def main(argv=None) -> int:
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)], "wall_seconds": round(time.time() - started, 1),
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    emit(report, args.output)
     return 0
 
 
