@@ -52,9 +52,20 @@ def header_assets(raw_wikisql, tmp_path_factory):
 
 
 @pytest.fixture
-def textsql_in_process(monkeypatch, capsys):
+def restored_environ():
+    """os.environ exactly as before the test: an in-process training sets variables of its own (transformers'
+    ACCELERATE_USE_DEEPSPEED and ACCELERATE_MIXED_PRECISION, DeepSpeed's rank variables) that would otherwise reach
+    the training processes later tests start."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture
+def textsql_in_process(restored_environ, monkeypatch, capsys):
     """`textsql ARGV` in this process (no interpreter start-up: cheap), CPU-only and offline: returns (exit status,
-    stdout, stderr). What a command sets for itself (DeepSpeed's rank variables, logging handlers) is undone after."""
+    stdout, stderr). What a command sets for itself (environment variables, logging handlers) is undone after."""
     import logging
 
     from textsql.cli import main
@@ -62,9 +73,8 @@ def textsql_in_process(monkeypatch, capsys):
     for name, value in {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                         "TENSORBOARD_LOGGING_DIR": "", "OMP_NUM_THREADS": "2"}.items():
         monkeypatch.setenv(name, value)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # train() sets these for DeepSpeed
-        monkeypatch.setenv(name, "")  # so that monkeypatch removes them again afterwards
-        monkeypatch.delenv(name)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # a single process, not a rank
+        monkeypatch.delenv(name, raising=False)
 
     def run(argv: list[str]) -> tuple[int, str, str]:
         status = main(list(argv))

@@ -85,7 +85,8 @@ def test_bad_inference_input_is_one_paragraph(trained_run, textsql_in_process, t
 
 
 @pytest.mark.slow
-def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guided(header_assets, assets, tmp_path, monkeypatch):
+def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guided(header_assets, assets, tmp_path, monkeypatch,
+                                                                                 restored_environ):
     """End to end in this process: prep's added '<' reaches the model (embeddings grown), evaluation during training and
     `infer` both read question+header sources, execution-guided decoding says what it changed, and the model refuses
     data in the other format."""
@@ -97,8 +98,7 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     from textsql.sql import executes_plausibly
     from textsql.train import parse_arguments, train
 
-    for name in ("TENSORBOARD_LOGGING_DIR", "DS_ACCELERATOR"):  # train() sets them; monkeypatch puts them back
-        monkeypatch.setenv(name, os.environ.get(name, "cpu" if name == "DS_ACCELERATOR" else ""))
+    monkeypatch.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
     data_dir, model_dir = header_assets
     summary = train(*parse_arguments(["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"),
                      "--max_steps", "40", "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--warmup_steps", "4",

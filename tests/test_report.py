@@ -71,7 +71,7 @@ def test_report_rows_match_the_run_summaries(runs_copy, tmp_path, capsys):
 
     markdown = (out / "report.md").read_text()
     assert "| model | technique | nodes | ranks | epochs | duration (s) | samples/s |" in markdown
-    assert f"| tiny-t5 | zero2 | 1 | 1 |" in markdown and "0.3750" in markdown
+    assert "| tiny-t5 | zero2 | 1 | 1 |" in markdown and "0.3750" in markdown
     assert "| sel | agg | W# | Wcol | Wop | Wval |" in markdown and "| 0.900 | 0.800 | 0.700 | 0.600 | 0.550 | 0.400 |" in markdown
     assert "![time_memory](time_memory.png)" in markdown and "![loss_curves](loss_curves.png)" in markdown
     for png in ("time_memory.png", "loss_curves.png"):
@@ -188,9 +188,6 @@ def test_no_runs_is_an_error_with_exit_status_2(tmp_path, capsys):
 def test_throughput_bench_recipes_differ_only_as_documented(assets, tmp_path):
     import importlib.util
 
-    import torch
-
-    from textsql.data import load_prepared
     from textsql.hub import load_tokenizer
 
     spec = importlib.util.spec_from_file_location("train_throughput", Path(__file__).resolve().parent.parent / "bench" / "train_throughput.py")

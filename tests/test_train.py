@@ -249,6 +249,8 @@ def test_arguments_are_dataclasses_from_a_command_line_or_a_recipe_and_travel_as
     assert all(from_yaml[key] == values[key] for key in ("model_id", "dataset_dir", "num_train_epochs", "deepspeed", "report_to", "learning_rate"))
     (tmp_path / "recipe.json").write_text(json.dumps(values))
     assert arguments_dict(*parse_arguments([str(tmp_path / "recipe.json")])) == values
+    # what each rank of `deepspeed --module textsql.train recipe.json` gets
+    assert arguments_dict(*parse_arguments(["--local_rank=1", str(tmp_path / "recipe.json")])) == values
     (tmp_path / "typo.yaml").write_text("model_idd: t5-small\n")
     with pytest.raises(TextsqlError, match="model_idd"):
         parse_arguments([str(tmp_path / "typo.yaml")])

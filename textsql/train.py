@@ -295,9 +295,11 @@ def argument_parser():
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
     """The three argument dataclasses from a command line, or from a JSON or YAML recipe (`textsql train recipe.yaml`)."""
     parser = argument_parser()
+    # `deepspeed --module textsql.train recipe.yaml` gives each rank `--local_rank=N recipe.yaml`; LOCAL_RANK says the same
+    without_local_rank = [a for a in argv if not a.startswith("--local_rank=")]
     try:
-        if len(argv) == 1 and argv[0].endswith(RECIPE_SUFFIXES):
-            recipe = Path(argv[0])
+        if len(without_local_rank) == 1 and without_local_rank[0].endswith(RECIPE_SUFFIXES):
+            recipe = Path(without_local_rank[0])
             if not recipe.is_file():
                 raise TextsqlError(f"The recipe file {recipe} does not exist.")
             if recipe.suffix == ".json":
