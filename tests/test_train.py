@@ -129,7 +129,7 @@ def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, 
     assert summary.world_size == 2 and summary.run == "tiny-t5-zero3_offload-ws2-bs16"
     assert sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
     assert summary.deepspeed_config["train_batch_size"] == 32
-    assert 0.0 <= summary.execution_accuracy <= 1.0 and len(summary.execution_accuracy_history) == 2
+    assert 0.0 <= summary.execution_accuracy <= 1.0 and [h["step"] for h in summary.execution_accuracy_history] == [20]  # scored once at the last step
     assert summary.last_logged_loss < summary.first_logged_loss
     check_model_reloads_and_generates(Path(summary.output_dir), assets[1])
 

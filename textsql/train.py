@@ -375,6 +375,7 @@ def make_trainer_class():
 
         execution_scoring = None  # a textsql.infer.ScoringSet when execution accuracy is scored at each evaluation
         execution_decoding = {"decoding": "greedy", "num_beams": 1}
+        last_evaluation = None  # (global step, metrics) of the latest evaluate()
 
         def evaluate(self, *args, **kwargs):
             metrics = super().evaluate(*args, **kwargs)
@@ -382,7 +383,16 @@ def make_trainer_class():
                 accuracy = self.execution_accuracy()
                 metrics["eval_execution_accuracy"] = accuracy
                 self.log({"eval_execution_accuracy": accuracy})
+            self.last_evaluation = (self.state.global_step, dict(metrics))
             return metrics
+
+        def final_evaluation(self) -> dict:
+            """The final weights' metrics: those of the evaluation training ended with when it fell on the last step (the same
+            weights; scoring them again costs a whole generation pass on a large model), else a new evaluation."""
+            step, metrics = self.last_evaluation or (None, None)
+            if step == self.state.global_step and not self.args.load_best_model_at_end:
+                return metrics
+            return self.evaluate()
 
         def execution_accuracy(self) -> float:
             """Every rank generates the same questions: under ZeRO-3 they must step through generate() together."""
@@ -633,7 +643,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         if "mismatch" in str(error).lower():
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
-    eval_metrics = trainer.evaluate() if eval_set is not None else {}
+    eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
     saved_dtype = save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
     trainer.save_state()
     memory = gather_to_all(peak_memory(plan.accelerator))
