@@ -134,6 +134,24 @@ def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, 
     check_model_reloads_and_generates(Path(summary.output_dir), assets[1])
 
 
+def test_a_finished_rank_leaves_its_process_group_before_exit():
+    """Exiting with gloo's threads alive can abort a finished rank; a failed one leaves without waiting for the others.
+    In a child process: this one may hold the process group of an in-process DeepSpeed training."""
+    code = """if True:
+        import torch.distributed as dist
+        from textsql.train import end_distributed
+
+        end_distributed(True)  # nothing started: nothing to do
+        for succeeded in (True, False):
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            end_distributed(succeeded)
+            assert not dist.is_initialized(), succeeded
+        print("left")
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "left", done.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_interrupted_run_resumes_and_a_finished_one_is_kept(assets, tmp_path, cpu_env):
     argv = train_argv(assets, tmp_path / "runs", "--save_steps", "10", "--eval_steps", "30", steps=30)

@@ -765,5 +765,22 @@ def main(argv: list[str] | None = None) -> int:
     return train_and_report(model_args, data_args, training_args)
 
 
+def end_distributed(succeeded: bool) -> None:
+    """Leave the process group before the interpreter exits, as torch asks of every program: otherwise gloo's or NCCL's
+    threads are torn down at exit, which can abort a rank that has finished ("terminate called without an active
+    exception"). After a failure the other ranks may never arrive, so there is no barrier then."""
+    if "torch" not in sys.modules:  # --help, a bad argument: nothing was started
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if succeeded:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    end_distributed(status == 0)
+    sys.exit(status)

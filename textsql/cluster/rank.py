@@ -145,6 +145,7 @@ def train_main() -> int:
                    "eval_loss": seen.get("eval_loss"), "logged_losses": seen["losses"], "output_dir": seen.get("output_dir"),
                    "arguments": arguments, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
         print(RANK_SUMMARY_MARKER + json.dumps(summary), flush=True)
+    train.end_distributed(code == 0)
     return code
 
 
