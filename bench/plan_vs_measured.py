@@ -40,6 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+from textsql.dsconfig import STRATEGIES  # noqa: E402
 
 # T5Config shapes (random init: memory does not depend on the weights). vocab None = the tokenizer's size.
 SHAPES = {
@@ -47,7 +48,6 @@ SHAPES = {
     "t5-small": dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128),
     "t5-large": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16, d_kv=64, vocab_size=32128),
 }
-STRATEGIES = ("none", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
 GPU_DEFAULTS = {"shapes": "t5-small,t5-large", "precisions": "bf16,fp32", "batch_sizes": "8,32", "steps": 5}
 CPU_DEFAULTS = {"shapes": "tiny", "precisions": "fp32", "batch_sizes": "8", "steps": 3}
 # Settings for --coordinator_sweep: (max_live_parameters, max_reuse_distance, prefetch_bucket_size,
@@ -117,10 +117,11 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
     from transformers import T5Config, T5ForConditionalGeneration
 
     from textsql import memory, zero3_trace
+    from textsql.train import ensure_distributed_env
 
     logger.setLevel(logging.WARNING)  # DeepSpeed logs to stdout, where the JSON goes
     probe = install_coordinator_probe(only_in_training_steps=False)
-    _single_process_env()
+    ensure_distributed_env()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     config = T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=1000, decoder_start_token_id=0,
                       pad_token_id=0, dropout_rate=0.1)
@@ -157,16 +158,6 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
         })
         engine.destroy()
     return results
-
-
-def _single_process_env() -> None:
-    import socket
-
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -432,7 +423,6 @@ def main(argv=None) -> int:
 
 def bench(args, on_gpu: bool) -> dict:
     from textsql.demo import build_assets
-    from textsql.memory import STRATEGIES as PLANNER_STRATEGIES
 
     defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
     shapes = (args.shapes or defaults["shapes"]).split(",")
@@ -440,10 +430,10 @@ def bench(args, on_gpu: bool) -> dict:
     batches = [int(b) for b in (args.batch_sizes or defaults["batch_sizes"]).split(",")]
     strategies = args.strategies.split(",")
     args.steps = args.steps or defaults["steps"]
-    unknown = [s for s in shapes if s not in SHAPES] + [s for s in strategies if s not in PLANNER_STRATEGIES]
+    unknown = [s for s in shapes if s not in SHAPES] + [s for s in strategies if s not in STRATEGIES]
     if unknown or args.steps < 2 or not set(precisions) <= {"bf16", "fp32"}:
         raise SystemExit(f"unknown shape(s)/strategy(ies) {unknown}, precisions {precisions} or --steps {args.steps}: shapes "
-                         f"{list(SHAPES)}, strategies {list(PLANNER_STRATEGIES)}, precisions bf16/fp32, at least 2 steps.")
+                         f"{list(SHAPES)}, strategies {list(STRATEGIES)}, precisions bf16/fp32, at least 2 steps.")
     if "bf16" in precisions and not on_gpu:
         raise SystemExit("bf16 is measured on a GPU (on a CPU it is emulated autocast, not what a pod runs); use --precisions fp32 here.")
     workdir = Path(args.workdir)
@@ -456,9 +446,10 @@ def bench(args, on_gpu: bool) -> dict:
             for batch in batches:
                 for strategy in strategies:
                     runs.append(one_run(args, shape, model_dir, data_dir, configs[strategy], strategy, precision, batch))
+    facts = machine()
     return {
-        "benchmark": "plan_vs_measured", "date": time.strftime("%Y-%m-%d"), "device": machine().get("gpu", "cpu"),
-        "machine": machine(), "comparable": on_gpu,
+        "benchmark": "plan_vs_measured", "date": time.strftime("%Y-%m-%d"), "device": facts.get("gpu", "cpu"),
+        "machine": facts, "comparable": on_gpu,
         "note": None if on_gpu else "No GPU: the predictions are of GPU memory and the measurements are the processes' "
                                     "peak RSS, so no ratio is given; the ZeRO-3 gathered-parameter figures are comparable.",
         "steps": args.steps, "runs": runs, "calibration": calibration(runs),

@@ -207,7 +207,7 @@ def run_one(args) -> dict:
     """Child process: warm up, then train `steps` steps with one recipe and return its measurements."""
     import torch
 
-    from textsql.train import peak_memory
+    from textsql.train import peak_memory, tf32_enabled
 
     threads = args.threads if args.threads is not None else (0 if torch.cuda.is_available() else 1)
     if threads:
@@ -297,15 +297,6 @@ def summarize(runs: list[dict], peak) -> dict:
         result["usable_peak"] = {"tflops": usable, "kind": usable_name}
         result["mfu_6nd_vs_bf16_peak"] = 6 * first["parameters"] * first["real_tokens"] / seconds / (peak.bf16 * 1e12) if peak.bf16 else None
     return result
-
-
-def tf32_enabled() -> bool:
-    """Whether fp32 matmuls on the GPU may use TF32 in this process now (what really ran, not what was asked)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return False
-    return torch.backends.cuda.matmul.fp32_precision == "tf32" or bool(torch.backends.cuda.matmul.allow_tf32)
 
 
 def bench_shape(args, shape: str) -> dict:

@@ -44,11 +44,11 @@ USER_ERRORS = [
 
 
 def run(argv: list[str]) -> tuple[int | str, str]:
-    """(exit status or "crashed", a traceback if it crashed) of `textsql ARGV`."""
+    """(exit status or "crashed", a traceback if it crashed) of `textsql ARGV`, in this process."""
     try:
         return main(argv), ""
-    except SystemExit as exit_:  # argparse ends usage errors with sys.exit(2)
-        return exit_.code, ""
+    except SystemExit as exit_:  # argparse ends usage errors with sys.exit(2), --help with sys.exit(0)
+        return (exit_.code or 0), ""
     except Exception:  # noqa: BLE001 - a crash is the failure this test reports
         return "crashed", traceback.format_exc()
 

@@ -1,23 +1,12 @@
 """Every `textsql COMMAND --help` prints its help and exits 0, without a traceback, under a usage line that names the
 command (in-process: cheap)."""
 
-import traceback
-
 import pytest
+from test_cli_errors import run as run_help
 
-from textsql.cli import COMMANDS, main
+from textsql.cli import COMMANDS
 
 EXPECTED = {"prep", "train", "infer", "check-config", "plan", "report", "tensorboard", "lab", "demo", "cluster"}
-
-
-def run_help(argv: list[str]) -> tuple[int | str, str]:
-    """(exit status, or the exception's traceback; what was printed) of `textsql ARGV`."""
-    try:
-        return main(argv), ""
-    except SystemExit as exit_:  # argparse ends --help with sys.exit(0)
-        return (exit_.code or 0), ""
-    except Exception:  # noqa: BLE001 - a crash is the failure this test reports
-        return "crashed", traceback.format_exc()
 
 
 def test_every_command_help_exits_zero_without_traceback(capsys):

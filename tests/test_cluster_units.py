@@ -203,8 +203,7 @@ def test_each_local_node_gets_its_own_gpus_and_cores():
 
 
 def test_a_nodes_devices_asked_in_a_child_process_are_the_same():
-    from textsql.cluster.node import local_devices
-    from textsql.devices import NodeDevices
+    from textsql.devices import NodeDevices, local_devices
 
     assert local_devices(isolated=True) == local_devices(isolated=False) == NodeDevices.local()
 

@@ -49,7 +49,7 @@ def prep_command(argv: list[str]) -> int:
 
 def demo_command(argv: list[str]) -> int:
     from textsql.demo import DEMO_ACCURACY_NOTE, DemoArguments, run_demo
-    from textsql.infer import COMPONENT_LABELS
+    from textsql.infer import format_components
     from textsql.run_summary import SUMMARY_FILE, format_summary
 
     args = parse_arguments(DemoArguments, "demo", argv)
@@ -60,7 +60,7 @@ def demo_command(argv: list[str]) -> int:
     test, baseline = result.test_metrics, result.baseline_metrics
     print(f"test split: execution {test['execution_accuracy']:.1%}, logical form {test['logical_form_accuracy']:.1%}, "
           f"exact match {test['exact_match']:.1%}  (trivial baseline: execution {baseline['execution_accuracy']:.1%})")
-    print("parts right: " + ", ".join(f"{COMPONENT_LABELS[k]} {v:.1%}" for k, v in test["components"].items()))
+    print(format_components(test["components"]))
     print(DEMO_ACCURACY_NOTE)
     print(f"full summary: {result.summary.output_dir}/{SUMMARY_FILE}")
     return 0

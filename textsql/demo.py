@@ -125,11 +125,13 @@ def trivial_baseline(data_dir: Path) -> dict:
     """Scores of a model that ignores the question: the training split's most common aggregation over the first column, no conditions."""
     from collections import Counter
 
+    from textsql.data import load_prepared
     from textsql.infer import load_scoring_set, score_predictions
     from textsql.wikisql import render_sql
 
-    train = load_scoring_set(str(data_dir), "train")
+    prepared = load_prepared(data_dir)
+    train = load_scoring_set(str(data_dir), "train", prepared=prepared)
     agg = Counter(q["agg"] for q in train.gold_queries if q).most_common(1)[0][0]
-    test = load_scoring_set(str(data_dir), "test")
+    test = load_scoring_set(str(data_dir), "test", prepared=prepared)
     guesses = [render_sql({"sel": 0, "agg": agg, "conds": []}, test.tables[t]["header"]) for t in test.table_ids]
     return score_predictions(test, guesses)[1]

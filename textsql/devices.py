@@ -80,6 +80,29 @@ class NodeDevices:
         return cls(gpus=tuple(gpus), cpu_cores=usable_cores())
 
 
+DEVICES_ANSWER = "textsql-devices: "
+
+
+def local_devices(isolated: bool | None = None) -> NodeDevices:
+    """This machine's NodeDevices. On a machine with an NVIDIA driver they are asked in a short-lived child process: a
+    long-lived process (an agent, the notebook kernel, the parent of the ranks) that asked torch itself would keep CUDA
+    initialised there, holding GPU memory the ranks need. Elsewhere asking torch here costs nothing."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not (Path("/dev/nvidiactl").exists() if isolated is None else isolated):
+        return NodeDevices.local()
+    done = subprocess.run([sys.executable, "-c", "import json; from textsql.devices import NodeDevices; "
+                           f"print({DEVICES_ANSWER!r} + json.dumps(NodeDevices.local().as_dict()))"],
+                          capture_output=True, text=True, timeout=300)
+    found = [line for line in done.stdout.splitlines() if line.startswith(DEVICES_ANSWER)]
+    if not found:
+        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
+    return NodeDevices.from_dict(json.loads(found[-1].removeprefix(DEVICES_ANSWER)))
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

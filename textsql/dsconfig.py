@@ -440,18 +440,19 @@ def _unfilled_auto(keys) -> str:
 
 
 def _auto_paths() -> list:
-    paths = list(HF_AUTO_PLACEHOLDERS)
-    for path in [*ACCELERATE_PREPARE_AUTO, *ACCELERATE_PLUGIN_AUTO]:
-        if path not in paths:
-            paths.append(path)
-    return paths
+    return list(dict.fromkeys([*HF_AUTO_PLACEHOLDERS, *ACCELERATE_PREPARE_AUTO, *ACCELERATE_PLUGIN_AUTO]))  # in order, once each
+
+
+def _section_model(keys):
+    """DeepSpeed's pydantic model of the block at this key path (its first key a pydantic section), or None."""
+    if not keys or keys[0] not in _pydantic_sections():
+        return None
+    return _model_at(_pydantic_sections()[keys[0]], tuple(str(k) for k in keys[1:]))
 
 
 def _alias_of(keys):
     """DeepSpeed's alias (e.g. stage3_prefetch_bucket_size) when keys end in a field's own name, else None."""
-    if len(keys) < 2 or keys[0] not in _pydantic_sections():
-        return None
-    model = _model_at(_pydantic_sections()[keys[0]], tuple(str(k) for k in keys[1:-1]))
+    model = _section_model(keys[:-1]) if len(keys) >= 2 else None
     info = model.model_fields.get(str(keys[-1])) if model is not None else None
     return info.alias if info is not None else None
 
@@ -462,7 +463,7 @@ def _candidates_at(keys):
         return top_level_keys() | set(removed_top_level_keys())
     section, inner = keys[0], keys[1:]
     if section in _pydantic_sections():
-        model = _model_at(_pydantic_sections()[section], tuple(str(k) for k in inner))
+        model = _section_model(keys)
         return _allowed_fields(model) if model is not None else None
     if section in _plain_sections() and not inner:
         return set(_plain_sections()[section])
@@ -470,10 +471,8 @@ def _candidates_at(keys):
 
 
 def _deprecated_keys_at(keys) -> set:
-    if not keys or keys[0] not in _pydantic_sections():
-        return set()
-    model = _model_at(_pydantic_sections()[keys[0]], tuple(str(k) for k in keys[1:]))
-    return {name for name, field in model.model_fields.items() if _is_deprecated(field)} if model is not None else set()
+    model = _section_model(keys)
+    return {name for name, field_ in model.model_fields.items() if _is_deprecated(field_)} if model is not None else set()
 
 
 def _dotted(keys) -> str:

@@ -129,10 +129,11 @@ class ScoringSet:
     tables: dict[str, dict]
 
 
-def load_scoring_set(dataset_dir: str, split: str, max_examples: int | None = None) -> ScoringSet:
+def load_scoring_set(dataset_dir: str, split: str, max_examples: int | None = None, prepared: tuple | None = None) -> ScoringSet:
+    """The split's questions, gold queries and tables; `prepared` is load_prepared(dataset_dir) when the caller has it."""
     from textsql.data import load_prepared, load_tables, source_text
 
-    dataset, metadata = load_prepared(dataset_dir)
+    dataset, metadata = prepared if prepared is not None else load_prepared(dataset_dir)
     if split not in dataset:
         raise TextsqlError(f"'{dataset_dir}' has no '{split}' split; it has {', '.join(dataset)}.")
     rows = dataset[split]
@@ -212,12 +213,13 @@ def run_inference(args: InferArguments, echo=print) -> dict:
     """Generate for a split (or typed questions), score, write the two files, print examples and scores; returns the metrics."""
     from textsql.data import check_source_settings, load_prepared
 
-    _, metadata = load_prepared(args.dataset_dir)
+    prepared = load_prepared(args.dataset_dir)
+    metadata = prepared[1]
     model, tokenizer = load_model_for_inference(args.model_dir, args.device, args.dtype)
     check_source_settings(model.config, metadata, args.dataset_dir)
     if args.question:
         return answer_questions(args, model, tokenizer, metadata, echo)
-    scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples)
+    scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples, prepared=prepared)
     started = time.perf_counter()
     records, metrics = decode_and_score(model, tokenizer, scoring, decoding=args.decoding, num_beams=args.num_beams,
                                         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
@@ -285,8 +287,9 @@ def format_example(record: dict) -> str:
             f"Expected Answer: {record['gold_sql']}\n({verdict})\n")
 
 
-COMPONENT_LABELS = {"select_column": "select column", "aggregation": "aggregation", "where_number": "where number",
-                    "where_column": "where column", "where_operator": "where operator", "where_value": "where value"}
+def format_components(components: dict) -> str:
+    """The parts of the query right (textsql.sql.COMPONENTS), in one line."""
+    return "parts right: " + ", ".join(f"{name.replace('_', ' ')} {share:.1%}" for name, share in components.items())
 
 
 def format_metrics(metrics: dict) -> str:
@@ -297,7 +300,7 @@ def format_metrics(metrics: dict) -> str:
              f"exact match {metrics['exact_match']:.1%} ({metrics['parse_errors']} unparseable{changed}; "
              f"{metrics.get('queries_per_second', 0):.1f} questions/s)"]
     if metrics.get("components"):
-        lines.append("parts right: " + ", ".join(f"{COMPONENT_LABELS[k]} {v:.1%}" for k, v in metrics["components"].items()))
+        lines.append(format_components(metrics["components"]))
     return "\n".join(lines)
 
 

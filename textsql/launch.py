@@ -22,10 +22,11 @@ ARGUMENTS_FILE = "train-arguments.json"
 
 
 def node_devices(accelerator: str = "auto"):
-    """This pod's devices as a training with `--accelerator device` uses them: none with --accelerator cpu."""
-    from textsql.devices import NodeDevices, usable_cores
+    """This pod's devices as a training with `--accelerator device` uses them: none with --accelerator cpu. Asked
+    without initialising CUDA in this process, which lives as long as the training (textsql.devices.local_devices)."""
+    from textsql.devices import NodeDevices, local_devices, usable_cores
 
-    return NodeDevices((), usable_cores()) if accelerator == "cpu" else NodeDevices.local()
+    return NodeDevices((), usable_cores()) if accelerator == "cpu" else local_devices()
 
 
 def free_port(address: str = "127.0.0.1") -> int:

@@ -465,15 +465,15 @@ def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimize
     return detail
 
 
-def weight_copy_bytes(shape: ModelShape, settings: dict, stage: int, precision: str, gradient_checkpointing: bool) -> dict:
+def weight_copy_bytes(shape: ModelShape, stage: int, precision: str, residency: dict | None) -> dict:
     """GPU bytes of parameter copies beyond the model states: ZeRO-3's gathered and persistent parameters (in the
-    training dtype), or, without DeepSpeed in 16-bit mixed precision, autocast's 16-bit copy of every matmul weight."""
+    training dtype; `residency` is zero3_residency_for's), or, without DeepSpeed in 16-bit mixed precision, autocast's
+    16-bit copy of every matmul weight."""
     if stage == 0:
         return {"autocast": 2 * shape.matmul_parameters if precision != "fp32" else 0}
     if stage != 3:
         return {}
     low = 4 if precision == "fp32" else 2
-    residency = zero3_residency_for(shape, settings, gradient_checkpointing)
     in_model_states = low * shape.largest_layer_parameters  # DeepSpeed's estimator already counts the largest layer
     return {"gathered": max(0, residency["gathered"] * low - in_model_states), "persistent": residency["persistent"] * low}
 
@@ -530,7 +530,8 @@ def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool
     activations = activation_bytes(shape, batch, setup.source_length, setup.target_length, setup.precision,
                                    setup.gradient_checkpointing, autocast=stage == 0 and setup.precision != "fp32")
     buckets = bucket_bytes(shape, settings, stage, offload_optimizer, setup.precision, setup.gpus)
-    copies = weight_copy_bytes(shape, settings, stage, setup.precision, setup.gradient_checkpointing)
+    residency = zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None
+    copies = weight_copy_bytes(shape, stage, setup.precision, residency)
     gpu = {"parameters": states["parameters"], "gradients": states["gradients"],
            "optimizer_states": states["optimizer_states"], "weight_copies": sum(copies.values()),
            "activations": activations["total"], "buckets": sum(buckets.values())}
@@ -542,7 +543,7 @@ def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool
     return {"gpu_bytes": gpu, "gpu_total_bytes": total, "torch_allocated_bytes": allocated,
             "torch_reserved_bytes": total - unseen_by_torch, "model_states_bytes": states["parameters"] + states["gradients"] + states["optimizer_states"],
             "activations_detail": activations, "buckets_detail": buckets, "weight_copies_detail": copies,
-            "zero3_residency": zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None,
+            "zero3_residency": residency,
             "overhead_detail": {"allocator": gpu["overhead"] - unseen_by_torch, "cuda_context": CUDA_CONTEXT_BYTES,
                                 "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES},
             "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": states["cpu_model_states"]}

@@ -22,7 +22,7 @@ from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.infer import METRICS_FILE as EVAL_METRICS_FILE
 from textsql.sql import COMPONENTS
-from textsql.run_summary import SUMMARY_FILE, RunSummary, read_summary
+from textsql.run_summary import GIB, SUMMARY_FILE, RunSummary, read_summary
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,6 @@ REPORT_DIR = "report"
 TABLE_MD, TABLE_CSV = "report.md", "report.csv"
 TIME_MEMORY_PNG, LOSS_PNG = "time_memory.png", "loss_curves.png"
 LOSS_TAGS = ("train/loss", "eval/loss")
-GIB = 1024**3
 
 # column -> Markdown header, in table order
 COLUMNS = {

@@ -224,7 +224,7 @@ def plan_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=
     """
     from textsql.devices import NodeDevices, choose_accelerator, precision_from_trainer_flags, resolve_precision, use_accelerator
     from textsql.dsconfig import check_batch_settings, resolve_for_run
-    from textsql.run_summary import run_state
+    from textsql.run_summary import SUMMARY_FILE, run_state
 
     devices = devices if devices is not None else NodeDevices.local()
     accelerator = choose_accelerator(training.accelerator, devices)
@@ -244,7 +244,7 @@ def plan_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=
     state = run_state(output_dir)
     if state == "finished" and not training.overwrite:
         raise TextsqlError(
-            f"'{output_dir}' holds a finished run (run_summary.json is there). Pass --overwrite True to train again in it, "
+            f"'{output_dir}' holds a finished run ({SUMMARY_FILE} is there). Pass --overwrite True to train again in it, "
             "or choose another --output_dir / --runs_root. textsql never deletes a run."
         )
     resume_from = None
@@ -547,7 +547,7 @@ def tf32_enabled() -> bool:
     return torch.backends.cuda.matmul.fp32_precision == "tf32" or bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-def save_final_model(trainer, output_dir: Path, dtype: str) -> str:
+def save_final_model(trainer, output_dir: Path, dtype: str) -> None:
     """Save the trained weights in one dtype whatever the strategy ran (fp32 by default), with the tokenizer; every rank
     calls it. DeepSpeed holds the fp32 master weights in its optimizer (the module itself is bf16 under bf16 ZeRO-1/2,
     and placeholders under ZeRO-3): they are read with safe_get_full_fp32_param, collectively under ZeRO-3. The result
@@ -574,7 +574,6 @@ def save_final_model(trainer, output_dir: Path, dtype: str) -> str:
         trainer.processing_class.save_pretrained(str(output_dir))
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
-    return dtype
 
 
 def train(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> RunSummary | None:
@@ -644,14 +643,13 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
     eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
-    saved_dtype = save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
+    save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
     trainer.save_state()
     memory = gather_to_all(peak_memory(plan.accelerator))
     real_tokens = sum(gather_to_all(trainer.real_tokens))
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
-    summary.saved_dtype = saved_dtype
     from textsql.plan import compare_with_run
     from textsql.run_summary import write_summary
 
@@ -686,6 +684,7 @@ def build_summary(model_args, data_args, training_args, plan, result, eval_metri
         "device": plan.accelerator,
         "node_devices": plan.devices.describe(),
         "resumed_from": plan.resume_from,
+        "saved_dtype": training_args.save_dtype,
         "train_runtime": runtime,
         "train_samples_per_second": metrics.get("train_samples_per_second"),
         "real_tokens": real_tokens,

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from textsql.errors import TextsqlError
-
-WORD_START = "▁"  # SentencePiece's word-start marker (T5's Metaspace pre-tokenizer)
+from textsql.tiny import WORD_START
 
 
 def missing_characters(tokenizer, texts: Iterable[str]) -> dict[str, dict[str, int]]:
@@ -78,8 +77,8 @@ def fit_embeddings(model, tokenizer) -> bool:
 
     A real T5 checkpoint has 32128 embedding rows for 32100 ids, so a few added characters fit without growing.
     """
-    rows = model.get_input_embeddings().weight.shape[0]
-    rows = getattr(model.get_input_embeddings().weight, "ds_shape", [rows])[0]  # ZeRO-3 keeps a placeholder
+    weight = model.get_input_embeddings().weight
+    rows = getattr(weight, "ds_shape", weight.shape)[0]  # ZeRO-3 keeps a placeholder
     if len(tokenizer) <= rows:
         return False
     model.resize_token_embeddings(len(tokenizer))

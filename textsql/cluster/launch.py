@@ -8,6 +8,7 @@ over the user's own ssh (textsql.cluster.pdsh). A node is asked things through `
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from textsql.cluster.hostfile import Host, rank_layout, ranks_of
 from textsql.cluster.rank import LAUNCH_FLAG, RANK_EXIT_MARKER, RANK_SUMMARY_MARKER, SPEC_FLAG
+from textsql.cluster.runs import absolute_in
 from textsql.errors import TextsqlError
 
 RANK_LINE = re.compile(r"^(?P<host>[^\s]+): \[rank (?P<rank>\d+)\] (?P<text>.*)$")
@@ -224,24 +226,20 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
-def _absolute(workdir: Path, path: str) -> Path:
-    return Path(path) if Path(path).is_absolute() else (workdir / path).absolute()
-
-
-def _dsconfig_file(training, workdir: Path) -> Path | None:
-    """The DeepSpeed config the ranks will read (a path relative to workdir, or a shipped name), checked here first."""
+def _dsconfig_file(training, workdir: Path) -> tuple[Path | None, dict | None]:
+    """(the DeepSpeed config file the ranks will read, its content): a path relative to workdir, or a shipped name,
+    checked here first; (None, None) without DeepSpeed."""
     from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
 
     name = training.deepspeed
     if not name:
-        return None
+        return None, None
     if isinstance(name, dict):
         raise PreflightError("Pass the DeepSpeed config of a multi-node launch as a file (or a shipped name), not a dict: "
                              "every node reads the same file.")
-    candidate = _absolute(workdir, name)
-    path = _absolute(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else name)))
-    load_dsconfig(path)  # raises with every problem of the file
-    return path
+    candidate = absolute_in(workdir, name)
+    path = absolute_in(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else name)))
+    return path, load_dsconfig(path)  # raises with every problem of the file
 
 
 def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_root: Path, environ=os.environ,
@@ -253,7 +251,7 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     from textsql.train import arguments_dict, as_arguments
 
     from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
-    from textsql.dsconfig import describe_strategy, load_dsconfig
+    from textsql.dsconfig import describe_strategy
 
     from textsql.cluster.hostfile import address_problem, check_addresses
 
@@ -266,15 +264,16 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     check_addresses([Host(n.address) for n in nodes])  # unresolvable names, two entries of one machine
     model, data, training = as_arguments(arguments)
     decision = decide(nodes, model, training)
-    dsconfig = _dsconfig_file(training, workdir)
-    zero_stage = describe_strategy(load_dsconfig(dsconfig))["zero_stage"] if dsconfig else None
-    run_dir = planned_run_dir(model, training, decision.world_size, workdir)
+    dsconfig, dsconfig_content = _dsconfig_file(training, workdir)
+    strategy = describe_strategy(dsconfig_content)
+    zero_stage = strategy["zero_stage"]
+    run_dir = planned_run_dir(model, training, decision.world_size, workdir, strategy["label"])
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     marker = run_dir.parent / f".textsql-shared-probe-{secrets.token_hex(4)}"
     marker_text = secrets.token_hex(16)
     marker.write_text(marker_text)
-    dataset = _absolute(workdir, data.dataset_dir)
-    model_dir = _absolute(workdir, model.model_id)
+    dataset = absolute_in(workdir, data.dataset_dir)
+    model_dir = absolute_in(workdir, model.model_id)
     model_dir = model_dir if model_dir.exists() else None
     request = {"dirs": [str(workdir), str(dataset)] + ([str(model_dir)] if model_dir else []),
                "files": [str(p) for p in (dsconfig,) if p] + ([str(model_dir / "config.json")] if model_dir else []),
@@ -320,7 +319,7 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     if not shared:
         decided["save_on_each_node"] = True
         if dsconfig is not None:  # DeepSpeed saves each node's shards by its local ranks there
-            config = load_dsconfig(dsconfig)
+            config = copy.deepcopy(dsconfig_content)
             config.setdefault("checkpoint", {})["use_node_local_storage"] = True
             local = log_dir / f"node-local-{dsconfig.name}"
             node_files[str(local)] = json.dumps(config, indent=2) + "\n"
@@ -532,7 +531,7 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
         resume = resume_sentence(plan, ask)
         message, failures = failure_message(monitor, plan.hosts, plan.log_dir, resume)
         raise LaunchFailed(message, failures, plan.log_dir, resume)
-    return _result(plan, monitor, commands[links[0].address])
+    return launch_result(plan, monitor, commands[links[0].address])
 
 
 def _stop_all(links: list) -> float:
@@ -554,7 +553,8 @@ def _wait_for_exits(events: queue.Queue, running: set[str], log) -> None:
             running.discard(link.address)
 
 
-def _result(plan: LaunchPlan, monitor: LaunchMonitor, command: list[str]) -> dict:
+def launch_result(plan: LaunchPlan, monitor: LaunchMonitor, command: list[str]) -> dict:
+    """What a finished launch returns (every backend): the run's summary, each rank's own summary, where the logs are."""
     from textsql.run_summary import read_summary
 
     summary = read_summary(monitor.summary_path)

@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from textsql.devices import local_devices
+
 ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
 CONNECT_TIMEOUT_ENV = "TEXTSQL_CLUSTER_CONNECT_TIMEOUT"
 ANSWER = "textsql-node: "
@@ -67,22 +69,6 @@ def describe_node(address: str) -> dict:
     except Exception as error:  # a broken driver: the session names this node
         facts["devices_error"] = str(error)
     return facts
-
-
-def local_devices(isolated: bool | None = None):
-    """This machine's NodeDevices. On a machine with an NVIDIA driver they are asked in a short-lived child process: a
-    long-lived process (an agent, the notebook kernel) that asked torch itself would keep CUDA initialised there,
-    holding GPU memory the ranks need. Elsewhere asking torch here costs nothing."""
-    from textsql.devices import NodeDevices
-
-    if not (Path("/dev/nvidiactl").exists() if isolated is None else isolated):
-        return NodeDevices.local()
-    done = subprocess.run([sys.executable, "-c", "import json; from textsql.devices import NodeDevices; "
-                           f"print({ANSWER!r} + json.dumps(NodeDevices.local().as_dict()))"], capture_output=True, text=True, timeout=300)
-    found = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
-    if not found:
-        raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
-    return NodeDevices.from_dict(json.loads(found[-1].removeprefix(ANSWER)))
 
 
 def _digest(path: str) -> str | None:

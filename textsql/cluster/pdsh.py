@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from textsql.cluster.hostfile import Host, read_hostfile
-from textsql.cluster.launch import LaunchFailed, LaunchMonitor, NodeFacts, PreflightError, failure_message, plan_launch, resume_sentence
+from textsql.cluster.launch import (LaunchFailed, LaunchMonitor, NodeFacts, PreflightError, failure_message, launch_result, plan_launch,
+                                    resume_sentence)
 from textsql.cluster.node import ANSWER, encode
 from textsql.cluster.rank import LAUNCH_FLAG
 from textsql.errors import TextsqlError
@@ -166,11 +167,7 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
             resume = resume_sentence(plan, ask)
             message, failures = failure_message(monitor, plan.hosts, plan.log_dir, resume)
             raise LaunchFailed(message, failures, plan.log_dir, resume)
-    from textsql.run_summary import read_summary
-
-    summary = read_summary(monitor.summary_path)
-    return {"summary": summary, "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)], "launch_dir": plan.log_dir, "command": command,
-            "shared_output": plan.shared_output, "plan": plan}
+    return launch_result(plan, monitor, command)
 
 
 def _read_lines(stream, lines: queue.Queue) -> None:

@@ -27,15 +27,17 @@ SHARD = re.compile(r"(?:^|/)(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def planned_run_dir(model, training, world_size: int, workdir: Path) -> Path:
+def planned_run_dir(model, training, world_size: int, workdir: Path, strategy_label: str | None = None) -> Path:
     """The folder `textsql.train` will write for these arguments (textsql.train's ModelArguments and
-    TextsqlTrainingArguments) at this world size, relative paths taken from `workdir`."""
+    TextsqlTrainingArguments) at this world size, relative paths taken from `workdir`; `strategy_label` is the
+    DeepSpeed config's (textsql.dsconfig.describe_strategy), read from the config when not given."""
     from textsql.train import run_dir
 
-    return _absolute(workdir, str(run_dir(model, training, world_size)))
+    return absolute_in(workdir, str(run_dir(model, training, world_size, strategy_label)))
 
 
-def _absolute(workdir: Path, path: str) -> Path:
+def absolute_in(workdir: Path, path: str) -> Path:
+    """`path`, taken from `workdir` when relative."""
     return Path(path) if Path(path).is_absolute() else (Path(workdir) / path).absolute()
 
 

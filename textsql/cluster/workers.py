@@ -138,8 +138,7 @@ class LocalBackend:
 
     def placements(self, ranks_per_node: list[int]) -> list[dict]:
         """Per node (node 0 first): the environment and cores that give it its own GPUs and its share of the CPU."""
-        from textsql.cluster.node import local_devices
-        from textsql.devices import split_local_cores, split_local_gpus
+        from textsql.devices import local_devices, split_local_cores, split_local_gpus
 
         devices = local_devices()
         gpus = split_local_gpus(ranks_per_node, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
