@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from textsql.infer import generate_sql, load_model_for_inference, load_scoring_set
+    from textsql.evaluate import generate_sql, load_scoring_set
+    from textsql.infer import load_model_for_inference
 
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as tmp:
         if args.model_dir:

@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
-from textsql.dsconfig import STRATEGIES  # noqa: E402
+from textsql.strategy.table import STRATEGIES
 
 # T5Config shapes (random init: memory does not depend on the weights). vocab None = the tokenizer's size.
 SHAPES = {
@@ -116,8 +116,8 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
     from deepspeed.utils import logger
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql import memory, zero3_trace
-    from textsql.train import ensure_distributed_env
+    from textsql.planner import memory, zero3_trace
+    from textsql.train.distributed import ensure_distributed_env
 
     logger.setLevel(logging.WARNING)  # DeepSpeed logs to stdout, where the JSON goes
     probe = install_coordinator_probe(only_in_training_steps=False)
@@ -169,7 +169,8 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
     """Train with `textsql train` under the coordinator probe and write what the parent needs."""
     import torch
 
-    from textsql.train import parse_arguments, train
+    from textsql.train.arguments import parse_arguments
+    from textsql.train.run import train
 
     probe = install_coordinator_probe(only_in_training_steps=True)
     summary = train(*parse_arguments(train_argv))
@@ -213,7 +214,7 @@ def build_shape(shape: str, workdir: Path, tokenizer_dir: Path) -> Path:
 def strategy_configs(workdir: Path) -> dict[str, str | None]:
     """Strategy name -> DeepSpeed config path (None: no DeepSpeed). zero3 and zero2_offload are the shipped files with
     offload switched off / on."""
-    from textsql.dsconfig import shipped_configs
+    from textsql.strategy.dsconfig import shipped_configs
 
     shipped = {name: json.loads(path.read_text()) for name, path in shipped_configs().items()}
     zero3 = json.loads(json.dumps(shipped["zero3_offload"]))
@@ -233,7 +234,7 @@ def strategy_configs(workdir: Path) -> dict[str, str | None]:
 def longest_lengths(data_dir: Path, examples: int, on_gpu: bool) -> tuple[int, int]:
     """The longest source and target among the first `examples` training examples (what the run trains on), rounded
     up to a multiple of 8 on a GPU as the collator pads them."""
-    from textsql.data import load_prepared
+    from textsql.prep import load_prepared
 
     dataset, _ = load_prepared(data_dir)
     train = dataset["train"].select(range(min(examples, len(dataset["train"]))))
@@ -261,7 +262,7 @@ def child_env(gpu: int) -> dict:
     if torch.cuda.is_available():
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)  # one GPU: world size 1, no DataParallel
     else:
-        from textsql.devices import use_accelerator
+        from textsql.strategy.devices import use_accelerator
 
         use_accelerator("cpu", env)
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -273,7 +274,7 @@ def child_env(gpu: int) -> dict:
 def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | None, strategy: str, precision: str, batch: int) -> dict:
     import torch
 
-    from textsql import plan
+    from textsql.planner import check
     from textsql.run_summary import RunSummary
 
     on_gpu = torch.cuda.is_available()
@@ -293,7 +294,7 @@ def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | Non
         child = json.loads(Path(result_file.name).read_text())
     summary = RunSummary.from_dict(child["summary"])
     lengths = longest_lengths(data_dir, args.steps * batch, on_gpu)
-    check = plan.compare_with_run(summary, *lengths)
+    check = check.compare_with_run(summary, *lengths)
     rank = summary.peak_memory_per_rank[0]
     result = {
         "run": label, "shape": shape, "parameters": summary.parameters, "strategy": strategy, "precision": precision,
@@ -325,7 +326,7 @@ def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | Non
 
 def calibration(runs: list[dict]) -> dict:
     """What the GPU runs say about the planner's constants (medians), beside the values it uses."""
-    from textsql import memory
+    from textsql.planner import memory
 
     def median(values):
         values = [v for v in values if v is not None]
@@ -407,7 +408,7 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from textsql.devices import prepare_deepspeed_import
+    from textsql.strategy.devices import prepare_deepspeed_import
 
     on_gpu = torch.cuda.is_available()
     prepare_deepspeed_import()

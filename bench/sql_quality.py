@@ -4,7 +4,7 @@
     python bench/sql_quality.py --epochs 2 --output q.json   # quicker
 
 For each --source_format it prepares the generated data (textsql.demo.build_assets), trains the demo's tiny T5 from
-scratch in a child process (textsql.launch.run_training, no DeepSpeed: the strategy does not change what is learned),
+scratch in a child process (textsql.train.local_launch.run_training, no DeepSpeed: the strategy does not change what is learned),
 then scores the generated test split with greedy and execution-guided decoding (textsql.infer.run_inference). It
 prints one JSON object: per format and decoding the execution, logical-form and exact-match accuracy, the component
 accuracies and how often execution-guided decoding changed the answer, with the machine and the training figures.
@@ -31,7 +31,7 @@ DECODINGS = (("greedy", 1), ("execution_guided", 4))
 def train_one(args, source_format: str) -> tuple[dict, Path]:
     """(run summary, prepared data folder) of the demo-sized model trained on one source format."""
     from textsql.demo import DemoArguments, build_assets, demo_training
-    from textsql.launch import run_training
+    from textsql.train.local_launch import run_training
 
     demo = DemoArguments(workdir=str(Path(args.workdir) / source_format), deepspeed="none", train_tables=args.train_tables,
                          epochs=args.epochs, seed=args.seed, source_format=source_format)

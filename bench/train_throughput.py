@@ -18,7 +18,7 @@ process per run so each run's peak memory is its own; every process first trains
 one JSON object: per recipe samples/s, real (non-pad) tokens/s, step time and peak memory (medians over the
 repetitions, and every repetition), their ratio, the machine, and the mean real tokens per example it ran on.
 On a GPU also model FLOPs utilisation (MFU) against the GPU's dense bf16 peak and, for an fp32 run, against the
-TF32/FP32 peak it could use (textsql.devices.GPU_PEAK_TFLOPS: SXM, PCIe and NVL parts differ). Every child process is
+TF32/FP32 peak it could use (textsql.strategy.devices.GPU_PEAK_TFLOPS: SXM, PCIe and NVL parts differ). Every child process is
 pinned to one GPU (the first visible one).
 
 The data is generated WikiSQL-format data with a tokenizer trained on it (textsql.demo.build_assets), or a dataset
@@ -73,7 +73,7 @@ def prepared_data(args) -> Path:
 
 def dataset_tokenizer(dataset_dir: Path):
     """The tokenizer the dataset was prepared with (with any characters prep added)."""
-    from textsql.data import load_prepared, tokenizer_for_training
+    from textsql.prep import load_prepared, tokenizer_for_training
     from textsql.hub import load_tokenizer
 
     _, metadata = load_prepared(dataset_dir)
@@ -82,7 +82,7 @@ def dataset_tokenizer(dataset_dir: Path):
 
 def training_subset(dataset_dir: Path, examples: int, seed: int):
     """The same seeded sample of the training split for every run."""
-    from textsql.data import load_prepared
+    from textsql.prep import load_prepared
 
     dataset, _ = load_prepared(dataset_dir)
     train = dataset["train"]
@@ -155,8 +155,9 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     import torch
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
-    from textsql.devices import NodeDevices, resolve_precision
-    from textsql.train import TextsqlTrainingArguments, make_trainer_class
+    from textsql.strategy.devices import NodeDevices, resolve_precision
+    from textsql.train.arguments import TextsqlTrainingArguments
+    from textsql.train.trainer import make_trainer_class
 
     gpu = torch.cuda.is_available()
     precision = resolve_precision("auto", "t5", NodeDevices.local().gpus)  # what `textsql train` picks here
@@ -207,7 +208,7 @@ def run_one(args) -> dict:
     """Child process: warm up, then train `steps` steps with one recipe and return its measurements."""
     import torch
 
-    from textsql.train import peak_memory, tf32_enabled
+    from textsql.train.trainer import peak_memory, tf32_enabled
 
     threads = args.threads if args.threads is not None else (0 if torch.cuda.is_available() else 1)
     if threads:
@@ -272,7 +273,7 @@ def run_one(args) -> dict:
 
 
 def summarize(runs: list[dict], peak) -> dict:
-    """Medians over the repetitions of one recipe; MFU against `peak` (textsql.devices.PeakTflops) on a GPU."""
+    """Medians over the repetitions of one recipe; MFU against `peak` (textsql.strategy.devices.PeakTflops) on a GPU."""
     def median(key):
         values = [r[key] for r in runs if r.get(key) is not None]
         return statistics.median(values) if values else None
@@ -317,7 +318,7 @@ def bench_shape(args, shape: str) -> dict:
                   f"{run['step_time_ms']:.0f} ms/step", file=sys.stderr, flush=True)
     import torch
 
-    from textsql.devices import peak_tflops
+    from textsql.strategy.devices import peak_tflops
 
     peak = peak_tflops(torch.cuda.get_device_name() if torch.cuda.is_available() else None, args.peak_tflops)
     summary = {recipe: summarize(runs[recipe], peak) for recipe in RECIPES}
@@ -352,7 +353,7 @@ def _child_env() -> dict:
     Trainer would make one process on several GPUs nn.DataParallel, and the figures would not be one GPU's)."""
     import torch
 
-    from textsql.devices import use_accelerator
+    from textsql.strategy.devices import use_accelerator
 
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
     if not torch.cuda.is_available():
@@ -379,7 +380,7 @@ def parse_args(argv=None):
     parser.add_argument("--source_format", default="question", choices=("question", "question+header"),
                         help="Generated data: what the model reads (both recipes read the same).")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where generated data is built and reused.")
-    parser.add_argument("--peak_tflops", type=float, default=None, help="The GPU's dense bf16 peak, for MFU on GPUs not in textsql.devices.GPU_PEAK_TFLOPS.")
+    parser.add_argument("--peak_tflops", type=float, default=None, help="The GPU's dense bf16 peak, for MFU on GPUs not in textsql.strategy.devices.GPU_PEAK_TFLOPS.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None, help="Also write the JSON here.")
     parser.add_argument("--child", choices=RECIPES, help=argparse.SUPPRESS)

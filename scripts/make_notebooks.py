@@ -1,4 +1,5 @@
-"""Write the notebooks in notebooks/ from the cell texts below (run after editing them; the .ipynb files are committed)."""
+"""Write every notebook in notebooks/ from the cell texts below (run after editing them; the .ipynb files are committed,
+and a test checks that regenerating them changes nothing)."""
 
 from pathlib import Path
 
@@ -22,7 +23,7 @@ NOTEBOOKS = {
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.data import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
+            "from textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
             "args = PrepArguments(source=source, model_id=model_id, output_dir=output_dir, source_prefix=source_prefix,\n"
             "                     source_format=source_format, max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
             "folder = prepare_dataset(args)"
@@ -55,12 +56,12 @@ NOTEBOOKS = {
             "model, data = ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir)"
         ),
         new_code_cell(
-            "from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path\n\n"
+            "from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path\n\n"
             "if deepspeed:  # validate the config before anything starts\n"
             "    load_dsconfig(resolve_dsconfig_path(deepspeed))"
         ),
         new_code_cell(
-            "from textsql.launch import run_training\n\n"
+            "from textsql.train.local_launch import run_training\n\n"
             "summary = run_training(model, data, training, num_gpus=num_gpus)"
         ),
         new_code_cell("from textsql.run_summary import format_summary\n\nprint(format_summary(summary))"),
@@ -68,7 +69,7 @@ NOTEBOOKS = {
             "import pandas as pd\n\npd.DataFrame(summary.peak_memory_per_rank)"
         ),
     ],
-    "deepspeed_train.ipynb": [
+    "train_multi_pod.ipynb": [
         new_markdown_cell(
             "# Train on several pods with DeepSpeed\n\n"
             "This session is node 0. `Cluster.start()` launches `workers` worker pods (CML: `cml.workers_v1.launch_workers`); each "
@@ -150,11 +151,30 @@ NOTEBOOKS = {
             "                                 decoding=decoding, num_beams=num_beams))"
         ),
     ],
+    "benchmark_report.ipynb": [
+        new_markdown_cell(
+            "# Benchmark report\n\n"
+            "Collects every `run_summary.json` under `runs_root` (and the `eval_metrics.json` that `textsql infer` writes "
+            "beside it) into one table in the walkthrough's shape: model, technique, nodes, epochs, duration, samples/s, "
+            "memory per pod (max over ranks: CUDA reserved on GPUs, peak RSS on a CPU-only run), eval loss and execution "
+            "accuracy. Saves it as Markdown and CSV with PNG plots (time and memory per strategy, loss curves from the "
+            "TensorBoard events) in `output_dir` (default `<runs_root>/report`). Same as `textsql report`."
+        ),
+        new_code_cell('runs_root = "runs"\noutput_dir = None  # None: <runs_root>/report', metadata={"tags": ["parameters"]}),
+        new_code_cell("from textsql.report import build_report\n\nreport = build_report(runs_root, output_dir)\nreport.table"),
+        new_code_cell("for path in [*report.files.values(), *report.plots.values()]:\n    print('wrote', path)"),
+        new_code_cell(
+            "from IPython.display import Image, display\n\nfor path in report.plots.values():\n    display(Image(filename=str(path)))"
+        ),
+    ],
 }
 
 
-def main() -> None:
-    folder = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS_FOLDER = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def main(folder: Path = NOTEBOOKS_FOLDER) -> None:
+    """Write every notebook into `folder` (the repository's notebooks/ by default)."""
     folder.mkdir(exist_ok=True)
     for name, cells in NOTEBOOKS.items():
         for number, cell in enumerate(cells):

@@ -38,7 +38,7 @@ def raw_wikisql(assets):
 def header_assets(raw_wikisql, tmp_path_factory):
     """(data_dir, model_dir): the same generated data prepared as question+header sources for a tiny T5 whose
     tokenizer was trained without '<' (as real T5 vocabularies lack it), so prep had to add it."""
-    from textsql.data import PrepArguments, prepare_dataset
+    from textsql.prep import PrepArguments, prepare_dataset
     from textsql.demo import release_records
     from textsql.tiny import corpus_for_tokenizer, make_tiny_model
 

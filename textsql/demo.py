@@ -7,6 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.evaluate import DECODINGS, load_scoring_set, score_predictions
+from textsql.infer import InferArguments, run_inference
+from textsql.paths import METADATA_FILE
+from textsql.prep import PrepArguments, load_prepared, prepare_dataset
+from textsql.tiny import corpus_for_tokenizer, make_tiny_model
+from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
+from textsql.train.run import train
+from textsql.wikisql.format import SOURCE_FORMATS, render_sql
+from textsql.wikisql.release import read_jsonl
+from textsql.wikisql.synthetic import generate_wikisql
 
 DEMO_PREFIX = "translate English to SQL: "
 DEMO_ACCURACY_NOTE = (
@@ -33,8 +43,6 @@ class DemoArguments:
     decoding: str = field(default="greedy", metadata={"help": "How the test split is decoded: greedy, or execution_guided (4 beams)."})
 
     def __post_init__(self):
-        from textsql.data import SOURCE_FORMATS
-        from textsql.infer import DECODINGS
 
         if self.source_format not in SOURCE_FORMATS or self.decoding not in DECODINGS:
             raise TextsqlError(f"--source_format is one of {', '.join(SOURCE_FORMATS)} and --decoding one of {', '.join(DECODINGS)}.")
@@ -44,7 +52,6 @@ class DemoArguments:
 
 def release_records(folder: Path) -> tuple[list[dict], list[dict]]:
     """(questions, tables) of every split in a release-format folder."""
-    from textsql.wikisql import read_jsonl
 
     questions, tables = [], []
     for path in sorted(folder.glob("*.jsonl")):
@@ -56,9 +63,6 @@ def build_assets(workdir: Path, *, train_tables: int = 300, questions_per_table:
                  seed: int = 0, source_format: str = "question") -> tuple[Path, Path]:
     """Generated release files, a tiny T5 folder and the prepared dataset (one folder per source format); reused when
     already there. Returns (data_dir, model_dir)."""
-    from textsql.data import METADATA_FILE, PrepArguments, prepare_dataset
-    from textsql.generate import generate_wikisql
-    from textsql.tiny import corpus_for_tokenizer, make_tiny_model
 
     workdir = Path(workdir)
     raw_dir, model_dir = workdir / "wikisql-generated", workdir / "tiny-t5"
@@ -80,7 +84,6 @@ def build_assets(workdir: Path, *, train_tables: int = 300, questions_per_table:
 
 def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
     """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates."""
-    from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments
 
     training = TextsqlTrainingArguments(
         runs_root=str(Path(args.workdir) / "runs"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
@@ -105,8 +108,6 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
     """Build the assets, train, score the model on the generated test split and a trivial baseline."""
     import datasets
 
-    from textsql.infer import InferArguments, run_inference
-    from textsql.train import train
 
     datasets.disable_progress_bars()  # the terminal shows training's progress bar, not one per file written
     data_dir, model_dir = build_assets(
@@ -125,9 +126,6 @@ def trivial_baseline(data_dir: Path) -> dict:
     """Scores of a model that ignores the question: the training split's most common aggregation over the first column, no conditions."""
     from collections import Counter
 
-    from textsql.data import load_prepared
-    from textsql.infer import load_scoring_set, score_predictions
-    from textsql.wikisql import render_sql
 
     prepared = load_prepared(data_dir)
     train = load_scoring_set(str(data_dir), "train", prepared=prepared)

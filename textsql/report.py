@@ -9,24 +9,22 @@ beside it (written by `textsql infer`).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.dsconfig import strategy_rank
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
-from textsql.infer import METRICS_FILE as EVAL_METRICS_FILE
-from textsql.sql import COMPONENTS
-from textsql.run_summary import GIB, SUMMARY_FILE, RunSummary, read_summary
+from textsql.paths import METRICS_FILE as EVAL_METRICS_FILE
+from textsql.paths import REPORT_DIR, SUMMARY_FILE
+from textsql.run_summary import GIB, RunSummary, read_summary
+from textsql.strategy.table import strategy_rank
+from textsql.wikisql.sql import COMPONENTS
 
 logger = logging.getLogger(__name__)
 
-REPORT_DIR = "report"
 TABLE_MD, TABLE_CSV = "report.md", "report.csv"
 TIME_MEMORY_PNG, LOSS_PNG = "time_memory.png", "loss_curves.png"
 LOSS_TAGS = ("train/loss", "eval/loss")
@@ -50,7 +48,7 @@ COLUMNS = {
     "logical_form_accuracy": "logical form",
     "accuracy_split": "accuracy on",
     "decoding": "decoding",
-    # The parts of the query right (textsql.sql.COMPONENTS), from `textsql infer`'s eval_metrics.json.
+    # The parts of the query right (textsql.wikisql.sql.COMPONENTS), from `textsql infer`'s eval_metrics.json.
     "select_column": "sel",
     "aggregation": "agg",
     "where_number": "W#",
@@ -138,7 +136,7 @@ def memory_per_pod(summary: RunSummary) -> tuple[float | None, str]:
 
 
 def planner_check(summary: RunSummary) -> tuple[float | None, float | None]:
-    """(planned GiB, measured / planned) from the summary's memory_check (textsql.plan.compare_with_run), where the two are comparable (GPU runs)."""
+    """(planned GiB, measured / planned) from the summary's memory_check (textsql.planner.check.compare_with_run), where the two are comparable (GPU runs)."""
     check = summary.memory_check or {}
     if not check.get("comparable") or not check.get("predicted_reserved_bytes"):
         return None, None
@@ -409,31 +407,3 @@ def _markdown_document(report: Report, runs_root) -> str:
     for name, path in report.plots.items():
         parts += ["", f"![{name}]({path.name})"]
     return "\n".join(parts) + "\n"
-
-
-def report_cli(argv: list[str]) -> int:
-    """Body of `textsql report`: build the report, print the Markdown table and where the files are. 0, or 2 on an error."""
-    parser = argparse.ArgumentParser(
-        prog="textsql report",
-        description="Collect every run_summary.json (and eval_metrics.json) under a runs root into one table "
-        "(Markdown + CSV) with PNG plots of time, memory and loss curves.",
-    )
-    parser.add_argument("--runs_root", default="runs", help="Root of the runs (default: runs).")
-    parser.add_argument("--output_dir", default=None, help="Where to write report.md, report.csv and the PNGs (default: <runs_root>/report).")
-    parser.add_argument("--no_plots", action="store_true", help="Write only the table.")
-    args = parser.parse_args(argv)
-    try:
-        report = build_report(args.runs_root, args.output_dir, plots=not args.no_plots)
-    except TextsqlError as error:
-        print(f"textsql report: {error}", file=sys.stderr)
-        return 2
-    print(report.markdown)
-    for message in report.skipped:
-        print(f"skipped {message}", file=sys.stderr)
-    for path in [*report.files.values(), *report.plots.values()]:
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(report_cli(sys.argv[1:]))

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.paths import SUMMARY_FILE
 
-SUMMARY_FILE = "run_summary.json"
 SCHEMA_VERSION = 1
 GIB = 1024**3
 
@@ -22,7 +22,7 @@ class RunSummary:
     """What a finished run was and did; written by rank 0 of `textsql train` beside the model.
 
     Memory per rank: {"rank", "local_rank", "host", "device", "cpu_peak_rss_bytes"} and, on a GPU,
-    "cuda_max_allocated_bytes" and "cuda_max_reserved_bytes". `memory_check` is textsql.plan.compare_with_run's result.
+    "cuda_max_allocated_bytes" and "cuda_max_reserved_bytes". `memory_check` is textsql.planner.check.compare_with_run's result.
     """
 
     run: str = ""
@@ -30,7 +30,7 @@ class RunSummary:
     model_id: str = ""
     parameters: int = 0
     world_size: int = 1
-    strategy: dict = field(default_factory=lambda: {"label": "none", "zero_stage": None})  # textsql.dsconfig.describe_strategy
+    strategy: dict = field(default_factory=lambda: {"label": "none", "zero_stage": None})  # textsql.strategy.dsconfig.describe_strategy
     precision: str = "fp32"
     tf32: bool = False
     precision_reason: str = ""
@@ -152,8 +152,16 @@ def format_summary(summary: RunSummary) -> str:
                if "cuda_max_allocated_bytes" in m else "")
         lines.append(f"rank {m['rank']:<9} {m['host']} {m['device']}: peak RSS {m['cpu_peak_rss_bytes'] / GIB:.2f} GiB{gpu}")
     if s.memory_check:
-        from textsql.plan import format_comparison
 
         lines.append(format_comparison(s.memory_check))
     lines.append(f"tensorboard    tensorboard --logdir {Path(s.output_dir).parent}")
     return "\n".join(lines)
+
+
+def format_comparison(result: dict) -> str:
+    """One line for the run summary: measured vs predicted GPU memory and the ratio, or why there is none."""
+    if not result.get("comparable"):
+        return f"memory check   not comparable: {result.get('reason')}"
+    return (f"memory check   rank {result['measured_rank']} reserved {result['measured_reserved_bytes'] / GIB:.2f} GB, "
+            f"planner predicted {result['predicted_reserved_bytes'] / GIB:.2f} GB (+ context: "
+            f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB): measured/predicted {result['ratio']:.2f}")

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from textsql.errors import TextsqlError
+from textsql.vocabulary import WORD_START
+from textsql.wikisql.format import HEADER_LEAD, HEADER_SEPARATOR, render_sql
 
 SOURCE_PREFIX = "translate English to SQL: "
-WORD_START = "▁"  # SentencePiece's word-start marker, as T5's Metaspace pre-tokenizer writes it
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2, as in every T5 checkpoint
 # A word's units: letter runs, digit runs and single other characters ("(millions)" -> "(", "millions", ")").
 UNIT_PATTERN = re.compile(r"[^\W\d_]+|\d+|\S")
@@ -26,11 +27,9 @@ def corpus_for_tokenizer(questions: Iterable[dict], tables: Iterable[dict], *, p
     """Texts to train a tokenizer on: prefixed questions, their human-readable SQL, every header (as question+header
     sources list them) and every cell.
 
-    `questions` and `tables` are release-format records (see textsql.generate); the cells make sure every
+    `questions` and `tables` are release-format records (see textsql.wikisql.synthetic); the cells make sure every
     character of the tables is in the vocabulary, so SQL copied from a table always round-trips.
     """
-    from textsql.data import HEADER_LEAD, HEADER_SEPARATOR
-    from textsql.wikisql import render_sql
 
     headers = {}
     for table in tables:

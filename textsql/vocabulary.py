@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Iterable
 
 from textsql.errors import TextsqlError
-from textsql.tiny import WORD_START
 
 
 def missing_characters(tokenizer, texts: Iterable[str]) -> dict[str, dict[str, int]]:
@@ -83,3 +82,6 @@ def fit_embeddings(model, tokenizer) -> bool:
         return False
     model.resize_token_embeddings(len(tokenizer))
     return True
+
+
+WORD_START = "▁"  # SentencePiece's word-start marker, as T5's Metaspace pre-tokenizer writes it

@@ -11,7 +11,7 @@ Design (issue #13):
   proves it too), reports its facts (GPUs, cores, interface, versions) and waits for orders. It ends — stopping
   what it runs — when its connection breaks or falls silent: a kernel that exits or is restarted takes its workers
   with it, and a later start stops whatever an earlier one left (`.textsql/cluster/<name>/workers.json`).
-- `Cluster.train(argv)` is one launch: decide once on node 0 from every node's facts (textsql.devices: CPU or GPU,
+- `Cluster.train(argv)` is one launch: decide once on node 0 from every node's facts (textsql.strategy.devices: CPU or GPU,
   precision, ranks, GPUs and threads per node), probe every node for the run (files, shared run folder,
   checkpoints), lock the run folder (a second launch into it is refused), choose the checkpoint to resume from (the
   newest complete on every node, incomplete newer ones set aside, another world size refused), then each agent runs

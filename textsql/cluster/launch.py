@@ -71,7 +71,7 @@ class NodeFacts:
 class Decision:
     hosts: list[Host]
     accelerator: str
-    precision: object  # textsql.devices.PrecisionChoice
+    precision: object  # textsql.strategy.devices.PrecisionChoice
     threads: dict[str, int]
     gpu_ids: dict[str, list[int] | None]
 
@@ -83,8 +83,17 @@ class Decision:
 def decide(nodes: list[NodeFacts], model, training) -> Decision:
     """CPU or GPU, precision, ranks, GPUs and threads of every node: from all nodes' devices, never node 0's alone.
     `model` and `training` are textsql.train's ModelArguments and TextsqlTrainingArguments."""
-    from textsql.devices import (NodeDevices, all_gpus, check_nodes_agree, choose_accelerator, node_gpu_ids, precision_from_trainer_flags,
-                                 ranks_per_node, resolve_precision, threads_per_rank)
+    from textsql.strategy.devices import (
+        NodeDevices,
+        all_gpus,
+        check_nodes_agree,
+        choose_accelerator,
+        node_gpu_ids,
+        precision_from_trainer_flags,
+        ranks_per_node,
+        resolve_precision,
+        threads_per_rank,
+    )
 
     broken = [f"{n.address}: torch cannot see its GPUs: {n.facts['devices_error']}" for n in nodes if "devices_error" in n.facts]
     if broken:
@@ -116,7 +125,7 @@ def rank_environments(decision: Decision, nodes: list[NodeFacts], environ, log_d
     """(what every rank gets, what each node's ranks get besides, by node rank). The user's allowlisted variables win
     over textsql's choices; secrets never go."""
     from textsql.cluster.environment import forwarded
-    from textsql.devices import use_accelerator
+    from textsql.strategy.devices import use_accelerator
 
     common = forwarded(environ)
     common["PYTHONUNBUFFERED"] = "1"
@@ -170,7 +179,7 @@ class LaunchPlan:
 
     def launcher_hosts(self) -> tuple[str, list[str]]:
         """The DeepSpeed hostfile text and the launcher's device arguments (--include when GPUs are not 0..n-1)."""
-        from textsql.devices import multi_node_launcher_args
+        from textsql.strategy.devices import multi_node_launcher_args
 
         entries, args = multi_node_launcher_args([(h.address, h.slots, self.decision.gpu_ids[h.address]) for h in self.hosts])
         return "".join(f"{address} slots={slots}\n" for address, slots in entries), args
@@ -211,7 +220,7 @@ class LaunchPlan:
         return requests
 
     def describe(self) -> str:
-        from textsql.devices import NodeDevices
+        from textsql.strategy.devices import NodeDevices
 
         d = self.decision
         lines = [f"{'node':<5}{'address':<17}{'ranks':<7}{'threads':<9}{'GPUs':<8}devices"]
@@ -229,7 +238,7 @@ class LaunchPlan:
 def _dsconfig_file(training, workdir: Path) -> tuple[Path | None, dict | None]:
     """(the DeepSpeed config file the ranks will read, its content): a path relative to workdir, or a shipped name,
     checked here first; (None, None) without DeepSpeed."""
-    from textsql.dsconfig import load_dsconfig, resolve_dsconfig_path
+    from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path
 
     name = training.deepspeed
     if not name:
@@ -247,13 +256,11 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     """Decide, probe every node for this run, and plan it; raises PreflightError listing every problem by node.
     `arguments`: textsql.train's three argument dataclasses, or a command line (parsed once, here).
     `ask(op, {address: request})` asks every node at once and returns {address: answer}."""
-    from textsql.launch import free_port
-    from textsql.train import arguments_dict, as_arguments
-
-    from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
-    from textsql.dsconfig import describe_strategy
-
     from textsql.cluster.hostfile import address_problem, check_addresses
+    from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
+    from textsql.strategy.dsconfig import describe_strategy
+    from textsql.train.arguments import arguments_dict, as_arguments
+    from textsql.train.distributed import free_port
 
     workdir = Path(workdir).absolute()
     launch_id = launch_id or new_launch_id()
@@ -375,7 +382,7 @@ class LaunchMonitor:
     failed_at: float | None = None
 
     def feed(self, line: str) -> None:
-        from textsql.launch import SUMMARY_MARKER
+        from textsql.train.local_launch import SUMMARY_MARKER
 
         match = RANK_LINE.match(line)
         text = match["text"] if match else line
@@ -469,7 +476,7 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
     i` on each, stream, and stop every node on the first failure or an interrupt. Returns the result dict; raises
     LaunchFailed (or the interrupt, after stopping)."""
     from textsql.cluster.coordinator import ask_all
-    from textsql.cluster.workers import interrupts_deferred
+    from textsql.cluster.interrupts import interrupts_deferred
 
     def ask(op, payloads):
         by_address = {link.address: link for link in links}

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from textsql.devices import local_devices
+from textsql.strategy.devices import local_devices
 
 ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
 CONNECT_TIMEOUT_ENV = "TEXTSQL_CLUSTER_CONNECT_TIMEOUT"
@@ -48,7 +48,7 @@ def decode(word: str):
 
 
 def describe_node(address: str) -> dict:
-    """This node's facts for the session's decisions: devices (textsql.devices), interface, Python and versions."""
+    """This node's facts for the session's decisions: devices (textsql.strategy.devices), interface, Python and versions."""
     import importlib.metadata as metadata
 
     from textsql.cluster.environment import interface_of, node_local_extensions_dir

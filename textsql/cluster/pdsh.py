@@ -24,8 +24,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from textsql.cluster.hostfile import Host, read_hostfile
-from textsql.cluster.launch import (LaunchFailed, LaunchMonitor, NodeFacts, PreflightError, failure_message, launch_result, plan_launch,
-                                    resume_sentence)
+from textsql.cluster.launch import (
+    LaunchFailed,
+    LaunchMonitor,
+    NodeFacts,
+    PreflightError,
+    failure_message,
+    launch_result,
+    plan_launch,
+    resume_sentence,
+)
 from textsql.cluster.node import ANSWER, encode
 from textsql.cluster.rank import LAUNCH_FLAG
 from textsql.errors import TextsqlError
@@ -119,8 +127,8 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
     Returns {"summary", "ranks", "launch_dir", "command", "shared_output", "plan"}. Raises LaunchFailed naming the rank
     that failed first, with its log tail and what the next launch resumes from; by then every process of the launch
     has been stopped on every node."""
+    from textsql.cluster.interrupts import interrupts_deferred
     from textsql.cluster.runs import run_lock
-    from textsql.cluster.workers import interrupts_deferred
 
     find_program("pdsh", "pdsh")
     ssh_config = Path(ssh_config).absolute() if ssh_config else None

@@ -113,8 +113,10 @@ def train_main() -> int:
     """The rank's training process: textsql.train with a callback that records this rank's own losses."""
     from transformers import TrainerCallback, trainer
 
-    from textsql import train
     from textsql.errors import TextsqlError
+    from textsql.train.arguments import arguments_from_dict
+    from textsql.train.distributed import end_distributed
+    from textsql.train.local_launch import train_and_report
 
     seen: dict = {"losses": []}
 
@@ -132,11 +134,11 @@ def train_main() -> int:
     trainer.DEFAULT_CALLBACKS.append(RankRecorder)  # every Trainer built in this process gets it
     arguments = read_spec(sys.argv[1:])["arguments"]
     try:
-        parsed = train.arguments_from_dict(arguments)
+        parsed = arguments_from_dict(arguments)
     except TextsqlError as error:
         print(f"textsql train: {error}", file=sys.stderr)
         return 2
-    code = train.train_and_report(*parsed)
+    code = train_and_report(*parsed)
     if code == 0:
         summary = {"rank": int(os.environ.get("RANK", "0")), "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": socket.gethostname(),
                    "world_size": seen.get("world_size"),
@@ -145,7 +147,7 @@ def train_main() -> int:
                    "eval_loss": seen.get("eval_loss"), "logged_losses": seen["losses"], "output_dir": seen.get("output_dir"),
                    "arguments": arguments, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
         print(RANK_SUMMARY_MARKER + json.dumps(summary), flush=True)
-    train.end_distributed(code == 0)
+    end_distributed(code == 0)
     return code
 
 

@@ -30,8 +30,8 @@ SHARD = re.compile(r"(?:^|/)(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim
 def planned_run_dir(model, training, world_size: int, workdir: Path, strategy_label: str | None = None) -> Path:
     """The folder `textsql.train` will write for these arguments (textsql.train's ModelArguments and
     TextsqlTrainingArguments) at this world size, relative paths taken from `workdir`; `strategy_label` is the
-    DeepSpeed config's (textsql.dsconfig.describe_strategy), read from the config when not given."""
-    from textsql.train import run_dir
+    DeepSpeed config's (textsql.strategy.dsconfig.describe_strategy), read from the config when not given."""
+    from textsql.train.run import run_dir
 
     return absolute_in(workdir, str(run_dir(model, training, world_size, strategy_label)))
 

@@ -4,45 +4,22 @@ running a node agent that connects back to this session. No ssh, no keys: see te
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.cluster.interrupts import interrupts_deferred
 from textsql.errors import TextsqlError
 
 AGENT_CODE = "import sys\nfrom textsql.cluster.node import main\nsys.exit(main(['agent']))\n"
 AGENT_MODULE = "textsql.cluster.node"
 _STARTED: dict[str, "Cluster"] = {}  # this process's started clusters, by folder
-
-
-@contextlib.contextmanager
-def interrupts_deferred(echo=print, doing: str = "stopping the cluster"):
-    """Ctrl-C (a notebook's interrupt) waits until the block is done, then is raised: clean-up is not cut short by
-    a second interrupt. Only the main thread receives signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-
-    def later(signum, frame):
-        received.append(signum)
-        echo(f"textsql: still {doing}; the interrupt takes effect once that is done")
-
-    previous = signal.signal(signal.SIGINT, later)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            raise KeyboardInterrupt
 
 
 @dataclass
@@ -138,7 +115,7 @@ class LocalBackend:
 
     def placements(self, ranks_per_node: list[int]) -> list[dict]:
         """Per node (node 0 first): the environment and cores that give it its own GPUs and its share of the CPU."""
-        from textsql.devices import local_devices, split_local_cores, split_local_gpus
+        from textsql.strategy.devices import local_devices, split_local_cores, split_local_gpus
 
         devices = local_devices()
         gpus = split_local_gpus(ranks_per_node, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -489,7 +466,7 @@ class Cluster:
             raise
 
     def describe(self) -> str:
-        from textsql.devices import NodeDevices
+        from textsql.strategy.devices import NodeDevices
 
         lines = [f"{'node':<6}{'address':<18}{'worker':<30}devices"]
         for i, link in enumerate(self.links):
@@ -504,7 +481,7 @@ class Cluster:
 
 def _arguments(arguments: tuple):
     """The training arguments of plan/preflight/train: the three dataclasses, or one command line (a list)."""
-    from textsql.train import as_arguments
+    from textsql.train.arguments import as_arguments
 
     return as_arguments(arguments[0] if len(arguments) == 1 and isinstance(arguments[0], (list, tuple)) else arguments)
 

@@ -1,0 +1,156 @@
+"""`textsql prep`: tokenized without fixed padding, labels padded with -100 per batch, lengths reported, nothing truncated silently."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from textsql.prep import PrepArguments, load_prepared, prepare_dataset
+from textsql.errors import TextsqlError
+
+
+def test_prepared_dataset_is_unpadded_with_masks_and_metadata(assets):
+    data_dir, model_dir = assets
+    dataset, meta = load_prepared(data_dir)
+    assert set(dataset) == {"train", "validation", "test"}
+    train = dataset["train"]
+    assert {"input_ids", "attention_mask", "labels", "question", "target", "table_id", "sql"} <= set(train.column_names)
+    lengths = [len(ids) for ids in train["input_ids"]]
+    assert len(set(lengths)) > 3, "every example has the same length: fixed padding?"
+    for ids, mask, labels in zip(train["input_ids"][:200], train["attention_mask"][:200], train["labels"][:200]):
+        assert len(mask) == len(ids) and set(mask) == {1}
+        assert -100 not in labels and labels[-1] == 1  # ends with </s>, padded only later by the collator
+    assert meta["source_prefix"] == "translate English to SQL: "
+    assert meta["tokenizer"] == str(model_dir) and len(meta["tokenizer_fingerprint"]) == 16
+    assert meta["examples"] == {name: len(split) for name, split in dataset.items()}
+    report = meta["lengths"]["train"]
+    assert report["source_percentiles"]["p50"] <= report["source_percentiles"]["p99"] <= report["source_percentiles"]["p100"] == max(lengths)
+    assert report["source_over_max"] == 0 and report["target_over_max"] == 0
+    assert meta["targets_lost_in_tokenization"] == {"examples": 0, "characters": {}}
+    assert meta["source_format"] == "question" and meta["added_characters"] == {} and meta["tokenizer_dir"] is None
+
+
+def test_targets_the_tokenizer_cannot_produce_are_counted(assets):
+    from transformers import AutoTokenizer
+
+    from textsql.prep import characters_lost_in_targets, tokenize_splits
+    from textsql.wikisql.format import Example
+
+    tokenizer = AutoTokenizer.from_pretrained(assets[1])
+    splits = {"train": [Example("q", "SELECT Year FROM table WHERE Points ☃ 3"), Example("q", "SELECT Year FROM table")]}
+    lost = characters_lost_in_targets(tokenize_splits(splits, {"train": ["p: q", "p: q"]}, tokenizer), tokenizer)
+    assert lost == {"examples": 1, "characters": {"☃": 1}}
+
+
+def test_questions_start_with_the_task_prefix(assets):
+    from transformers import AutoTokenizer
+
+    data_dir, model_dir = assets
+    dataset, _ = load_prepared(data_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    row = dataset["validation"][0]
+    assert tokenizer.decode(row["input_ids"], skip_special_tokens=True) == "translate English to SQL: " + row["question"]
+    assert tokenizer.decode(row["labels"], skip_special_tokens=True) == row["target"]
+
+
+def test_collator_pads_per_batch_with_minus_100_labels(assets):
+    from transformers import AutoTokenizer, DataCollatorForSeq2Seq
+
+    data_dir, model_dir = assets
+    dataset, _ = load_prepared(data_dir)
+    rows = dataset["train"].select_columns(["input_ids", "attention_mask", "labels"]).select(range(8))
+    batch = DataCollatorForSeq2Seq(AutoTokenizer.from_pretrained(model_dir), label_pad_token_id=-100)(list(rows))
+    longest_source = max(len(r["input_ids"]) for r in rows)
+    assert batch["input_ids"].shape == (8, longest_source)
+    assert batch["attention_mask"].sum().item() == sum(len(r["input_ids"]) for r in rows)
+    assert (batch["labels"] == -100).sum().item() == sum(batch["labels"].shape[1] - len(r["labels"]) for r in rows)
+    assert (batch["labels"] == 0).sum().item() == 0  # pad id never appears as a label
+
+
+@pytest.mark.parametrize("policy", ["error", "truncate", "drop"])
+def test_overlong_examples_are_never_truncated_silently(assets, raw_wikisql, tmp_path, policy, caplog):
+    _, model_dir = assets
+    args = PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(tmp_path / policy), max_source_length=12, max_target_length=12, overlong=policy)
+    if policy == "error":
+        with pytest.raises(TextsqlError, match=r"train: \d+ questions over 12 tokens.*--overlong truncate"):
+            prepare_dataset(args)
+        return
+    prepare_dataset(args)
+    dataset, meta = load_prepared(tmp_path / policy)
+    assert meta["lengths"]["train"]["source_over_max"] > 0  # the report keeps the counts before the policy
+    assert ("Truncating" if policy == "truncate" else "Dropping") in caplog.text
+    assert max(len(ids) for ids in dataset["train"]["input_ids"]) <= 12
+    if policy == "truncate":
+        assert len(dataset["train"]) == meta["lengths"]["train"]["examples"]
+        assert all(ids[-1] == 1 for ids in dataset["train"]["labels"])
+    else:
+        assert len(dataset["train"]) < meta["lengths"]["train"]["examples"]
+
+
+def test_existing_dataset_needs_overwrite(assets, raw_wikisql):
+    data_dir, model_dir = assets
+    with pytest.raises(TextsqlError, match="already holds a prepared dataset.*--overwrite"):
+        prepare_dataset(PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(data_dir)))
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(TextsqlError, match="--overlong must be one of"):
+        PrepArguments(source="generate", overlong="sometimes")
+
+
+def test_prep_command_end_to_end_and_its_errors(assets, raw_wikisql, tmp_path, cpu_env):
+    _, model_dir = assets
+    out = tmp_path / "prepared"
+    done = subprocess.run(
+        [sys.executable, "-m", "textsql.cli", "prep", "--source", str(raw_wikisql), "--model_id", str(model_dir), "--output_dir", str(out), "--max_examples_per_split", "50"],
+        capture_output=True, text=True, env=cpu_env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "p50/p95/p99/max" in done.stdout and "saved 150 examples" in done.stdout
+    assert json.loads((out / "textsql_data.json").read_text())["examples"] == {"train": 50, "validation": 50, "test": 50}
+
+    for argv, message in [
+        (["--source", str(tmp_path / "missing" / "wikisql"), "--model_id", str(model_dir)], "does not exist"),
+        (["--source", "generate", "--model_id", "nobody-knows/t5-none", "--output_dir", str(tmp_path / "x")], "HF_HUB_OFFLINE is set"),
+    ]:
+        failed = subprocess.run([sys.executable, "-m", "textsql.cli", "prep", *argv], capture_output=True, text=True, env=cpu_env, timeout=300, cwd=tmp_path)
+        assert failed.returncode == 2
+        assert message in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_characters_the_tokenizer_lacks_are_added_so_every_target_survives(header_assets):
+    """A tokenizer trained without '<' (as real T5 vocabularies are): prep adds it, and every target round-trips."""
+    from transformers import AutoTokenizer
+
+    data_dir, model_dir = header_assets
+    base = AutoTokenizer.from_pretrained(model_dir)
+    assert base.unk_token_id in base("a < b")["input_ids"]
+    dataset, meta = load_prepared(data_dir)
+    assert list(meta["added_characters"]) == ["<"] and meta["tokenizer_dir"] == "tokenizer"  # "|" was known already
+    assert meta["targets_lost_in_tokenization"] == {"examples": 0, "characters": {}}
+    assert meta["base_tokenizer_fingerprint"] != meta["tokenizer_fingerprint"]
+    extended = AutoTokenizer.from_pretrained(data_dir / "tokenizer")
+    less_than = [row for row in dataset["train"] if " < " in row["target"]]
+    assert less_than, "the generator makes less-than conditions"
+    for row in less_than[:20]:
+        assert extended.decode(row["labels"], skip_special_tokens=True) == row["target"]
+
+
+def test_question_plus_header_sources_name_every_column(assets, header_assets):
+    from transformers import AutoTokenizer
+
+    from textsql.prep import load_tables
+
+    data_dir, _ = header_assets
+    dataset, meta = load_prepared(data_dir)
+    tables, tokenizer = load_tables(data_dir), AutoTokenizer.from_pretrained(data_dir / "tokenizer")
+    for row in dataset["validation"].select(range(5)):
+        header = tables[row["table_id"]]["header"]
+        assert tokenizer.decode(row["input_ids"], skip_special_tokens=True) == (
+            "translate English to SQL: " + row["question"] + " columns: " + " | ".join(" ".join(h.split()) for h in header))
+    plain = load_prepared(assets[0])[1]
+    assert meta["source_format"] == "question+header"
+    assert meta["lengths"]["train"]["source_percentiles"]["p50"] > plain["lengths"]["train"]["source_percentiles"]["p50"]
+    with pytest.raises(TextsqlError, match="source_format"):
+        PrepArguments(source="generate", source_format="question+types")

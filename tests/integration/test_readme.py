@@ -1,0 +1,36 @@
+"""The README's quick start runs as written: each fenced `textsql` command, in order, against what the demo leaves in
+textsql-demo/ (built here small), through textsql.cli.main in this process (one interpreter: cheap)."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def quick_start_commands() -> list[list[str]]:
+    text = README.read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    return [shlex.split(line) for line in block.splitlines() if line.startswith("textsql ")]
+
+
+def test_quick_start_names_every_step():
+    commands = [argv[1] for argv in quick_start_commands()]
+    assert commands == ["prep", "check-config", "plan", "train", "infer", "report"]
+
+
+@pytest.mark.slow
+def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_process):
+    from textsql.demo import build_assets
+
+    build_assets(tmp_path / "textsql-demo", train_tables=20, questions_per_table=4, d_model=32, num_layers=1, seed=0)
+    monkeypatch.chdir(tmp_path)
+    for argv in quick_start_commands():
+        status, out, err = textsql_in_process(argv[1:])
+        assert status == 0, f"`{' '.join(argv)}` exited {status}:\n{out[-2000:]}\n{err[-3000:]}"
+        assert "Traceback" not in out + err
+    assert (tmp_path / "runs" / "tiny-t5-zero2-ws1-bs16" / "eval_metrics.json").is_file()
+    assert (tmp_path / "runs" / "report" / "report.md").is_file()

@@ -1,0 +1,479 @@
+"""Tests for textsql.planner.memory, textsql.planner.zero3_trace and textsql.planner: DeepSpeed's own estimators, the walkthrough's measured figures, buckets, recommendations, CLI errors."""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU on the test machines; must precede importing deepspeed
+
+import pytest
+
+from textsql.planner import memory
+from textsql.errors import TextsqlError
+from textsql.planner.memory import GIB, PlanArguments, model_states, plan_memory, resolve_model
+from textsql.cli.plan import plan_cli
+from textsql.planner.check import compare_with_run
+from textsql.planner.display import format_plan, plot_plan
+from textsql.run_summary import format_comparison
+from textsql.run_summary import RunSummary
+
+# DESIGN.md section 2: A100-40GB per pod, fp32, batch 32, every sequence padded to 96 tokens.
+WALKTHROUGH = [
+    ("t5-small", "none", 1, 3.0),
+    ("t5-large", "none", 1, 15.0),
+    ("t5-small", "zero1", 3, 5.0),
+    ("t5-large", "zero1", 3, 13.0),
+]
+# The walkthrough's ZeRO-1 file: a 5e8-element reduce bucket; overlap_comm not set (DeepSpeed: off below stage 3).
+WALKTHROUGH_ZERO1 = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "gradient_accumulation_steps": "auto",
+    "zero_optimization": {"stage": 1, "allgather_partitions": True, "allgather_bucket_size": 5e8,
+                          "reduce_scatter": True, "reduce_bucket_size": 5e8, "contiguous_gradients": True},
+}
+
+
+def write_json(path, data):
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def plan(**kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DsConfigWarning for the walkthrough's 2 GB bucket
+        return plan_memory(PlanArguments(**kwargs))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model shapes and DeepSpeed's estimators
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, millions", [("t5-small", 60.5), ("t5-large", 737.7), ("t5-3b", 2851.6)])
+def test_meta_device_parameter_counts_equal_the_real_t5(name, millions):
+    shape = resolve_model(name)
+    assert shape.parameters / 1e6 == pytest.approx(millions, rel=0.01)
+    assert shape.largest_layer_parameters == 32128 * shape.d_model  # the shared embedding, as DeepSpeed counts layers
+
+
+def test_model_folder_config_is_read(tmp_path):
+    from transformers import T5Config
+
+    T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=1000).save_pretrained(tmp_path)
+    shape = resolve_model(str(tmp_path))
+    assert (shape.d_model, shape.num_layers, shape.vocab_size) == (64, 2, 1000)
+    assert shape.source.endswith("config.json")
+    assert shape.parameters > 1000 * 64
+
+
+def test_non_t5_folder_is_refused(tmp_path):
+    from transformers import BartConfig
+
+    BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, vocab_size=100).save_pretrained(tmp_path)
+    with pytest.raises(TextsqlError, match="T5 family"):
+        resolve_model(str(tmp_path))
+
+
+MODELS = ["t5-small", "t5-large", "t5-3b"]
+CLUSTERS = [(1, 1), (1, 8), (3, 1), (2, 4)]  # (nodes, GPUs per node)
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("nodes, gpus_per_node", CLUSTERS)
+@pytest.mark.parametrize("offload", [False, True])
+def test_zero2_model_states_equal_deepspeed_estimator(name, nodes, gpus_per_node, offload):
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    shape = resolve_model(name)
+    cpu, gpu = estimate_zero2_model_states_mem_needs(shape.parameters, gpus_per_node, nodes, offload, 1.5)
+    ours = model_states(shape.parameters, shape.largest_layer_parameters, 2, offload, False, gpus_per_node, nodes, "bf16")
+    assert ours["parameters"] + ours["gradients"] + ours["optimizer_states"] == gpu
+    assert ours["cpu_model_states"] == cpu
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("nodes, gpus_per_node", CLUSTERS)
+@pytest.mark.parametrize("offload_optimizer, offload_param", [(False, False), (True, False), (True, True)])
+def test_zero3_model_states_equal_deepspeed_estimator(name, nodes, gpus_per_node, offload_optimizer, offload_param):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    shape = resolve_model(name)
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+        shape.parameters, shape.largest_layer_parameters, gpus_per_node, nodes, offload_optimizer, offload_param,
+        True, 1.5)
+    ours = model_states(shape.parameters, shape.largest_layer_parameters, 3, offload_optimizer, offload_param,
+                        gpus_per_node, nodes, "bf16")
+    assert ours["parameters"] + ours["gradients"] + ours["optimizer_states"] == gpu
+    assert ours["cpu_model_states"] == cpu
+
+
+def test_plan_model_states_equal_estimator_and_design_figure():
+    """DESIGN.md section 5: t5-3b on 8 GPUs, ZeRO-3 without offload, 6.10 GB per GPU of model states."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    result = plan(model="t5-3b", gpus_per_node=8, precision="bf16")
+    row = result["strategies"]["zero3"]
+    shape = resolve_model("t5-3b")
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(shape.parameters, shape.largest_layer_parameters, 8, 1, False, False)
+    assert row["model_states_bytes"] == gpu
+    assert round(gpu / GIB, 2) == 6.10
+
+
+def test_fp32_doubles_the_16_bit_copies():
+    P = 1_000_000
+    bf16 = model_states(P, 1000, 2, False, False, 4, 1, "bf16")
+    fp32 = model_states(P, 1000, 2, False, False, 4, 1, "fp32")
+    assert bf16["parameters"] == 2 * P and fp32["parameters"] == 4 * P
+    assert fp32["gradients"] - bf16["gradients"] == 2 * P // 4
+    assert fp32["optimizer_states"] == bf16["optimizer_states"] == 12 * P // 4
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The walkthrough's measured figures
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def walkthrough_ratios(tmp_path, checkpointing):
+    zero1 = write_json(tmp_path / "walkthrough_zero1.json", WALKTHROUGH_ZERO1)
+    rows = []
+    for model, strategy, pods, measured in WALKTHROUGH:
+        result = plan(model=model, nodes=pods, precision="fp32", per_device_train_batch_size=32, max_source_length=96,
+                      max_target_length=96, gradient_checkpointing=checkpointing, dsconfig=zero1)
+        predicted = result["strategies"][strategy]["gpu_total_gb"]
+        rows.append((model, strategy, pods, measured, predicted, predicted / measured))
+    return rows
+
+
+def test_walkthrough_figures_within_25_percent(tmp_path, capsys):
+    # The walkthrough's `--gradient_checkpointing False` was parsed with type=bool, which turned it ON.
+    rows = walkthrough_ratios(tmp_path, checkpointing=True)
+    with capsys.disabled():
+        print("\nmodel     technique pods measured GB predicted GB  error")
+        for model, strategy, pods, measured, predicted, ratio in rows:
+            print(f"{model:<9} {strategy:<9} {pods:>4} {measured:>11.1f} {predicted:>12.2f} {100 * (ratio - 1):>+6.1f}%")
+    for model, strategy, pods, measured, predicted, ratio in rows:
+        assert 0.75 <= ratio <= 1.25, (model, strategy, pods, measured, predicted)
+
+
+def test_walkthrough_figures_rule_out_checkpointing_off(tmp_path):
+    """The assumption matters: without checkpointing, activations alone would exceed the measured totals."""
+    rows = walkthrough_ratios(tmp_path, checkpointing=False)
+    assert all(ratio > 1.25 for *_, ratio in rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Buckets
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_dsconfig_bucket_sizes_change_the_bucket_term(tmp_path):
+    def zero(stage, size, **extra):
+        return {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": stage, "reduce_bucket_size": size, **extra}}
+
+    big = plan(model="t5-small", dsconfig=write_json(tmp_path / "big.json", zero(2, 5e8, overlap_comm=True)))
+    small = plan(model="t5-small", dsconfig=write_json(tmp_path / "small.json", zero(2, 5e7, overlap_comm=True)))
+    # bf16. Stage 1/2 with overlap_comm: two reduce buffers. Stage 3: the reduce bucket and reduce_scatter_coalesced's
+    # concatenated copy of it.
+    for strategy, buffers in (("zero1", 2), ("zero2", 2), ("zero3", 2)):
+        difference = big["strategies"][strategy]["gpu_bytes"]["buckets"] - small["strategies"][strategy]["gpu_bytes"]["buckets"]
+        assert difference == buffers * (5e8 - 5e7) * 2, strategy
+        assert big["strategies"][strategy]["gpu_total_bytes"] > small["strategies"][strategy]["gpu_total_bytes"]
+    assert big["zero_settings"]["reduce_bucket_size"] == 5e8
+
+
+def test_shipped_settings_use_the_trainers_auto_fill():
+    result = plan(model="t5-large")  # no dsconfig: the shipped files, reduce_bucket_size "auto" = d_model**2
+    assert result["strategies"]["zero1"]["buckets_detail"]["reduce"] == 1024 * 1024 * 2
+    assert result["strategies"]["zero2"]["buckets_detail"]["reduce"] == 2 * 1024 * 1024 * 2  # overlap_comm true
+    assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_prefetch_bucket_size"] == int(0.9 * 1024 * 1024)
+    assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_param_persistence_threshold"] == 10 * 1024
+
+
+def test_shipped_dsconfig_name_is_accepted():
+    result = plan(model="t5-small", dsconfig="zero3_offload")
+    assert result["dsconfig_strategy"] == "zero3_offload"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# ZeRO-3 residency and autocast copies
+# ---------------------------------------------------------------------------------------------------------------------
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "plan_vs_measured.py"
+
+
+def test_zero3_replay_equals_deepspeeds_coordinator(cpu_env, tmp_path):
+    """Real DeepSpeed ZeRO-3 on the CPU (a tiny T5, 3 steps per setting): after every fetch of a training step, its
+    PartitionedParameterCoordinator holds exactly as many gathered elements as the planner's replay says."""
+    output = tmp_path / "sweep.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--coordinator_sweep", "--output", str(output)], capture_output=True,
+                          text=True, env=cpu_env, timeout=600)
+    assert done.returncode == 0, done.stderr[-5000:]
+    results = json.loads(output.read_text())["results"]
+    assert len(results) == 6
+    for row in results:
+        assert row["every_fetch_equal"] and row["deepspeed_peak_gathered"] == row["replayed_peak_gathered"], row
+    assert len({row["deepspeed_peak_gathered"] for row in results}) >= 4  # the settings do change the residency
+
+
+def load_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plan_vs_measured", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_plan_vs_measured_bench_runs_the_planners_strategies(tmp_path):
+    """The benchmark's DeepSpeed configs are the strategies the planner predicts, and its table shows what it measured."""
+    from textsql.strategy.dsconfig import describe_strategy, load_dsconfig
+
+    bench = load_bench()
+    configs = bench.strategy_configs(tmp_path)
+    assert set(configs) == set(memory.STRATEGIES)
+    for name, path in configs.items():
+        strategy = describe_strategy(load_dsconfig(path) if path else None)
+        layout = (strategy["zero_stage"] or 0, strategy["offload_optimizer"] != "none", strategy["offload_param"] != "none")
+        assert layout == memory.STRATEGY_LAYOUT[name], name
+    run = {"shape": "t5-large", "precision": "bf16", "batch": 32, "strategy": "zero3_offload", "ratio_reserved": 1.08,
+           "measured": {"cuda_max_reserved_bytes": 14 * GIB}, "predicted": {"reserved_bytes": 13 * GIB},
+           "reserved_over_allocated": 1.12, "zero3_gathered_elements": {"coordinator": 737542144, "planner": 737542144}}
+    table = bench.markdown_table([{"runs": [run, {**run, "strategy": "none", "failed": True, "out_of_memory": True}]}])
+    assert "| t5-large | bf16 | 32 | zero3_offload | 14.00 | 13.00 | 1.08 | 1.12 | 737.54M / 737.54M |" in table
+    assert "| none | out of memory |" in table
+    calibration = bench.calibration([{**run, "comparable": True, "device_used_beyond_reserved_bytes": GIB // 2}])
+    assert calibration["reserved_over_allocated"] == 1.12 and calibration["device_used_beyond_reserved_bytes"] == GIB // 2
+
+
+def residency(shape, prefetch=None, max_live=10**9, max_reuse=10**9, threshold=None, checkpointing=False):
+    d = shape.d_model
+    prefetch = int(0.9 * d * d) if prefetch is None else prefetch  # the Trainer's "auto"
+    return memory.zero3_residency(shape, threshold or 10 * d, prefetch, max_live, max_reuse, checkpointing)["gathered"]
+
+
+def test_zero3_residency_responds_to_live_and_reuse_settings_as_deepspeed():
+    """What PartitionedParameterCoordinator (DeepSpeed 0.19.8) does, on t5-3b (2852M parameters, 32.9M largest layer):
+    stage3_max_reuse_distance decides which parameters stay gathered after use (__params_to_release);
+    stage3_max_live_parameters only stops prefetching (fetch_sub_module), yet what the prefetcher gathered stays."""
+    shape = resolve_model("t5-3b")
+    L = shape.largest_layer_parameters
+    # Without prefetching, max_live_parameters changes nothing and a longer reuse distance keeps more.
+    assert len({residency(shape, prefetch=0, max_live=live) for live in (0, 10**8, 10**9, 4 * 10**9)}) == 1
+    by_reuse = [residency(shape, prefetch=0, max_reuse=reuse) for reuse in (0, 10**8, 5 * 10**8, 10**9, 2 * 10**9, 6 * 10**9)]
+    assert by_reuse == sorted(by_reuse) and by_reuse[2] < by_reuse[3] < by_reuse[4] < by_reuse[5]
+    assert by_reuse[0] < 3 * L  # no reuse: about one layer group at a time
+    # With prefetching (the Trainer's bucket), the gathered parameters grow up to about max_live_parameters.
+    for live in (10**8, 10**9, 2 * 10**9):
+        assert live <= residency(shape, max_live=live, max_reuse=0) <= live + 2 * L
+    assert residency(shape, max_live=4 * 10**9) == shape.parameters - shape.persistent_parameters(10 * shape.d_model)
+    # The settings people use (1e9/1e9) keep all of t5-large gathered between forward and backward.
+    large = resolve_model("t5-large")
+    assert residency(large) == large.parameters - large.persistent_parameters(10 * large.d_model)
+    # A persistence threshold above the attention matrices (4.2M elements) moves them out of the gathered figure.
+    assert residency(shape, prefetch=0, threshold=5 * 10**6) < residency(shape, prefetch=0)
+
+
+def test_zero3_offload_row_holds_gathered_parameters_in_the_training_dtype(tmp_path):
+    """ZeRO-3 + offload: DeepSpeed's model-states estimate is 4 x the largest layer; the prediction adds what the
+    coordinator keeps gathered, 2 bytes per element in bf16 and 4 in fp32."""
+    shape = resolve_model("t5-3b")
+    bf16 = plan(model="t5-3b", dsconfig="zero3_offload", precision="bf16")["strategies"]["zero3_offload"]
+    fp32 = plan(model="t5-3b", dsconfig="zero3_offload", precision="fp32")["strategies"]["zero3_offload"]
+    assert bf16["model_states_bytes"] == 4 * shape.largest_layer_parameters  # the estimator, unchanged
+    gathered = bf16["zero3_residency"]["gathered"]
+    assert gathered > 10**9 * 0.99  # stage3_max_live_parameters 1e9 in the shipped file
+    assert bf16["weight_copies_detail"]["gathered"] == 2 * gathered - 2 * shape.largest_layer_parameters
+    assert fp32["weight_copies_detail"]["gathered"] == 4 * gathered - 4 * shape.largest_layer_parameters
+    assert bf16["gpu_gb"]["weight_copies"] > 10 * bf16["model_states_bytes"] / GIB
+    smaller = write_json(tmp_path / "live.json", {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
+        "stage3_max_live_parameters": 1e8, "stage3_max_reuse_distance": 1e8}})
+    lean = plan(model="t5-3b", dsconfig=smaller)["strategies"]["zero3_offload"]
+    assert lean["gpu_bytes"]["weight_copies"] < bf16["gpu_bytes"]["weight_copies"] / 4
+
+
+def test_autocast_keeps_a_16_bit_copy_of_each_matmul_weight():
+    shape = resolve_model("t5-large")
+    assert 0.9 * shape.parameters < shape.matmul_parameters <= shape.parameters  # all but norms and position biases
+    bf16 = plan(model="t5-large", precision="bf16")["strategies"]
+    fp32 = plan(model="t5-large", precision="fp32")["strategies"]
+    assert bf16["none"]["weight_copies_detail"] == {"autocast": 2 * shape.matmul_parameters}
+    assert fp32["none"]["gpu_bytes"]["weight_copies"] == 0
+    assert bf16["zero2"]["gpu_bytes"]["weight_copies"] == 0  # DeepSpeed trains the 16-bit weights themselves
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Recommendation
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_small_model_recommends_no_deepspeed():
+    result = plan(model="t5-small", gpu_memory_gb=40)
+    assert result["recommendation"]["strategy"] == "none"
+    assert result["problem"] is None
+
+
+def test_big_model_recommends_an_offload_strategy():
+    result = plan(model="t5-3b", gpu_memory_gb=40, nodes=1, gpus_per_node=1)
+    for name in ("none", "zero1", "zero2", "zero3"):
+        assert not result["strategies"][name]["fits_with_margin"]
+    assert result["recommendation"]["strategy"] in ("zero2_offload", "zero3_offload")
+
+
+def test_zero3_is_preferred_to_offload_when_both_fit():
+    result = plan(model="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, gradient_checkpointing=True)
+    rows = result["strategies"]
+    assert not rows["zero2"]["fits_with_margin"]
+    assert rows["zero3"]["fits_with_margin"] and rows["zero2_offload"]["fits_with_margin"]
+    assert result["recommendation"]["strategy"] == "zero3"
+
+
+def test_largest_batch_is_the_boundary():
+    args = PlanArguments(model="t5-large", gpu_memory_gb=40, precision="bf16")
+    result = plan_memory(args)
+    rec = result["recommendation"]
+    largest = rec["largest_per_device_train_batch_size"]
+    assert largest >= args.per_device_train_batch_size
+    limits = memory._limits(args)
+    setup = memory.Setup(1, 1, 96, 96, "bf16", False, tuple(sorted(memory.zero_settings(None).items())))
+    layout = memory.STRATEGY_LAYOUT[rec["strategy"]]
+    assert memory._fits(memory.predict(resolve_model("t5-large"), setup, *layout, largest), limits)
+    assert not memory._fits(memory.predict(resolve_model("t5-large"), setup, *layout, largest + 1), limits)
+
+
+def test_host_memory_limit_rules_out_offload():
+    roomy = plan(model="t5-3b", gpu_memory_gb=40)
+    cramped = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32)
+    assert roomy["recommendation"] is not None
+    assert cramped["recommendation"] is None
+    assert cramped["strategies"]["zero2_offload"]["fits_cpu"] is False
+
+
+def test_format_and_plot(tmp_path):
+    result = plan(model="t5-small")
+    text = format_plan(result)
+    for name in memory.STRATEGIES:
+        assert name in text
+    assert "recommendation: none with batch 32" in text
+    assert "assumptions:" in text and "PartitionedParameterCoordinator" in text and "autocast" in text
+    assert "60.5M parameters gathered at the peak" in text  # all of t5-small, with the shipped 1e9 settings
+    fig = plot_plan(result, tmp_path / "plan.png")
+    assert (tmp_path / "plan.png").stat().st_size > 0
+    bars = fig.axes[0].patches
+    assert len(bars) == len(memory.STRATEGIES) * len(memory.COMPONENTS)
+    total = sum(bar.get_height() for bar in bars[:: len(memory.STRATEGIES)])  # the "none" column
+    assert total == pytest.approx(result["strategies"]["none"]["gpu_total_gb"], abs=0.01)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_cli_table_and_json(capsys):
+    assert plan_cli(["--model", "t5-small", "--gradient_checkpointing", "False"]) == 0
+    out = capsys.readouterr().out
+    assert "gradient checkpointing off" in out and "recommendation: none" in out
+    assert plan_cli(["--model", "t5-small", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["strategies"]) == set(memory.STRATEGIES)
+    assert data["recommendation"]["strategy"] == "none"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "t5-large", "--nodes", "0"], "--nodes must be a whole number of at least 1"),
+    (["--model", "someone/unknown-model"], "Unknown model 'someone/unknown-model'"),
+    (["--model", "t5-11b", "--gpu_memory_gb", "16", "--per_device_train_batch_size", "64"], "fits under no strategy"),
+    (["--model", "t5-11b", "--gpu_memory_gb", "4"], "not even with a batch of 1"),
+    (["--model", "t5-small", "--precision", "fp8"], "--precision must be one of"),
+    (["--model", "t5-small", "--dsconfig", "missing.json"], "neither a JSON file nor a shipped strategy"),
+])
+def test_cli_bad_input_is_a_message_not_a_traceback(offline, capsys, argv, message):
+    assert plan_cli(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_cli_no_fit_suggests_a_batch(capsys):
+    assert plan_cli(["--model", "t5-11b", "--gpu_memory_gb", "16", "--per_device_train_batch_size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--per_device_train_batch_size" in err and "zero3_offload" in err
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Comparing with a finished run
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_summary(tmp_path, ranks, **overrides):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir(exist_ok=True)
+    lengths = {"train": {"source_percentiles": {"p100": 90}, "target_percentiles": {"p100": 41}}}
+    (data_dir / "textsql_data.json").write_text(json.dumps({"lengths": lengths, "max_source_length": 512, "max_target_length": 256}))
+    summary = {
+        "model_id": "t5-small", "world_size": len(ranks), "precision": "bf16",
+        "strategy": {"strategy": "zero2", "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none", "label": "zero2"},
+        "peak_memory_per_rank": ranks,
+        "dataset": {"dir": str(data_dir)},
+        "arguments": {"training": {"per_device_train_batch_size": 32, "gradient_checkpointing": False}},
+        "deepspeed_config": {"zero_optimization": {"stage": 2, "reduce_bucket_size": 262144, "overlap_comm": True}},
+    }
+    summary.update(overrides)
+    return RunSummary.from_dict(summary)
+
+
+def test_compare_with_gpu_run(tmp_path):
+    ranks = [{"rank": r, "host": f"pod{r}", "device": "NVIDIA A100", "cpu_peak_rss_bytes": 5 * GIB,
+              "cuda_max_allocated_bytes": int((2.5 + r / 10) * GIB), "cuda_max_reserved_bytes": int((3 + r / 10) * GIB)}
+             for r in range(2)]
+    result = compare_with_run(run_summary(tmp_path, ranks))
+    assert result["comparable"] is True
+    assert result["nodes"] == 2 and result["world_size"] == 2
+    assert result["lengths"] == [96, 48]  # the longest prepared example, padded to a multiple of 8 as on a GPU
+    assert result["measured_rank"] == 1
+    assert result["ratio"] == pytest.approx(int(3.1 * GIB) / result["predicted_reserved_bytes"], abs=1e-3)
+    assert 0.2 < result["ratio"] < 5
+    assert "measured/predicted" in format_comparison(result)
+
+
+def test_compare_with_cpu_run_says_it_is_not_comparable(tmp_path):
+    ranks = [{"rank": 0, "host": "laptop", "device": "cpu", "cpu_peak_rss_bytes": 2 * GIB}]
+    result = compare_with_run(run_summary(tmp_path, ranks))
+    assert result["comparable"] is False
+    assert result["ratio"] is None
+    assert "CPU" in result["reason"] and "resident" in result["reason"]
+    assert result["measured_cpu_peak_rss_bytes"] == 2 * GIB
+    assert result["predicted_gpu_total_bytes"] > 0
+
+
+def test_compare_without_lengths_says_why(tmp_path):
+    ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
+    result = compare_with_run(run_summary(tmp_path, ranks, dataset={"dir": str(tmp_path / "nowhere")}))
+    assert result["comparable"] is False and "max_source_length" in result["reason"]
+    given = compare_with_run(run_summary(tmp_path, ranks, dataset={}), max_source_length=64, max_target_length=32)
+    assert given["comparable"] is True and given["lengths"] == [64, 32]
+
+
+def test_compare_says_what_a_summary_lacks(tmp_path):
+    ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
+    result = compare_with_run(run_summary(tmp_path, ranks, arguments={}))
+    assert result["comparable"] is False and "training" in result["reason"]
+
+
+def test_compare_with_a_zero3_run_predicts_the_gathered_parameters(tmp_path):
+    ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
+    strategy = {"strategy": "zero3", "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "label": "zero3_offload"}
+    zero = {"stage": 3, "stage3_max_live_parameters": 10**9, "stage3_max_reuse_distance": 10**9,
+            "stage3_prefetch_bucket_size": 235929, "stage3_param_persistence_threshold": 5120}
+    result = compare_with_run(run_summary(tmp_path, ranks, strategy=strategy, deepspeed_config={"zero_optimization": zero}))
+    shape = resolve_model("t5-small")
+    assert result["predicted_zero3_gathered_elements"] == shape.parameters - shape.persistent_parameters(5120)

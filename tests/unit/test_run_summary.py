@@ -1,0 +1,65 @@
+"""run_summary.json has one schema and one writer: a round trip keeps every field, a newer textsql's fields survive, a
+half-written file never looks like a finished run, and a missing or broken one is a clear error."""
+
+import json
+
+import pytest
+
+from textsql.errors import TextsqlError
+from textsql.paths import SUMMARY_FILE
+from textsql.run_summary import RunSummary, SCHEMA_VERSION, format_summary, read_summary, run_state, write_summary
+
+
+def a_summary(tmp_path) -> RunSummary:
+    return RunSummary(run="tiny-t5-zero2-ws2-bs16", output_dir=str(tmp_path), model_id="t5-small", parameters=60_500_000, world_size=2,
+                      strategy={"label": "zero2", "zero_stage": 2}, precision="bf16", tf32=True, device="cuda", train_runtime=12.5,
+                      train_samples_per_second=100.0, real_tokens_per_second=3000.0, global_step=40, epochs=1.0, train_loss=1.5,
+                      eval_loss=1.25, first_logged_loss=9.0, last_logged_loss=1.2,
+                      peak_memory_per_rank=[{"rank": r, "host": f"pod{r}", "device": "NVIDIA A100", "cpu_peak_rss_bytes": 2**31,
+                                             "cuda_max_allocated_bytes": 2**32, "cuda_max_reserved_bytes": 2**33} for r in range(2)])
+
+
+def test_a_summary_round_trips_and_keeps_fields_it_does_not_know(tmp_path):
+    summary = a_summary(tmp_path)
+    write_summary(summary, tmp_path)
+    again = read_summary(tmp_path)
+    assert again == summary and again.version == SCHEMA_VERSION and again.nodes == 2 and again.strategy_label == "zero2"
+    values = json.loads((tmp_path / SUMMARY_FILE).read_text())
+    values["from_the_future"] = {"x": 1}
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps(values))
+    newer = read_summary(tmp_path / SUMMARY_FILE)
+    assert newer.extras == {"from_the_future": {"x": 1}} and newer.as_dict()["from_the_future"] == {"x": 1}
+    values["version"] = SCHEMA_VERSION + 1
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps(values))
+    with pytest.warns(UserWarning, match="newer than this textsql"):
+        read_summary(tmp_path)
+    text = format_summary(summary)
+    assert "bf16 + TF32 on cuda" in text and "rank 1" in text and "reserved 8.00 GiB" in text
+
+
+def test_a_half_written_summary_never_looks_like_a_finished_run(tmp_path, monkeypatch):
+    (tmp_path / "checkpoint-10").mkdir()
+    assert run_state(tmp_path) == "interrupted"
+
+    def fail(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("textsql.run_summary.os.fsync", fail)  # the write breaks before the file is complete
+    with pytest.raises(OSError):
+        write_summary(a_summary(tmp_path), tmp_path)
+    assert not (tmp_path / SUMMARY_FILE).exists() and run_state(tmp_path) == "interrupted"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10"]  # no temporary file left behind
+    monkeypatch.undo()
+    write_summary(a_summary(tmp_path), tmp_path)
+    assert run_state(tmp_path) == "finished" and run_state(tmp_path / "nothing") == "new"
+
+
+def test_missing_or_broken_summaries_are_clear_errors(tmp_path):
+    with pytest.raises(TextsqlError, match="does not exist: the run did not finish"):
+        read_summary(tmp_path)
+    (tmp_path / SUMMARY_FILE).write_text("{half")
+    with pytest.raises(TextsqlError, match="cannot be read as a run summary"):
+        read_summary(tmp_path)
+    (tmp_path / SUMMARY_FILE).write_text("[]")
+    with pytest.raises(TextsqlError, match="is not a run summary"):
+        read_summary(tmp_path)

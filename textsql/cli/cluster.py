@@ -1,0 +1,84 @@
+"""`textsql cluster ...`: multi-node training from a terminal or a CML job, the same calls as the notebook.
+
+    textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- --model_id t5-small --deepspeed zero2 --epochs 3
+    textsql cluster train --backend local --workers 1 -- ...        # this machine: 127.0.0.1 + 127.0.0.2
+    textsql cluster preflight --backend cml --workers 2 -- ...      # start the workers, check, plan, stop
+    textsql cluster preflight --hostfile H [--ssh_config C] -- ...  # check your own machines
+    textsql cluster launch --hostfile H [--ssh_config C] -- ...     # your own machines, over your own ssh (pdsh)
+    textsql cluster check-hostfile H
+
+On CML, run `cluster train ...` as a Job for long trainings (script scripts/cml_job.py, these arguments): a session
+ends after CML's idle timeout, and with it the workers and the training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from textsql.cluster import Cluster, launch_training, preflight, read_hostfile
+from textsql.errors import TextsqlError
+from textsql.run_summary import format_summary
+from textsql.train.arguments import parse_arguments
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"textsql cluster {command}", epilog="Training arguments (those of `textsql train`) follow `--`.")
+    if command in ("train", "preflight"):
+        parser.add_argument("--backend", choices=("cml", "local"), default="cml")
+        parser.add_argument("--workers", type=int, default=1, help="worker nodes besides this one (node 0)")
+        parser.add_argument("--cpu", type=float, default=4, help="CPUs per worker pod")
+        parser.add_argument("--memory", type=float, default=16, help="GiB per worker pod")
+        parser.add_argument("--nvidia_gpu", type=int, default=1, help="GPUs per worker (= ranks per worker; 0: one CPU rank)")
+        parser.add_argument("--session_slots", type=int, default=None, help="ranks on node 0 (default: one per GPU it sees, one on a CPU)")
+        parser.add_argument("--project_dir", default=".")
+        parser.add_argument("--name", default="default", help="the cluster's name (one cluster of a name per project at a time)")
+        parser.add_argument("--start_timeout", type=float, default=600, help="seconds to wait for the workers to start and connect")
+    if command in ("launch", "preflight"):
+        parser.add_argument("--hostfile", required=command == "launch", help="your nodes (preflight: check them instead of starting workers)")
+        parser.add_argument("--ssh_config", default=None, help="your ssh client config (default: ssh's own, ~/.ssh/config); host keys are always checked")
+    return parser
+
+
+def cluster_cli(argv: list[str]) -> int:
+    """Body of `textsql cluster`. Returns the exit status; raises TextsqlError for problems a user can fix."""
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "check-hostfile":
+        if len(rest) != 1:
+            raise TextsqlError("usage: textsql cluster check-hostfile HOSTFILE")
+        hosts = read_hostfile(rest[0])
+        print(f"{rest[0]}: OK, {len(hosts)} nodes, {sum(h.slots for h in hosts)} ranks (rank 0 on {hosts[0].address})")
+        return 0
+    if command not in ("train", "launch", "preflight"):
+        raise TextsqlError(f"unknown cluster command '{command}': use train, launch, preflight or check-hostfile "
+                           "(`textsql cluster --help` shows them).")
+    own, train_argv = _split(rest)
+    args = _parser(command).parse_args(own)
+    arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
+    if command == "launch":
+        result = launch_training(args.hostfile, arguments, ssh_config=args.ssh_config)
+    elif getattr(args, "hostfile", None):
+        preflight(args.hostfile, arguments, ssh_config=args.ssh_config)
+        return 0
+    else:
+        with Cluster(args.backend, workers=args.workers, cpu=args.cpu, memory=args.memory, nvidia_gpu=args.nvidia_gpu,
+                     session_slots=args.session_slots, project_dir=args.project_dir, name=args.name, start_timeout=args.start_timeout) as cluster:
+            if command == "preflight":
+                cluster.preflight(*arguments)
+                return 0
+            result = cluster.train(*arguments)
+    print(format_summary(result["summary"]))
+    for rank in result["ranks"]:
+        print(json.dumps({k: rank[k] for k in ("rank", "node_address", "world_size", "global_step", "final_loss")}))
+    return 0

@@ -1,0 +1,15 @@
+"""Parsing one command's arguments into its dataclass, with argparse's error policy (usage line, exit 2)."""
+
+from __future__ import annotations
+
+from transformers import HfArgumentParser
+
+
+def parse_arguments(dataclass_type, command: str, argv: list[str]):
+    """Parse argv into one arguments dataclass for `textsql COMMAND`: usage lines name the command, and an unknown flag
+    is a usage error (exit 2, one paragraph) as in argparse, not HfArgumentParser's ValueError with a traceback."""
+    parser = HfArgumentParser(dataclass_type, prog=f"textsql {command}")
+    args, unknown = parser.parse_args_into_dataclasses(args=list(argv), return_remaining_strings=True)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args

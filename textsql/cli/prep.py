@@ -1,0 +1,15 @@
+"""`textsql prep`: load WikiSQL, tokenize it and save it, with a report of the lengths."""
+
+from __future__ import annotations
+
+from textsql.cli.parsing import parse_arguments
+from textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset
+
+
+def prep_command(argv: list[str]) -> int:
+    args = parse_arguments(PrepArguments, "prep", argv)
+    folder = prepare_dataset(args)
+    _, metadata = load_prepared(folder)
+    print(format_length_report(metadata["lengths"]))
+    print(f"saved {sum(metadata['examples'].values())} examples ({metadata['examples']}) to {folder}")
+    return 0

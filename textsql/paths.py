@@ -1,0 +1,37 @@
+"""Every file and folder textsql reads or writes, by name: the dataset folder, the run folder and the launch folder.
+
+docs/architecture.md has the same table for people. A file's format has one module that writes and reads it (named
+beside each name here); everything else asks that module, or takes the name from here.
+"""
+
+from importlib import resources
+from pathlib import Path
+
+# A prepared dataset folder (`textsql prep --output_dir`; textsql.prep writes and reads it).
+METADATA_FILE = "textsql_data.json"  # what was prepared: source, tokenizer, lengths, source format (textsql.prep)
+TABLES_FILE = "tables.jsonl"  # the tables the splits use, for execution accuracy (textsql.prep)
+TOKENIZER_DIR = "tokenizer"  # the tokenizer with the characters it lacked added (textsql.vocabulary)
+# The splits themselves: datasets' own save_to_disk layout (train/, validation/, test/, dataset_dict.json).
+
+# A run folder (`<runs_root>/<run name>` or --output_dir; textsql.train writes it).
+SUMMARY_FILE = "run_summary.json"  # the record of a finished run (textsql.run_summary)
+LOG_FILE = "train.log"  # rank 0's full log at INFO (textsql.train.logs)
+RESOLVED_DSCONFIG_FILE = "ds_config.json"  # the DeepSpeed config as given to this run, "auto" left for the Trainer
+TENSORBOARD_DIR = "tensorboard"  # rank 0's TensorBoard event files
+CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's checkpoint-<step>/ folders; an interrupted run resumes from the last
+PREDICTIONS_FILE = "predictions.jsonl"  # `textsql infer`: one scored record per question (textsql.infer)
+METRICS_FILE = "eval_metrics.json"  # `textsql infer`: the split's metrics (textsql.infer)
+LAUNCH_RECORD_FILE = "textsql-launch.json"  # multi-pod: the world size and nodes of the launch that trains it (textsql.cluster.runs)
+
+# A local launch (textsql.train.local_launch): a private temporary folder, removed afterwards.
+ARGUMENTS_FILE = "train-arguments.json"  # the three argument dataclasses as one JSON object, parsed once by each rank
+
+# The report (`textsql report`), under the runs root.
+REPORT_DIR = "report"
+
+# JupyterLab (`textsql lab`): the notebooks folder of the project.
+NOTEBOOKS_DIR = "notebooks"
+
+# The shipped DeepSpeed configs (package data: textsql/shipped_dsconfig, a link to the repository's dsconfig/ in a
+# checkout), resolved, so messages name the folder users edit in an editable install and the installed copy in a wheel.
+DSCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_dsconfig")).resolve()

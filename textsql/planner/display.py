@@ -1,0 +1,85 @@
+"""The memory plan for people: a table of GB per GPU by component for every strategy, the recommendation, and a chart."""
+
+from __future__ import annotations
+
+import textwrap
+
+from textsql.extras import require_notebooks_extra
+from textsql.planner.memory import COMPONENTS
+
+COLUMN_TITLES = {"parameters": "params", "gradients": "grads", "optimizer_states": "optim", "weight_copies": "copies",
+                 "activations": "activ", "buckets": "buckets", "overhead": "overhead"}
+
+
+def format_plan(plan: dict, with_problem: bool = True) -> str:
+    """The plan as text: what was planned, a row per strategy (GB per GPU by component), then the recommendation."""
+    m, a = plan["model"], plan["inputs"]
+    lines = [
+        f"model      {m['name']} ({m['source']}): {m['parameters'] / 1e6:.1f}M parameters, largest layer "
+        f"{m['largest_layer_parameters'] / 1e6:.1f}M",
+        f"cluster    {a['nodes']} pod(s) x {a['gpus_per_node']} GPU(s) of {a['gpu_memory_gb']:g} GB"
+        + (f", {a['cpu_memory_gb']:g} GB host memory per pod" if a["cpu_memory_gb"] else ""),
+        f"training   batch {a['per_device_train_batch_size']} per GPU, {a['max_source_length']}/{a['max_target_length']} "
+        f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
+        f"buckets    from {plan['zero_settings_source']}",
+        _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
+        "",
+        "GPU memory per GPU (GB)                                                              CPU/node",
+        f"{'strategy':<15}" + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS) + f"{'TOTAL':>9}{'GB':>9}  fits",
+    ]
+    for name, row in plan["strategies"].items():
+        fits = "yes" if row["fits_with_margin"] else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
+        lines.append(f"{name:<15}" + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
+                     + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}")
+    lines.append(f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
+                 f"memory; tight = fits only without the safety margin)")
+    lines.append("")
+    rec = plan["recommendation"]
+    if rec is None:
+        lines.append("recommendation: none." + (f" {plan['problem']}" if with_problem else ""))
+    else:
+        lines.append(f"recommendation: {rec['strategy']} with batch {rec['per_device_train_batch_size']} per GPU "
+                     f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
+                     f"{rec['largest_per_device_train_batch_size']}.")
+    lines += ["", "assumptions:"]
+    lines += [textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+              for text in plan["assumptions"]]
+    return "\n".join(lines)
+
+
+def _zero3_line(residency: dict) -> str:
+    used = {k.removeprefix("stage3_"): f"{v:.3g}".replace("e+0", "e").replace("e+", "e") for k, v in residency["settings"].items()}
+    how = ("an upper bound: no module trace" if residency["source"].startswith("upper bound")
+           else "DeepSpeed's coordinator replayed")
+    return (f"ZeRO-3     {residency['gathered'] / 1e6:.1f}M parameters gathered at the peak ({how}: "
+            + ", ".join(f"{k} {v}" for k, v in used.items()) + ")")
+
+
+def plot_plan(plan: dict, path=None):
+    """Stacked bars of each strategy's GPU memory by component, with the GPU size and the margin; saved when path is given."""
+    require_notebooks_extra("matplotlib", "The plan's plot")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9, 4.8))
+    FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch, works headless and in notebooks
+    ax = fig.add_subplot()
+    names = list(plan["strategies"])
+    bottoms = [0.0] * len(names)
+    for component in COMPONENTS:
+        heights = [plan["strategies"][n]["gpu_gb"][component] for n in names]
+        ax.bar(names, heights, bottom=bottoms, label=component.replace("_", " "))
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    inputs = plan["inputs"]
+    ax.axhline(inputs["gpu_memory_gb"], color="black", linewidth=1, label=f"GPU memory ({inputs['gpu_memory_gb']:g} GB)")
+    ax.axhline(inputs["gpu_memory_gb"] * (1 - inputs["safety_margin"]), color="black", linestyle="--", linewidth=1,
+               label=f"with {inputs['safety_margin']:.0%} margin")
+    rec = plan["recommendation"]
+    title = f"{plan['model']['name']}, {inputs['nodes']} x {inputs['gpus_per_node']} GPU, batch {inputs['per_device_train_batch_size']}, {inputs['precision']}"
+    ax.set_title(title + (f": {rec['strategy']} recommended" if rec else ": nothing fits"))
+    ax.set_ylabel("predicted peak GPU memory per GPU (GB)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path)
+    return fig

@@ -1,0 +1,679 @@
+"""Predict peak GPU and CPU memory per pod for every training strategy before launch, and recommend the fastest that fits."""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+from textsql.hub import download_command, hub_offline
+from textsql.planner.zero3_trace import (
+    NARROW_WIDTHS,
+    ModuleTrace,
+    record_module_trace,
+    simulate_parameter_coordinator,
+    zero3_step_events,
+)
+from textsql.strategy.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
+from textsql.strategy.table import STRATEGIES, STRATEGY_LAYOUT
+
+GIB = 2**30  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+# parameters + gradients + optimizer_states are the model states (DeepSpeed's estimators); weight_copies are the parameter
+# copies held beyond them (ZeRO-3's gathered parameters, autocast's 16-bit weights); buckets are communication and
+# gradient buffers.
+COMPONENTS = ("parameters", "gradients", "optimizer_states", "weight_copies", "activations", "buckets", "overhead")
+
+# The original T5 checkpoints' config.json (google-t5/t5-*), so that nothing needs downloading. All use ReLU
+# feed-forward blocks, tied input/output embeddings and a 32128-token vocabulary.
+T5_SHAPES = {
+    "t5-small": {"d_model": 512, "d_ff": 2048, "num_layers": 6, "num_heads": 8, "d_kv": 64},
+    "t5-base": {"d_model": 768, "d_ff": 3072, "num_layers": 12, "num_heads": 12, "d_kv": 64},
+    "t5-large": {"d_model": 1024, "d_ff": 4096, "num_layers": 24, "num_heads": 16, "d_kv": 64},
+    "t5-3b": {"d_model": 1024, "d_ff": 16384, "num_layers": 24, "num_heads": 32, "d_kv": 128},
+    "t5-11b": {"d_model": 1024, "d_ff": 65536, "num_layers": 24, "num_heads": 128, "d_kv": 128},
+}
+T5_VOCAB_SIZE = 32128
+T5_MODEL_TYPES = ("t5", "mt5", "umt5")
+
+# DeepSpeed's defaults for zero_optimization keys a config file leaves out (deepspeed/runtime/zero/config.py).
+# overlap_comm None means DeepSpeed's dynamic default: on for stage 3, off below.
+DEEPSPEED_ZERO_DEFAULTS = {
+    "reduce_bucket_size": 500_000_000,
+    "overlap_comm": None,
+    "contiguous_gradients": True,
+    "sub_group_size": 1_000_000_000,
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
+    "stage3_param_persistence_threshold": 100_000,
+}
+# What the shipped dsconfig/ files set: used when no --dsconfig is given. "auto" is filled by the Trainer from d_model.
+SHIPPED_ZERO_SETTINGS = {
+    "reduce_bucket_size": "auto",
+    "overlap_comm": None,  # zero1.json: false; zero2.json and zero3_offload.json: true (= DeepSpeed's dynamic default
+    "contiguous_gradients": True,  # for stage 3; zero2.json sets it for stage 2 too, see _overlap_comm)
+    "sub_group_size": 1_000_000_000,
+    "stage3_prefetch_bucket_size": "auto",
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
+    "stage3_param_persistence_threshold": "auto",
+}
+SHIPPED_OVERLAP_COMM = {1: False, 2: True, 3: True}
+
+# DeepSpeed's own estimators multiply host memory by this (additional_buffer_factor, their default).
+ADDITIONAL_BUFFER_FACTOR = 1.5
+# What torch does not see. CUDA context with torch's kernels loaded lazily (CUDA >= 11.7, torch's default since 1.13):
+# not yet calibrated on a GPU: pytorch/pytorch#86509 measured 287 MB for the bare context with lazy loading (667 MB
+# eager); the kernels a training step loads (cuBLAS, cuDNN, NCCL's) come on top, hence 0.5 GB.
+CUDA_CONTEXT_BYTES = int(0.5 * GIB)
+# NCCL's communicator buffers with more than one GPU: not yet calibrated on a GPU: NCCL_BUFFSIZE is 4 MiB per channel
+# and peer (NCCL's environment-variable documentation), times up to 32 channels, for send and receive.
+NCCL_BUFFER_BYTES = int(0.25 * GIB)
+# The caching allocator reserves more than it hands out (block rounding, fragmentation). Not yet calibrated on a GPU:
+# pytorch/pytorch#40989 shows peak reserved / peak allocated of 1.11 for a training step (16726 / 15006 MB); 10% of
+# everything allocated.
+ALLOCATOR_OVERHEAD_FRACTION = 0.10
+# Host memory of one training process besides model states: Python, torch + CUDA libraries, transformers,
+# DeepSpeed, the tokenized dataset.
+CPU_RUNTIME_BYTES_PER_RANK = 3 * GIB
+MAX_BATCH_SEARCHED = 4096
+
+ASSUMPTIONS = [
+    "GB = 2**30 bytes. The GPU figure is what nvidia-smi shows at the peak: torch's reserved memory plus the CUDA "
+    "context and NCCL buffers.",
+    "Model states (parameters + gradients + optimizer states) equal DeepSpeed's estimate_zero2/zero3_model_states_mem_"
+    "needs for ZeRO-2/3 in bf16/fp16 (2-byte parameters and gradients, fp32 master weights and Adam moments). In fp32 "
+    "every 2-byte copy is 4 bytes (ZeRO-2: 4P + 20P/N instead of 2P + 18P/N). ZeRO-1 keeps full gradients "
+    "(its own formula: 2P + 2P + 16P/N). No DeepSpeed: fp32 weights, fp32 gradients and two fp32 Adam moments (16P) "
+    "whatever the precision (autocast), plus DDP's gradient buckets (4P) on more than one GPU.",
+    "Weight copies beyond the model states. ZeRO-3: the parameters gathered on the GPU at the peak, in the training "
+    "dtype (4 bytes in fp32), less the largest layer the estimator already counts, plus the persistent parameters "
+    "(each at most stage3_param_persistence_threshold elements, kept on every GPU). The gathered figure replays "
+    "DeepSpeed 0.19.8's PartitionedParameterCoordinator on the model's module trace (recorded on a narrow copy of the model) with "
+    "the dsconfig's stage3_prefetch_bucket_size, stage3_max_live_parameters and stage3_max_reuse_distance: with "
+    "prefetching on, it keeps up to about stage3_max_live_parameters gathered (1e9 in common configs: all of t5-large). "
+    "No DeepSpeed in bf16/fp16: autocast's 16-bit copy of every matmul weight (2 bytes per parameter), kept for the "
+    "backward pass.",
+    "Gradients are counted as coexisting with the activations and the gathered parameters (conservative); the "
+    "optimizer step's temporaries are not counted: the Trainer's default fused AdamW has none (the older foreach AdamW "
+    "allocated 4 bytes per parameter once the activations were freed).",
+    "Activations: every tensor T5 saves for the backward pass (attention scores, softmax in fp32, dropout masks, "
+    "feed-forward hidden states, layer norms), for the longest batch (batch x max lengths), plus the loss over the "
+    "vocabulary (log-softmax output, its gradient and the logits' gradient). With gradient checkpointing only each "
+    "block's input is kept, plus one block recomputed at a time.",
+    "Buckets: ZeRO-1/2 reduce buffers (reduce_bucket_size elements of the gradient type; two with overlap_comm) and, "
+    "with optimizer offload, a staging buffer the size of the largest parameter. ZeRO-3: the reduce buffer and "
+    "reduce-scatter's copy of it; without optimizer offload the fp32 gradient buffer of the largest optimizer "
+    "sub-group (sub_group_size) beyond the 2P/N the estimator counts; with it, a staging copy of a gradient partition.",
+    "Overhead: 0.5 GB CUDA context, 0.25 GB NCCL buffers with more than one GPU, and 10% of the allocated memory "
+    "for the caching allocator (not yet calibrated on a GPU; sources in textsql/planner/memory.py).",
+    "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
+    "3 GB per training process for Python, libraries and data.",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PlanArguments:
+    """The model, the pods and the batch to plan for."""
+
+    model: str = field(
+        default="t5-small",
+        metadata={"help": "t5-small, t5-base, t5-large, t5-3b or t5-11b (built-in shapes, nothing is downloaded), a local "
+                  "model folder with config.json, or a hub name already in the local Hugging Face cache."})
+    nodes: int = field(default=1, metadata={"help": "Pods (nodes) training together."})
+    gpus_per_node: int = field(default=1, metadata={"help": "GPUs in each pod."})
+    gpu_memory_gb: float = field(default=40.0, metadata={"help": "Memory of one GPU in GB (2**30 bytes; an A100-40GB has 40)."})
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch per GPU."})
+    max_source_length: int = field(default=96, metadata={"help": "Longest question in a batch, in tokens (batches are padded to their longest)."})
+    max_target_length: int = field(default=96, metadata={"help": "Longest SQL target in a batch, in tokens."})
+    precision: str = field(default="bf16", metadata={"help": "fp32, bf16 or fp16 (bf16 on Ampere and newer GPUs)."})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass (less memory, about 30 percent slower)."})
+    dsconfig: str | None = field(
+        default=None,
+        metadata={"help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3_offload): bucket and sub-group "
+                  "sizes and the stage3_* settings (max live parameters, max reuse distance, prefetch bucket, "
+                  "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."})
+    cpu_memory_gb: float | None = field(default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."})
+    safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."})
+    json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
+
+    def __post_init__(self):
+        if not str(self.model).strip():
+            raise TextsqlError("--model is empty. Pass t5-small, t5-base, t5-large, t5-3b, t5-11b or a model folder.")
+        for name in ("nodes", "gpus_per_node", "per_device_train_batch_size", "max_source_length", "max_target_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TextsqlError(f"--{name} must be a whole number of at least 1, not {value!r}.")
+        if not self.gpu_memory_gb > 0:
+            raise TextsqlError(f"--gpu_memory_gb must be positive (40 for an A100-40GB), not {self.gpu_memory_gb!r}.")
+        if self.cpu_memory_gb is not None and not self.cpu_memory_gb > 0:
+            raise TextsqlError(f"--cpu_memory_gb must be positive (or left out), not {self.cpu_memory_gb!r}.")
+        if self.precision not in PRECISIONS:
+            raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
+        if not 0 <= self.safety_margin < 1:
+            raise TextsqlError(f"--safety_margin is a fraction of memory kept free, from 0 to below 1 (e.g. 0.1), "
+                               f"not {self.safety_margin!r}.")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Model shape
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs to know about a T5-family model; parameter counts come from the meta device."""
+
+    name: str
+    source: str
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_decoder_layers: int
+    num_heads: int
+    d_kv: int
+    vocab_size: int
+    gated: bool
+    parameters: int
+    largest_layer_parameters: int
+    matmul_parameters: int = 0  # parameters of nn.Linear layers: the weights autocast copies to 16 bits
+    parameter_sizes: tuple = field(repr=False, default=())
+    module_trace: ModuleTrace | None = field(repr=False, default=None)
+
+    def persistent_parameters(self, threshold: int) -> int:
+        """Elements of the parameters ZeRO-3 keeps gathered on every GPU (each at most `threshold` elements)."""
+        return sum(n for n in self.parameter_sizes if n <= threshold)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+
+
+def resolve_model(name: str) -> ModelShape:
+    """The shape of a local model folder, a built-in T5 shape, or a config in the Hugging Face cache (in that order)."""
+    name = str(name)
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return _shape_from_config(_config_from_folder(folder), name, f"{folder / 'config.json'}")
+    short = name.split("/")[-1] if name.startswith(("google-t5/", "t5/")) else name
+    if short in T5_SHAPES:
+        from transformers import T5Config
+
+        config = T5Config(**T5_SHAPES[short], vocab_size=T5_VOCAB_SIZE)
+        return _shape_from_config(config, short, "built-in shape table")
+    return _shape_from_config(_config_from_hub(name), name, "Hugging Face cache")
+
+
+def _config_from_folder(folder: Path):
+    from transformers import AutoConfig
+
+    if not (folder / "config.json").is_file():
+        raise TextsqlError(f"'{folder}' is a folder without config.json, so it is not a model folder. Pass the folder "
+                           f"written by save_pretrained (only its config.json is read), or a built-in name: "
+                           f"{', '.join(T5_SHAPES)}.")
+    try:
+        return AutoConfig.from_pretrained(str(folder))
+    except (OSError, ValueError) as error:
+        raise TextsqlError(f"'{folder / 'config.json'}' cannot be read as a model config ({_first_line(error)}). "
+                           f"Write it again with save_pretrained, or pass a built-in name: {', '.join(T5_SHAPES)}.") from None
+
+
+def _config_from_hub(name: str):
+    from transformers import AutoConfig
+
+
+    try:
+        return AutoConfig.from_pretrained(name, local_files_only=hub_offline())  # the env is read now, not at import
+    except (OSError, ValueError) as error:
+        where = ("HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache" if hub_offline()
+                 else f"it could not be fetched from the hub ({_first_line(error)})")
+        local = f"models/{name.split('/')[-1]}"
+        raise TextsqlError(
+            f"Unknown model '{name}': it is not one of the built-in shapes ({', '.join(T5_SHAPES)}), not a local "
+            f"folder, and {where}. Only its config.json is needed: on a machine with internet access run "
+            f"`{download_command(name, 'config.json', local_dir=local)}`, copy '{local}' into the project "
+            f"and pass --model {local}.") from None
+
+
+def _shape_from_config(config, name: str, source: str) -> ModelShape:
+    model_type = getattr(config, "model_type", "?")
+    if model_type not in T5_MODEL_TYPES:
+        raise TextsqlError(f"'{name}' is a {model_type} model; the planner knows the T5 family only "
+                           f"({', '.join(T5_MODEL_TYPES)}: t5, flan-t5, mt5, umt5), whose activations it models layer by "
+                           f"layer. Pass one of those.")
+    inspected = _inspect_model(config.to_json_string())
+    return ModelShape(
+        name=name, source=source, d_model=config.d_model, d_ff=config.d_ff, num_layers=config.num_layers,
+        num_decoder_layers=config.num_decoder_layers or config.num_layers, num_heads=config.num_heads,
+        d_kv=config.d_kv, vocab_size=config.vocab_size, gated=bool(getattr(config, "is_gated_act", False)),
+        parameters=sum(inspected["sizes"]), largest_layer_parameters=inspected["largest_layer"],
+        matmul_parameters=inspected["matmul"], parameter_sizes=inspected["sizes"], module_trace=inspected["trace"])
+
+
+@contextmanager
+def _zero3_init_off():
+    """Build without ZeRO-3's zero.Init even right after a ZeRO-3 run in this process (rank 0 alone calls the planner,
+    and zero.Init would broadcast to ranks that are not there)."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    saved = hf_deepspeed._hf_deepspeed_config_weak_ref
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
+@lru_cache(maxsize=32)
+def _inspect_model(config_json: str) -> dict:
+    """The model built on the meta device: every parameter's size, the largest layer, the nn.Linear parameters, and
+    the module trace of a training step as ZeRO-3 sees it (from a narrow copy on the CPU).
+
+    Counted as DeepSpeed's model_to_params does (tied weights once; a layer = one module's own parameters), except
+    that ties are found by identity: on the meta device every data_ptr() is 0.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+    config_dict = json.loads(config_json)
+    model_type = config_dict.pop("model_type")
+    with _zero3_init_off(), torch.device("meta"):
+        model = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model(model_type, **config_dict))
+    parameters = list(model.parameters())  # yields a tied weight once, in DeepSpeed's ds_id order
+    index = {id(p): i for i, p in enumerate(parameters)}
+    linear = {index[id(p)] for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
+    # The hooks' order depends on the modules, not on their widths: record it on a narrow copy on the CPU, where a
+    # step takes a fraction of a second (meta tensors run Python reference kernels).
+    narrow = AutoConfig.for_model(model_type, **{**config_dict, **NARROW_WIDTHS})
+    with _zero3_init_off(), torch.random.fork_rng(devices=[]):  # seeded nothing: leave the caller's random state alone
+        small = AutoModelForSeq2SeqLM.from_config(narrow)
+        same_parameters = [n for n, _ in small.named_parameters()] == [n for n, _ in model.named_parameters()]
+        trace = record_module_trace(small) if same_parameters else None
+    return {
+        "sizes": tuple(p.numel() for p in parameters),
+        "largest_layer": max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
+        "matmul": sum(parameters[i].numel() for i in linear),
+        "trace": trace,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# DeepSpeed settings
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def zero_settings(dsconfig: dict | None) -> dict:
+    """Bucket, prefetch and persistence settings: from a DeepSpeed config dict, else the shipped configs' settings.
+
+    Keys a config leaves out take DeepSpeed's defaults; "auto" stays (the Trainer fills it from d_model).
+    """
+    if dsconfig is None:
+        settings = dict(SHIPPED_ZERO_SETTINGS)
+        settings["shipped"] = True
+        return settings
+    zero = dsconfig.get("zero_optimization") or {}
+    settings = {key: zero.get(key, default) for key, default in DEEPSPEED_ZERO_DEFAULTS.items()}
+    settings["shipped"] = False
+    return settings
+
+
+def read_dsconfig(name_or_path: str) -> dict:
+    """Load and validate a DeepSpeed JSON file, or a shipped strategy name (zero1, zero2, zero3_offload)."""
+
+    return load_dsconfig(resolve_dsconfig_path(name_or_path, flag="--dsconfig"))
+
+
+def _filled(value, auto_value) -> int:
+    """A setting's number, with the Trainer's fill for "auto"."""
+    return int(auto_value) if value == "auto" else int(value)
+
+
+def _overlap_comm(settings: dict, stage: int) -> bool:
+    value = settings["overlap_comm"]
+    if value is None:
+        return SHIPPED_OVERLAP_COMM[stage] if settings.get("shipped") else stage == 3
+    return bool(value)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The pieces of the prediction
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def model_states(total_params: int, largest_layer_params: int, stage: int, offload_optimizer: bool, offload_param: bool,
+                 num_gpus_per_node: int, num_nodes: int, precision: str = "bf16") -> dict:
+    """GPU bytes of parameters, gradients and optimizer states per GPU, and host bytes per node for model states.
+
+    In bf16/fp16 the three GPU terms add up to exactly DeepSpeed's estimate_zero2_model_states_mem_needs (stage 2)
+    and estimate_zero3_model_states_mem_needs (stage 3, zero_init=True), and the host term equals theirs, for the
+    same inputs and additional_buffer_factor 1.5. Those estimators assume 2-byte parameters and gradients; in fp32
+    each of those copies is 4 bytes. Stage 1 (no DeepSpeed estimator) keeps full gradients; stage 0 is plain
+    PyTorch with an fp32 model and torch AdamW.
+    """
+    P, L = total_params, largest_layer_params
+    gpus = num_gpus_per_node * num_nodes
+    low = 4 if precision == "fp32" else 2  # bytes of DeepSpeed's "16-bit" parameter and gradient copies
+    buffer = ADDITIONAL_BUFFER_FACTOR
+    load_cpu = P * 4 * num_gpus_per_node * buffer  # every rank loads the fp32 checkpoint on the host first
+    if stage == 0:
+        return _states(4 * P, 4 * P, 8 * P, load_cpu)
+    if stage == 1:
+        # Full low-precision gradients on every GPU, plus the fp32 gradient, master weights and two Adam moments of
+        # this GPU's partition (4 + 4 + 8 bytes per parameter / N).
+        return _states(low * P, low * P + int(4 * P / gpus), int(12 * P / gpus), load_cpu)
+    if stage == 2:
+        if offload_optimizer:
+            return _states(low * P, 0, 0, P * max(4 * gpus, 16) * buffer)
+        # DeepSpeed: 2P + 18P/N, 18 = 2 (16-bit gradients) + 4 (fp32 gradients) + 4 (fp32 params) + 8 (Adam moments)
+        gradients = int(low * P / gpus) + int(4 * P / gpus)
+        optimizer = int((low + 16) * P / gpus) - gradients
+        return _states(low * P, gradients, optimizer, load_cpu)
+    if stage == 3:
+        nodes_factor = 1 / num_nodes
+        gathered = low * L  # the largest layer gathered (parameters) and its full gradient before reduce-scatter
+        if offload_optimizer and offload_param:
+            return _states(gathered, gathered, 0, P * 18 * nodes_factor * buffer)
+        params = int(low * P / gpus) + gathered
+        if offload_optimizer:
+            return _states(params, gathered, 0, P * 16 * nodes_factor * buffer)
+        # DeepSpeed: 4L + 18P/N. 18 = 2 (16-bit params) + 2 (16-bit gradients) + 12 (fp32 params + Adam moments)
+        # + 2 for the fp32 gradient, which ZeRO-3 builds one sub-group at a time.
+        optimizer = int(12 * P / gpus)
+        gradients = int((2 * low + 14) * P / gpus) - int(low * P / gpus) - optimizer + gathered
+        return _states(params, gradients, optimizer, L * 4 * num_gpus_per_node * buffer)
+    raise ValueError(f"ZeRO stage {stage}")
+
+
+def _states(parameters, gradients, optimizer_states, cpu) -> dict:
+    return {"parameters": int(parameters), "gradients": int(gradients), "optimizer_states": int(optimizer_states),
+            "cpu_model_states": int(cpu)}
+
+
+def activation_bytes(shape: ModelShape, batch: int, source_length: int, target_length: int, precision: str,
+                     gradient_checkpointing: bool, autocast: bool) -> dict:
+    """Peak bytes of activations (everything saved for the backward pass) of one training step of a T5 model.
+
+    Counted per token from the tensors HF's T5 saves: q/k/v and the attention output; the attention scores' fp32
+    softmax output, dropout mask (1 byte) and dropout output; RMS layer norm inputs and outputs (fp32 when computed
+    in fp32); the feed-forward hidden state (activation output, dropout mask and output); residual dropout masks.
+    The loss over the vocabulary peaks at the start of the backward pass with three batch x target x vocab tensors
+    (log-softmax output, its gradient, the logits' gradient). `autocast` is plain PyTorch mixed precision: 16-bit
+    matmul outputs, fp32 layer norms and loss.
+    """
+    s = shape
+    b, src, tgt = batch, source_length, target_length
+    e = 4 if precision == "fp32" else 2
+    wide = 4 if (precision == "fp32" or autocast) else 2  # layer norms and the loss
+    d, f, inner = s.d_model, s.d_ff, s.num_heads * s.d_kv
+    norm = 12 * d if wide == 4 else 8 * d  # fp32 input (copy), normed, output: 4+4+4 bytes, or 4+2+2 in 16-bit
+    score = 4 + 1 + e  # per attention score: fp32 softmax output, dropout mask, dropout output
+    hidden = (4 * e + 1) * f if s.gated else (2 * e + 1) * f
+    feed_forward = norm + hidden + d
+    self_attention = norm + 4 * inner * e + d
+    cross_attention = norm + 2 * inner * e + d  # its keys and values are counted per source token below
+    encoder_layer = b * src * (self_attention + feed_forward + s.num_heads * src * score)
+    decoder_layer = (b * tgt * (self_attention + cross_attention + feed_forward + s.num_heads * (tgt + src) * score)
+                     + b * src * 2 * inner * e)
+    # Embedding dropout, final layer norm and dropout of each stack; the decoder's scaled output feeds the lm head.
+    stack_ends = b * src * (2 * d * (1 + e) + norm) + b * tgt * (2 * d * (1 + e) + norm + d * e)
+    position_bias = b * s.num_heads * (src * src + tgt * tgt + tgt * src) * e  # bias + mask, one per attention kind
+    gradient_flow = 3 * b * max(src, tgt) * d * e  # gradients of the hidden states and of the encoder output
+    loss = 3 * b * tgt * s.vocab_size * wide
+    if gradient_checkpointing:
+        layers = (s.num_layers * b * src + s.num_decoder_layers * b * tgt) * d * e  # each block's input
+        transient = max(loss, encoder_layer, decoder_layer)  # the loss first, then one block recomputed at a time
+    else:
+        layers = s.num_layers * encoder_layer + s.num_decoder_layers * decoder_layer
+        transient = loss
+    total = layers + transient + stack_ends + position_bias + gradient_flow
+    return {"layers": int(layers), "transient": int(transient), "other": int(stack_ends + position_bias + gradient_flow),
+            "loss_peak": int(loss), "total": int(total)}
+
+
+def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimizer: bool, precision: str, gpus: int) -> dict:
+    """GPU bytes of gradient and communication buffers: DDP's buckets without DeepSpeed; DeepSpeed's reduce buffers,
+    offload staging buffers and (ZeRO-3) the reduce-scatter copy and the fp32 gradient of the optimizer's sub-group."""
+    low = 4 if precision == "fp32" else 2
+    if stage == 0:
+        # DDP (more than one GPU) copies gradients into fp32 buckets covering every parameter.
+        return {"ddp": 4 * shape.parameters if gpus > 1 else 0}
+    auto_bucket = shape.d_model * shape.d_model  # the Trainer's fill for "auto"
+    bucket = _filled(settings["reduce_bucket_size"], auto_bucket)
+    reduce = bucket * low if settings["contiguous_gradients"] else 0
+    largest_parameter = max(shape.parameter_sizes)
+    if stage in (1, 2):
+        # stage_1_and_2.py: one reduce buffer, two with overlap_comm; with optimizer offload a GPU buffer of the
+        # largest parameter (temp_grad_buffer_for_gpu_offload) through which gradients go to the host.
+        staging = largest_parameter * low if offload_optimizer else 0
+        return {"reduce": reduce * (2 if _overlap_comm(settings, stage) else 1), "offload_staging": staging}
+    # stage3.py: the reduce bucket (ipg_buckets) and reduce_scatter_coalesced's torch.cat of the bucket's gradients
+    # (runtime/comm/coalesced_collectives.py), in the gradient type.
+    detail = {"reduce": reduce, "reduce_scatter": bucket * low}
+    partition = math.ceil(shape.parameters / gpus)
+    if offload_optimizer:
+        # partition_grads copies each reduced gradient partition back to the GPU before offloading it
+        detail["offload_staging"] = math.ceil(largest_parameter / gpus) * low
+    else:
+        # initialize_optimizer_states: an fp32 gradient buffer the size of the largest optimizer sub-group's
+        # partition, on the GPU. DeepSpeed's estimator (18P/N) leaves 2P/N for it; the rest is added here.
+        sub_group = min(_filled(settings["sub_group_size"], 0), partition)
+        detail["fp32_gradient_sub_group"] = max(0, 4 * sub_group - 2 * partition)
+    return detail
+
+
+def weight_copy_bytes(shape: ModelShape, stage: int, precision: str, residency: dict | None) -> dict:
+    """GPU bytes of parameter copies beyond the model states: ZeRO-3's gathered and persistent parameters (in the
+    training dtype; `residency` is zero3_residency_for's), or, without DeepSpeed in 16-bit mixed precision, autocast's
+    16-bit copy of every matmul weight."""
+    if stage == 0:
+        return {"autocast": 2 * shape.matmul_parameters if precision != "fp32" else 0}
+    if stage != 3:
+        return {}
+    low = 4 if precision == "fp32" else 2
+    in_model_states = low * shape.largest_layer_parameters  # DeepSpeed's estimator already counts the largest layer
+    return {"gathered": max(0, residency["gathered"] * low - in_model_states), "persistent": residency["persistent"] * low}
+
+
+@lru_cache(maxsize=256)
+def zero3_residency(shape: ModelShape, persistence_threshold: int, prefetch_bucket_size: int, max_live_parameters: int,
+                    max_reuse_distance: int, gradient_checkpointing: bool) -> dict:
+    """Elements ZeRO-3 holds gathered on each GPU at its peak: the coordinator's gathered parameters, plus the
+    persistent ones (always gathered, on every GPU)."""
+    persistent = frozenset(i for i, n in enumerate(shape.parameter_sizes) if n <= persistence_threshold)
+    persistent_elements = shape.persistent_parameters(persistence_threshold)
+    if shape.module_trace is None:  # no module trace: every parameter, an upper bound
+        return {"gathered": shape.parameters - persistent_elements, "persistent": persistent_elements,
+                "source": "upper bound (no module trace)"}
+    events, module_parameters = zero3_step_events(shape.module_trace, persistent, gradient_checkpointing)
+    replay = simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
+                                            prefetch_bucket_size, max_live_parameters, max_reuse_distance)
+    return {"gathered": replay["peak_gathered"], "persistent": persistent_elements,
+            "source": "replay of DeepSpeed's PartitionedParameterCoordinator on the model's module trace"}
+
+
+def zero3_residency_for(shape: ModelShape, settings: dict, gradient_checkpointing: bool) -> dict:
+    """zero3_residency with the dsconfig's stage-3 settings ("auto" as the Trainer fills it), and the settings used."""
+    auto_bucket = shape.d_model * shape.d_model
+    used = {"stage3_param_persistence_threshold": _filled(settings["stage3_param_persistence_threshold"], 10 * shape.d_model),
+            "stage3_prefetch_bucket_size": _filled(settings["stage3_prefetch_bucket_size"], 0.9 * auto_bucket),
+            "stage3_max_live_parameters": _filled(settings["stage3_max_live_parameters"], 0),
+            "stage3_max_reuse_distance": _filled(settings["stage3_max_reuse_distance"], 0)}
+    return zero3_residency(shape, *used.values(), gradient_checkpointing) | {"settings": used}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything but the strategy and the batch: the cluster, the lengths, the precision, the DeepSpeed settings."""
+
+    nodes: int
+    gpus_per_node: int
+    source_length: int
+    target_length: int
+    precision: str
+    gradient_checkpointing: bool
+    settings: tuple  # zero_settings() items, hashable
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool, offload_param: bool, batch: int) -> dict:
+    """Bytes per GPU by component (and their total), host bytes per node, for one strategy and batch."""
+    settings = dict(setup.settings)
+    states = model_states(shape.parameters, shape.largest_layer_parameters, stage, offload_optimizer, offload_param,
+                          setup.gpus_per_node, setup.nodes, setup.precision)
+    activations = activation_bytes(shape, batch, setup.source_length, setup.target_length, setup.precision,
+                                   setup.gradient_checkpointing, autocast=stage == 0 and setup.precision != "fp32")
+    buckets = bucket_bytes(shape, settings, stage, offload_optimizer, setup.precision, setup.gpus)
+    residency = zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None
+    copies = weight_copy_bytes(shape, stage, setup.precision, residency)
+    gpu = {"parameters": states["parameters"], "gradients": states["gradients"],
+           "optimizer_states": states["optimizer_states"], "weight_copies": sum(copies.values()),
+           "activations": activations["total"], "buckets": sum(buckets.values())}
+    allocated = sum(gpu.values())
+    unseen_by_torch = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if setup.gpus > 1 else 0)
+    gpu["overhead"] = int(ALLOCATOR_OVERHEAD_FRACTION * allocated) + unseen_by_torch
+    total = sum(gpu.values())
+    cpu = int(states["cpu_model_states"] + CPU_RUNTIME_BYTES_PER_RANK * setup.gpus_per_node)
+    return {"gpu_bytes": gpu, "gpu_total_bytes": total, "torch_allocated_bytes": allocated,
+            "torch_reserved_bytes": total - unseen_by_torch, "model_states_bytes": states["parameters"] + states["gradients"] + states["optimizer_states"],
+            "activations_detail": activations, "buckets_detail": buckets, "weight_copies_detail": copies,
+            "zero3_residency": residency,
+            "overhead_detail": {"allocator": gpu["overhead"] - unseen_by_torch, "cuda_context": CUDA_CONTEXT_BYTES,
+                                "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES},
+            "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": states["cpu_model_states"]}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def plan_memory(args: PlanArguments) -> dict:
+    """Predict every strategy's peak memory per pod and recommend the fastest that fits, with its largest batch (JSON-able)."""
+    shape = resolve_model(args.model)
+    dsconfig = read_dsconfig(args.dsconfig) if args.dsconfig else None
+    settings = zero_settings(dsconfig)
+    setup = Setup(args.nodes, args.gpus_per_node, args.max_source_length, args.max_target_length, args.precision,
+                  args.gradient_checkpointing, tuple(sorted(settings.items())))
+    limits = _limits(args)
+    strategies = {}
+    for name in STRATEGIES:
+        row = predict(shape, setup, *STRATEGY_LAYOUT[name], args.per_device_train_batch_size)
+        strategies[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
+    plan = {
+        "model": shape.as_dict(),
+        "inputs": {k: v for k, v in asdict(args).items() if k != "json"} | {"world_size": setup.gpus},
+        "dsconfig_strategy": _dsconfig_label(dsconfig),
+        "zero_settings": {k: v for k, v in settings.items() if k != "shipped"},
+        "zero_settings_source": args.dsconfig or "shipped dsconfig/ files",
+        "strategies": strategies,
+        "assumptions": ASSUMPTIONS,
+    }
+    plan["recommendation"], plan["problem"] = _recommend(shape, setup, args, strategies, limits)
+    return plan
+
+
+def _limits(args: PlanArguments) -> dict:
+    keep = 1 - args.safety_margin
+    return {"gpu": args.gpu_memory_gb * GIB * keep,
+            "cpu": None if args.cpu_memory_gb is None else args.cpu_memory_gb * GIB * keep}
+
+
+def _fits(row: dict, limits: dict) -> bool:
+    cpu_ok = limits["cpu"] is None or row["cpu_per_node_bytes"] <= limits["cpu"]
+    return row["gpu_total_bytes"] <= limits["gpu"] and cpu_ok
+
+
+def _with_verdict(row: dict, limits: dict, gpu_memory_gb: float, cpu_memory_gb: float | None) -> dict:
+    row = dict(row)
+    row["gpu_gb"] = {k: round(v / GIB, 3) for k, v in row["gpu_bytes"].items()}
+    row["gpu_total_gb"] = round(row["gpu_total_bytes"] / GIB, 3)
+    row["cpu_per_node_gb"] = round(row["cpu_per_node_bytes"] / GIB, 3)
+    row["fits_gpu"] = row["gpu_total_bytes"] <= gpu_memory_gb * GIB
+    row["fits_cpu"] = None if cpu_memory_gb is None else row["cpu_per_node_bytes"] <= cpu_memory_gb * GIB
+    row["fits_with_margin"] = _fits(row, limits)
+    return row
+
+
+def _recommend(shape, setup, args, strategies, limits):
+    """(recommendation, problem): the first strategy in speed order that fits with the margin, and its largest batch."""
+    for name in STRATEGIES:
+        if strategies[name]["fits_with_margin"]:
+            largest = largest_batch(shape, setup, name, limits)
+            return {"strategy": name, "per_device_train_batch_size": args.per_device_train_batch_size,
+                    "largest_per_device_train_batch_size": largest,
+                    "predicted_gpu_gb": strategies[name]["gpu_total_gb"],
+                    "reason": f"{name} is the fastest strategy whose prediction fits in {1 - args.safety_margin:.0%} of "
+                              f"{args.gpu_memory_gb:g} GB" + (f" (and of {args.cpu_memory_gb:g} GB host memory)" if args.cpu_memory_gb else "")}, None
+    return None, _no_fit_message(shape, setup, args, strategies, limits)
+
+
+def largest_batch(shape: ModelShape, setup: Setup, strategy: str, limits: dict) -> int:
+    """The largest per-device batch (up to 4096) whose prediction fits the limits under `strategy`; 0 if none."""
+    layout = STRATEGY_LAYOUT[strategy]
+
+    def fits(batch):
+        return _fits(predict(shape, setup, *layout, batch), limits)
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= MAX_BATCH_SEARCHED and fits(high):
+        low, high = high, high * 2
+    high = min(high, MAX_BATCH_SEARCHED + 1)
+    while high - low > 1:  # fits(low) and not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def _no_fit_message(shape, setup, args, strategies, limits) -> str:
+    smallest = min(STRATEGIES, key=lambda n: strategies[n]["gpu_total_bytes"])
+    allowed = f"{args.gpu_memory_gb:g} GB less the {args.safety_margin:.0%} safety margin"
+    fixes = []
+    if args.nodes * args.gpus_per_node < 64:
+        fixes.append("more pods (--nodes) or GPUs per pod, which divide the ZeRO-3 model states")
+    if not args.gradient_checkpointing:
+        fixes.append("--gradient_checkpointing True")
+    if args.precision == "fp32":
+        fixes.append("--precision bf16 (Ampere or newer)")
+    fixes.append("shorter --max_source_length/--max_target_length or a smaller model")
+    for name in STRATEGIES:
+        batch = largest_batch(shape, setup, name, limits)
+        if batch:
+            return (f"A per-device batch of {args.per_device_train_batch_size} fits under no strategy for {shape.name} on "
+                    f"{args.nodes} x {args.gpus_per_node} GPU(s): the smallest prediction is "
+                    f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB "
+                    f"allowed ({allowed}). The fastest strategy that fits at all is {name} with a batch of at most "
+                    f"{batch}: pass --per_device_train_batch_size {batch} and raise --gradient_accumulation_steps to keep "
+                    f"the effective batch, or use {', or '.join(fixes)}.")
+    cpu_note = ""
+    if args.cpu_memory_gb is not None and not strategies[smallest]["fits_cpu"]:
+        cpu_note = f" The host memory also falls short ({strategies[smallest]['cpu_per_node_gb']:.1f} GB per node needed)."
+    return (f"{shape.name} fits under no strategy on {args.nodes} x {args.gpus_per_node} GPU(s) of {args.gpu_memory_gb:g} GB, "
+            f"not even with a batch of 1: the smallest prediction at batch {args.per_device_train_batch_size} is "
+            f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB allowed "
+            f"({allowed}).{cpu_note} Use {', or '.join(fixes)}.")
+
+
+def _dsconfig_label(dsconfig) -> str | None:
+    if dsconfig is None:
+        return None
+
+    return describe_strategy(dsconfig)["label"]
+
+
+def _first_line(error) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -1,0 +1,336 @@
+"""Prepare WikiSQL for training: load a source, tokenize with a task prefix (no fixed padding), report lengths, save to disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from textsql import __version__
+from textsql.errors import TextsqlError
+from textsql.hub import load_tokenizer
+from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR
+from textsql.vocabulary import add_characters, missing_characters
+from textsql.wikisql.format import SOURCE_FORMATS, Example, WikiSQLData, source_text
+from textsql.wikisql.release import load_wikisql
+from textsql.wikisql.synthetic import generate_wikisql
+
+logger = logging.getLogger(__name__)
+
+OVERLONG_POLICIES = ("error", "truncate", "drop")
+PERCENTILES = (50, 90, 95, 99, 100)
+# Where a fine-tuned model records what it was trained to read (the T5 convention for task prefixes).
+MODEL_CONFIG_KEY = "textsql"
+
+
+@dataclass
+class PrepArguments:
+    """Where the data comes from, how it is tokenized, and where it is saved."""
+
+    source: str = field(
+        metadata={
+            "help": "'generate' for built-in generated WikiSQL-format data; a folder or .tar.bz2 of the original "
+            "WikiSQL release (train.jsonl, train.tables.jsonl, dev.jsonl, ...); or a hub dataset name of a parquet "
+            "copy (the script-based 'wikisql' cannot be loaded by current datasets)."
+        }
+    )
+    model_id: str = field(default="t5-small", metadata={"help": "Tokenizer to use: hub name or local model folder."})
+    output_dir: str = field(default="data/wikisql", metadata={"help": "Folder to save the tokenized DatasetDict in."})
+    source_prefix: str = field(default="translate English to SQL: ", metadata={"help": "T5 task prefix put before every question."})
+    source_format: str = field(
+        default="question",
+        metadata={"help": "What the model reads: 'question' (the walkthrough's format), or 'question+header': the question "
+                  "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."},
+    )
+    max_source_length: int = field(default=512, metadata={"help": "Longest question in tokens (prefix included)."})
+    max_target_length: int = field(default=256, metadata={"help": "Longest SQL target in tokens."})
+    overlong: str = field(
+        default="error",
+        metadata={"help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported)."},
+    )
+    max_examples_per_split: int | None = field(default=None, metadata={"help": "Keep at most this many examples per split (quick runs)."})
+    generate_train_tables: int = field(default=300, metadata={"help": "With --source generate: tables in the train split (dev and test get a fifth each)."})
+    generate_questions_per_table: int = field(default=10, metadata={"help": "With --source generate: questions per table."})
+    seed: int = field(default=0, metadata={"help": "Seed for the generator."})
+    overwrite: bool = field(default=False, metadata={"help": "Replace a prepared dataset already in output_dir."})
+
+    def __post_init__(self):
+        if self.source_format not in SOURCE_FORMATS:
+            raise TextsqlError(f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'.")
+        if self.overlong not in OVERLONG_POLICIES:
+            raise TextsqlError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}, not '{self.overlong}'.")
+        if self.max_source_length < 8 or self.max_target_length < 8:
+            raise TextsqlError("--max_source_length and --max_target_length must be at least 8 tokens.")
+        if self.max_examples_per_split is not None and self.max_examples_per_split < 1:
+            raise TextsqlError("--max_examples_per_split must be a positive number (or left out for all).")
+        if self.generate_train_tables < 5 or self.generate_questions_per_table < 1:
+            raise TextsqlError("--generate_train_tables must be at least 5 and --generate_questions_per_table at least 1.")
+
+
+def load_source(args: PrepArguments) -> WikiSQLData:
+    """The raw examples: generated into output_dir/source, or read from the given source."""
+    if args.source == "generate":
+
+        held_out_tables = max(1, args.generate_train_tables // 5)
+        folder = generate_wikisql(
+            Path(args.output_dir) / "source",
+            train_tables=args.generate_train_tables,
+            dev_tables=held_out_tables,
+            test_tables=held_out_tables,
+            questions_per_table=args.generate_questions_per_table,
+            seed=args.seed,
+        )
+        data = load_wikisql(str(folder))
+        data.source = "generate"
+        return data
+    return load_wikisql(args.source)
+
+
+def prepare_dataset(args: PrepArguments):
+    """Load, tokenize, report and save; returns the saved folder. The prep notebook and `textsql prep` call this."""
+
+    output_dir = Path(args.output_dir)
+    if (output_dir / METADATA_FILE).exists() and not args.overwrite:
+        raise TextsqlError(f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir.")
+    base_tokenizer = load_tokenizer(args.model_id)
+    data = load_source(args)
+    if not data.splits.get("train"):
+        raise TextsqlError(f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}.")
+    if args.source_format != "question" and not data.tables:
+        raise TextsqlError(f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
+                           "release files or a hub copy with a 'table' column, or --source_format question.")
+    splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
+    sources = {name: [source_text(e.question, _header(data, e), args.source_prefix, args.source_format) for e in examples]
+               for name, examples in splits.items()}
+    # Every character the model reads or writes must be one it can produce: add what the tokenizer lacks.
+    missing = missing_characters(base_tokenizer, (text for name in splits for text in sources[name] + [e.target for e in splits[name]]))
+    tokenizer = base_tokenizer
+    if missing["unknown"]:
+        tokenizer = add_characters(base_tokenizer, missing["unknown"], output_dir / TOKENIZER_DIR)
+        logger.info("Added %d characters that '%s' cannot produce to its vocabulary: %s", len(missing["unknown"]), args.model_id,
+                    ", ".join(repr(c) for c in missing["unknown"]))
+    dataset = tokenize_splits(splits, sources, tokenizer)
+    report = length_report(dataset, args.max_source_length, args.max_target_length)
+    lost = characters_lost_in_targets(dataset, tokenizer)
+    if lost["examples"]:
+        logger.warning(
+            "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it rewrites: %s); the model "
+            "cannot generate them exactly, so those examples cannot be scored right.", lost["examples"], args.model_id,
+            ", ".join(f"{c!r} x{n}" for c, n in lost["characters"].items()),
+        )
+    dataset = apply_overlong_policy(dataset, report, args)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    dataset.save_to_disk(str(output_dir))
+    _save_tables(output_dir, data, splits)
+    metadata = {
+        "source": data.source if args.source != "generate" else "generate",
+        "tokenizer": args.model_id,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "base_tokenizer_fingerprint": tokenizer_fingerprint(base_tokenizer),
+        "tokenizer_dir": TOKENIZER_DIR if tokenizer is not base_tokenizer else None,
+        "added_characters": missing["unknown"],
+        "characters_changed_by_normalizer": missing["normalized"],
+        "source_prefix": args.source_prefix,
+        "source_format": args.source_format,
+        "max_source_length": args.max_source_length,
+        "max_target_length": args.max_target_length,
+        "overlong": args.overlong,
+        "examples": {name: len(split) for name, split in dataset.items()},
+        "lengths": report,
+        "targets_lost_in_tokenization": lost,
+        "has_tables": bool(data.tables),
+        "arguments": asdict(args),
+        "textsql_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (output_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    return output_dir
+
+
+def _header(data: WikiSQLData, example: Example) -> list[str] | None:
+    table = data.tables.get(example.table_id)
+    return table["header"] if table else None
+
+
+def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[str]], tokenizer):
+    """Tokenized DatasetDict: input_ids, attention_mask, labels (unpadded) plus the question, target and query.
+
+    `sources` holds, per split, the text the model reads for each example (see source_text).
+    """
+    from datasets import Dataset, DatasetDict
+
+    result = {}
+    for name, examples in splits.items():
+        encoded = tokenizer(sources[name], truncation=False)
+        targets = tokenizer(text_target=[e.target for e in examples], truncation=False)
+        result[name] = Dataset.from_dict(
+            {
+                "question": [e.question for e in examples],
+                "target": [e.target for e in examples],
+                "table_id": [e.table_id for e in examples],
+                "sql": [json.dumps(e.sql) if e.sql is not None else "" for e in examples],
+                "input_ids": encoded["input_ids"],
+                "attention_mask": encoded["attention_mask"],
+                "labels": targets["input_ids"],
+            }
+        )
+    return DatasetDict(result)
+
+
+def characters_lost_in_targets(dataset, tokenizer) -> dict:
+    """Targets whose decode(encode(text)) differs, and the characters missing (after prep's additions, only characters
+    the tokenizer's normalizer rewrites can be left)."""
+    from collections import Counter
+
+    missing: Counter = Counter()
+    examples = 0
+    for split in dataset.values():
+        for target, decoded in zip(split["target"], tokenizer.batch_decode(list(split["labels"]), skip_special_tokens=True)):
+            if " ".join(decoded.split()) != target:
+                examples += 1
+                missing.update(set(target) - set(decoded))
+    return {"examples": examples, "characters": dict(missing.most_common(20))}
+
+
+def length_report(dataset, max_source_length: int, max_target_length: int) -> dict:
+    """Token-length percentiles per split, mean real tokens per example, and how many exceed the max lengths."""
+    report = {}
+    for name, split in dataset.items():
+        source = np.array([len(ids) for ids in split["input_ids"]])
+        target = np.array([len(ids) for ids in split["labels"]])
+        report[name] = {
+            "source_percentiles": {f"p{p}": int(np.percentile(source, p)) for p in PERCENTILES},
+            "target_percentiles": {f"p{p}": int(np.percentile(target, p)) for p in PERCENTILES},
+            "mean_tokens_per_example": float((source.sum() + target.sum()) / max(len(split), 1)),
+            "source_over_max": int((source > max_source_length).sum()),
+            "target_over_max": int((target > max_target_length).sum()),
+            "examples": len(split),
+        }
+    return report
+
+
+def format_length_report(report: dict) -> str:
+    lines = [f"{'split':<11}{'n':>7}  source p50/p95/p99/max   target p50/p95/p99/max   over max (src/tgt)"]
+    for name, r in report.items():
+        s, t = r["source_percentiles"], r["target_percentiles"]
+        lines.append(
+            f"{name:<11}{r['examples']:>7}  {s['p50']:>5}/{s['p95']}/{s['p99']}/{s['p100']:<10}"
+            f"  {t['p50']:>5}/{t['p95']}/{t['p99']}/{t['p100']:<10}  {r['source_over_max']}/{r['target_over_max']}"
+        )
+    return "\n".join(lines)
+
+
+def apply_overlong_policy(dataset, report: dict, args: PrepArguments):
+    """Never truncate silently: error (default), truncate or drop, always saying how many."""
+    overlong = {name: (r["source_over_max"], r["target_over_max"]) for name, r in report.items() if r["source_over_max"] or r["target_over_max"]}
+    if not overlong:
+        return dataset
+    counts = "; ".join(f"{name}: {s} questions over {args.max_source_length} tokens, {t} targets over {args.max_target_length}" for name, (s, t) in overlong.items())
+    if args.overlong == "error":
+        raise TextsqlError(
+            f"Some examples are longer than the max lengths ({counts}). Raise --max_source_length/--max_target_length, "
+            "or pass --overlong truncate or --overlong drop."
+        )
+    logger.warning("%s examples over the max lengths: %s", "Truncating" if args.overlong == "truncate" else "Dropping", counts)
+    if args.overlong == "drop":
+        return dataset.filter(lambda row: len(row["input_ids"]) <= args.max_source_length and len(row["labels"]) <= args.max_target_length)
+    return dataset.map(lambda row: _truncate(row, args.max_source_length, args.max_target_length))
+
+
+def _truncate(row: dict, max_source: int, max_target: int) -> dict:
+    # Keep the final </s> so the model still learns where a query ends.
+    def cut(ids, n):
+        return ids if len(ids) <= n else ids[: n - 1] + ids[-1:]
+
+    input_ids = cut(row["input_ids"], max_source)
+    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": cut(row["labels"], max_target)}
+
+
+def _save_tables(output_dir: Path, data: WikiSQLData, splits: dict[str, list[Example]]) -> None:
+    """The tables the kept questions refer to, for executing queries later."""
+    used = {e.table_id for examples in splits.values() for e in examples}
+    with open(output_dir / TABLES_FILE, "w", encoding="utf-8") as f:
+        for table_id in sorted(used & data.tables.keys()):
+            f.write(json.dumps(data.tables[table_id]) + "\n")
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the vocabulary, so training can refuse data tokenized with another tokenizer."""
+    import hashlib
+
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def load_prepared(path: str | Path):
+    """The saved DatasetDict and its metadata, or a clear error saying how to make it."""
+    from datasets import load_from_disk
+
+    path = Path(path)
+    if not (path / METADATA_FILE).is_file():
+        raise TextsqlError(
+            f"'{path}' is not a prepared textsql dataset (no {METADATA_FILE}). Run `textsql prep --source ... --output_dir {path}` "
+            "first (or the prep_dataset notebook)."
+        )
+    return load_from_disk(str(path)), json.loads((path / METADATA_FILE).read_text())
+
+
+def load_tables(path: str | Path) -> dict[str, dict]:
+    tables_file = Path(path) / TABLES_FILE
+    if not tables_file.is_file():
+        return {}
+    with open(tables_file, encoding="utf-8") as f:
+        return {t["id"]: t for t in map(json.loads, f)}
+
+
+def tokenizer_for_training(model_tokenizer, dataset_dir: str | Path, metadata: dict):
+    """The tokenizer to train with: the model's own, or the prepared data's copy of it with the characters it lacked.
+
+    Refuses data tokenized with another tokenizer.
+    """
+
+    have = tokenizer_fingerprint(model_tokenizer)
+    if have == metadata.get("tokenizer_fingerprint") or "tokenizer_fingerprint" not in metadata:
+        return model_tokenizer
+    if metadata.get("tokenizer_dir") and have == metadata.get("base_tokenizer_fingerprint"):
+        return load_tokenizer(str(Path(dataset_dir) / metadata["tokenizer_dir"]))
+    raise TextsqlError(
+        f"'{dataset_dir}' was tokenized with '{metadata.get('tokenizer')}', whose vocabulary differs from this model's "
+        "tokenizer. Run `textsql prep` again with --model_id set to the model you train."
+    )
+
+
+def source_settings(metadata: dict) -> dict:
+    """How a dataset's sources were built: what a model trained on it must be given at inference, too."""
+    return {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
+
+
+def record_source_settings(model_config, metadata: dict) -> None:
+    """Write the dataset's source settings into the model's config, so every saved copy of the model carries them."""
+    params = dict(getattr(model_config, "task_specific_params", None) or {})
+    params[MODEL_CONFIG_KEY] = source_settings(metadata)
+    model_config.task_specific_params = params
+
+
+def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path) -> None:
+    """Refuse data whose sources differ from what the model was fine-tuned to read (a model not fine-tuned by textsql
+    carries no settings and accepts any)."""
+    trained = (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
+    if not trained:
+        return
+    given = source_settings(metadata)
+    if trained.get("source_format") != given["source_format"]:
+        raise TextsqlError(
+            f"This model was fine-tuned on sources in the '{trained.get('source_format')}' format, but '{dataset_dir}' was "
+            f"prepared with --source_format {given['source_format']}. Prepare the data again with --source_format "
+            f"{trained.get('source_format')} (or train a model on this format)."
+        )
+    if trained.get("source_prefix") != given["source_prefix"]:
+        raise TextsqlError(
+            f"This model was fine-tuned with the prefix {trained.get('source_prefix')!r}, but '{dataset_dir}' was prepared with "
+            f"{given['source_prefix']!r}. Prepare the data again with --source_prefix {trained.get('source_prefix')!r}."
+        )

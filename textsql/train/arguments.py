@@ -1,0 +1,219 @@
+"""The training arguments: three dataclasses with textsql's defaults, parsed once from a command line, a JSON/YAML
+recipe or a dict, and handed between processes as one JSON object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from transformers import Seq2SeqTrainingArguments
+from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+from textsql.errors import TextsqlError
+from textsql.evaluate import check_decoding
+from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
+
+# The original walkthrough's flag names, kept so its commands still work.
+# transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
+LEGACY_FLAGS = {"--outputdir": "--output_dir", "--epochs": "--num_train_epochs", "--gradient_checkpointing": "--activation_checkpointing"}
+
+
+@dataclass
+class ModelArguments:
+    """Which model to fine-tune."""
+
+    model_id: str = field(default="t5-small", metadata={"help": "Hub name (t5-small, t5-large, t5-3b) or a local model folder."})
+
+
+@dataclass
+class DataArguments:
+    """Which prepared dataset to train on."""
+
+    dataset_dir: str = field(default="data/wikisql", metadata={"help": "Folder written by `textsql prep`."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on at most this many examples."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on at most this many validation examples."})
+    execution_accuracy_samples: int = field(
+        default=0,
+        metadata={"help": "At each evaluation, generate SQL for the first N validation questions and log their execution "
+                  "accuracy (TensorBoard eval/execution_accuracy, run_summary.json). 0 turns it off."},
+    )
+    execution_accuracy_decoding: str = field(
+        default="greedy",
+        metadata={"help": "Decoding for that score: greedy, or execution_guided (the best of --execution_accuracy_num_beams "
+                  "beams that executes; see textsql infer --decoding)."},
+    )
+    execution_accuracy_num_beams: int = field(default=1, metadata={"help": "Beams for that score (at least 2 with execution_guided)."})
+
+    def __post_init__(self):
+
+        if self.execution_accuracy_samples < 0:
+            raise TextsqlError("--execution_accuracy_samples must be 0 (off) or a positive number of validation questions.")
+        check_decoding(self.execution_accuracy_decoding, self.execution_accuracy_num_beams, "--execution_accuracy_")
+        for name in ("max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise TextsqlError(f"--{name} must be a positive number (or left out for all).")
+
+
+def _textsql_default(name: str, default, why: str = ""):
+    """A Seq2SeqTrainingArguments field with textsql's default; the Trainer's help text says what it is."""
+    parent = _TRAINER_FIELDS[name]
+    note = f" textsql's default: {default!r}" + (f" ({why})" if why else "") + "."
+    return field(default=default, metadata={**parent.metadata, "help": parent.metadata.get("help", "").rstrip() + note})
+
+
+_TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
+
+
+@dataclass
+class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
+    """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
+
+    Building one is cheap and touches no device, so a notebook kernel or the multi-pod session (perhaps without a GPU)
+    can describe a run and hand it to the processes that train. The Trainer's own checks and device setup run once, in
+    the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
+    TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run.
+    """
+
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where the run is written; default: <runs_root>/<model>-<strategy>-ws<world size>-bs<batch>."})
+    num_train_epochs: float = _textsql_default("num_train_epochs", 3.0)
+    per_device_train_batch_size: int = _textsql_default("per_device_train_batch_size", 32, "the walkthrough's")
+    per_device_eval_batch_size: int = _textsql_default("per_device_eval_batch_size", 32)
+    learning_rate: float = _textsql_default("learning_rate", 3e-4)
+    eval_strategy: IntervalStrategy | str = _textsql_default("eval_strategy", "epoch")
+    save_strategy: SaveStrategy | str = _textsql_default("save_strategy", "epoch")
+    save_total_limit: int | None = _textsql_default("save_total_limit", 2)
+    logging_steps: float = _textsql_default("logging_steps", 50)
+    logging_first_step: bool = _textsql_default("logging_first_step", True)
+    report_to: None | str | list[str] = _textsql_default("report_to", "tensorboard")
+    train_sampling_strategy: str = _textsql_default(
+        "train_sampling_strategy", "group_by_length", "batches of similar lengths waste little on padding")
+    average_tokens_across_devices: bool = _textsql_default(
+        "average_tokens_across_devices", False, "T5's forward ignores the token count, so averaging would scale the loss by the world size")
+    ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
+    # How textsql sets the run up.
+    runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>-ws<world size>-bs<batch>."})
+    precision: str = field(
+        default="auto",
+        metadata={"help": "auto (bf16 where every GPU has it natively: compute capability 8.0+, with TF32 for the rest; fp32 "
+                  "on older GPUs and the CPU), bf16, fp32 (true fp32 matmuls, no TF32) or fp16. The Trainer's --bf16/--fp16 "
+                  "flags mean the same."},
+    )
+    force_fp16: bool = field(default=False, metadata={"help": "Allow fp16 on T5 anyway (it overflows to NaN on t5-large)."})
+    # Not `device`: that is the Trainer's property for the torch device it sets up.
+    accelerator: str = field(
+        default="auto",
+        metadata={"help": "auto (the GPUs when there are any), cuda (stop with an error when this process sees no GPU, "
+                  "instead of training on the CPU) or cpu."},
+    )
+    num_gpus: int | None = field(
+        default=None,
+        metadata={"help": "Ranks on this pod when `textsql train` is started directly: one per visible GPU by default "
+                  "(started through the deepspeed launcher), 1 to train on one GPU. Ignored under a launcher."},
+    )
+    save_dtype: str = field(
+        default="float32",
+        metadata={"help": "dtype of the saved final model, whatever the strategy trained in: float32 (so every strategy's model "
+                  "scores alike and can be fine-tuned again without DeepSpeed) or bfloat16 (half the size)."},
+    )
+    overwrite: bool = field(default=False, metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."})
+
+    def __post_init__(self):
+        """textsql's own checks only; the Trainer's __post_init__ runs in finalize()."""
+
+        if self.precision not in PRECISIONS:
+            raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
+        if self.accelerator not in DEVICE_CHOICES:
+            raise TextsqlError(f"--accelerator must be one of {', '.join(DEVICE_CHOICES)}, not '{self.accelerator}'.")
+        if self.save_dtype not in ("float32", "bfloat16"):
+            raise TextsqlError(f"--save_dtype must be float32 or bfloat16, not '{self.save_dtype}'.")
+        if self.num_gpus is not None and self.num_gpus < 1:
+            raise TextsqlError(f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}.")
+        self.finalized = False
+
+    def finalize(self, **decided) -> "TextsqlTrainingArguments":
+        """Set what textsql decided, then run the Trainer's own checks and device setup (once, in the training process)."""
+        if self.finalized:
+            raise RuntimeError("These training arguments are finalized already; finalize a copy (copy.copy) for another run.")
+        for name, value in decided.items():
+            setattr(self, name, value)
+        try:
+            super().__post_init__()
+        except ValueError as error:
+            raise TextsqlError(f"Invalid training arguments: {error}") from None
+        self.finalized = True
+        return self
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, TextsqlTrainingArguments)
+
+
+RECIPE_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Map the walkthrough's flag names to the Trainer's."""
+    result = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        result.append(LEGACY_FLAGS.get(flag, flag) + eq + value if flag.startswith("--") else arg)
+    return result
+
+
+def argument_parser():
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(ARGUMENT_CLASSES, prog="textsql train",
+                            description="Fine-tune a seq2seq model on prepared WikiSQL. Arguments, or one JSON/YAML recipe file.")
+
+
+def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
+    """The three argument dataclasses from a command line, or from a JSON or YAML recipe (`textsql train recipe.yaml`)."""
+    parser = argument_parser()
+    # `deepspeed --module textsql.train recipe.yaml` gives each rank `--local_rank=N recipe.yaml`; LOCAL_RANK says the same
+    without_local_rank = [a for a in argv if not a.startswith("--local_rank=")]
+    try:
+        if len(without_local_rank) == 1 and without_local_rank[0].endswith(RECIPE_SUFFIXES):
+            recipe = Path(without_local_rank[0])
+            if not recipe.is_file():
+                raise TextsqlError(f"The recipe file {recipe} does not exist.")
+            if recipe.suffix == ".json":
+                return tuple(parser.parse_json_file(recipe, allow_extra_keys=False))
+            return tuple(parser.parse_yaml_file(recipe, allow_extra_keys=False))
+        return tuple(parser.parse_args_into_dataclasses(args=normalize_argv(argv)))
+    except ValueError as error:  # unknown keys or flags, bad values
+        raise TextsqlError(f"Invalid training arguments: {error}") from None
+
+
+def as_arguments(arguments) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
+    """The three argument dataclasses, given as they are or as a command line (parsed here, once)."""
+    arguments = tuple(arguments)
+    if len(arguments) == 3 and all(isinstance(a, kind) for a, kind in zip(arguments, ARGUMENT_CLASSES)):
+        return arguments
+    if all(isinstance(a, str) for a in arguments):
+        return parse_arguments(list(arguments))
+    raise TextsqlError("Pass the training arguments as (ModelArguments, DataArguments, TextsqlTrainingArguments) or as a "
+                       "command line (a list of strings, as `textsql train` takes).")
+
+
+def arguments_dict(model: ModelArguments, data: DataArguments, training: TextsqlTrainingArguments) -> dict:
+    """The arguments as one JSON-able object (what each dataclass was given: nothing the Trainer derives later), with
+    every token left out: the object travels to other processes and nodes, and lands in files."""
+    from enum import Enum
+
+    values = {}
+    for instance in (model, data, training):
+        for f in fields(instance):
+            if f.init:
+                value = getattr(instance, f.name)
+                values[f.name] = value.value if isinstance(value, Enum) else value
+    for name in [name for name in values if name.endswith("_token")]:
+        values[name] = None
+    return values
+
+
+def arguments_from_dict(values: dict) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
+    try:
+        return tuple(argument_parser().parse_dict(values, allow_extra_keys=False))
+    except ValueError as error:
+        raise TextsqlError(f"Invalid training arguments: {error}") from None

@@ -1,0 +1,120 @@
+"""Start training in child processes (python, or the deepspeed launcher for DeepSpeed or several GPUs), stream their
+output, and return the run summary. The arguments reach the children as one JSON file, parsed once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+from textsql.paths import ARGUMENTS_FILE, SUMMARY_FILE
+from textsql.run_summary import format_summary, read_summary
+from textsql.strategy.devices import (
+    NodeDevices,
+    launcher_device_args,
+    local_devices,
+    ranks_per_node,
+    threads_per_rank,
+    usable_cores,
+    use_accelerator,
+)
+from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
+from textsql.train.run import train
+
+SUMMARY_MARKER = "textsql-run-summary: "
+STARTED_BY_TEXTSQL = "TEXTSQL_STARTED_RANKS"  # set for the processes run_training starts: they never start ranks themselves
+
+
+def node_devices(accelerator: str = "auto"):
+    """This pod's devices as a training with `--accelerator device` uses them: none with --accelerator cpu. Asked
+    without initialising CUDA in this process, which lives as long as the training (textsql.strategy.devices.local_devices)."""
+
+    return NodeDevices((), usable_cores()) if accelerator == "cpu" else local_devices()
+
+
+def deepspeed_launcher() -> str:
+    """The `deepspeed` launcher beside this Python (the virtual environment's), else on PATH."""
+    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if launcher is None:
+        raise TextsqlError("The `deepspeed` launcher is not on PATH. Install the project's requirements (bash scripts/bootstrap.sh setup).")
+    return launcher
+
+
+def training_command(arguments_file: Path, ranks: int, devices, uses_deepspeed: bool) -> list[str]:
+    """`deepspeed <devices> --module textsql.train FILE` for DeepSpeed or several ranks, else `python -m textsql.train FILE`.
+
+    A user's CUDA_VISIBLE_DEVICES is kept (textsql.strategy.devices.launcher_device_args).
+    """
+
+    if not uses_deepspeed and ranks == 1:
+        return [sys.executable, "-m", "textsql.train", str(arguments_file)]
+    devices_args = launcher_device_args(ranks, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return [deepspeed_launcher(), *devices_args, "--module", "textsql.train", str(arguments_file)]
+
+
+def child_environment(ranks: int, devices) -> dict[str, str]:
+    """The training processes' environment: DeepSpeed's CPU accelerator without GPUs, and with several ranks each
+    rank's share of the cores for OpenMP (ZeRO offload's CPU Adam uses them), unless OMP_NUM_THREADS is set."""
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{STARTED_BY_TEXTSQL: str(ranks)})
+    if not devices.gpus:
+        use_accelerator("cpu", env)
+    if ranks > 1:
+        env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(devices, ranks)))
+    return env
+
+
+def run_training(model_args, data_args, training_args, num_gpus: int | None = None, *, echo=print, tail_lines: int = 40) -> dict:
+    """Train in child processes (one rank per visible GPU unless `num_gpus` says otherwise), echo their output line by
+    line, and return the run's summary (textsql.run_summary). The arguments are textsql.train's dataclasses (notebooks build them)."""
+
+    devices = node_devices(training_args.accelerator)
+    ranks = ranks_per_node(num_gpus, devices)
+    with tempfile.TemporaryDirectory(prefix="textsql-launch-") as folder:
+        arguments_file = Path(folder) / ARGUMENTS_FILE
+        arguments_file.write_text(json.dumps(arguments_dict(model_args, data_args, training_args), indent=2) + "\n")
+        command = training_command(arguments_file, ranks, devices, uses_deepspeed=bool(training_args.deepspeed))
+        echo("$ " + " ".join(command))
+        tail: deque[str] = deque(maxlen=tail_lines)
+        summary_path = None
+        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_environment(ranks, devices)) as child:
+            for line in child.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                echo(line)
+                if SUMMARY_MARKER in line:
+                    summary_path = line.split(SUMMARY_MARKER, 1)[1].strip()
+    if child.returncode != 0 or summary_path is None:
+        last = "\n".join(tail)
+        raise TextsqlError(f"Training exited with status {child.returncode}. Last lines of its output:\n{last}")
+    return read_summary(summary_path)
+
+
+def launches_ranks(training: TextsqlTrainingArguments, devices=None) -> int:
+    """How many ranks `textsql train` itself must start on this pod: 0 under a launcher or for one rank (it trains in
+    this process), else one per visible GPU (or --num_gpus)."""
+
+    if "LOCAL_RANK" in os.environ or STARTED_BY_TEXTSQL in os.environ:
+        return 0
+    ranks = ranks_per_node(training.num_gpus, devices if devices is not None else node_devices(training.accelerator))
+    return ranks if ranks > 1 else 0
+
+
+def train_and_report(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> int:
+    """Train, then (rank 0) print the summary and the line that tells a launcher where run_summary.json is; 2 with one
+    paragraph for a problem the user can fix."""
+    try:
+        summary = train(model_args, data_args, training_args)
+    except TextsqlError as error:
+        print(f"textsql train: {error}", file=sys.stderr)
+        return 2
+    if summary is not None:
+        print(format_summary(summary))
+        print(f"{SUMMARY_MARKER}{Path(summary.output_dir).resolve() / SUMMARY_FILE}", flush=True)
+    return 0

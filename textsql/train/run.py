@@ -1,0 +1,286 @@
+"""One training run: decide the device, precision, run folder and resume point (set_up_run), train with the Trainer,
+save the model and write run_summary.json (train)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from textsql import __version__
+from textsql.errors import TextsqlError
+from textsql.evaluate import load_scoring_set
+from textsql.hub import load_seq2seq_model, load_tokenizer
+from textsql.paths import LOG_FILE, SUMMARY_FILE
+from textsql.planner.check import compare_with_run
+from textsql.prep import check_source_settings, load_prepared, record_source_settings, tokenizer_for_training
+from textsql.run_summary import RunSummary, run_state, write_summary
+from textsql.strategy.devices import (
+    NodeDevices,
+    choose_accelerator,
+    precision_from_trainer_flags,
+    resolve_precision,
+    use_accelerator,
+)
+from textsql.strategy.dsconfig import (
+    check_batch_settings,
+    describe_strategy,
+    load_dsconfig,
+    resolve_dsconfig_path,
+    resolve_for_run,
+)
+from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
+from textsql.train.distributed import ensure_distributed_env, gather_to_all, world_size
+from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
+from textsql.train.trainer import make_trainer_class, peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
+from textsql.vocabulary import fit_embeddings
+
+if TYPE_CHECKING:
+    from textsql.run_summary import RunSummary
+    from textsql.strategy.devices import NodeDevices, PrecisionChoice
+
+logger = logging.getLogger("textsql.train")
+
+
+def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int, ranks: int) -> str:
+    return f"{Path(model_id.rstrip('/')).name}-{strategy_label}-ws{ranks}-bs{per_device_batch}"
+
+
+def load_strategy(deepspeed) -> tuple[dict | None, dict]:
+    """(the DeepSpeed config, validated, or None without one; its strategy: stage, offload, label)."""
+
+    if not deepspeed:
+        return None, describe_strategy(None)
+    config = load_dsconfig(resolve_dsconfig_path(deepspeed)) if not isinstance(deepspeed, dict) else deepspeed
+    return config, describe_strategy(config)
+
+
+def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: int, strategy_label: str | None = None) -> Path:
+    """The run's folder: --output_dir, or <runs_root>/<model>-<strategy>-ws<ranks>-bs<batch>."""
+    if training.output_dir:
+        return Path(training.output_dir)
+    if strategy_label is None:
+        strategy_label = load_strategy(training.deepspeed)[1]["label"]
+    return Path(training.runs_root) / run_folder_name(model.model_id, strategy_label, training.per_device_train_batch_size, ranks)
+
+
+@dataclass
+class RunSetup:
+    """Everything decided before the Trainer is built, and the Trainer settings it fixes."""
+
+    output_dir: Path
+    precision: PrecisionChoice
+    accelerator: str
+    devices: NodeDevices
+    strategy: dict
+    dsconfig: dict | None
+    resume_from: str | None
+    trainer_settings: dict
+
+
+def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=None) -> RunSetup:
+    """Decide the device, precision and run folder, validate the DeepSpeed config against the arguments, and decide
+    whether to resume. `devices` (textsql.strategy.devices.NodeDevices) is what this process sees; read from torch when not given.
+    """
+
+    devices = devices if devices is not None else NodeDevices.local()
+    accelerator = choose_accelerator(training.accelerator, devices)
+    use_accelerator(accelerator)  # before anything imports deepspeed
+    requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
+    precision = resolve_precision(requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16)
+    dsconfig, strategy = load_strategy(training.deepspeed)
+    if dsconfig is not None:
+        check_batch_settings(
+            dsconfig,
+            per_device_train_batch_size=training.per_device_train_batch_size,
+            gradient_accumulation_steps=training.gradient_accumulation_steps,
+            world_size=world_size(),
+            max_grad_norm=training.max_grad_norm,
+        )
+    output_dir = run_dir(model, training, world_size(), strategy["label"])
+    state = run_state(output_dir)
+    if state == "finished" and not training.overwrite:
+        raise TextsqlError(
+            f"'{output_dir}' holds a finished run ({SUMMARY_FILE} is there). Pass --overwrite True to train again in it, "
+            "or choose another --output_dir / --runs_root. textsql never deletes a run."
+        )
+    resume_from = None
+    if state == "interrupted" and not training.overwrite:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        resume_from = get_last_checkpoint(str(output_dir))
+    settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
+    if dsconfig is not None:
+        settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir))
+    return RunSetup(output_dir, precision, accelerator, devices, strategy, dsconfig, resume_from, settings)
+
+
+def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
+    """Each rank writes the same file atomically (nodes may not share a filesystem)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / "ds_config.json"
+    tmp = output_dir / f".ds_config.{socket.gethostname()}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Arguments: parsed once (command line, or a JSON/YAML recipe), handed between processes as one JSON object
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_training_data(data: DataArguments, model_tokenizer):
+    """(train split, validation split or None, metadata, tokenizer): only the model's columns, and the tokenizer to train
+    with (the model's own, or prep's copy with the characters it lacked; see textsql.prep.tokenizer_for_training)."""
+
+    dataset, metadata = load_prepared(data.dataset_dir)
+    tokenizer = tokenizer_for_training(model_tokenizer, data.dataset_dir, metadata)
+    columns = ["input_ids", "attention_mask", "labels"]
+    train = dataset["train"].select_columns(columns)
+    if data.max_train_samples:
+        train = train.select(range(min(data.max_train_samples, len(train))))
+    evaluation = dataset["validation"].select_columns(columns) if "validation" in dataset else None
+    if evaluation is not None and data.max_eval_samples:
+        evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
+    return train, evaluation, metadata, tokenizer
+
+
+def train(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> RunSummary | None:
+    """Plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0.
+
+    The arguments are left as given: the Trainer gets a finalized copy.
+    """
+    plan = set_up_run(model_args, training_args)
+    if plan.dsconfig is not None or world_size() > 1:
+        ensure_distributed_env()
+    training_args = copy.copy(training_args).finalize(**plan.trainer_settings)
+    configure_logging(training_args.process_index == 0, plan.output_dir / LOG_FILE)
+    pin_to_one_gpu(training_args)
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.output_dir / "tensorboard")
+    if plan.dsconfig is not None:
+        import deepspeed
+
+        _route_deepspeed_logs()
+        # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
+        deepspeed.init_distributed()
+
+    from transformers import DataCollatorForSeq2Seq
+
+
+    train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, load_tokenizer(model_args.model_id))
+    if eval_set is None and training_args.eval_strategy != "no":
+        raise TextsqlError(f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation.")
+    model = load_seq2seq_model(model_args.model_id)
+    check_source_settings(model.config, data_meta, data_args.dataset_dir)
+    record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
+    if fit_embeddings(model, tokenizer):
+        logger.info("Grew the embeddings to %d ids for the characters prep added to the tokenizer", len(tokenizer))
+    if training_args.activation_checkpointing:
+        model.config.use_cache = False
+    collator = DataCollatorForSeq2Seq(
+        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if plan.accelerator == "cuda" else None
+    )
+    trainer = make_trainer_class()(
+        model=model,
+        args=training_args,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        data_collator=collator,
+        processing_class=tokenizer,
+    )
+    if not training_args.disable_tqdm:
+        from transformers.trainer_callback import ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(training_progress_only())
+    if data_args.execution_accuracy_samples and eval_set is not None:
+
+        trainer.execution_scoring = load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples)
+        trainer.execution_decoding = {"decoding": data_args.execution_accuracy_decoding, "num_beams": data_args.execution_accuracy_num_beams}
+    if plan.resume_from:
+        logger.info("Resuming the interrupted run from %s", plan.resume_from)
+    logger.info("Training starts: %s, world size %d, %s%s on %s; the full log is %s", plan.output_dir, training_args.world_size,
+                plan.precision.name, " + TF32" if plan.precision.tf32 else "", plan.accelerator, plan.output_dir / LOG_FILE)
+    try:
+        result = trainer.train(resume_from_checkpoint=plan.resume_from)
+    except ValueError as error:
+        if "mismatch" in str(error).lower():
+            raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
+        raise
+    eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
+    save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
+    trainer.save_state()
+    memory = gather_to_all(peak_memory(plan.accelerator))
+    real_tokens = sum(gather_to_all(trainer.real_tokens))
+    if not trainer.is_world_process_zero():
+        return None
+    summary = build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
+
+    summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
+    write_summary(summary, plan.output_dir)
+    return summary
+
+
+def build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer) -> RunSummary:
+    import deepspeed
+    import torch
+    import transformers
+
+
+    metrics = result.metrics
+    runtime = metrics.get("train_runtime", 0.0)
+    ds_config = None
+    if trainer.is_deepspeed_enabled:
+        ds_config = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
+    return RunSummary.from_dict({
+        "run": plan.output_dir.name,
+        "output_dir": str(plan.output_dir),
+        "model_id": model_args.model_id,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()) if not plan.strategy.get("zero_stage") == 3 else _zero3_parameters(trainer.model),
+        "world_size": training_args.world_size,
+        "strategy": plan.strategy,
+        "precision": plan.precision.name,
+        "tf32": tf32_enabled() if plan.accelerator == "cuda" else False,
+        "precision_reason": plan.precision.reason,
+        "device": plan.accelerator,
+        "node_devices": plan.devices.describe(),
+        "resumed_from": plan.resume_from,
+        "saved_dtype": training_args.save_dtype,
+        "train_runtime": runtime,
+        "train_samples_per_second": metrics.get("train_samples_per_second"),
+        "real_tokens": real_tokens,
+        "real_tokens_per_second": real_tokens / runtime if runtime else None,
+        "global_step": trainer.state.global_step,
+        "epochs": trainer.state.epoch,
+        "train_loss": metrics.get("train_loss"),
+        "eval_loss": eval_metrics.get("eval_loss"),
+        "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
+        "execution_accuracy_history": [
+            {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]} for h in trainer.state.log_history if "eval_execution_accuracy" in h
+        ],
+        "first_logged_loss": next((h["loss"] for h in trainer.state.log_history if "loss" in h), None),
+        "last_logged_loss": next((h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h), None),
+        "peak_memory_per_rank": memory,
+        "tensorboard_dir": os.environ.get("TENSORBOARD_LOGGING_DIR"),
+        "dataset": {"dir": data_args.dataset_dir, "source": data_meta.get("source"), "train_examples": len(trainer.train_dataset)},
+        "arguments": {
+            "model": asdict(model_args),
+            "data": asdict(data_args),
+            "training": json.loads(training_args.to_json_string()),
+        },
+        "deepspeed_config": ds_config,
+        "versions": {"textsql": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__},
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    })
+
+
+def _zero3_parameters(model) -> int:
+    # Under ZeRO-3 each parameter is a placeholder; ds_numel holds its real size.
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())

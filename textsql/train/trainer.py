@@ -1,0 +1,151 @@
+"""The Seq2SeqTrainer textsql trains with (real tokens and throughput logged, execution accuracy at each evaluation),
+the final model saved in one dtype whatever the strategy, and each rank's peak memory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from textsql.evaluate import decode_and_score
+from textsql.train.distributed import rank
+
+logger = logging.getLogger("textsql.train")
+
+
+def make_trainer_class():
+    """Seq2SeqTrainer that counts real (non-pad) tokens and logs throughput to TensorBoard."""
+    import torch
+    from transformers import Seq2SeqTrainer
+
+    class TextsqlTrainer(Seq2SeqTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.real_tokens = 0
+            self._pending_tokens = torch.zeros((), dtype=torch.long)
+            self._last_log = (time.perf_counter(), 0, 0)
+
+        execution_scoring = None  # a textsql.infer.ScoringSet when execution accuracy is scored at each evaluation
+        execution_decoding = {"decoding": "greedy", "num_beams": 1}
+        last_evaluation = None  # (global step, metrics) of the latest evaluate()
+
+        def evaluate(self, *args, **kwargs):
+            metrics = super().evaluate(*args, **kwargs)
+            if self.execution_scoring is not None:
+                accuracy = self.execution_accuracy()
+                metrics["eval_execution_accuracy"] = accuracy
+                self.log({"eval_execution_accuracy": accuracy})
+            self.last_evaluation = (self.state.global_step, dict(metrics))
+            return metrics
+
+        def final_evaluation(self) -> dict:
+            """The final weights' metrics: those of the evaluation training ended with when it fell on the last step (the same
+            weights; scoring them again costs a whole generation pass on a large model), else a new evaluation."""
+            step, metrics = self.last_evaluation or (None, None)
+            if step == self.state.global_step and not self.args.load_best_model_at_end:
+                return metrics
+            return self.evaluate()
+
+        def execution_accuracy(self) -> float:
+            """Every rank generates the same questions: under ZeRO-3 they must step through generate() together."""
+            from transformers.integrations import is_deepspeed_zero3_enabled
+
+
+            decoding = self.execution_decoding
+            _, metrics = decode_and_score(
+                self.accelerator.unwrap_model(self.model), self.processing_class, self.execution_scoring,
+                decoding=decoding["decoding"], num_beams=decoding["num_beams"], batch_size=self.args.per_device_eval_batch_size,
+                synced_gpus=is_deepspeed_zero3_enabled() and self.args.world_size > 1, progress=False,
+                device=self.args.device,
+            )
+            return metrics["execution_accuracy"]
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            # Accumulated on the batch's device and read only at log time, so no sync per step.
+            tokens = inputs["attention_mask"].sum() + (inputs["labels"] != -100).sum()
+            self._pending_tokens = self._pending_tokens.to(tokens.device) + tokens
+            return super().training_step(model, inputs, num_items_in_batch)
+
+        def log(self, logs, start_time=None):
+            self.real_tokens += int(self._pending_tokens.item())
+            self._pending_tokens.zero_()
+            now, last_step, last_tokens = time.perf_counter(), *self._last_log[1:]
+            last_time = self._last_log[0]
+            if "loss" in logs and self.state.global_step > last_step and now > last_time:
+                steps = self.state.global_step - last_step
+                samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+                logs["samples_per_second"] = round(samples / (now - last_time), 3)
+                # Rank 0's real tokens times the world size: the others see batches of the same distribution.
+                logs["real_tokens_per_second"] = round((self.real_tokens - last_tokens) * self.args.world_size / (now - last_time), 1)
+                self._last_log = (now, self.state.global_step, self.real_tokens)
+            super().log(logs, start_time)
+
+    return TextsqlTrainer
+
+
+def peak_memory(accelerator: str | None = None) -> dict:
+    """This rank's peak memory: CUDA max allocated/reserved on a GPU, resident set size on the CPU."""
+    import resource
+
+    import torch
+
+    info = {"rank": rank(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": socket.gethostname()}
+    info["cpu_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if (accelerator or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda":
+        info["device"] = torch.cuda.get_device_name()
+        info["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        info["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+    else:
+        info["device"] = "cpu"
+    return info
+
+
+def pin_to_one_gpu(training_args) -> None:
+    """One process that sees several GPUs trains on the first only: the Trainer would wrap the model in nn.DataParallel
+    (slow, and every figure of the run would describe one process driving several GPUs). Use all of them with one rank
+    per GPU: `textsql.train.local_launch.run_training(argv)` (the notebooks' way) or `deepspeed --num_gpus N --module textsql.train`."""
+    if training_args.world_size == 1 and training_args.n_gpu > 1:
+        logger.warning("%d GPUs are visible to this one process; training on %s only. To train on all of them, start one "
+                       "rank per GPU (textsql.train.local_launch.run_training, or `deepspeed --num_gpus %d --module textsql.train ...`).",
+                       training_args.n_gpu, training_args.device, training_args.n_gpu)
+        training_args._n_gpu = 1
+
+
+def tf32_enabled() -> bool:
+    """Whether fp32 matmuls on the GPU may use TF32 in this process (what really runs, not what was asked)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    return torch.backends.cuda.matmul.fp32_precision == "tf32" or bool(torch.backends.cuda.matmul.allow_tf32)
+
+
+def save_final_model(trainer, output_dir: Path, dtype: str) -> None:
+    """Save the trained weights in one dtype whatever the strategy ran (fp32 by default), with the tokenizer; every rank
+    calls it. DeepSpeed holds the fp32 master weights in its optimizer (the module itself is bf16 under bf16 ZeRO-1/2,
+    and placeholders under ZeRO-3): they are read with safe_get_full_fp32_param, collectively under ZeRO-3. The result
+    loads without DeepSpeed, so scores compare across strategies and the model can be fine-tuned again on any strategy.
+    """
+    import torch
+
+    target = getattr(torch, dtype)
+    model = trainer.model
+    if trainer.is_deepspeed_enabled:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        state = {}
+        for name, param in model.named_parameters():  # the same order on every rank: each call is a collective
+            full = safe_get_full_fp32_param(param)
+            state[name] = (param if full is None else full).detach().to("cpu", target)  # None: a frozen ZeRO-1/2 parameter, whole
+    else:
+        state = {name: param.detach().to("cpu", target) for name, param in model.named_parameters()}
+    if trainer.is_world_process_zero() or (trainer.args.save_on_each_node and trainer.is_local_process_zero()):
+        model.save_pretrained(str(output_dir), state_dict=state, safe_serialization=True)
+        # save_pretrained records the module's dtype (bf16 under DeepSpeed bf16); from_pretrained(dtype="auto") reads it.
+        model.config.dtype = dtype
+        model.config.save_pretrained(str(output_dir))
+        trainer.processing_class.save_pretrained(str(output_dir))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
