@@ -19,7 +19,7 @@ setup_python() {
   "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
   # torch first and alone: on a CPU-only machine this finds the CPU build; a plain unpinned torch would pull GBs of CUDA.
   "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
-  local installed; installed="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+  local installed; installed="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("torch"))')"  # not `import torch`: numpy is not installed yet, torch would warn
   # Pin exactly the torch now installed for every later pip call, build environments included (PIP_CONSTRAINT is inherited).
   mkdir -p "$VENV/etc"; echo "torch==$installed" > "$VENV/etc/constraints.txt"
   PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-lab.txt -r requirements-test.txt
@@ -50,14 +50,15 @@ setup_system() {
 }
 
 cmd="${1:-}"; shift || true
+# DeepSpeed builds its C++ ops once (60-70 s each on 2 cores) into this cache; the demo, the lab and the tests share it,
+# so no command rebuilds what another built.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/textsql-torch-extensions}"
 case "$cmd" in
   demo)
     setup_system demo; setup_python
     exec "$VENV/bin/textsql" demo "$@" ;;
   test)
     setup_system test; setup_python
-    # Tests build DeepSpeed's C++ ops once into this cache (60-70 s each on 2 cores).
-    export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/textsql-torch-extensions}"
     exec "$VENV/bin/python" -m pytest "$@" ;;
   lab)
     setup_system lab; setup_python

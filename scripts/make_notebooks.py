@@ -17,14 +17,14 @@ NOTEBOOKS = {
             "a parquet copy. Same as `textsql prep`."
         ),
         new_code_cell(
-            'source = "generate"\nmodel_id = "t5-small"\noutput_dir = "data/wikisql"\n'
+            'source = "generate"\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\noutput_dir = "data/wikisql"\n'
             'source_prefix = "translate English to SQL: "\nsource_format = "question"  # or "question+header"\n'
             'max_examples_per_split = None\noverwrite = False',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
-            "args = PrepArguments(source=source, model_id=model_id, output_dir=output_dir, source_prefix=source_prefix,\n"
+            "from textsql.notebook import default_model_id\nfrom textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
+            "args = PrepArguments(source=source, model_id=model_id or default_model_id(), output_dir=output_dir, source_prefix=source_prefix,\n"
             "                     source_format=source_format, max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
             "folder = prepare_dataset(args)"
         ),
@@ -39,21 +39,22 @@ NOTEBOOKS = {
             "arguments are the same dataclasses `textsql train` parses (`TextsqlTrainingArguments` takes every Trainer "
             "argument); building them here touches no GPU. Training runs in child processes (the `deepspeed` launcher "
             "when a config is given), its output streams here, and the run summary is shown at the end. Runs land under "
-            "`runs_root`; watch them with `tensorboard --logdir runs`."
+            "`runs_root`; watch them with `textsql tensorboard` (TensorBoard on the runs root)."
         ),
         new_code_cell(
-            'model_id = "t5-small"\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
+            'model_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
             "num_gpus = None  # one rank per visible GPU; 1 for one GPU\nepochs = 3\nper_device_train_batch_size = 32\n"
             "per_device_eval_batch_size = 32\ngradient_checkpointing = False\nextra_args = {}  # any other Trainer argument",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
+            "from textsql.notebook import default_model_id\nfrom textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
             "training = TextsqlTrainingArguments(\n"
             "    runs_root=runs_root, deepspeed=deepspeed, num_train_epochs=epochs, activation_checkpointing=gradient_checkpointing,\n"
             "    per_device_train_batch_size=per_device_train_batch_size, per_device_eval_batch_size=per_device_eval_batch_size,\n"
             "    **extra_args)\n"
-            "model, data = ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir)"
+            "model = ModelArguments(model_id=model_id or default_model_id())\n"
+            "data = DataArguments(dataset_dir=dataset_dir)"
         ),
         new_code_cell(
             "from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path\n\n"
@@ -64,10 +65,7 @@ NOTEBOOKS = {
             "from textsql.train.local_launch import run_training\n\n"
             "summary = run_training(model, data, training, num_gpus=num_gpus)"
         ),
-        new_code_cell("from textsql.run_summary import format_summary\n\nprint(format_summary(summary))"),
-        new_code_cell(
-            "import pandas as pd\n\npd.DataFrame(summary.peak_memory_per_rank)"
-        ),
+        new_code_cell("import pandas as pd\n\npd.DataFrame(summary.peak_memory_per_rank)  # the summary itself is printed above"),
     ],
     "train_multi_pod.ipynb": [
         new_markdown_cell(
@@ -86,7 +84,7 @@ NOTEBOOKS = {
             "`PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
         ),
         new_code_cell(
-            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = "t5-small"\ndataset_dir = "data/wikisql"\n'
+            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
             'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n'
             'extra_args = {}  # any other Trainer argument',
             metadata={"tags": ["parameters"]},
@@ -97,8 +95,9 @@ NOTEBOOKS = {
             "cluster.start()"
         ),
         new_code_cell(
-            "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
-            "model, data = ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir)\n"
+            "from textsql.notebook import default_model_id\nfrom textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
+            "model = ModelArguments(model_id=model_id or default_model_id())\n"
+            "data = DataArguments(dataset_dir=dataset_dir)\n"
             "training = TextsqlTrainingArguments(deepspeed=deepspeed, num_train_epochs=epochs, **extra_args,\n"
             "                                    per_device_train_batch_size=per_device_train_batch_size,\n"
             "                                    per_device_eval_batch_size=per_device_eval_batch_size)\n"
@@ -173,10 +172,19 @@ NOTEBOOKS = {
 NOTEBOOKS_FOLDER = Path(__file__).resolve().parent.parent / "notebooks"
 
 
+SETUP_CELL = "from textsql.notebook import setup\n\nsetup()  # textsql's errors as one paragraph, library FutureWarnings left out"
+
+
+def with_setup(cells: list) -> list:
+    """The notebook's cells with the setup cell after its title (before the parameters cell papermill looks for)."""
+    return [cells[0], new_code_cell(SETUP_CELL), *cells[1:]]
+
+
 def main(folder: Path = NOTEBOOKS_FOLDER) -> None:
     """Write every notebook into `folder` (the repository's notebooks/ by default)."""
     folder.mkdir(exist_ok=True)
     for name, cells in NOTEBOOKS.items():
+        cells = with_setup(cells)
         for number, cell in enumerate(cells):
             cell.id = f"cell-{number}"  # stable ids: regenerating a notebook changes only what its cells say
         notebook = new_notebook(cells=cells)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.evaluate import DECODINGS, load_scoring_set, score_predictions
 from textsql.infer import InferArguments, run_inference
-from textsql.paths import METADATA_FILE
+from textsql.paths import METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
 from textsql.tiny import corpus_for_tokenizer, make_tiny_model
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
@@ -43,7 +45,7 @@ class DemoArguments:
     decoding: str = field(default="greedy", metadata={"help": "How the test split is decoded: greedy, or execution_guided (4 beams)."})
 
     def __post_init__(self):
-
+        self.workdir = in_project(self.workdir)
         if self.source_format not in SOURCE_FORMATS or self.decoding not in DECODINGS:
             raise TextsqlError(f"--source_format is one of {', '.join(SOURCE_FORMATS)} and --decoding one of {', '.join(DECODINGS)}.")
         if self.train_tables < 5 or self.questions_per_table < 1 or self.epochs <= 0 or self.batch_size < 1:
@@ -84,7 +86,6 @@ def build_assets(workdir: Path, *, train_tables: int = 300, questions_per_table:
 
 def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
     """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates."""
-
     training = TextsqlTrainingArguments(
         runs_root=str(Path(args.workdir) / "runs"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=64, learning_rate=2e-3, lr_scheduler_type="constant_with_warmup", warmup_steps=50,
@@ -104,28 +105,48 @@ class DemoResult:
     mean_real_tokens_per_example: float
 
 
+@contextlib.contextmanager
+def demo_step(echo, number: int, title: str):
+    """A header before one step of the demo and its time after it, so a long run shows that all is well."""
+    echo(f"\n== [{number}/{DEMO_STEPS}] {title}")
+    started = time.perf_counter()
+    yield
+    echo(f"== [{number}/{DEMO_STEPS}] done in {time.perf_counter() - started:.0f} s")
+
+
+DEMO_STEPS = 4
+
+
 def run_demo(args: DemoArguments, echo=print) -> DemoResult:
-    """Build the assets, train, score the model on the generated test split and a trivial baseline."""
+    """Build the assets, train, score the model on the generated test split and a trivial baseline, saying what each
+    step is and how long it took."""
     import datasets
 
-
     datasets.disable_progress_bars()  # the terminal shows training's progress bar, not one per file written
-    data_dir, model_dir = build_assets(
-        Path(args.workdir), train_tables=args.train_tables, questions_per_table=args.questions_per_table,
-        d_model=args.d_model, num_layers=args.num_layers, seed=args.seed, source_format=args.source_format,
-    )
-    summary = train(*demo_training(args, data_dir, model_dir))
-    metadata = json.loads((data_dir / "textsql_data.json").read_text())
+    questions = args.train_tables * args.questions_per_table
+    echo(f"textsql demo: {questions:,} generated training questions, a tiny T5 trained for {args.epochs:g} epochs with "
+         f"{args.deepspeed}; about 4 minutes on 2 CPU cores, longer on a busy machine. Shorter: --epochs 2 or "
+         f"--train_tables 100 (the scores drop). Everything goes to {Path(args.workdir).absolute()}.")
+    with demo_step(echo, 1, "data, tokenizer and model: generated WikiSQL, a tokenizer trained on it, a tiny T5, prep"):
+        data_dir, model_dir = build_assets(
+            Path(args.workdir), train_tables=args.train_tables, questions_per_table=args.questions_per_table,
+            d_model=args.d_model, num_layers=args.num_layers, seed=args.seed, source_format=args.source_format,
+        )
+    with demo_step(echo, 2, f"training ({args.deepspeed}; the progress bar shows the steps left)"):
+        summary = train(*demo_training(args, data_dir, model_dir))
+    metadata = json.loads((data_dir / METADATA_FILE).read_text())
     beams = 4 if args.decoding == "execution_guided" else 1
-    test = run_inference(InferArguments(model_dir=summary.output_dir, dataset_dir=str(data_dir), split="test", show_examples=3,
-                                        decoding=args.decoding, num_beams=beams), echo=echo)
-    return DemoResult(summary, test, trivial_baseline(data_dir), metadata["lengths"]["train"]["mean_tokens_per_example"])
+    with demo_step(echo, 3, "scoring the test split as WikiSQL's evaluate.py does"):
+        test = run_inference(InferArguments(model_dir=summary.output_dir, dataset_dir=str(data_dir), split="test",
+                                            show_examples=3, decoding=args.decoding, num_beams=beams), echo=echo)
+    with demo_step(echo, 4, "a trivial baseline for comparison"):
+        baseline = trivial_baseline(data_dir)
+    return DemoResult(summary, test, baseline, metadata["lengths"]["train"]["mean_tokens_per_example"])
 
 
 def trivial_baseline(data_dir: Path) -> dict:
     """Scores of a model that ignores the question: the training split's most common aggregation over the first column, no conditions."""
     from collections import Counter
-
 
     prepared = load_prepared(data_dir)
     train = load_scoring_set(str(data_dir), "train", prepared=prepared)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import urllib.parse
 from pathlib import Path
 
 from textsql.errors import TextsqlError
@@ -16,6 +18,34 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ENV_VARS_TRUE_VALUES
 
 
+HUB_PROBE_SECONDS = 3.0
+_hub_reachability: dict[str, str | None] = {}  # endpoint -> why it cannot be reached (None: it can); asked once
+
+
+def hub_unreachable(timeout: float = HUB_PROBE_SECONDS) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here, or None when it can: one TCP connection to the endpoint
+    (HF_ENDPOINT, else huggingface.co) within `timeout` seconds, asked once per process. Without it, an air-gapped
+    machine waits 40-70 s through huggingface_hub's retries before any message."""
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    if endpoint not in _hub_reachability:
+        address = urllib.parse.urlsplit(endpoint)
+        port = address.port or (443 if address.scheme == "https" else 80)
+        try:
+            socket.create_connection((address.hostname, port), timeout=timeout).close()
+            _hub_reachability[endpoint] = None
+        except OSError as error:
+            _hub_reachability[endpoint] = f"{address.hostname}:{port} did not answer within {timeout:g} s ({error})"
+    return _hub_reachability[endpoint]
+
+
+def _hub_kwargs(name: str) -> dict:
+    """from_pretrained's arguments for `name`: the local cache only when the hub cannot be reached (checked once,
+    quickly), so a missing model is reported at once instead of after minutes of retries."""
+    if Path(name).expanduser().exists() or hub_offline() or hub_unreachable() is None:
+        return {}
+    return {"local_files_only": True}
+
+
 def download_command(repo_id: str, *files: str, local_dir: str, repo_type: str | None = None) -> str:
     """The Hugging Face CLI command that fetches repo_id (or some of its files) into local_dir, as a hint to print."""
     parts = ["hf", "download", repo_id, *files]
@@ -27,15 +57,16 @@ def download_command(repo_id: str, *files: str, local_dir: str, repo_type: str |
 def _not_found(name: str, error: Exception) -> TextsqlError:
     if Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
         return TextsqlError(
-            f"'{name}' is not a usable model folder ({str(error).splitlines()[0]}). It must hold config.json, "
+            f"'{name}' ({Path(name).expanduser().absolute()}) is not a usable model folder ({str(error).splitlines()[0]}). It must hold config.json, "
             "the weights (model.safetensors) and the tokenizer files, as written by save_pretrained."
         )
     local = f"models/{name.split('/')[-1]}"
-    where = (
-        f"HF_HUB_OFFLINE is set and '{name}' is not in the local Hugging Face cache."
-        if hub_offline()
-        else f"'{name}' could not be fetched from the hub ({str(error).splitlines()[0]})."
-    )
+    if hub_offline():
+        where = f"HF_HUB_OFFLINE is set and '{name}' is not in the local Hugging Face cache."
+    elif hub_unreachable():
+        where = f"The Hugging Face hub cannot be reached from here ({hub_unreachable()}) and '{name}' is not in the local cache."
+    else:
+        where = f"'{name}' could not be fetched from the hub ({str(error).splitlines()[0]})."
     return TextsqlError(
         f"{where} On a machine with internet access run `{download_command(name, local_dir=local)}`, "
         f"copy the folder '{local}' into the project, and pass --model_id {local}."
@@ -47,7 +78,7 @@ def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, **_hub_kwargs(name))
     except (OSError, ValueError) as error:
         raise _not_found(name, error) from None
 
@@ -57,6 +88,6 @@ def load_seq2seq_model(name: str, **kwargs):
     from transformers import AutoModelForSeq2SeqLM
 
     try:
-        return AutoModelForSeq2SeqLM.from_pretrained(name, **kwargs)
+        return AutoModelForSeq2SeqLM.from_pretrained(name, **_hub_kwargs(name), **kwargs)
     except (OSError, ValueError) as error:
         raise _not_found(name, error) from None

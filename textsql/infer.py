@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from textsql.evaluate import (
     pick_device,
 )
 from textsql.hub import load_seq2seq_model, load_tokenizer
-from textsql.paths import METRICS_FILE, PREDICTIONS_FILE
+from textsql.paths import METRICS_FILE, PREDICTIONS_FILE, in_project
 from textsql.prep import check_source_settings, load_prepared, load_tables
 from textsql.wikisql.format import source_text
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
@@ -55,6 +56,8 @@ class InferArguments:
     show_examples: int = field(default=5, metadata={"help": "How many examples to print in the walkthrough's format."})
 
     def __post_init__(self):
+        self.model_dir = in_project(self.model_dir, only_if_exists=True)
+        self.dataset_dir, self.output_dir = in_project(self.dataset_dir), in_project(self.output_dir)
         if self.batch_size < 1 or self.num_beams < 1 or self.max_new_tokens < 1:
             raise TextsqlError("--batch_size, --num_beams and --max_new_tokens must be at least 1.")
         if self.max_examples is not None and self.max_examples < 1:
@@ -69,7 +72,6 @@ class InferArguments:
 def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "float32"):
     import torch
 
-
     tokenizer = load_tokenizer(model_dir)
     model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(pick_device(device_choice))
     return model, tokenizer
@@ -77,7 +79,6 @@ def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "f
 
 def run_inference(args: InferArguments, echo=print) -> dict:
     """Generate for a split (or typed questions), score, write the two files, print examples and scores; returns the metrics."""
-
     prepared = load_prepared(args.dataset_dir)
     metadata = prepared[1]
     model, tokenizer = load_model_for_inference(args.model_dir, args.device, args.dtype)
@@ -109,7 +110,6 @@ def run_inference(args: InferArguments, echo=print) -> dict:
 
 def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, echo) -> dict:
     """Typed questions: print the SQL, and when a table is named, its parse and result."""
-
     source_format = metadata.get("source_format", "question")
     table = None
     if args.table_id:
@@ -138,15 +138,21 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
     return {"answers": answers}
 
 
+def shorten_repeats(text: str, keep: int = 3) -> str:
+    """A word repeated many times in a row (an untrained model's "Week Week Week ...") shown as its first few and a
+    count, so one example stays one line; the files keep the text as generated."""
+    return re.sub(r"(\S+)(?: \1){%d,}" % keep, lambda m: f"{m.group(1)} … (×{len(m.group(0).split())})", text)
+
+
 def format_example(record: dict) -> str:
     """The walkthrough's format, plus what the scorer said."""
     if record.get("parse_error"):
-        verdict = "unparseable: " + record["parse_error"]
+        verdict = "unparseable: " + shorten_repeats(record["parse_error"])
     elif record["execution_match"]:
         verdict = "execution ✓"
     else:
         verdict = "execution ✗; wrong: " + ", ".join(record.get("wrong_parts") or ["the result only"])
-    return (f"Test Instruction: {record['question']}\nModel Prediction: {record['predicted_sql']}\n"
+    return (f"Test Instruction: {record['question']}\nModel Prediction: {shorten_repeats(record['predicted_sql'])}\n"
             f"Expected Answer: {record['gold_sql']}\n({verdict})\n")
 
 

@@ -4,6 +4,7 @@ docs/architecture.md has the same table for people. A file's format has one modu
 beside each name here); everything else asks that module, or takes the name from here.
 """
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -35,3 +36,33 @@ NOTEBOOKS_DIR = "notebooks"
 # The shipped DeepSpeed configs (package data: textsql/shipped_dsconfig, a link to the repository's dsconfig/ in a
 # checkout), resolved, so messages name the folder users edit in an editable install and the installed copy in a wheel.
 DSCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_dsconfig")).resolve()
+
+# The project: the folder the notebooks and the command share (a textsql checkout, or a CML project holding one).
+PROJECT_DIR_VARIABLE = "TEXTSQL_PROJECT_DIR"
+PROJECT_MARKERS = ("notebooks", "dsconfig")  # folders a textsql project holds at its root
+
+
+def project_root() -> Path:
+    """$TEXTSQL_PROJECT_DIR, else the nearest folder at or above the working directory that holds notebooks/ and
+    dsconfig/ (a notebook's kernel runs in notebooks/, the command at the root: both find the same root), else the
+    working directory itself."""
+    if os.environ.get(PROJECT_DIR_VARIABLE):
+        return Path(os.environ[PROJECT_DIR_VARIABLE]).expanduser().absolute()
+    here = Path.cwd()
+    for folder in (here, *here.parents):
+        if all((folder / marker).is_dir() for marker in PROJECT_MARKERS):
+            return folder
+    return here
+
+
+def in_project(path: str | None, *, only_if_exists: bool = False) -> str | None:
+    """A relative path as the project root sees it: unchanged at the root (the command's usual place) and for
+    absolute paths, else made absolute under the root, so a notebook in notebooks/ and the command at the root read
+    and write the same data/, runs/ and textsql-demo/. With only_if_exists (a model: a folder or a hub name), only a
+    path that exists under the root."""
+    if not path or Path(path).expanduser().is_absolute():
+        return path
+    root = project_root()
+    if root == Path.cwd() or (only_if_exists and not (root / path).exists()):
+        return path
+    return str(root / path)

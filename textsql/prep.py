@@ -13,7 +13,7 @@ import numpy as np
 from textsql import __version__
 from textsql.errors import TextsqlError
 from textsql.hub import load_tokenizer
-from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR
+from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR, in_project
 from textsql.vocabulary import add_characters, missing_characters
 from textsql.wikisql.format import SOURCE_FORMATS, Example, WikiSQLData, source_text
 from textsql.wikisql.release import load_wikisql
@@ -59,6 +59,10 @@ class PrepArguments:
     overwrite: bool = field(default=False, metadata={"help": "Replace a prepared dataset already in output_dir."})
 
     def __post_init__(self):
+        # Relative folders mean the project's (textsql.paths.in_project): a notebook and the command see the same data.
+        self.output_dir = in_project(self.output_dir)
+        self.model_id = in_project(self.model_id, only_if_exists=True)
+        self.source = in_project(self.source, only_if_exists=True)
         if self.source_format not in SOURCE_FORMATS:
             raise TextsqlError(f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'.")
         if self.overlong not in OVERLONG_POLICIES:
@@ -92,12 +96,11 @@ def load_source(args: PrepArguments) -> WikiSQLData:
 
 def prepare_dataset(args: PrepArguments):
     """Load, tokenize, report and save; returns the saved folder. The prep notebook and `textsql prep` call this."""
-
     output_dir = Path(args.output_dir)
     if (output_dir / METADATA_FILE).exists() and not args.overwrite:
         raise TextsqlError(f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir.")
+    data = load_source(args)  # the user's data first: a missing folder is named before any model is looked for
     base_tokenizer = load_tokenizer(args.model_id)
-    data = load_source(args)
     if not data.splits.get("train"):
         raise TextsqlError(f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}.")
     if args.source_format != "question" and not data.tables:
@@ -266,16 +269,24 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
 
 
+def check_prepared(path: str | Path) -> Path:
+    """The folder, when it holds a prepared dataset (cheap: nothing is loaded); else a clear error naming the absolute
+    path looked at and how to make it."""
+    path = Path(path)
+    if not (path / METADATA_FILE).is_file():
+        where = "does not exist" if not path.exists() else f"has no {METADATA_FILE}"
+        raise TextsqlError(
+            f"'{path}' is not a prepared textsql dataset: {path.absolute()} {where}. Run `textsql prep --source ... "
+            f"--output_dir {path}` first (or the prep_dataset notebook), or pass the folder prep wrote."
+        )
+    return path
+
+
 def load_prepared(path: str | Path):
     """The saved DatasetDict and its metadata, or a clear error saying how to make it."""
     from datasets import load_from_disk
 
-    path = Path(path)
-    if not (path / METADATA_FILE).is_file():
-        raise TextsqlError(
-            f"'{path}' is not a prepared textsql dataset (no {METADATA_FILE}). Run `textsql prep --source ... --output_dir {path}` "
-            "first (or the prep_dataset notebook)."
-        )
+    path = check_prepared(path)
     return load_from_disk(str(path)), json.loads((path / METADATA_FILE).read_text())
 
 

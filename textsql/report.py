@@ -18,7 +18,7 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.paths import METRICS_FILE as EVAL_METRICS_FILE
-from textsql.paths import REPORT_DIR, SUMMARY_FILE
+from textsql.paths import REPORT_DIR, SUMMARY_FILE, in_project
 from textsql.run_summary import GIB, RunSummary, read_summary
 from textsql.strategy.table import strategy_rank
 from textsql.wikisql.sql import COMPONENTS
@@ -93,7 +93,8 @@ def find_runs(runs_root: str | Path, *, skipped: list[str] | None = None) -> lis
     """
     root = Path(runs_root)
     if not root.is_dir():
-        raise TextsqlError(f"The runs root '{root}' does not exist. Train first (`textsql train --runs_root {root}`) or pass --runs_root.")
+        raise TextsqlError(f"The runs root '{root}' does not exist ({root.absolute()}). Train first (`textsql train "
+                           f"--runs_root {root}`) or pass --runs_root.")
     records = []
     for path in sorted(root.rglob(SUMMARY_FILE)):
         try:
@@ -229,7 +230,9 @@ def build_table(records: list[RunRecord]):
 # ---------------------------------------------------------------------------------------------------------------------
 
 DECIMALS = {"epochs": 2, "duration_s": 1, "samples_per_s": 1, "real_tokens_per_s": 0, "memory_per_pod_gib": 2, "planned_memory_gib": 2,
-            "memory_vs_plan": 2, "eval_loss": 4, "execution_accuracy": 4, "logical_form_accuracy": 4, **dict.fromkeys(COMPONENTS, 3)}
+            "memory_vs_plan": 2, "eval_loss": 4}
+# Shares shown as percentages in the Markdown, as everywhere else textsql prints them (the CSV keeps the fractions).
+PERCENTAGES = {"execution_accuracy", "logical_form_accuracy", *COMPONENTS}
 
 
 def to_markdown(table) -> str:
@@ -248,6 +251,8 @@ def _numeric(table, column) -> bool:
 def _cell(value, column) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
+    if column in PERCENTAGES:
+        return f"{float(value):.1%}"
     if column in DECIMALS:
         return f"{float(value):,.{DECIMALS[column]}f}"
     return str(value).replace("|", "\\|")
@@ -376,10 +381,12 @@ def build_report(runs_root: str | Path = "runs", output_dir: str | Path | None =
 
     output_dir defaults to <runs_root>/report. Returns a Report (its `table` is a pandas DataFrame).
     """
+    runs_root = Path(in_project(str(runs_root)))  # the project's runs/, from notebooks/ too
     skipped: list[str] = []
     records = find_runs(runs_root, skipped=skipped)
     if not records:
-        raise TextsqlError(f"No finished runs under '{runs_root}' (no {SUMMARY_FILE} found). Train first, or pass the right --runs_root.")
+        raise TextsqlError(f"No finished runs under {runs_root.absolute()} (no {SUMMARY_FILE} found). Train first, or "
+                           "pass the right --runs_root.")
     records = sort_records(records)
     table = build_table(records)
     out = Path(output_dir) if output_dir is not None else Path(runs_root) / REPORT_DIR

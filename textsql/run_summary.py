@@ -154,7 +154,7 @@ def format_summary(summary: RunSummary) -> str:
     if s.memory_check:
 
         lines.append(format_comparison(s.memory_check))
-    lines.append(f"tensorboard    tensorboard --logdir {Path(s.output_dir).parent}")
+    lines.append(f"tensorboard    textsql tensorboard --runs_root {Path(s.output_dir).parent}")
     return "\n".join(lines)
 
 

@@ -328,7 +328,7 @@ def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_
     tmpfs = ROOT and shutil.which("mount") and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "textsql-test", str(runs)]).returncode == 0
     try:
         argv = cluster_argv(assets, runs, "--save_strategy", "steps", "--save_steps", "4", steps=16, logging_steps=2)
-        output_dir = runs / "tiny-t5-none-ws2-bs16"
+        output_dir = runs / "tiny-t5-none-ws2-bs16-lr0.003-steps16-warmup2"
 
         # 1. Rank 1 killed (SIGKILL) mid-step, once checkpoint-4 is complete.
         cluster = clusters("local")
@@ -437,7 +437,7 @@ def test_without_a_shared_run_folder_every_node_resumes_from_the_same_checkpoint
     argv = cluster_argv(assets, runs, "--deepspeed", "zero2", "--save_strategy", "steps", "--save_steps", "3", steps=6, logging_steps=3)
     first = cluster.train(argv)
     assert first["shared_output"] is False and first["ranks"][1]["arguments"]["save_on_each_node"] is True
-    run = runs / "tiny-t5-zero2-ws2-bs16"
+    run = runs / "tiny-t5-zero2-ws2-bs16-lr0.003-steps6-warmup2"
     shards = run / "checkpoint-6" / "global_step6"
     assert sorted(backend.on_node_1("ls", str(shards)).stdout.split()) == ["mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     assert sorted(p.name for p in shards.iterdir()) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]

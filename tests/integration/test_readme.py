@@ -32,5 +32,10 @@ def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_p
         status, out, err = textsql_in_process(argv[1:])
         assert status == 0, f"`{' '.join(argv)}` exited {status}:\n{out[-2000:]}\n{err[-3000:]}"
         assert "Traceback" not in out + err
-    assert (tmp_path / "runs" / "tiny-t5-zero2-ws1-bs16" / "eval_metrics.json").is_file()
+    run = tmp_path / "runs" / "tiny-t5-zero2-ws1-bs16-steps20"
+    assert (run / "eval_metrics.json").is_file()
+    from textsql.report import load_scalars
+
+    losses = load_scalars([run / "tensorboard"])["train/loss"]
+    assert len(losses) >= 10, f"a 20-step run draws a loss curve, not one point: {losses}"
     assert (tmp_path / "runs" / "report" / "report.md").is_file()

@@ -71,8 +71,8 @@ def test_report_rows_match_the_run_summaries(runs_copy, tmp_path, capsys):
 
     markdown = (out / "report.md").read_text()
     assert "| model | technique | nodes | ranks | epochs | duration (s) | samples/s |" in markdown
-    assert "| tiny-t5 | zero2 | 1 | 1 |" in markdown and "0.3750" in markdown
-    assert "| sel | agg | W# | Wcol | Wop | Wval |" in markdown and "| 0.900 | 0.800 | 0.700 | 0.600 | 0.550 | 0.400 |" in markdown
+    assert "| tiny-t5 | zero2 | 1 | 1 |" in markdown and "37.5%" in markdown  # shares as percentages, as everywhere
+    assert "| sel | agg | W# | Wcol | Wop | Wval |" in markdown and "| 90.0% | 80.0% | 70.0% | 60.0% | 55.0% | 40.0% |" in markdown
     assert "![time_memory](time_memory.png)" in markdown and "![loss_curves](loss_curves.png)" in markdown
     for png in ("time_memory.png", "loss_curves.png"):
         assert_not_blank(out / png)

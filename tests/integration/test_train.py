@@ -85,7 +85,7 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
     argv = train_argv(assets, tmp_path / "runs", "--precision", precision) + (["--deepspeed", dsconfig] if dsconfig else [])
     done = run_train(argv, cpu_env, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    output_dir = tmp_path / "runs" / f"tiny-t5-{label}-ws1-bs16"
+    output_dir = tmp_path / "runs" / f"tiny-t5-{label}-ws1-bs16-lr0.003-steps40-{precision}-warmup5"
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["strategy"]["label"] == label and summary["strategy"]["zero_stage"] == stage
@@ -126,7 +126,7 @@ def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, 
     argv = train_argv(assets, tmp_path / "runs", "--deepspeed", "zero3_offload", "--execution_accuracy_samples", "16", steps=20)
     summary = run_training(*parse_arguments(argv), num_gpus=2, echo=lines.append)
     assert lines[0].startswith("$ ") and "--num_gpus 2 --module textsql.train" in lines[0]
-    assert summary.world_size == 2 and summary.run == "tiny-t5-zero3_offload-ws2-bs16"
+    assert summary.world_size == 2 and summary.run == "tiny-t5-zero3_offload-ws2-bs16-lr0.003-steps20-warmup5"
     assert sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
     assert summary.deepspeed_config["train_batch_size"] == 32
     assert 0.0 <= summary.execution_accuracy <= 1.0 and [h["step"] for h in summary.execution_accuracy_history] == [20]  # scored once at the last step
@@ -155,7 +155,7 @@ def test_a_finished_rank_leaves_its_process_group_before_exit():
 @pytest.mark.slow
 def test_interrupted_run_resumes_and_a_finished_one_is_kept(assets, tmp_path, cpu_env):
     argv = train_argv(assets, tmp_path / "runs", "--save_steps", "10", "--eval_steps", "30", steps=30)
-    output_dir = tmp_path / "runs" / "tiny-t5-none-ws1-bs16"
+    output_dir = tmp_path / "runs" / "tiny-t5-none-ws1-bs16-lr0.003-steps30-warmup5"
     child = subprocess.Popen([sys.executable, "-m", "textsql.train", *argv], env=cpu_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not (output_dir / "checkpoint-10" / "trainer_state.json").exists():

@@ -25,6 +25,8 @@ USER_ERRORS = [
     (["infer"], "the following arguments are required: --model_dir"),
     (["infer", "--model_dir", "m", "--batch_size", "0"], "--batch_size, --num_beams and --max_new_tokens must be at least 1"),
     (["infer", "--model_dir", "m", "--dataset_dir", "no-such-data"], "is not a prepared textsql dataset"),
+    (["prep", "--source", "/nonexistent", "--model_id", "no-such-model"], "'/nonexistent' does not exist"),  # the data first
+    (["train", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be at least 1, not 0"),
     (["check-config"], "the following arguments are required: FILE"),
     (["check-config", "nope.json"], "'nope.json' is neither a JSON file nor a shipped strategy"),
     (["check-config", "bad.json"], "did you mean reduce_bucket_size?"),

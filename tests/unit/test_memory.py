@@ -362,7 +362,7 @@ def test_format_and_plot(tmp_path):
     text = format_plan(result)
     for name in memory.STRATEGIES:
         assert name in text
-    assert "recommendation: none with batch 32" in text
+    assert "recommendation: none (no DeepSpeed: plain PyTorch, DDP across GPUs) with batch 32" in text
     assert "assumptions:" in text and "PartitionedParameterCoordinator" in text and "autocast" in text
     assert "60.5M parameters gathered at the peak" in text  # all of t5-small, with the shipped 1e9 settings
     fig = plot_plan(result, tmp_path / "plan.png")
@@ -381,7 +381,10 @@ def test_format_and_plot(tmp_path):
 def test_cli_table_and_json(capsys):
     assert plan_cli(["--model", "t5-small", "--gradient_checkpointing", "False"]) == 0
     out = capsys.readouterr().out
-    assert "gradient checkpointing off" in out and "recommendation: none" in out
+    assert "gradient checkpointing off" in out and "recommendation: none (no DeepSpeed" in out
+    assert "assumptions:" not in out and "--assumptions`)" in out  # behind an option, one line says so
+    assert plan_cli(["--model", "t5-small", "--assumptions"]) == 0
+    assert "assumptions:" in capsys.readouterr().out
     assert plan_cli(["--model", "t5-small", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["strategies"]) == set(memory.STRATEGIES)

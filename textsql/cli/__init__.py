@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     except TextsqlError as error:
         print(f"textsql {argv[0]}: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # one line, not a traceback; `textsql train` says where it resumes
+        print(f"textsql {argv[0]}: interrupted.", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

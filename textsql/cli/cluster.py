@@ -49,7 +49,6 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
 def cluster_cli(argv: list[str]) -> int:
     """Body of `textsql cluster`. Returns the exit status; raises TextsqlError for problems a user can fix."""
-
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textsql.cli.parsing import parse_arguments
 from textsql.demo import DEMO_ACCURACY_NOTE, DemoArguments, run_demo
 from textsql.evaluate import format_components
@@ -21,4 +23,9 @@ def demo_command(argv: list[str]) -> int:
     print(format_components(test["components"]))
     print(DEMO_ACCURACY_NOTE)
     print(f"full summary: {result.summary.output_dir}/{SUMMARY_FILE}")
+    runs_root = Path(result.summary.output_dir).parent
+    print("\nnext:\n"
+          f"  textsql tensorboard --runs_root {runs_root}    # the losses, in a browser (127.0.0.1)\n"
+          "  the README's quick start                     # prep, check-config, plan, train, infer, report on this data\n"
+          "  bash scripts/bootstrap.sh lab                # the same steps as notebooks, in JupyterLab")
     return 0

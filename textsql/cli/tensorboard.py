@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from textsql.paths import in_project
 from textsql.serve.tensorboard import (
     APP_PORT_VARIABLE,
     DEFAULT_HOST,
@@ -36,7 +37,7 @@ def tensorboard_cli(argv: list[str]) -> int:
         return 2
     if note:
         print(f"textsql tensorboard: {note}", file=sys.stderr)
-    root = Path(args.runs_root)
+    root = Path(in_project(args.runs_root))  # the project's runs/, wherever the command starts
     if not root.exists():
         root.mkdir(parents=True)
         print(f"textsql tensorboard: created the empty runs root {root.resolve()}; runs appear as they write events.", file=sys.stderr)

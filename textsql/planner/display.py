@@ -11,7 +11,7 @@ COLUMN_TITLES = {"parameters": "params", "gradients": "grads", "optimizer_states
                  "activations": "activ", "buckets": "buckets", "overhead": "overhead"}
 
 
-def format_plan(plan: dict, with_problem: bool = True) -> str:
+def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = True) -> str:
     """The plan as text: what was planned, a row per strategy (GB per GPU by component), then the recommendation."""
     m, a = plan["model"], plan["inputs"]
     lines = [
@@ -36,15 +36,24 @@ def format_plan(plan: dict, with_problem: bool = True) -> str:
     lines.append("")
     rec = plan["recommendation"]
     if rec is None:
-        lines.append("recommendation: none." + (f" {plan['problem']}" if with_problem else ""))
+        lines.append("recommendation: nothing fits." + (f" {plan['problem']}" if with_problem else ""))
     else:
-        lines.append(f"recommendation: {rec['strategy']} with batch {rec['per_device_train_batch_size']} per GPU "
+        name = strategy_words(rec["strategy"])
+        lines.append(f"recommendation: {name} with batch {rec['per_device_train_batch_size']} per GPU "
                      f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
                      f"{rec['largest_per_device_train_batch_size']}.")
-    lines += ["", "assumptions:"]
-    lines += [textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-              for text in plan["assumptions"]]
+    if with_assumptions:
+        lines += ["", "assumptions:"]
+        lines += [textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+                  for text in plan["assumptions"]]
+    else:
+        lines.append(f"({len(plan['assumptions'])} assumptions behind these numbers: `textsql plan ... --assumptions`)")
     return "\n".join(lines)
+
+
+def strategy_words(name: str) -> str:
+    """A strategy's name as a recommendation reads it: "none" alone would read as "no recommendation"."""
+    return "none (no DeepSpeed: plain PyTorch, DDP across GPUs)" if name == "none" else name
 
 
 def _zero3_line(residency: dict) -> str:

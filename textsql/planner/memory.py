@@ -147,6 +147,7 @@ class PlanArguments:
     cpu_memory_gb: float | None = field(default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."})
     safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
+    assumptions: bool = field(default=False, metadata={"help": "Print the assumptions behind the numbers under the table."})
 
     def __post_init__(self):
         if not str(self.model).strip():
@@ -230,7 +231,6 @@ def _config_from_folder(folder: Path):
 
 def _config_from_hub(name: str):
     from transformers import AutoConfig
-
 
     try:
         return AutoConfig.from_pretrained(name, local_files_only=hub_offline())  # the env is read now, not at import
@@ -329,7 +329,6 @@ def zero_settings(dsconfig: dict | None) -> dict:
 
 def read_dsconfig(name_or_path: str) -> dict:
     """Load and validate a DeepSpeed JSON file, or a shipped strategy name (zero1, zero2, zero3_offload)."""
-
     return load_dsconfig(resolve_dsconfig_path(name_or_path, flag="--dsconfig"))
 
 

@@ -156,7 +156,6 @@ def _json_error(path, exc: json.JSONDecodeError) -> str:
 
 
 def _import_deepspeed():
-
     prepare_deepspeed_import()
     try:
         import deepspeed  # noqa: F401  (slow: imported only when a config is checked)

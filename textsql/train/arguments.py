@@ -11,6 +11,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from textsql.errors import TextsqlError
 from textsql.evaluate import check_decoding
+from textsql.paths import in_project
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
 
 # The original walkthrough's flag names, kept so its commands still work.
@@ -23,6 +24,9 @@ class ModelArguments:
     """Which model to fine-tune."""
 
     model_id: str = field(default="t5-small", metadata={"help": "Hub name (t5-small, t5-large, t5-3b) or a local model folder."})
+
+    def __post_init__(self):
+        self.model_id = in_project(self.model_id, only_if_exists=True)  # a folder of the project, from any subfolder
 
 
 @dataclass
@@ -45,7 +49,7 @@ class DataArguments:
     execution_accuracy_num_beams: int = field(default=1, metadata={"help": "Beams for that score (at least 2 with execution_guided)."})
 
     def __post_init__(self):
-
+        self.dataset_dir = in_project(self.dataset_dir)  # the project's data/, from notebooks/ too
         if self.execution_accuracy_samples < 0:
             raise TextsqlError("--execution_accuracy_samples must be 0 (off) or a positive number of validation questions.")
         check_decoding(self.execution_accuracy_decoding, self.execution_accuracy_num_beams, "--execution_accuracy_")
@@ -83,7 +87,8 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
     eval_strategy: IntervalStrategy | str = _textsql_default("eval_strategy", "epoch")
     save_strategy: SaveStrategy | str = _textsql_default("save_strategy", "epoch")
     save_total_limit: int | None = _textsql_default("save_total_limit", 2)
-    logging_steps: float = _textsql_default("logging_steps", 50)
+    logging_steps: float = _textsql_default(
+        "logging_steps", 0.02, "a fraction of the run: 50 points on every loss curve, a run of 20 steps as much as one of 5,000")
     logging_first_step: bool = _textsql_default("logging_first_step", True)
     report_to: None | str | list[str] = _textsql_default("report_to", "tensorboard")
     train_sampling_strategy: str = _textsql_default(
@@ -120,7 +125,7 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
 
     def __post_init__(self):
         """textsql's own checks only; the Trainer's __post_init__ runs in finalize()."""
-
+        self.runs_root, self.output_dir = in_project(self.runs_root), in_project(self.output_dir)
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
         if self.accelerator not in DEVICE_CHOICES:
@@ -129,7 +134,23 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
             raise TextsqlError(f"--save_dtype must be float32 or bfloat16, not '{self.save_dtype}'.")
         if self.num_gpus is not None and self.num_gpus < 1:
             raise TextsqlError(f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}.")
+        self._check_numbers()
         self.finalized = False
+
+    def _check_numbers(self) -> None:
+        """Numbers the Trainer or DeepSpeed would only refuse once the ranks have started, refused here, before anything
+        starts or any folder is made."""
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise TextsqlError(f"--{name} must be at least 1, not {getattr(self, name)}.")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise TextsqlError(f"--max_steps must be a positive number of steps (or -1: --num_train_epochs decides), not {self.max_steps}.")
+        if self.max_steps == -1 and not self.num_train_epochs > 0:
+            raise TextsqlError(f"--num_train_epochs must be above 0 (or give --max_steps), not {self.num_train_epochs}.")
+        if not self.learning_rate > 0:
+            raise TextsqlError(f"--learning_rate must be above 0, not {self.learning_rate}.")
+        if not self.logging_steps > 0:
+            raise TextsqlError(f"--logging_steps must be above 0 (a number of steps, or a fraction of the run below 1), not {self.logging_steps}.")
 
     def finalize(self, **decided) -> "TextsqlTrainingArguments":
         """Set what textsql decided, then run the Trainer's own checks and device setup (once, in the training process)."""

@@ -18,7 +18,6 @@ def rank() -> int:
 
 def ensure_distributed_env() -> None:
     """DeepSpeed outside its launcher needs the rank variables (else it looks for mpi4py)."""
-
     if "RANK" in os.environ:
         return
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")

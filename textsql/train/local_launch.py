@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.paths import ARGUMENTS_FILE, SUMMARY_FILE
+from textsql.prep import check_prepared
 from textsql.run_summary import format_summary, read_summary
 from textsql.strategy.devices import (
     NodeDevices,
@@ -25,8 +28,11 @@ from textsql.strategy.devices import (
     use_accelerator,
 )
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
-from textsql.train.run import train
+from textsql.train.run import TrainingInterrupted, interrupted_message, train
 
+# DeepSpeed's own INFO lines ("[2026-11-24 19:31:16,466] [INFO] [runner.py:...] ..."), from its launcher and the ranks'
+# start-up: kept for a failure's message, not echoed (the ranks' full log is each run's train.log).
+LAUNCHER_CHATTER = re.compile(r"^(\[rank\d+\]:)?\[\d{4}-\d\d-\d\d [\d:,]+\] \[INFO\] ")
 SUMMARY_MARKER = "textsql-run-summary: "
 STARTED_BY_TEXTSQL = "TEXTSQL_STARTED_RANKS"  # set for the processes run_training starts: they never start ranks themselves
 
@@ -60,9 +66,10 @@ def training_command(arguments_file: Path, ranks: int, devices, uses_deepspeed: 
 
 def child_environment(ranks: int, devices) -> dict[str, str]:
     """The training processes' environment: DeepSpeed's CPU accelerator without GPUs, and with several ranks each
-    rank's share of the cores for OpenMP (ZeRO offload's CPU Adam uses them), unless OMP_NUM_THREADS is set."""
-
+    rank's share of the cores for OpenMP (ZeRO offload's CPU Adam uses them), unless OMP_NUM_THREADS is set. The
+    libraries' FutureWarnings are left out unless PYTHONWARNINGS says otherwise: they tell the user nothing to do."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{STARTED_BY_TEXTSQL: str(ranks)})
+    env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     if not devices.gpus:
         use_accelerator("cpu", env)
     if ranks > 1:
@@ -73,7 +80,7 @@ def child_environment(ranks: int, devices) -> dict[str, str]:
 def run_training(model_args, data_args, training_args, num_gpus: int | None = None, *, echo=print, tail_lines: int = 40) -> dict:
     """Train in child processes (one rank per visible GPU unless `num_gpus` says otherwise), echo their output line by
     line, and return the run's summary (textsql.run_summary). The arguments are textsql.train's dataclasses (notebooks build them)."""
-
+    check_prepared(data_args.dataset_dir)  # the user's input first, before any process starts
     devices = node_devices(training_args.accelerator)
     ranks = ranks_per_node(num_gpus, devices)
     with tempfile.TemporaryDirectory(prefix="textsql-launch-") as folder:
@@ -84,16 +91,43 @@ def run_training(model_args, data_args, training_args, num_gpus: int | None = No
         tail: deque[str] = deque(maxlen=tail_lines)
         summary_path = None
         with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_environment(ranks, devices)) as child:
-            for line in child.stdout:
-                line = line.rstrip("\n")
-                tail.append(line)
-                echo(line)
-                if SUMMARY_MARKER in line:
-                    summary_path = line.split(SUMMARY_MARKER, 1)[1].strip()
+            try:
+                for line in child.stdout:
+                    line = line.rstrip("\n")
+                    tail.append(line)
+                    if not LAUNCHER_CHATTER.match(line):
+                        echo(line)
+                    if SUMMARY_MARKER in line:
+                        summary_path = line.split(SUMMARY_MARKER, 1)[1].strip()
+            except KeyboardInterrupt:
+                stop_child(child)
+                raise TrainingInterrupted(interrupted_message(model_args, training_args, ranks)) from None
     if child.returncode != 0 or summary_path is None:
-        last = "\n".join(tail)
-        raise TextsqlError(f"Training exited with status {child.returncode}. Last lines of its output:\n{last}")
+        raise TextsqlError(failure_message(child.returncode, list(tail)))
     return read_summary(summary_path)
+
+
+def stop_child(child: subprocess.Popen, grace: float = 30) -> None:
+    """Stop the training child after an interrupt: SIGINT (the deepspeed launcher passes it to its ranks; in a notebook
+    only the kernel got it), then SIGKILL after `grace` seconds. A checkpoint being written may be cut short: resume
+    skips an incomplete one."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGINT)
+        try:
+            child.wait(grace)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def failure_message(status: int, tail: list[str]) -> str:
+    """Why training failed, in as few lines as say it: the ranks' own one-paragraph error when there is one (the full
+    output was shown as it came), else the last lines of the output."""
+    own = [line.split("textsql train: ", 1)[1] for line in tail if "textsql train: " in line]
+    if own:
+        return own[-1]
+    last = "\n".join(tail[-12:])
+    return f"Training exited with status {status}. Last lines of its output:\n{last}"
 
 
 def launches_ranks(training: TextsqlTrainingArguments, devices=None) -> int:

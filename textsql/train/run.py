@@ -9,7 +9,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,9 +17,15 @@ from textsql import __version__
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set
 from textsql.hub import load_seq2seq_model, load_tokenizer
-from textsql.paths import LOG_FILE, SUMMARY_FILE
+from textsql.paths import CHECKPOINT_PREFIX, LOG_FILE, SUMMARY_FILE
 from textsql.planner.check import compare_with_run
-from textsql.prep import check_source_settings, load_prepared, record_source_settings, tokenizer_for_training
+from textsql.prep import (
+    check_prepared,
+    check_source_settings,
+    load_prepared,
+    record_source_settings,
+    tokenizer_for_training,
+)
 from textsql.run_summary import RunSummary, run_state, write_summary
 from textsql.strategy.devices import (
     NodeDevices,
@@ -48,13 +54,63 @@ if TYPE_CHECKING:
 logger = logging.getLogger("textsql.train")
 
 
-def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int, ranks: int) -> str:
-    return f"{Path(model_id.rstrip('/')).name}-{strategy_label}-ws{ranks}-bs{per_device_batch}"
+# Settings that make another experiment, as short name parts when they differ from textsql's defaults: two runs that
+# differ in one of them never share a folder, and the same command finds its own folder again (and resumes there).
+RUN_NAME_PARTS = {
+    "learning_rate": "lr{:g}",
+    "num_train_epochs": "ep{:g}",
+    "max_steps": "steps{}",
+    "gradient_accumulation_steps": "ga{}",
+    "seed": "seed{}",
+    "precision": "{}",
+    "weight_decay": "wd{:g}",
+    "warmup_steps": "warmup{:g}",
+    "lr_scheduler_type": "{}",
+    "max_grad_norm": "clip{:g}",
+    "label_smoothing_factor": "ls{:g}",
+    "optim": "{}",
+    "activation_checkpointing": "ckpt",
+}
+
+
+def run_name_settings(training: TextsqlTrainingArguments) -> list[str]:
+    """The name parts of the settings in RUN_NAME_PARTS that differ from their defaults, in that order."""
+    defaults = {f.name: f.default for f in fields(TextsqlTrainingArguments) if f.name in RUN_NAME_PARTS}
+    parts = []
+    for name, form in RUN_NAME_PARTS.items():
+        value = getattr(training, name)
+        value = getattr(value, "value", value)  # an enum (lr_scheduler_type, optim) by its value
+        default = getattr(defaults[name], "value", defaults[name])
+        if value != default and value is not None and value is not False:
+            parts.append(form.format(value))
+    return parts
+
+
+def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int, ranks: int, settings: list[str] = ()) -> str:
+    """<model>-<strategy>-ws<ranks>-bs<batch>, then the settings that differ from the defaults (run_name_settings)."""
+    return "-".join([f"{Path(model_id.rstrip('/')).name}-{strategy_label}-ws{ranks}-bs{per_device_batch}", *settings])
+
+
+class TrainingInterrupted(TextsqlError):
+    """Training was interrupted (Ctrl-C, a notebook's stop button); the message says how to resume."""
+
+
+def interrupted_message(model: ModelArguments, training: TextsqlTrainingArguments, ranks: int) -> str:
+    """One line after an interrupt: the checkpoint the same command resumes from, or that nothing was saved yet."""
+    try:
+        folder = run_dir(model, training, ranks)
+    except TextsqlError:
+        return "interrupted."
+    checkpoints = sorted((p for p in folder.glob(f"{CHECKPOINT_PREFIX}*") if p.name[len(CHECKPOINT_PREFIX):].isdigit()),
+                         key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
+    if checkpoints:
+        return f"interrupted; run the same command again to resume from {checkpoints[-1].absolute()}."
+    return (f"interrupted before the first checkpoint (save_strategy {getattr(training.save_strategy, 'value', training.save_strategy)}); "
+            f"running the same command again starts over in {folder.absolute()}.")
 
 
 def load_strategy(deepspeed) -> tuple[dict | None, dict]:
     """(the DeepSpeed config, validated, or None without one; its strategy: stage, offload, label)."""
-
     if not deepspeed:
         return None, describe_strategy(None)
     config = load_dsconfig(resolve_dsconfig_path(deepspeed)) if not isinstance(deepspeed, dict) else deepspeed
@@ -62,12 +118,13 @@ def load_strategy(deepspeed) -> tuple[dict | None, dict]:
 
 
 def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: int, strategy_label: str | None = None) -> Path:
-    """The run's folder: --output_dir, or <runs_root>/<model>-<strategy>-ws<ranks>-bs<batch>."""
+    """The run's folder: --output_dir, or <runs_root>/<model>-<strategy>-ws<ranks>-bs<batch>[-<settings>]."""
     if training.output_dir:
         return Path(training.output_dir)
     if strategy_label is None:
         strategy_label = load_strategy(training.deepspeed)[1]["label"]
-    return Path(training.runs_root) / run_folder_name(model.model_id, strategy_label, training.per_device_train_batch_size, ranks)
+    return Path(training.runs_root) / run_folder_name(
+        model.model_id, strategy_label, training.per_device_train_batch_size, ranks, run_name_settings(training))
 
 
 @dataclass
@@ -107,8 +164,9 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     state = run_state(output_dir)
     if state == "finished" and not training.overwrite:
         raise TextsqlError(
-            f"'{output_dir}' holds a finished run ({SUMMARY_FILE} is there). Pass --overwrite True to train again in it, "
-            "or choose another --output_dir / --runs_root. textsql never deletes a run."
+            f"{output_dir.absolute()} holds a finished run with these settings ({SUMMARY_FILE} is there). To train it "
+            "again in the same folder, ask for overwrite (`--overwrite True`; overwrite=True in a notebook); or change "
+            "a setting, or the output folder (output_dir / runs_root). textsql never deletes a run."
         )
     resume_from = None
     if state == "interrupted" and not training.overwrite:
@@ -157,6 +215,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
 
     The arguments are left as given: the Trainer gets a finalized copy.
     """
+    check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
     plan = set_up_run(model_args, training_args)
     if plan.dsconfig is not None or world_size() > 1:
         ensure_distributed_env()
@@ -172,7 +231,6 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         deepspeed.init_distributed()
 
     from transformers import DataCollatorForSeq2Seq
-
 
     train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, load_tokenizer(model_args.model_id))
     if eval_set is None and training_args.eval_strategy != "no":
@@ -232,7 +290,6 @@ def build_summary(model_args, data_args, training_args, plan, result, eval_metri
     import deepspeed
     import torch
     import transformers
-
 
     metrics = result.metrics
     runtime = metrics.get("train_runtime", 0.0)

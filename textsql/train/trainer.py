@@ -52,7 +52,6 @@ def make_trainer_class():
             """Every rank generates the same questions: under ZeRO-3 they must step through generate() together."""
             from transformers.integrations import is_deepspeed_zero3_enabled
 
-
             decoding = self.execution_decoding
             _, metrics = decode_and_score(
                 self.accelerator.unwrap_model(self.model), self.processing_class, self.execution_scoring,
