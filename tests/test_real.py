@@ -12,7 +12,7 @@ from textsql.data import PrepArguments, load_prepared, prepare_dataset
 from textsql.sql import execute_query, parse_sql, same_logical_form, score_prediction
 from textsql.wikisql import load_release_folder, render_sql
 
-T5_FILES = ("spiece.model", "tokenizer.json")  # the two ways a user has T5's tokenizer: SentencePiece, or HF's fast file
+T5_FILES = ("spiece.model", "tokenizer.json")  # the two ways a user has T5's tokenizer: SentencePiece, HF's fast file
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +34,14 @@ def t5_folder(real_files, tokenizer_file: str, folder):
 
 @pytest.fixture(scope="module")
 def real_prepared(real_files, tmp_path_factory):
-    """{tokenizer file: prepared folder}: the real release files, question+header sources, prepared with each T5 file."""
+    """{tokenizer file: prepared folder}: the real release files as question+header sources, prepared with each file."""
     root = tmp_path_factory.mktemp("real-prep")
     prepared = {}
     for name in T5_FILES:
         model_dir = t5_folder(real_files, name, root / f"t5-{name}")
-        prepared[name] = prepare_dataset(PrepArguments(source=str(real_files / "wikisql"), model_id=str(model_dir),
-                                                       output_dir=str(root / f"data-{name}"), source_format="question+header"))
+        arguments = PrepArguments(source=str(real_files / "wikisql"), model_id=str(model_dir),
+                                  output_dir=str(root / f"data-{name}"), source_format="question+header")
+        prepared[name] = prepare_dataset(arguments)
     return prepared
 
 
@@ -62,7 +63,7 @@ def test_every_real_gold_query_reads_back_as_itself_and_scores_right(real_wikisq
 
 
 def test_real_gold_targets_as_t5_gives_them_back_keep_their_columns(real_wikisql):
-    """T5's normalizer rewrites ², ³ and ½ (NFKC): column names are still read; a value so rewritten is another value."""
+    """T5's normalizer rewrites ², ³ and ½ (NFKC): column names are still read; a value so rewritten is another one."""
     rewritten_columns = rewritten_values = 0
     for example, table in examples(real_wikisql):
         written = unicodedata.normalize("NFKC", example.target)
@@ -84,7 +85,8 @@ def variants(query: dict, table: dict) -> list[dict]:
     """Near misses of a gold query: another aggregation, operator, column, value (its case, another cell's)."""
     out = [dict(query, agg=(query["agg"] + 3) % 6), dict(query, sel=(query["sel"] + 1) % len(table["header"]))]
     for i, (column, op, value) in enumerate(query["conds"]):
-        for changed in ([column, (op + 1) % 3, value], [column, op, str(value).upper()], [column, op, table["rows"][-1][column]]):
+        other_cell = table["rows"][-1][column]
+        for changed in ([column, (op + 1) % 3, value], [column, op, str(value).upper()], [column, op, other_cell]):
             out.append(dict(query, conds=query["conds"][:i] + [changed] + query["conds"][i + 1 :]))
         out.append(dict(query, conds=query["conds"][:i] + query["conds"][i + 1 :]))
     return out
@@ -106,7 +108,8 @@ def test_rendered_near_misses_of_real_gold_queries_score_as_their_structured_que
     for example, table in examples(real_wikisql):
         for variant in variants(example.sql, table):
             scored = score_prediction(render_sql(variant, table["header"]), example.target, example.sql, table)
-            assert (scored["logical_form_match"], scored["execution_match"]) == structured_score(variant, example.sql, table), variant
+            verdict = (scored["logical_form_match"], scored["execution_match"])
+            assert verdict == structured_score(variant, example.sql, table), variant
             checked += 1
     assert checked > 10_000
 
@@ -118,7 +121,8 @@ def test_prep_with_either_t5_file_adds_the_characters_t5_lacks(real_prepared):
     metas = {name: load_prepared(folder)[1] for name, folder in real_prepared.items()}
     datasets = {name: load_prepared(folder)[0] for name, folder in real_prepared.items()}
     spiece, fast = (metas[name] for name in T5_FILES)
-    for key in ("added_characters", "characters_changed_by_normalizer", "targets_lost_in_tokenization", "lengths", "examples"):
+    for key in ("added_characters", "characters_changed_by_normalizer", "targets_lost_in_tokenization", "lengths",
+                "examples"):
         assert spiece[key] == fast[key], key
     assert spiece["tokenizer_fingerprint"] == fast["tokenizer_fingerprint"]  # the same vocabulary either way
     for split in ("train", "test"):
@@ -126,7 +130,7 @@ def test_prep_with_either_t5_file_adds_the_characters_t5_lacks(real_prepared):
     meta = spiece
     assert meta["examples"] == {"train": 1000, "test": 1062}
     added = meta["added_characters"]
-    # T5 maps these to <unk>: '<' (4 less-than queries), '^' and '~', accented letters, CJK, and '⁄' (what NFKC makes of ½).
+    # T5 maps these to <unk>: '<' (4 less-than queries), '^', '~', accented letters, CJK, and '⁄' (NFKC makes ½ 1⁄2).
     assert {"<", "^", "~", "⁄", "ā", "š", "大"} <= set(added) and len(added) == 51
     assert set(meta["characters_changed_by_normalizer"]) == {"²", "³", "½"}
     assert meta["targets_lost_in_tokenization"] == {
@@ -144,8 +148,9 @@ def test_real_lengths_and_every_less_than_target_round_trips(real_files, real_pr
     for split, report in meta["lengths"].items():
         sources = [len(ids) for ids in dataset[split]["input_ids"]]
         targets = [len(ids) for ids in dataset[split]["labels"]]
-        assert report["source_percentiles"]["p100"] == max(sources) and report["target_percentiles"]["p100"] == max(targets)
-        assert 30 < report["source_percentiles"]["p50"] < 60 and 12 < report["target_percentiles"]["p50"] < 30  # t5 on WikiSQL
+        source, target = report["source_percentiles"], report["target_percentiles"]
+        assert source["p100"] == max(sources) and target["p100"] == max(targets)
+        assert 30 < source["p50"] < 60 and 12 < target["p50"] < 30  # t5's tokens for WikiSQL's questions and SQL
     less_than = [row for split in dataset.values() for row in split if " < " in row["target"]]
     assert len(less_than) == 4  # the real files' '<' conditions: 2 in test, 2 in train
     base = AutoTokenizer.from_pretrained(t5_folder(real_files, "tokenizer.json", data_dir.parent / "plain-t5"))
@@ -171,12 +176,45 @@ def test_infer_on_a_model_with_the_real_vocabulary(real_prepared, textsql_in_pro
     model_dir = tmp_path / "real-vocab-t5"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    status, out, err = textsql_in_process(["infer", "--model_dir", str(model_dir), "--dataset_dir", str(data_dir), "--split", "test",
-                                           "--max_examples", "12", "--batch_size", "12", "--max_new_tokens", "12",
-                                           "--show_examples", "1", "--output_dir", str(tmp_path / "scored")])
+    status, out, err = textsql_in_process(["infer", "--model_dir", str(model_dir), "--dataset_dir", str(data_dir),
+                                           "--split", "test", "--max_examples", "12", "--batch_size", "12",
+                                           "--max_new_tokens", "12", "--show_examples", "1",
+                                           "--output_dir", str(tmp_path / "scored")])
     assert status == 0, err
     metrics = json.loads((tmp_path / "scored" / "eval_metrics.json").read_text())
     records = [json.loads(line) for line in (tmp_path / "scored" / "predictions.jsonl").read_text().splitlines()]
     assert metrics["examples"] == len(records) == 12 and metrics["source_format"] == "question+header"
     assert all(isinstance(r["predicted_sql"], str) and (r["parsed"] is not None or r["parse_error"]) for r in records)
     assert "Model Prediction:" in out
+
+
+# --------------------------------------------------------------------------- benchmark shapes
+
+
+def test_benchmark_t5_shapes_are_the_real_checkpoints(real_files, tmp_path):
+    """bench/shapes.py: t5-base and t5-large from their real config.json, t5-small from the known shape, all equal to
+    textsql.memory.T5_SHAPES (the planner's), with the checkpoints' parameter counts (random weights, meta device)."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from textsql.memory import T5_SHAPES
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "shapes.py"
+    spec = importlib.util.spec_from_file_location("bench_shapes", path)
+    shapes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shapes)
+    tokenizer = AutoTokenizer.from_pretrained(t5_folder(real_files, "tokenizer.json", tmp_path / "t5"))
+    parameters = {"t5-small": 60_506_624, "t5-base": 222_903_552, "t5-large": 737_668_096}  # the checkpoints' counts
+    for name in shapes.T5_NAMES:
+        config, source = shapes.t5_config(name, tokenizer, real_files / "t5")
+        real_config = real_files / "t5" / name / "config.json"
+        assert source == (str(real_config) if name != "t5-small" else "textsql.memory.T5_SHAPES")
+        assert {key: getattr(config, key) for key in shapes.SHAPE_KEYS} == T5_SHAPES[name]
+        assert config.vocab_size == 32128 and config.num_decoder_layers == config.num_layers
+        model = shapes.build_t5(config, seed=0, device="meta")
+        assert sum(p.numel() for p in model.parameters()) == parameters[name], name
+    extended = type("Extended", (), {"__len__": lambda self: 32201, "pad_token_id": 0, "eos_token_id": 1})()
+    grown, _ = shapes.t5_config("t5-small", extended)
+    assert grown.vocab_size == 32201  # prep's added characters beyond the checkpoint's 28 spare rows

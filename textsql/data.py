@@ -126,9 +126,9 @@ def prepare_dataset(args: PrepArguments):
     lost = characters_lost_in_targets(dataset, tokenizer, data.tables)
     recovered = lost["column_names_recovered"]
     if recovered["examples"]:
-        logger.info("%d target SQL strings come back from '%s' with column names rewritten (%s); scoring matches column "
-                    "names as the tokenizer writes them, so they still score right.", recovered["examples"], args.model_id,
-                    ", ".join(f"{c!r} x{n}" for c, n in recovered["characters"].items()))
+        logger.info("%d target SQL strings come back from '%s' with column names rewritten (%s); scoring matches "
+                    "column names as the tokenizer writes them, so they still score right.", recovered["examples"],
+                    args.model_id, ", ".join(f"{c!r} x{n}" for c, n in recovered["characters"].items()))
     if lost["examples"]:
         logger.warning(
             "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it rewrites: %s); the model "

@@ -102,7 +102,7 @@ def _snippet(text: str, position: int) -> str:
 
 
 def normalized_name(name: str) -> str:
-    """A column name as T5's tokenizer gives it back: NFKC-normalized (`²` -> `2`, `½` -> `1⁄2`), whitespace collapsed."""
+    """A column name as T5's tokenizer gives it back: NFKC-normalized (`²` -> `2`, `½` -> `1⁄2`), spaces collapsed."""
     return " ".join(unicodedata.normalize("NFKC", str(name)).split())
 
 
@@ -543,7 +543,10 @@ def score_prediction(predicted_text: str, gold_text: str, gold_query: dict | Non
         "execution_error": None,
     }
     try:
-        scored["parsed"] = _exact_gold(gold) if scored["exact_match"] else parse_sql(predicted_text, table["header"], table.get("rows"))
+        if scored["exact_match"]:
+            scored["parsed"] = _exact_gold(gold)
+        else:
+            scored["parsed"] = parse_sql(predicted_text, table["header"], table.get("rows"))
     except SQLParseError as error:
         scored["parse_error"] = str(error)
     if scored["parsed"] is not None:
