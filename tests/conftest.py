@@ -28,7 +28,8 @@ def real_files() -> Path:
     """../shared/real: wikisql/{test,train}.jsonl with their tables, t5/spiece.model, t5/tokenizer.json and the t5-base
     and t5-large configs. Skips the test where the folder is absent."""
     if not (REAL_FILES / "wikisql" / "test.jsonl").is_file() or not (REAL_FILES / "t5" / "spiece.model").is_file():
-        pytest.skip(f"the real WikiSQL and T5 files are not at {REAL_FILES.resolve()} (a checkout beside ../shared has)")
+        pytest.skip(f"the real WikiSQL and T5 files are not at {REAL_FILES.resolve()} "
+                    "(only a checkout beside ../shared has them)")
     return REAL_FILES.resolve()
 
 

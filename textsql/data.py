@@ -219,12 +219,12 @@ def characters_lost_in_targets(dataset, tokenizer, tables: dict[str, dict] | Non
     lost_examples = recovered_examples = 0
     for split in dataset.values():
         decoded_texts = tokenizer.batch_decode(list(split["labels"]), skip_special_tokens=True)
-        for row, decoded in zip(split.select_columns(["target", "table_id", "sql"]), decoded_texts):
-            target, decoded = row["target"], " ".join(decoded.split())
+        for index, (target, decoded) in enumerate(zip(split["target"], decoded_texts)):
+            decoded = " ".join(decoded.split())
             if decoded == target:
                 continue
             changed = set(target) - set(decoded)
-            if _reads_as_gold(decoded, row, tables or {}):
+            if _reads_as_gold(decoded, split[index], tables or {}):
                 recovered_examples += 1
                 recovered.update(changed)
             else:
