@@ -1,11 +1,14 @@
-"""What every benchmark in bench/ reports the same way: the machine it ran on, and its JSON (printed, and written to
---output when given). Benchmarks import it as `bench.common` (they put the repository root on sys.path)."""
+"""What every benchmark in bench/ does the same way: the machine it ran on, its JSON (printed, and written to --output
+when given), and real WikiSQL release files prepared once for it. Benchmarks import it as `bench.common` (they put the
+repository root on sys.path)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import shutil
 from pathlib import Path
 
 
@@ -39,3 +42,41 @@ def emit(report: dict, output: str | None) -> None:
     print(text)
     if output:
         Path(output).write_text(text + "\n")
+
+
+def tokenizer_folder(tokenizer: str, workdir: str | Path) -> str:
+    """A --model_id for `textsql prep`: a hub name or model folder as given; a tokenizer file (T5's spiece.model or a
+    Hugging Face tokenizer.json) is put in a folder of its own in `workdir`, beside a config.json naming T5."""
+    path = Path(tokenizer).expanduser()
+    if not path.is_file():
+        return tokenizer
+    folder = Path(workdir) / f"tokenizer-{path.stem}-{path.stat().st_size}"
+    if not (folder / path.name).is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, folder / path.name)
+        # AutoTokenizer picks T5's tokenizer class by the model type
+        (folder / "config.json").write_text(json.dumps({"model_type": "t5"}) + "\n")
+    return str(folder)
+
+
+def prepared_release(source: str, tokenizer: str, workdir: str | Path, source_format: str = "question") -> Path:
+    """A WikiSQL release folder (or .tar.bz2) prepared by `textsql prep` with `tokenizer` (see tokenizer_folder), once:
+    later calls with the same arguments reuse it."""
+    from textsql.paths import METADATA_FILE
+    from textsql.prep import PrepArguments, prepare_dataset
+
+    model_id = tokenizer_folder(tokenizer, workdir)
+    key = hashlib.sha256(json.dumps([str(Path(source).resolve()), model_id, source_format]).encode()).hexdigest()[:12]
+    output_dir = Path(workdir) / f"release-{source_format.replace('+', '-')}-{key}"
+    if not (output_dir / METADATA_FILE).is_file():
+        prepare_dataset(PrepArguments(source=source, model_id=model_id, output_dir=str(output_dir),
+                                      source_format=source_format, overwrite=True))
+    return output_dir
+
+
+def prepared_tokenizer(data_dir: str | Path) -> str:
+    """The tokenizer a prepared dataset was made with: prep's copy with the characters it added, else the one named."""
+    from textsql.paths import METADATA_FILE
+
+    metadata = json.loads((Path(data_dir) / METADATA_FILE).read_text())
+    return str(Path(data_dir) / metadata["tokenizer_dir"]) if metadata.get("tokenizer_dir") else metadata["tokenizer"]

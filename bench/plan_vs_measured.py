@@ -39,15 +39,14 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
-from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
-from textsql.strategy.table import STRATEGIES
+from bench.common import emit, machine, prepared_release, prepared_tokenizer  # noqa: E402  (the root is on sys.path)
+from bench.shapes import T5_NAMES, build_t5, t5_config  # noqa: E402
+from textsql.strategy.table import STRATEGIES  # noqa: E402
 
-# T5Config shapes (random init: memory does not depend on the weights). vocab None = the tokenizer's size.
-SHAPES = {
-    "tiny": dict(d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32, vocab_size=None),
-    "t5-small": dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128),
-    "t5-large": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16, d_kv=64, vocab_size=32128),
-}
+# Shapes (random init: memory does not depend on the weights): a tiny one whose vocabulary is the tokenizer's, and the
+# T5 checkpoints' (bench.shapes).
+TINY = dict(d_model=128, d_ff=512, num_layers=2, num_heads=4, d_kv=32)
+SHAPES = ("tiny",) + T5_NAMES
 GPU_DEFAULTS = {"shapes": "t5-small,t5-large", "precisions": "bf16,fp32", "batch_sizes": "8,32", "steps": 5}
 CPU_DEFAULTS = {"shapes": "tiny", "precisions": "fp32", "batch_sizes": "8", "steps": 3}
 # Settings for --coordinator_sweep: (max_live_parameters, max_reuse_distance, prefetch_bucket_size,
@@ -188,23 +187,24 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_shape(shape: str, workdir: Path, tokenizer_dir: Path) -> Path:
-    """A folder with a randomly initialised T5 of the shape (saved in fp32) and the generated data's tokenizer."""
-    import torch
-    from transformers import T5Config, T5ForConditionalGeneration
+def build_shape(shape: str, workdir: Path, tokenizer_dir: Path, t5_configs: str | None = None) -> Path:
+    """A folder with a randomly initialised T5 of the shape (saved in fp32) and the data's tokenizer (with any
+    characters prep added, so the embeddings have a row for each)."""
+    from transformers import T5Config
 
     from textsql.hub import load_tokenizer
 
-    folder = workdir / "models" / shape
+    tokenizer = load_tokenizer(str(tokenizer_dir))
+    folder = workdir / "models" / f"{shape}-vocab{len(tokenizer)}"
     if (folder / "config.json").exists():
         return folder
-    tokenizer = load_tokenizer(str(tokenizer_dir))
-    sizes = dict(SHAPES[shape])
-    vocab = max(sizes.pop("vocab_size") or 0, len(tokenizer))
-    config = T5Config(vocab_size=vocab, num_decoder_layers=sizes["num_layers"], pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id, **sizes)
-    torch.manual_seed(0)
-    model = T5ForConditionalGeneration(config)  # on the CPU: a CUDA context here would count in the runs' device memory
+    if shape == "tiny":
+        config = T5Config(vocab_size=len(tokenizer), num_decoder_layers=TINY["num_layers"], **TINY,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                          decoder_start_token_id=tokenizer.pad_token_id)
+    else:
+        config, _ = t5_config(shape, tokenizer, t5_configs)
+    model = build_t5(config, seed=0)  # on the CPU: a CUDA context here would count in the runs' device memory
     model.save_pretrained(folder)  # fp32: a bf16 save would load as bf16
     del model
     tokenizer.save_pretrained(folder)
@@ -385,6 +385,14 @@ def parse_args(argv=None):
     parser.add_argument("--gradient_checkpointing", action="store_true", help="Train with activation checkpointing.")
     parser.add_argument("--gpu", type=int, default=0, help="The GPU every run is pinned to (CUDA_VISIBLE_DEVICES).")
     parser.add_argument("--train_tables", type=int, default=200, help="Generated training tables (10 questions each).")
+    parser.add_argument("--source", default=None,
+                        help="WikiSQL release files (a folder or .tar.bz2) instead of generated data: prepared once in "
+                        "--workdir with --tokenizer, so the runs and the planner's lengths are the real ones.")
+    parser.add_argument("--tokenizer", default="t5-small",
+                        help="With --source: a hub name, a model folder, or T5's spiece.model or tokenizer.json file.")
+    parser.add_argument("--t5_configs", default=None,
+                        help="A folder of t5-base/config.json, t5-large/config.json (the real checkpoints' configs) "
+                        "for the T5 shapes; default: the same numbers built in.")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench-memory"),
                         help="Where the generated data, the models and the runs go (reused).")
     parser.add_argument("--coordinator_sweep", action="store_true",
@@ -438,11 +446,16 @@ def bench(args, on_gpu: bool) -> dict:
     if "bf16" in precisions and not on_gpu:
         raise SystemExit("bf16 is measured on a GPU (on a CPU it is emulated autocast, not what a pod runs); use --precisions fp32 here.")
     workdir = Path(args.workdir)
-    data_dir, tiny_dir = build_assets(workdir / "generated", train_tables=args.train_tables, questions_per_table=10, seed=0)
+    if args.source:
+        data_dir = prepared_release(args.source, args.tokenizer, workdir)
+        tokenizer_dir = prepared_tokenizer(data_dir)
+    else:
+        data_dir, tokenizer_dir = build_assets(workdir / "generated", train_tables=args.train_tables,
+                                               questions_per_table=10, seed=0)
     configs = strategy_configs(workdir)
     runs = []
     for shape in shapes:
-        model_dir = build_shape(shape, workdir, tiny_dir)
+        model_dir = build_shape(shape, workdir, tokenizer_dir, args.t5_configs)
         for precision in precisions:
             for batch in batches:
                 for strategy in strategies:

@@ -21,8 +21,15 @@ On a GPU also model FLOPs utilisation (MFU) against the GPU's dense bf16 peak an
 TF32/FP32 peak it could use (textsql.strategy.devices.GPU_PEAK_TFLOPS: SXM, PCIe and NVL parts differ). Every child process is
 pinned to one GPU (the first visible one).
 
-The data is generated WikiSQL-format data with a tokenizer trained on it (textsql.demo.build_assets), or a dataset
-prepared by `textsql prep` (--dataset_dir), e.g. the real WikiSQL tokenized with t5-small's tokenizer.
+The data is generated WikiSQL-format data with a tokenizer trained on it (textsql.demo.build_assets), a dataset
+prepared by `textsql prep` (--dataset_dir), or WikiSQL release files (--source, a folder or .tar.bz2) prepared here with
+--tokenizer (a hub name, a model folder, or T5's spiece.model / tokenizer.json file), e.g.
+
+    python bench/train_throughput.py --shapes t5-small --source ../shared/real/wikisql \
+        --tokenizer ../shared/real/t5/spiece.model --t5_configs ../shared/real/t5
+
+so t5-small's figures carry the real 32k-vocabulary output layer and real question and SQL lengths. The t5-small,
+t5-base and t5-large shapes are random-weight models of the real configs (--t5_configs, else the same built-in numbers).
 """
 
 from __future__ import annotations
@@ -42,17 +49,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
-from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+from bench.common import emit, machine, prepared_release  # noqa: E402  (the repository root is on sys.path now)
+from bench.shapes import T5_NAMES, build_t5, t5_config  # noqa: E402
 
 RECIPES = ("walkthrough", "textsql")
 WALKTHROUGH_LENGTH = 96  # the walkthrough padded (and truncated) questions and targets to 96 tokens
-# T5Config shapes (random init: throughput does not depend on the weights). vocab None = the tokenizer's size.
-SHAPES = {
-    "cpu-small": dict(d_model=256, d_ff=1024, num_layers=4, num_heads=4, d_kv=64, vocab_size=None),
-    "t5-small": dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128),
-    "t5-large": dict(d_model=1024, d_ff=4096, num_layers=24, num_heads=16, d_kv=64, vocab_size=32128),
-}
-DEFAULT_STEPS = {"cpu-small": 16, "t5-small": 100, "t5-large": 40}
+# Shapes (random init: throughput does not depend on the weights): a small one for CPUs, whose vocabulary is the
+# tokenizer's, and the T5 checkpoints' (bench.shapes).
+CPU_SMALL = dict(d_model=256, d_ff=1024, num_layers=4, num_heads=4, d_kv=64)
+SHAPES = ("cpu-small",) + T5_NAMES
+DEFAULT_STEPS = {"cpu-small": 16, "t5-small": 100, "t5-base": 60, "t5-large": 40}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -61,9 +67,11 @@ DEFAULT_STEPS = {"cpu-small": 16, "t5-small": 100, "t5-large": 40}
 
 
 def prepared_data(args) -> Path:
-    """The prepared dataset folder: --dataset_dir, or generated data built once in --workdir."""
+    """The prepared dataset: --dataset_dir, --source prepared once in --workdir, or generated data built there."""
     if args.dataset_dir:
         return Path(args.dataset_dir)
+    if args.source:
+        return prepared_release(args.source, args.tokenizer, args.workdir, args.source_format)
     from textsql.demo import build_assets
 
     workdir = Path(args.workdir) / f"generated-{args.train_tables}x10"
@@ -73,8 +81,8 @@ def prepared_data(args) -> Path:
 
 def dataset_tokenizer(dataset_dir: Path):
     """The tokenizer the dataset was prepared with (with any characters prep added)."""
-    from textsql.prep import load_prepared, tokenizer_for_training
     from textsql.hub import load_tokenizer
+    from textsql.prep import load_prepared, tokenizer_for_training
 
     _, metadata = load_prepared(dataset_dir)
     return tokenizer_for_training(load_tokenizer(metadata["tokenizer"]), dataset_dir, metadata)
@@ -91,17 +99,20 @@ def training_subset(dataset_dir: Path, examples: int, seed: int):
     return train.shuffle(seed=seed).select(range(examples)).select_columns(["input_ids", "attention_mask", "labels"])
 
 
-def build_model(shape: str, tokenizer, seed: int):
+def build_model(shape: str, tokenizer, seed: int, t5_configs: str | None = None):
+    """A randomly initialised model of the shape: cpu-small with the tokenizer's vocabulary, or a T5 checkpoint's shape
+    (bench.shapes: from the real config.json files in `t5_configs` when given)."""
     import torch
-    from transformers import T5Config, T5ForConditionalGeneration
+    from transformers import T5Config
 
-    sizes = dict(SHAPES[shape])
-    vocab = max(sizes.pop("vocab_size") or 0, len(tokenizer))
-    config = T5Config(vocab_size=vocab, num_decoder_layers=sizes["num_layers"], pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id, **sizes)
-    torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # t5-large initialises in seconds on a GPU
-        return T5ForConditionalGeneration(config)
+    if shape == "cpu-small":
+        config = T5Config(vocab_size=len(tokenizer), num_decoder_layers=CPU_SMALL["num_layers"], **CPU_SMALL,
+                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                          decoder_start_token_id=tokenizer.pad_token_id)
+    else:
+        config, _ = t5_config(shape, tokenizer, t5_configs)
+    # t5-large initialises in seconds on a GPU
+    return build_t5(config, seed, "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def t5_training_flops(config, source_length: int, target_length: int) -> float:
@@ -218,14 +229,16 @@ def run_one(args) -> dict:
     subset = training_subset(dataset_dir, args.steps * args.batch_size, args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as output_dir:
-        warmup, _ = make_trainer(args.child, build_model(args.shape, tokenizer, args.seed), tokenizer, subset, args.warmup_steps, args.batch_size, output_dir)
+        warmup_model = build_model(args.shape, tokenizer, args.seed, args.t5_configs)
+        warmup, _ = make_trainer(args.child, warmup_model, tokenizer, subset, args.warmup_steps, args.batch_size,
+                                 output_dir)
         warmup.train()
         del warmup
         gc.collect()  # free the warm-up model and optimizer before measuring memory
         if device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        model = build_model(args.shape, tokenizer, args.seed)
+        model = build_model(args.shape, tokenizer, args.seed, args.t5_configs)
         timer = step_timer()
         trainer, collator = make_trainer(args.child, model, tokenizer, subset, args.steps, args.batch_size, output_dir, [timer])
         rss_before = peak_memory()["cpu_peak_rss_bytes"]
@@ -263,6 +276,8 @@ def run_one(args) -> dict:
         "useful_flops": sum(t5_training_flops(config, s, t) for s, t in zip(source_lengths, target_lengths)),
         "computed_flops": sum(b * t5_training_flops(config, s, t) for b, s, t in collator.shapes[-args.steps:]),
         "model_config": {k: getattr(config, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "d_kv", "vocab_size")},
+        "shape_from": (t5_config(args.shape, tokenizer, args.t5_configs)[1] if args.shape in T5_NAMES
+                       else "CPU_SMALL (bench/train_throughput.py)"),
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -330,6 +345,7 @@ def bench_shape(args, shape: str) -> dict:
         "batch_size": args.batch_size, "examples_per_run": examples, "repetitions": args.repetitions, "warmup_steps": args.warmup_steps,
         "mean_real_tokens_per_example": first["real_tokens"] / examples,
         "source_format": args.source_format if not args.dataset_dir else "as prepared",
+        "shape_from": first["shape_from"],
         "walkthrough_padded_length": runs["walkthrough"][0]["walkthrough_padded_length"],
         **summary,
         "ratio_samples_per_second": summary["textsql"]["samples_per_second"] / summary["walkthrough"]["samples_per_second"],
@@ -345,7 +361,9 @@ def bench_shape(args, shape: str) -> dict:
 def _shared_flags(args) -> list[str]:
     flags = ["--batch_size", str(args.batch_size), "--warmup_steps", str(args.warmup_steps), "--seed", str(args.seed),
              "--workdir", args.workdir, "--train_tables", str(args.train_tables), "--source_format", args.source_format] + (["--threads", str(args.threads)] if args.threads is not None else [])
-    return flags + (["--dataset_dir", args.dataset_dir] if args.dataset_dir else [])
+    flags += ["--tokenizer", args.tokenizer] + (["--t5_configs", args.t5_configs] if args.t5_configs else [])
+    flags += ["--dataset_dir", args.dataset_dir] if args.dataset_dir else []
+    return flags + (["--source", args.source] if args.source else [])
 
 
 def _child_env() -> dict:
@@ -376,9 +394,16 @@ def parse_args(argv=None):
                         help="torch threads per run. Default on a CPU: 1, because on a shared machine OpenMP threads spin-waiting "
                         "for a busy core made step times 3-20x slower and erratic; 0 = torch's default (one per core).")
     parser.add_argument("--dataset_dir", default=None, help="A dataset prepared by `textsql prep` (default: generated data).")
+    parser.add_argument("--source", default=None, help="WikiSQL release files (a folder or .tar.bz2), prepared once in "
+                        "--workdir with --tokenizer and --source_format (instead of generated data).")
+    parser.add_argument("--tokenizer", default="t5-small",
+                        help="With --source: a hub name, a model folder, or T5's spiece.model or tokenizer.json file.")
+    parser.add_argument("--t5_configs", default=None,
+                        help="A folder of t5-base/config.json, t5-large/config.json (the real checkpoints' configs) "
+                        "for the T5 shapes; default: the same numbers built in (textsql.planner.memory.T5_SHAPES).")
     parser.add_argument("--train_tables", type=int, default=600, help="Generated data: training tables (10 questions each).")
     parser.add_argument("--source_format", default="question", choices=("question", "question+header"),
-                        help="Generated data: what the model reads (both recipes read the same).")
+                        help="Generated data or --source: what the model reads (both recipes read the same).")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where generated data is built and reused.")
     parser.add_argument("--peak_tflops", type=float, default=None, help="The GPU's dense bf16 peak, for MFU on GPUs not in textsql.strategy.devices.GPU_PEAK_TFLOPS.")
     parser.add_argument("--seed", type=int, default=0)
@@ -406,7 +431,10 @@ def main(argv=None) -> int:
     results = [bench_shape(args, shape) for shape in shapes]
     report = {
         "benchmark": "train_throughput", "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-        "data": args.dataset_dir or f"generated WikiSQL-format ({args.train_tables} training tables x 10 questions, locally trained tokenizer)",
+        "data": args.dataset_dir or (
+            f"WikiSQL release files {args.source} prepared with {args.tokenizer} ({args.source_format})" if args.source
+            else f"generated WikiSQL-format ({args.train_tables} training tables x 10 questions, locally trained "
+                 "tokenizer)"),
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)], "wall_seconds": round(time.time() - started, 1),
         "results": results,
     }

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Genuine WikiSQL release lines and Google's T5 tokenizer files beside the repository (../shared/real/README.md);
+# a user's clone has no such folder, and the tests that need it skip there.
+REAL_FILES = Path(__file__).resolve().parents[1] / ".." / "shared" / "real"
 
 
 def pytest_configure(config):
@@ -24,6 +27,16 @@ def ctrl_c_raises():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(scope="session")
+def real_files() -> Path:
+    """../shared/real: wikisql/{test,train}.jsonl with their tables, t5/spiece.model, t5/tokenizer.json and the t5-base
+    and t5-large configs. Skips the test where the folder is absent."""
+    if not (REAL_FILES / "wikisql" / "test.jsonl").is_file() or not (REAL_FILES / "t5" / "spiece.model").is_file():
+        pytest.skip(f"the real WikiSQL and T5 files are not at {REAL_FILES.resolve()} "
+                    "(only a checkout beside ../shared has them)")
+    return REAL_FILES.resolve()
 
 
 @pytest.fixture(scope="session")

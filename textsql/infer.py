@@ -129,7 +129,7 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
         answer = {"question": question, "predicted_sql": predicted}
         if table is not None:
             try:
-                answer["parsed"] = parse_sql(predicted, table["header"])
+                answer["parsed"] = parse_sql(predicted, table["header"], table.get("rows"))
                 answer["result"] = execute_query(answer["parsed"], table)
             except (SQLParseError, SQLExecutionError) as error:
                 answer["error"] = str(error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR, in_project
 from textsql.vocabulary import add_characters, missing_characters
 from textsql.wikisql.format import SOURCE_FORMATS, Example, WikiSQLData, source_text
 from textsql.wikisql.release import load_wikisql
+from textsql.wikisql.sql import SQLParseError, parse_sql, same_logical_form
 from textsql.wikisql.synthetic import generate_wikisql
 
 logger = logging.getLogger(__name__)
@@ -118,7 +120,12 @@ def prepare_dataset(args: PrepArguments):
                     ", ".join(repr(c) for c in missing["unknown"]))
     dataset = tokenize_splits(splits, sources, tokenizer)
     report = length_report(dataset, args.max_source_length, args.max_target_length)
-    lost = characters_lost_in_targets(dataset, tokenizer)
+    lost = characters_lost_in_targets(dataset, tokenizer, data.tables)
+    recovered = lost["column_names_recovered"]
+    if recovered["examples"]:
+        logger.info("%d target SQL strings come back from '%s' with column names rewritten (%s); scoring matches "
+                    "column names as the tokenizer writes them, so they still score right.", recovered["examples"],
+                    args.model_id, ", ".join(f"{c!r} x{n}" for c, n in recovered["characters"].items()))
     if lost["examples"]:
         logger.warning(
             "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it rewrites: %s); the model "
@@ -184,19 +191,44 @@ def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[st
     return DatasetDict(result)
 
 
-def characters_lost_in_targets(dataset, tokenizer) -> dict:
+def characters_lost_in_targets(dataset, tokenizer, tables: dict[str, dict] | None = None) -> dict:
     """Targets whose decode(encode(text)) differs, and the characters missing (after prep's additions, only characters
-    the tokenizer's normalizer rewrites can be left)."""
-    from collections import Counter
+    the tokenizer's normalizer rewrites can be left), told apart by what they change:
 
-    missing: Counter = Counter()
-    examples = 0
+    "examples"/"characters": lost: the text as the tokenizer gives it back reads as another query (a value such as
+    `Ranma ½` comes back as `Ranma 1⁄2`, and WikiSQL compares values as written), or there is no table to tell;
+    "column_names_recovered": only column names changed (`Area (km²)` comes back as `Area (km2)`), which scoring
+    matches in their normalized form, so the query read back is the gold one.
+    """
+    lost: Counter = Counter()
+    recovered: Counter = Counter()
+    lost_examples = recovered_examples = 0
     for split in dataset.values():
-        for target, decoded in zip(split["target"], tokenizer.batch_decode(list(split["labels"]), skip_special_tokens=True)):
-            if " ".join(decoded.split()) != target:
-                examples += 1
-                missing.update(set(target) - set(decoded))
-    return {"examples": examples, "characters": dict(missing.most_common(20))}
+        decoded_texts = tokenizer.batch_decode(list(split["labels"]), skip_special_tokens=True)
+        for index, (target, decoded) in enumerate(zip(split["target"], decoded_texts)):
+            decoded = " ".join(decoded.split())
+            if decoded == target:
+                continue
+            changed = set(target) - set(decoded)
+            if _reads_as_gold(decoded, split[index], tables or {}):
+                recovered_examples += 1
+                recovered.update(changed)
+            else:
+                lost_examples += 1
+                lost.update(changed)
+    return {"examples": lost_examples, "characters": dict(lost.most_common(20)),
+            "column_names_recovered": {"examples": recovered_examples, "characters": dict(recovered.most_common(20))}}
+
+
+def _reads_as_gold(text: str, row: dict, tables: dict[str, dict]) -> bool:
+    """`text` parses against the row's table into the row's gold query (by WikiSQL's logical form)."""
+    table = tables.get(row["table_id"])
+    if table is None or not row["sql"]:
+        return False
+    try:
+        return same_logical_form(parse_sql(text, table["header"], table.get("rows")), json.loads(row["sql"]))
+    except SQLParseError:
+        return False
 
 
 def length_report(dataset, max_source_length: int, max_target_length: int) -> dict:

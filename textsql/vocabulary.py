@@ -20,20 +20,34 @@ from textsql.errors import TextsqlError
 
 def missing_characters(tokenizer, texts: Iterable[str]) -> dict[str, dict[str, int]]:
     """Characters of `texts` the tokenizer cannot give back, by kind, with how many texts hold each:
-    "unknown" (no piece covers it: it becomes <unk>) and "normalized" (the tokenizer's normalizer rewrites it)."""
+    "unknown" (no piece covers it: it becomes <unk>) and "normalized" (the tokenizer's normalizer rewrites it).
+
+    A character the normalizer rewrites into one the vocabulary lacks (NFKC turns `½` into `1⁄2`, and T5 has no `⁄`)
+    counts that one as unknown too: once it is added, the rewritten text (what scoring matches column names on) can be
+    produced."""
     seen: Counter = Counter()
     for text in texts:
         seen.update(set(text))
     backend = tokenizer.backend_tokenizer
-    unknown, normalized = {}, {}
+    unknown: Counter = Counter()
+    normalized = {}
     for character, count in seen.most_common():
         if character.isspace():
             continue  # whitespace only separates words; targets collapse runs of it
-        if backend.normalizer is not None and backend.normalizer.normalize_str(character) != character:
+        rewritten = backend.normalizer.normalize_str(character) if backend.normalizer is not None else character
+        if rewritten != character:
             normalized[character] = count
-        elif tokenizer.unk_token_id in backend.encode(character, add_special_tokens=False).ids:
-            unknown[character] = count
-    return {"unknown": unknown, "normalized": normalized}
+            unknown.update({c: count for c in set(rewritten) if c != character and _unknown(tokenizer, c)})
+        elif _unknown(tokenizer, character):
+            unknown[character] += count
+    return {"unknown": dict(unknown.most_common()), "normalized": normalized}
+
+
+def _unknown(tokenizer, character: str) -> bool:
+    """No piece covers `character` (whitespace never counts: it only separates words)."""
+    if character.isspace():
+        return False
+    return tokenizer.unk_token_id in tokenizer.backend_tokenizer.encode(character, add_special_tokens=False).ids
 
 
 def add_characters(tokenizer, characters: Iterable[str], save_dir: str | Path):

@@ -9,6 +9,8 @@ import pytest
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
 from textsql.errors import TextsqlError
 
+NOTHING_LOST = {"examples": 0, "characters": {}, "column_names_recovered": {"examples": 0, "characters": {}}}
+
 
 def test_prepared_dataset_is_unpadded_with_masks_and_metadata(assets):
     data_dir, model_dir = assets
@@ -27,7 +29,7 @@ def test_prepared_dataset_is_unpadded_with_masks_and_metadata(assets):
     report = meta["lengths"]["train"]
     assert report["source_percentiles"]["p50"] <= report["source_percentiles"]["p99"] <= report["source_percentiles"]["p100"] == max(lengths)
     assert report["source_over_max"] == 0 and report["target_over_max"] == 0
-    assert meta["targets_lost_in_tokenization"] == {"examples": 0, "characters": {}}
+    assert meta["targets_lost_in_tokenization"] == NOTHING_LOST
     assert meta["source_format"] == "question" and meta["added_characters"] == {} and meta["tokenizer_dir"] is None
 
 
@@ -40,7 +42,7 @@ def test_targets_the_tokenizer_cannot_produce_are_counted(assets):
     tokenizer = AutoTokenizer.from_pretrained(assets[1])
     splits = {"train": [Example("q", "SELECT Year FROM table WHERE Points ☃ 3"), Example("q", "SELECT Year FROM table")]}
     lost = characters_lost_in_targets(tokenize_splits(splits, {"train": ["p: q", "p: q"]}, tokenizer), tokenizer)
-    assert lost == {"examples": 1, "characters": {"☃": 1}}
+    assert lost == {"examples": 1, "characters": {"☃": 1}, "column_names_recovered": {"examples": 0, "characters": {}}}
 
 
 def test_questions_start_with_the_task_prefix(assets):
@@ -128,7 +130,7 @@ def test_characters_the_tokenizer_lacks_are_added_so_every_target_survives(heade
     assert base.unk_token_id in base("a < b")["input_ids"]
     dataset, meta = load_prepared(data_dir)
     assert list(meta["added_characters"]) == ["<"] and meta["tokenizer_dir"] == "tokenizer"  # "|" was known already
-    assert meta["targets_lost_in_tokenization"] == {"examples": 0, "characters": {}}
+    assert meta["targets_lost_in_tokenization"] == NOTHING_LOST
     assert meta["base_tokenizer_fingerprint"] != meta["tokenizer_fingerprint"]
     extended = AutoTokenizer.from_pretrained(data_dir / "tokenizer")
     less_than = [row for row in dataset["train"] if " < " in row["target"]]

@@ -123,6 +123,86 @@ def test_repeated_column_name_maps_to_its_first_column():
     assert parse_sql("SELECT Points FROM table WHERE Points = 3", ["Year", "Points", "Points"]) == {"sel": 1, "agg": 0, "conds": [[1, 0, "3"]]}
 
 
+def test_column_names_match_as_the_t5_tokenizer_writes_them():
+    # T5's normalizer (NFKC) gives back "Area (km²)" as "Area (km2)" and "½" as "1⁄2"; values stay as written.
+    header = ["Area (km²)", "Density (pop/km²)", "Length (1½ mi)", "Title"]
+    assert parse_sql("SELECT Area (km2) FROM table WHERE Density (pop/km2) = 137.61", header) == {
+        "sel": 0, "agg": 0, "conds": [[1, 0, "137.61"]]
+    }
+    assert parse_sql("SELECT MAX Length (11⁄2 mi) FROM table WHERE Title = Ranma 1⁄2", header) == {
+        "sel": 2, "agg": 1, "conds": [[3, 0, "Ranma 1⁄2"]]
+    }
+    lenient = parse_sql("select area(km2) from table where density(pop/km²)=5", header)
+    assert lenient["conds"] == [[1, 0, "5"]]
+    # A normalized form that is another column's own name stays that column's.
+    assert parse_sql("SELECT Area (km2) FROM table", ["Area (km²)", "Area (km2)"])["sel"] == 1
+    assert parse_sql("SELECT Area (km²) FROM table", ["Area (km²)", "Area (km2)"])["sel"] == 0
+
+
+# Hand-checked readings where the text alone is ambiguous: the table's cells decide, and a reading that uses all of
+# the text beats calling it cut off. The first table is two rows of WikiSQL's test table 1-1430913-1, where the gold
+# value of a question ends in "and" plus a column name.
+TREKS = {
+    "id": "1-1430913-1",
+    "header": ["Name Of Place", "Height from Sea Level In Meters", "Nearby Town", "Trekking Route", "Category"],
+    "types": ["text"] * 5,
+    "rows": [["Valley of Flowers", "3000M to 4500M", "Govind Gath", "19km", "Picturesque and Trekking Route"],
+             ["Auli Bugyal", "3300M to 4500M", "Joshi Math", "5km", "Trekking and winter sports"]],
+}
+TREKS_GOLD = "SELECT Height from Sea Level In Meters FROM table WHERE Category = Picturesque and Trekking Route"
+
+
+def test_the_only_complete_reading_is_taken_when_its_value_is_in_the_cells():
+    query = {"sel": 1, "agg": 0, "conds": [[4, 0, "Picturesque and Trekking Route"]]}
+    assert parse_sql(TREKS_GOLD, TREKS["header"], TREKS["rows"]) == query
+    scored = score_prediction(TREKS_GOLD, TREKS_GOLD, query, TREKS)
+    assert scored["exact_match"] and scored["logical_form_match"] and scored["execution_match"]
+    # Any spelling of it, too (the model's output is rarely the gold's exact text).
+    lower = parse_sql(TREKS_GOLD.lower(), TREKS["header"], TREKS["rows"])
+    assert lower["conds"] == [[4, 0, "picturesque and trekking route"]]
+    # Without the cells nothing says the value is whole: output cut off after "AND Trekking Route" reads the same.
+    with pytest.raises(SQLParseError, match="operator"):
+        parse_sql(TREKS_GOLD, TREKS["header"])
+    # A last value ending in "and <column>" that no cell holds is still output cut off mid-condition.
+    with pytest.raises(SQLParseError, match="operator"):
+        parse_sql("SELECT Nearby Town FROM table WHERE Category = Picturesque and Nearby Town", TREKS["header"],
+                  TREKS["rows"])
+
+
+def test_cells_decide_between_two_complete_readings():
+    header = ["Show", "Year", "Network"]
+    text = "SELECT Network FROM table WHERE Show = Tom AND Year = 1995"
+    split = {"sel": 2, "agg": 0, "conds": [[0, 0, "Tom"], [1, 0, "1995"]]}
+    whole = {"sel": 2, "agg": 0, "conds": [[0, 0, "Tom AND Year = 1995"]]}
+    assert parse_sql(text, header) == split  # no cells: the earliest AND splits
+    assert parse_sql(text, header, [["Tom", 1994, "NBC"]]) == split  # "Tom" is a cell: 1 value found against 0
+    assert parse_sql(text, header, [["Tom and Year = 1995", 1990, "NBC"]]) == whole  # only the whole value is a cell
+    assert parse_sql(text, header, [["Tom", 1995.0, "NBC"]]) == split  # numbers match by value
+    # Two values found beat one; ties keep the earliest split.
+    assert parse_sql(text, header, [["Tom and Year = 1995", 1990, "NBC"], ["Tom", 1995, "ABC"]]) == split
+    assert parse_sql(text, header, [["Tom and Year = 1995", 1990, "NBC"], ["Tom", 1990, "ABC"]]) == split
+
+
+def test_a_value_ending_in_and_is_whole_when_its_column_holds_it():
+    header, rows = ["Act", "Year"], [["Rock and", 1990]]
+    assert parse_sql("SELECT Year FROM table WHERE Act = Rock and", header, rows)["conds"] == [[0, 0, "Rock and"]]
+    with pytest.raises(SQLParseError, match="no column"):
+        parse_sql("SELECT Year FROM table WHERE Act = Roll and", header, rows)
+
+
+def test_exact_gold_text_scores_as_the_gold_even_where_it_reads_otherwise():
+    # The gold value is in no cell (WikiSQL has such questions), so the text alone reads as two conditions, or as cut
+    # off; the prediction that is the gold's exact text is still the gold query.
+    gold = {"sel": 2, "agg": 0, "conds": [[0, 0, "Tom AND Year = 1995"]]}
+    table = {"id": "shows", "header": ["Show", "Year", "Network"], "types": ["text", "real", "text"],
+             "rows": [["Tom", 1995, "NBC"]]}
+    text = render_sql(gold, table["header"])
+    assert parse_sql(text, table["header"], table["rows"]) != gold
+    scored = score_prediction(text, text, gold, table)
+    assert scored["exact_match"] and scored["logical_form_match"] and scored["execution_match"]
+    assert scored["parsed"] == gold
+
+
 @pytest.mark.parametrize(
     "text, reason",
     [

@@ -6,6 +6,7 @@ import decimal
 import re
 import sqlite3
 import threading
+import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
@@ -68,20 +69,25 @@ _LENIENT = _Syntax(
 )
 
 
-def parse_sql(text: str, header: list[str]) -> dict:
+def parse_sql(text: str, header: list[str], rows: list[list] | None = None) -> dict:
     """The structured query {"sel", "agg", "conds": [[col, op, value], ...]} of a string rendered like `render_sql`.
 
-    Column names are matched longest first, case-insensitively; a string that only parses with different spacing
-    (for example `Year=1995`) is read in a second, lenient pass. Values are returned as written (strings).
+    Column names are matched longest first, case-insensitively, as written or NFKC-normalized (T5's tokenizer writes
+    `Area (km²)` as `Area (km2)`); a string that only parses with different spacing (for example `Year=1995`) is read in
+    a second, lenient pass. Values are returned as written (strings). A value may hold AND, so a WHERE clause can have
+    several complete readings: with the table's `rows`, the one with the most values found in their columns' cells
+    wins, else the one that splits at the earliest AND. A last value that ends in AND, or in AND plus a column name
+    (and operator), reads as output cut off mid-condition unless its column's cells hold it.
     Raises SQLParseError with a short reason when the text is not a query over this header.
     """
     collapsed = " ".join(str(text or "").split())
     if not collapsed:
         raise SQLParseError("empty output")
     names = tuple(str(name) for name in header)
+    cells = _CellEvidence(rows)
     failures = []
     for syntax in (_STRICT, _LENIENT):
-        parser = _Parser(collapsed, _header_patterns(names, syntax.lenient), syntax)
+        parser = _Parser(collapsed, _header_patterns(names, syntax.lenient), syntax, cells)
         query = parser.parse()
         if query is not None:
             return query
@@ -95,34 +101,96 @@ def _snippet(text: str, position: int) -> str:
     return repr(rest[:40] + ("..." if len(rest) > 40 else "")) if rest else "the end"
 
 
+def normalized_name(name: str) -> str:
+    """A column name as T5's tokenizer gives it back: NFKC-normalized (`²` -> `2`, `½` -> `1⁄2`), spaces collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", str(name)).split())
+
+
 @lru_cache(maxsize=4096)
 def _header_patterns(header: tuple[str, ...], lenient: bool) -> tuple[tuple[int, re.Pattern], ...]:
-    """(column index, pattern) per distinct column name, longest name first; a repeated name maps to its first column."""
+    """(column index, pattern) per distinct column name, longest name first; a repeated name maps to its first column.
+
+    A name that NFKC rewrites also matches in its normalized form, unless that form is another column's own name."""
     patterns, seen = [], set()
+    raw_keys = {" ".join(name.split()).lower() for name in header}
     for index, name in enumerate(header):
         words = name.split()
         key = " ".join(words).lower()
         if not words or key in seen:
             continue  # an empty name cannot be told apart from no name
         seen.add(key)
-        if lenient:
-            pattern = r"\s*".join(re.escape(char) for char in "".join(words))
-        else:
-            pattern = " ".join(re.escape(word) for word in words)
-        patterns.append((len("".join(words)), index, _compile(pattern)))
+        forms = [words]
+        normalized = normalized_name(name)
+        if normalized.lower() != key and normalized.lower() not in raw_keys:
+            forms.append(normalized.split())
+        alternatives = []
+        for form in forms:
+            if lenient:
+                alternatives.append(r"\s*".join(re.escape(char) for char in "".join(form)))
+            else:
+                alternatives.append(" ".join(re.escape(word) for word in form))
+        patterns.append((len("".join(words)), index, _compile("|".join(f"(?:{a})" for a in alternatives))))
     patterns.sort(key=lambda item: -item[0])  # stable: equal lengths keep header order
     return tuple((index, pattern) for _, index, pattern in patterns)
+
+
+class _CellEvidence:
+    """Whether a condition value is one of its column's cells (case, spacing and NFKC forms aside; numbers by value):
+    what decides between readings of a WHERE clause. Each column's cells are read once, when first asked."""
+
+    def __init__(self, rows: list[list] | None):
+        self.rows = rows
+        self.columns: dict[int, tuple[set[str], set[float]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def holds(self, column: int, value: str) -> bool:
+        if not self.rows:
+            return False
+        if column not in self.columns:
+            texts, numbers = set(), set()
+            for row in self.rows:
+                if column < len(row):
+                    texts.add(_cell_key(row[column]))
+                    number = _plain_number(row[column])
+                    if number is not None:
+                        numbers.add(number)
+            self.columns[column] = (texts, numbers)
+        texts, numbers = self.columns[column]
+        return _cell_key(value) in texts or _plain_number(value) in numbers
+
+
+def _cell_key(value: object) -> str:
+    return " ".join(unicodedata.normalize("NFKC", str(value)).split()).lower()
+
+
+def _plain_number(value: object) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        return float(str(value).replace(",", ""))
+    except ValueError:
+        return None
+
+
+# How many readings of a WHERE clause are kept per position: a degenerate output repeating "AND col = v" has
+# exponentially many, and the first ones (earliest splits) are the likely ones.
+MAX_READINGS = 32
 
 
 class _Parser:
     """Backtracking reader of one collapsed string; remembers the furthest point it failed at, and why."""
 
-    def __init__(self, text: str, columns: tuple[tuple[int, re.Pattern], ...], syntax: _Syntax):
+    def __init__(self, text: str, columns: tuple[tuple[int, re.Pattern], ...], syntax: _Syntax, cells: _CellEvidence):
         self.text = text
         self.columns = columns
         self.syntax = syntax
+        self.cells = cells
         self.failure = (-1, "not a query")
-        self.conditions_memo: dict[int, list | None] = {}
+        self.readings_memo: dict[int, list[list]] = {}
 
     def fail(self, position: int, reason: str) -> None:
         if position > self.failure[0]:
@@ -175,42 +243,61 @@ class _Parser:
         if not where:
             self.fail(position, "expected WHERE or the end after 'FROM table'")
             return None
-        return self.conditions(where.end())
+        return self.best_reading(where.end())
 
-    def conditions(self, position: int) -> list | None:
-        """The conditions from `position` to the end of the text, or None; memoized because values backtrack."""
-        if position not in self.conditions_memo:
-            self.conditions_memo[position] = self._conditions(position)
-        return self.conditions_memo[position]
+    def best_reading(self, position: int) -> list | None:
+        """The conditions from `position` to the end: of the complete readings (no last value cut off), the one with
+        the most values in their columns' cells; ties (and tables without rows) go to the earliest-split reading."""
+        complete = [reading for reading in self.readings(position) if not self.cut_off(reading[-1])]
+        if not complete:
+            return None
+        if len(complete) == 1 or not self.cells:
+            return complete[0]
+        return max(complete, key=lambda reading: sum(self.cells.holds(column, value) for column, _, value in reading))
 
-    def _conditions(self, position: int) -> list | None:
+    def cut_off(self, condition: list) -> bool:
+        column, _, value = condition
+        if not self.truncated_value(value) or self.cells.holds(column, value):
+            return False
+        self.fail(len(self.text) - len(value), "truncated WHERE clause (dangling AND)")  # the last value ends the text
+        return True
+
+    def readings(self, position: int) -> list[list]:
+        """Every way (up to MAX_READINGS) to read the text from `position` to the end as conditions, in order of
+        preference: longest column first, then the value that ends at the earliest AND; memoized (values backtrack)."""
+        if position not in self.readings_memo:
+            self.readings_memo[position] = self._readings(position)
+        return self.readings_memo[position]
+
+    def _readings(self, position: int) -> list[list]:
         columns = self.columns_at(position)
         if not columns:
             self.fail(position, "no column of the table in the WHERE condition")
+        found: list[list] = []
         for column, column_end in columns:
             op = self.syntax.op.match(self.text, column_end)
             if not op:
                 self.fail(column_end, "expected an operator (=, >, <) after the condition column")
                 continue
-            found = self.condition_from(column, COND_OPS.index(op.group(1)), op.end())
-            if found is not None:
-                return found
-        return None
+            found.extend(self.readings_from(column, COND_OPS.index(op.group(1)), op.end()))
+            if len(found) >= MAX_READINGS:
+                break
+        return found[:MAX_READINGS]
 
-    def condition_from(self, column: int, op: int, value_start: int) -> list | None:
-        """This condition and the ones after it: the value runs to the first AND after which the rest parses, else to the end."""
+    def readings_from(self, column: int, op: int, value_start: int) -> list[list]:
+        """This condition and the ones after it: its value runs to an AND after which the rest reads, or to the end."""
         if self.at_end(value_start):
             self.fail(value_start, "missing condition value")
-            return None
+            return []
+        found = []
         for separator in self.and_separators(value_start + 1):
-            rest = self.conditions(separator.end())
-            if rest is not None:
-                return [[column, op, self.text[value_start : separator.start()].strip()]] + rest
-        value = self.text[value_start:].strip()
-        if self.truncated_value(value):
-            self.fail(value_start, "truncated WHERE clause (dangling AND)")
-            return None
-        return [[column, op, value]]
+            value = [column, op, self.text[value_start : separator.start()].strip()]
+            for rest in self.readings(separator.end()):
+                found.append([value] + rest)
+                if len(found) >= MAX_READINGS:
+                    return found
+        found.append([[column, op, self.text[value_start:].strip()]])
+        return found
 
     def and_separators(self, position: int):
         """Every AND separator from `position`, overlapping ones included ("x AND AND y" has two)."""
@@ -438,7 +525,8 @@ def score_prediction(predicted_text: str, gold_text: str, gold_query: dict | Non
 
     Returns {"exact_match", "logical_form_match", "execution_match", "parsed", "parse_error", "execution_error",
     "components", "wrong_parts"}. A prediction that does not parse or raises on execution is wrong, as in WikiSQL.
-    Without `gold_query` the gold string is parsed against the table's header.
+    Without `gold_query` the gold string is parsed against the table. A prediction that is the gold's exact text reads
+    as the gold query (never worse than its text), even where that text has another reading too.
     """
     if table is None:
         raise TextsqlError(
@@ -455,7 +543,10 @@ def score_prediction(predicted_text: str, gold_text: str, gold_query: dict | Non
         "execution_error": None,
     }
     try:
-        scored["parsed"] = parse_sql(predicted_text, table["header"])
+        if scored["exact_match"]:
+            scored["parsed"] = _exact_gold(gold)
+        else:
+            scored["parsed"] = parse_sql(predicted_text, table["header"], table.get("rows"))
     except SQLParseError as error:
         scored["parse_error"] = str(error)
     if scored["parsed"] is not None:
@@ -466,9 +557,14 @@ def score_prediction(predicted_text: str, gold_text: str, gold_query: dict | Non
     return scored
 
 
+def _exact_gold(gold: dict) -> dict:
+    """A copy of the gold query: what a prediction that is the gold's own text says."""
+    return {"sel": gold["sel"], "agg": gold["agg"], "conds": [list(cond) for cond in gold["conds"]]}
+
+
 def _gold_query_from_text(gold_text: str, table: dict) -> dict:
     try:
-        return parse_sql(gold_text, table["header"])
+        return parse_sql(gold_text, table["header"], table.get("rows"))
     except SQLParseError as error:
         raise TextsqlError(
             f"The gold SQL {gold_text!r} does not parse against its table {table.get('id')!r} ({error}): "
@@ -492,7 +588,7 @@ def executes_plausibly(text: str, table: dict) -> bool:
     """Execution-guided decoding's test of a candidate: it parses against the header, executes without error, and a
     query without aggregation returns at least one row (an empty answer to a question is almost always wrong)."""
     try:
-        query = parse_sql(text, table["header"])
+        query = parse_sql(text, table["header"], table.get("rows"))
         result = execute_query(query, table)
     except (SQLParseError, SQLExecutionError):
         return False

@@ -1,0 +1,47 @@
+"""T5 shapes for benchmarks: t5-small, t5-base and t5-large with random weights, from the real Hugging Face configs
+when a folder of them is given (nothing is downloaded), else from textsql.planner.memory.T5_SHAPES (the same numbers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from textsql.planner.memory import T5_SHAPES, T5_VOCAB_SIZE
+
+T5_NAMES = ("t5-small", "t5-base", "t5-large")
+SHAPE_KEYS = ("d_model", "d_ff", "num_layers", "num_heads", "d_kv")
+
+
+def t5_config(name: str, tokenizer, configs_dir: str | Path | None = None):
+    """(T5Config of `name`, where its shape came from): `configs_dir/{name}/config.json` when that file exists (a
+    checkpoint's own config, e.g. ../shared/real/t5/t5-large), else the built-in shape. The vocabulary is the
+    checkpoint's 32,128 rows, grown to the tokenizer where it has more ids (characters prep added); pad, eos and decoder
+    start come from the tokenizer."""
+    from transformers import T5Config
+
+    if name not in T5_NAMES:
+        raise SystemExit(f"unknown T5 shape {name!r}; choose from {', '.join(T5_NAMES)}")
+    path = Path(configs_dir) / name / "config.json" if configs_dir else None
+    if path is not None and path.is_file():
+        fields = json.loads(path.read_text())
+        fields.pop("task_specific_params", None)  # summarization/translation prefixes: nothing to do with the shape
+    else:
+        fields = dict(T5_SHAPES[name], vocab_size=T5_VOCAB_SIZE)
+    fields.update(vocab_size=max(fields.get("vocab_size", T5_VOCAB_SIZE), len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
+    return T5Config(**fields), (str(path) if path is not None and path.is_file() else "textsql.planner.memory.T5_SHAPES")
+
+
+def shape_summary(config) -> dict:
+    """The shape's numbers as the benchmarks report them."""
+    return {key: getattr(config, key) for key in SHAPE_KEYS + ("vocab_size",)}
+
+
+def build_t5(config, seed: int, device: str | None = None):
+    """A randomly initialised T5ForConditionalGeneration of `config` (seeded), on `device` (the CPU by default)."""
+    import torch
+    from transformers import T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    with torch.device(device or "cpu"):
+        return T5ForConditionalGeneration(config)
