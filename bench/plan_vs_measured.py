@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine, prepared_release, prepared_tokenizer  # noqa: E402  (the root is on sys.path)
-from bench.shapes import T5_NAMES, build_t5, t5_config  # noqa: E402
+from bench.shapes import T5_NAMES, bench_config, build_t5  # noqa: E402
 from textsql.strategy.table import STRATEGIES  # noqa: E402
 
 # Shapes (random init: memory does not depend on the weights): a tiny one whose vocabulary is the tokenizer's, and the
@@ -190,20 +190,13 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
 def build_shape(shape: str, workdir: Path, tokenizer_dir: Path, t5_configs: str | None = None) -> Path:
     """A folder with a randomly initialised T5 of the shape (saved in fp32) and the data's tokenizer (with any
     characters prep added, so the embeddings have a row for each)."""
-    from transformers import T5Config
-
     from textsql.hub import load_tokenizer
 
     tokenizer = load_tokenizer(str(tokenizer_dir))
     folder = workdir / "models" / f"{shape}-vocab{len(tokenizer)}"
     if (folder / "config.json").exists():
         return folder
-    if shape == "tiny":
-        config = T5Config(vocab_size=len(tokenizer), num_decoder_layers=TINY["num_layers"], **TINY,
-                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                          decoder_start_token_id=tokenizer.pad_token_id)
-    else:
-        config, _ = t5_config(shape, tokenizer, t5_configs)
+    config = bench_config(shape, tokenizer, {"tiny": TINY}, t5_configs)
     model = build_t5(config, seed=0)  # on the CPU: a CUDA context here would count in the runs' device memory
     model.save_pretrained(folder)  # fp32: a bf16 save would load as bf16
     del model

@@ -32,6 +32,18 @@ def t5_config(name: str, tokenizer, configs_dir: str | Path | None = None):
     return T5Config(**fields), (str(path) if path is not None and path.is_file() else "textsql.planner.memory.T5_SHAPES")
 
 
+def bench_config(shape: str, tokenizer, small_shapes: dict[str, dict], configs_dir: str | Path | None = None):
+    """The T5Config a benchmark trains: one of its own small shapes (sizes by name), else a real T5 shape (t5_config)."""
+    from transformers import T5Config
+
+    if shape in small_shapes:
+        sizes = small_shapes[shape]
+        return T5Config(vocab_size=len(tokenizer), num_decoder_layers=sizes["num_layers"], **sizes,
+                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                        decoder_start_token_id=tokenizer.pad_token_id)
+    return t5_config(shape, tokenizer, configs_dir)[0]
+
+
 def shape_summary(config) -> dict:
     """The shape's numbers as the benchmarks report them."""
     return {key: getattr(config, key) for key in SHAPE_KEYS + ("vocab_size",)}

@@ -50,7 +50,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine, prepared_release  # noqa: E402  (the repository root is on sys.path now)
-from bench.shapes import T5_NAMES, build_t5, t5_config  # noqa: E402
+from bench.shapes import T5_NAMES, bench_config, build_t5, t5_config  # noqa: E402
 
 RECIPES = ("walkthrough", "textsql")
 WALKTHROUGH_LENGTH = 96  # the walkthrough padded (and truncated) questions and targets to 96 tokens
@@ -103,14 +103,8 @@ def build_model(shape: str, tokenizer, seed: int, t5_configs: str | None = None)
     """A randomly initialised model of the shape: cpu-small with the tokenizer's vocabulary, or a T5 checkpoint's shape
     (bench.shapes: from the real config.json files in `t5_configs` when given)."""
     import torch
-    from transformers import T5Config
 
-    if shape == "cpu-small":
-        config = T5Config(vocab_size=len(tokenizer), num_decoder_layers=CPU_SMALL["num_layers"], **CPU_SMALL,
-                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                          decoder_start_token_id=tokenizer.pad_token_id)
-    else:
-        config, _ = t5_config(shape, tokenizer, t5_configs)
+    config = bench_config(shape, tokenizer, {"cpu-small": CPU_SMALL}, t5_configs)
     # t5-large initialises in seconds on a GPU
     return build_t5(config, seed, "cuda" if torch.cuda.is_available() else "cpu")
 
