@@ -589,6 +589,7 @@ def test_a_frozen_worker_or_a_killed_agent_ends_the_launch_naming_its_node_with_
         message = str(failure.value)
         print(message)
         assert "at" in hit, "the worker's agent was never hit: training ended before it started"
+        print(f"{fault}: the launch ended and the cluster stopped {ended - hit['at']:.1f} s after the agent was hit")
         assert ended - hit["at"] < 60
         how = "its agent went silent for" if fault == "frozen" else "its agent vanished"
         assert message.startswith(f"Node 1 (127.0.0.2, rank(s) 1) was lost first: {how}"), message

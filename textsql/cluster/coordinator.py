@@ -225,7 +225,8 @@ class Coordinator:
             dropped = sock not in self._pending
             self._pending.pop(sock, None)
         if dropped or self._closed.is_set():
-            self.refusals.note(str(peer[0]), "dropped: too many handshakes at once")
+            why = "dropped: too many handshakes at once" if dropped else "the cluster stopped during the handshake"
+            self.refusals.note(str(peer[0]), why)
             channel.close()
             return
         with self._joined:
