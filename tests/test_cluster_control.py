@@ -170,7 +170,8 @@ def test_a_relay_on_the_path_cannot_inject_replay_reorder_or_alter_messages(coor
         with pytest.raises(ChannelClosed, match="failed authentication"):
             agent.receive(timeout=10)
 
-    # Toward the session: an injected exit, a replayed line, two lines swapped, a line altered: each ends the link.
+    # Toward the session: an injected exit, a replayed line, two lines swapped, a line altered, a line dropped (noticed
+    # at the next one): each ends the link.
     def inject(relay, agent):
         relay.write("to_session", json.dumps({"op": "exit", "code": 0, "launch_id": "L"}).encode() + b"\n")
 
@@ -188,7 +189,12 @@ def test_a_relay_on_the_path_cannot_inject_replay_reorder_or_alter_messages(coor
         relay.hooks["to_session"] = lambda line: [line.replace(b"step 3", b"step 4")]
         agent.send(op="line", text="step 3")
 
-    for tamper in (inject, replay, reorder, alter):
+    def drop(relay, agent):
+        relay.hooks["to_session"] = lambda line: [] if b"step 5" in line else [line]
+        agent.send(op="line", text="step 5")
+        agent.send(op="line", text="step 6")
+
+    for tamper in (inject, replay, reorder, alter, drop):
         while not coordinator.events.empty():
             coordinator.events.get()
         relay, agent, link = through_relay(coordinator)
