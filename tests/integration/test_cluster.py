@@ -566,6 +566,38 @@ def test_a_kernel_killed_during_training_takes_its_workers_with_it(assets, proje
     again.stop()
 
 
+@pytest.mark.slow
+def test_a_frozen_worker_or_a_killed_agent_ends_the_launch_naming_its_node_with_nothing_left_running(assets, project, clusters):
+    """A worker's agent frozen (SIGSTOP: a hung pod, or one cut off from the network) and, in a second launch, killed
+    (SIGKILL: a pod that died): each launch ends within 60 s naming node 1 and how it was lost, not rank 0 that only
+    lost its peer; when the session says that every process stopped, none is left (the killed agent's launcher and
+    rank included)."""
+    for fault, signum in (("frozen", signal.SIGSTOP), ("killed", signal.SIGKILL)):
+        hit, lines, started = {}, [], []
+
+        def strike(line, signum=signum, hit=hit, started=started):
+            hit["pid"] = started[0].backend.processes["local-127.0.0.2"].pid
+            os.kill(hit["pid"], signum)
+            hit["at"] = time.monotonic()
+
+        echo = on_line("Training starts", strike, lambda line, lines=lines: (lines.append(line), print(line)))
+        cluster = clusters("local", silence_seconds=6, echo=echo)
+        started.append(cluster)
+        with pytest.raises(LaunchFailed) as failure:
+            cluster.train(cluster_argv(assets, project / f"runs-{fault}", steps=100000, logging_steps=50))
+        ended = time.monotonic()
+        message = str(failure.value)
+        print(message)
+        assert "at" in hit, "the worker's agent was never hit: training ended before it started"
+        print(f"{fault}: the launch ended and the cluster stopped {ended - hit['at']:.1f} s after the agent was hit")
+        assert ended - hit["at"] < 60
+        how = "its agent went silent for" if fault == "frozen" else "its agent vanished"
+        assert message.startswith(f"Node 1 (127.0.0.2, rank(s) 1) was lost first: {how}"), message
+        assert "Rank 0 on node 0" not in message and not cluster.started
+        assert lines[-1] == "stopped 1 worker(s) and node 0's agent"
+        assert leftovers(project) == []  # gone before the session said so
+
+
 def test_interrupts_while_workers_start_and_a_dead_kernel_s_workers_are_stopped_by_the_next_start(project, clusters, monkeypatch):
     import cml.workers_v1 as standin
 

@@ -433,9 +433,9 @@ def test_failure_reports():
     hosts = [Host("10.0.0.1", 1), Host("10.0.0.2", 2)]
     monitor = LaunchMonitor()
     monitor.feed("10.0.0.2: [rank 1] step 7")
-    monitor.node_ended("10.0.0.2", "lost: connection closed")
+    monitor.node_ended("10.0.0.2", 1)
     message, _ = failure_message(monitor, hosts, Path("/l"), "resumes from checkpoint-5 (...)")
-    assert message.startswith("Node 1 (10.0.0.2, rank(s) 1, 2): its launcher was lost (connection closed) without a rank report.")
+    assert message.startswith("Node 1 (10.0.0.2, rank(s) 1, 2): its launcher ended with exit status 1 without a rank report.")
     assert "rank 1 | step 7" in message and message.endswith("Launch again with the same arguments: the next launch resumes from checkpoint-5 (...).")
     monitor = LaunchMonitor()
     for r in (record(0, "exited with status 1", ["Connection closed by peer"], 5.0, node="10.0.0.1"), record(1, "killed by SIGKILL", ["last words"], 9.0)):

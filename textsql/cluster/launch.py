@@ -32,6 +32,7 @@ AFTERMATH = re.compile(
     r"Broken pipe|Socket Timeout|DistNetworkError|recvBytes failed|Read error|gloo::EnforceNotMet|timed out|"
     r"failed to recv|Connection refused", re.IGNORECASE)
 STOP_WAIT_SECONDS = 35  # agents SIGKILL what SIGTERM did not end after 10 s; a node silent longer than this is lost
+NOT_STOPPED = "lost: did not stop"  # a node that did not report its launcher's end after the stop (not a cause)
 
 
 class PreflightError(TextsqlError):
@@ -380,6 +381,7 @@ class LaunchMonitor:
     tails: dict[int, list[str]] = field(default_factory=dict)
     summary_path: str | None = None
     failed_at: float | None = None
+    lost_at: dict[str, float] = field(default_factory=dict)  # nodes whose agent vanished or fell silent: since when
 
     def feed(self, line: str) -> None:
         from textsql.train.local_launch import SUMMARY_MARKER
@@ -391,23 +393,57 @@ class LaunchMonitor:
             tail.append(text)
             del tail[:-40]
         if RANK_EXIT_MARKER in text:
-            self.failures.append(dict(json.loads(text.split(RANK_EXIT_MARKER, 1)[1]), node_address=match and match["host"]))
+            record = rank_report(text.split(RANK_EXIT_MARKER, 1)[1])
+            if record is not None:  # else output that only looks like a report; the node's exit status still counts
+                self.failures.append(dict(_failure_defaults(record), node_address=match and match["host"]))
         elif RANK_SUMMARY_MARKER in text:
-            record = dict(json.loads(text.split(RANK_SUMMARY_MARKER, 1)[1]), node_address=match and match["host"])
-            self.ranks[record["rank"]] = record
+            record = rank_report(text.split(RANK_SUMMARY_MARKER, 1)[1])
+            if record is not None:
+                self.ranks[record["rank"]] = dict(record, node_address=match and match["host"])
         elif SUMMARY_MARKER in text:
             self.summary_path = text.split(SUMMARY_MARKER, 1)[1].strip()
         self._check()
 
-    def node_ended(self, address: str, code) -> None:
-        """A node's launcher ended (exit status), or the node was lost ("lost: <why>")."""
+    def node_ended(self, address: str, code, at: float | None = None) -> None:
+        """A node's launcher ended (exit status), or the node was lost ("lost: <why>", its agent gone `at` that
+        wall-clock time)."""
         self.node_exits[address] = code
+        if str(code).startswith("lost") and code != NOT_STOPPED:
+            self.lost_at.setdefault(address, time.time() if at is None else at)
         self._check()
 
     def _check(self) -> None:
         bad_exit = any(code != 0 for code in self.node_exits.values())
         if (self.failures or bad_exit) and self.failed_at is None:
             self.failed_at = time.monotonic()
+
+
+def rank_report(payload: str) -> dict | None:
+    """A rank's JSON report (textsql.cluster.rank), or None for text that only looks like one: a training's own
+    output, or a report cut short or garbled on the way."""
+    try:
+        record = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or type(record.get("rank")) is not int:
+        return None
+    return record
+
+
+def _failure_defaults(record: dict) -> dict:
+    """A failure report with every field the error message reads, of the type it reads."""
+    tail = record.get("tail")
+    ended = record.get("ended_at")
+    return dict(record, how=str(record.get("how") or "failed"), host=str(record.get("host") or "?"),
+                log=str(record.get("log") or "?"), tail=[str(t) for t in tail] if isinstance(tail, list) else [],
+                ended_at=ended if type(ended) in (int, float) else None)
+
+
+def describe_loss(reason: str) -> str:
+    """Why a node's agent is gone, for people: it fell silent (frozen, cut off) or vanished (died, with its pod)."""
+    if reason.startswith("silent"):
+        return f"its agent went {reason}"
+    return f"its agent vanished ({reason}: the agent, or its pod, died)"
 
 
 def secondary(record: dict) -> bool:
@@ -423,10 +459,32 @@ def first_failure(failures: list[dict]) -> dict:
 
 
 def failure_message(monitor: LaunchMonitor, hosts: list[Host], launch_dir: Path, resume: str | None) -> tuple[str, list[dict]]:
-    """The error a failed launch raises, and the rank records with the first failing rank first."""
+    """The error a failed launch raises, and the rank records with the first failing rank first. A node whose agent
+    vanished or fell silent before any rank failed on its own is named first: its peers' failures only followed."""
     failures = list(monitor.failures)
     node_of = {h.address: i for i, h in enumerate(hosts)}
-    if failures:
+    layout = rank_layout(hosts)
+    real = [f.get("ended_at") or float("inf") for f in failures if not secondary(f)]
+    first_real = min(real, default=float("inf"))
+    lost_first = [address for at, address in sorted((at, a) for a, at in monitor.lost_at.items() if at <= first_real)]
+    stopped = "Every process of the launch was stopped on every node."
+    if lost_first:
+        lines = []
+        for address in lost_first:
+            on_host = [r for r, (h, _) in layout.items() if h == address]
+            lines.append(f"Node {node_of.get(address, '?')} ({address}, rank(s) {', '.join(map(str, on_host))}) was lost first: "
+                         f"{describe_loss(str(monitor.node_exits[address]).removeprefix('lost: '))}.")
+            for rank in on_host:
+                lines += [f"  rank {rank} | {t}" for t in monitor.tails.get(rank, [])[-10:]]
+        failures.sort(key=lambda f: f.get("ended_at") or float("inf"))
+        for other in failures:
+            lines.append(f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']}"
+                         f"{' (stopped because of it)' if secondary(other) else ''} (log {other['log']}).")
+        lost_nodes = ", ".join(f"node {node_of.get(a, '?')}" for a in lost_first)
+        stopped = (f"Every process of the launch was stopped on every node that still answered; those of {lost_nodes} end "
+                   "with its agent (a guard stops them when the agent dies; the agent stops them when it no longer hears "
+                   "the session; stopping the workers, the default, ends it).")
+    elif failures:
         first = first_failure(failures)
         failures.remove(first)
         failures.sort(key=lambda f: f.get("ended_at") or float("inf"))
@@ -439,7 +497,6 @@ def failure_message(monitor: LaunchMonitor, hosts: list[Host], launch_dir: Path,
             lines.append(f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']}"
                          f"{' (stopped because of it)' if secondary(other) else ''} (log {other['log']}).")
     else:
-        layout = rank_layout(hosts)
         bad = {a: c for a, c in monitor.node_exits.items() if c != 0} or monitor.node_exits
         lines = []
         for address, code in bad.items():
@@ -450,7 +507,7 @@ def failure_message(monitor: LaunchMonitor, hosts: list[Host], launch_dir: Path,
                 lines += [f"  rank {rank} | {t}" for t in monitor.tails.get(rank, [])[-10:]]
         if not lines:
             lines = ["The launch ended without a run summary."]
-    lines.append(f"Every process of the launch was stopped on every node. Whole output: {launch_dir / 'launch.log'}.")
+    lines.append(f"{stopped} Whole output: {launch_dir / 'launch.log'}.")
     if resume:
         lines.append(f"Launch again with the same arguments: the next launch {resume}.")
     return "\n".join(lines), failures
@@ -503,7 +560,9 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
         try:
             for index, link in enumerate(links):
                 env = dict(plan.env, **plan.node_env[str(index)])
-                link.ask("run", command=commands[link.address], env=env, cwd=str(plan.workdir), launch_id=plan.launch_id)
+                answer = link.ask("run", command=commands[link.address], env=env, cwd=str(plan.workdir),
+                                  launch_id=plan.launch_id)
+                link.launcher = (answer.get("pid"), plan.launch_id) if isinstance(answer, dict) else None
                 started.append(link)
             while running:
                 try:
@@ -519,14 +578,17 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
                         monitor.feed(line)
                     elif op in ("exit", "lost"):
                         running.discard(link.address)
-                        monitor.node_ended(link.address, message["code"] if op == "exit" else f"lost: {message['reason']}")
+                        if op == "exit":
+                            monitor.node_ended(link.address, message.get("code"))
+                        else:
+                            monitor.node_ended(link.address, f"lost: {message.get('reason')}", at=message.get("at"))
                 now = time.monotonic()
                 if stopping_since is None and monitor.failed_at is not None and now - monitor.failed_at >= grace_seconds:
-                    echo(f"textsql: a rank failed; stopping launch {plan.launch_id} on every node")
+                    echo(f"textsql: a rank failed or a node was lost; stopping launch {plan.launch_id} on every node")
                     stopping_since = _stop_all(links)
                 if stopping_since is not None and now - stopping_since > STOP_WAIT_SECONDS:
                     for address in running:
-                        monitor.node_ended(address, "lost: did not stop")
+                        monitor.node_ended(address, NOT_STOPPED)
                     break
         except BaseException:
             with interrupts_deferred(echo):

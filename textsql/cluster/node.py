@@ -4,9 +4,10 @@
 pod, a local process per loopback address in the local backend) connects back to the session at
 $TEXTSQL_CLUSTER_ADDRESS, proves it holds $TEXTSQL_CLUSTER_TOKEN, reports what the node has, and then does what the
 session asks: probe, prepare (set aside incomplete checkpoints, write node-local files), run the node's DeepSpeed
-launcher with its output streamed back, stop it. It never spins, and it ends — stopping the launcher first — when the
-session says so, when its connection to the session breaks or falls silent, or on SIGTERM/SIGINT/SIGHUP: a notebook
-kernel that dies takes its workers with it.
+launcher with its output streamed back, stop it. Agent and session send each other heartbeats; the agent never spins,
+and it ends — stopping the launcher first — when the session says so, when its connection to the session breaks or
+falls silent, or on SIGTERM/SIGINT/SIGHUP: a notebook kernel that dies takes its workers with it.
+`guard` keeps the launcher's process group: killing only the agent stops its launcher and ranks, too.
 `probe` and `prepare` do the same for user-managed nodes, over ssh, answering with one `textsql-node: {json}` line.
 """
 
@@ -24,13 +25,14 @@ import threading
 import time
 from pathlib import Path
 
+from textsql.cluster.channel import SILENCE_ENV, SILENCE_SECONDS, heartbeat_seconds
 from textsql.strategy.devices import local_devices
 
 ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
 CONNECT_TIMEOUT_ENV = "TEXTSQL_CLUSTER_CONNECT_TIMEOUT"
 ANSWER = "textsql-node: "
-SILENCE_SECONDS = 45  # the session pings every 5 s; this much silence means it is gone
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL for what is left of the launcher's process group
+GUARD_DEATH_SIGNAL = signal.SIGUSR1  # what the launcher's guard gets when its agent dies (nothing else sends it)
 
 
 def encode(data) -> str:
@@ -145,8 +147,10 @@ def _log(message: str) -> None:
 
 
 class Agent:
-    def __init__(self, session: tuple[str, int], token: str, address: str, worker_id: str):
+    def __init__(self, session: tuple[str, int], token: str, address: str, worker_id: str,
+                 silence_seconds: float = SILENCE_SECONDS):
         self.session, self.token, self.address, self.worker_id = session, token, address, worker_id
+        self.silence_seconds = silence_seconds
         self.channel = None
         self.launcher: subprocess.Popen | None = None
         self.stopping_launcher = False
@@ -154,33 +158,42 @@ class Agent:
         self.signalled: str | None = None
 
     def connect(self, timeout: float) -> None:
-        from textsql.cluster.channel import HandshakeFailed, client_handshake
+        from textsql.cluster.channel import HandshakeDropped, HandshakeFailed, client_handshake
 
         hello = dict(describe_node(self.address), worker_id=self.worker_id)
         deadline = time.monotonic() + timeout
         complained = False
         while True:
+            sock = None
             try:
                 sock = socket.create_connection(self.session, timeout=10)
                 sock.settimeout(None)
                 self.channel = client_handshake(sock, self.token, hello)
                 _log(f"connected to the session at {self.session[0]}:{self.session[1]} as {self.address} ({self.worker_id})")
                 return
+            except HandshakeDropped as error:  # a session busy with other handshakes drops the oldest: try again
+                sock.close()
+                problem = f"the handshake did not finish: {error}"
             except HandshakeFailed as error:
                 raise SystemExit(f"textsql node agent: the session at {self.session[0]}:{self.session[1]} refused this node: {error}")
             except OSError as error:
-                if self.signalled or time.monotonic() > deadline:
-                    raise SystemExit(f"textsql node agent: cannot reach the session at {self.session[0]}:{self.session[1]} "
-                                     f"({error}); gave up after {timeout:.0f} s") from None
-                if not complained:
-                    _log(f"cannot reach the session at {self.session[0]}:{self.session[1]} ({error}); retrying")
-                    complained = True
-                time.sleep(1)
+                if sock is not None:
+                    sock.close()
+                problem = str(error)
+            if self.signalled or time.monotonic() > deadline:
+                raise SystemExit(f"textsql node agent: cannot reach the session at {self.session[0]}:{self.session[1]} "
+                                 f"({problem}); gave up after {timeout:.0f} s") from None
+            if not complained:
+                _log(f"cannot reach the session at {self.session[0]}:{self.session[1]} ({problem}); retrying")
+                complained = True
+            time.sleep(1)
 
     def serve(self) -> int:
         from textsql.cluster.channel import ChannelClosed
 
         last = time.monotonic()
+        done = threading.Event()
+        threading.Thread(target=self._heartbeat, args=(done,), daemon=True, name="textsql-heartbeat").start()
         try:
             while True:
                 if self.signalled:
@@ -188,8 +201,8 @@ class Agent:
                     return 0
                 message = self.channel.receive(timeout=1)
                 if message is None:
-                    if time.monotonic() - last > SILENCE_SECONDS:
-                        _log(f"the session has been silent for {SILENCE_SECONDS} s: it is gone; stopping")
+                    if time.monotonic() - last > self.silence_seconds:
+                        _log(f"the session has been silent for {self.silence_seconds:.0f} s: it is gone, or cut off; stopping")
                         return 3
                     continue
                 last = time.monotonic()
@@ -199,8 +212,19 @@ class Agent:
             _log(f"the connection to the session broke ({error}): stopping")
             return 3
         finally:
+            done.set()
             self.stop_launcher()
             self.channel.close()
+
+    def _heartbeat(self, done: threading.Event) -> None:
+        """A heartbeat for the session, from its own thread: a node busy answering a long probe is not silent."""
+        from textsql.cluster.channel import ChannelClosed
+
+        while not done.wait(heartbeat_seconds(self.silence_seconds)):
+            try:
+                self.channel.send(op="ping")
+            except ChannelClosed:
+                return
 
     def handle(self, message: dict) -> str | None:
         op = message.get("op")
@@ -231,7 +255,10 @@ class Agent:
         env = dict(system(os.environ), **message["env"])
         self.stopping_launcher = False
         self.launch_id = message.get("launch_id")
-        self.launcher = subprocess.Popen(message["command"], cwd=message["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        # The guard leads the launcher's own process group; started from this (the main) thread, whose end is the
+        # agent's, so that the parent-death signal reaches it when the agent dies.
+        command = [sys.executable, "-m", "textsql.cluster.node", "guard", str(os.getpid()), "--", *message["command"]]
+        self.launcher = subprocess.Popen(command, cwd=message["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         threading.Thread(target=self._pump, args=(self.launcher, self.launch_id), daemon=True).start()
 
@@ -268,6 +295,78 @@ def _signal_group(pgid: int, sig) -> None:
         pass
 
 
+def set_parent_death_signal(sig) -> bool:
+    """Linux: `sig` reaches this process when the thread that started it ends (prctl PR_SET_PDEATHSIG); False where
+    that is not available."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of a process group: from /proc on Linux, else whether the group exists."""
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
+    members = []
+    for name in entries:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()  # state, ppid, pgrp, ... (the name before may hold anything)
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            members.append(int(name))
+    return members
+
+
+def guard(parent: int, command: list[str]) -> int:
+    """`node guard <agent pid> -- <launcher command>`: the leader of the launcher's process group. When its agent
+    dies (the parent-death signal) or it is told to stop, the whole group is stopped (SIGTERM, SIGKILL after
+    STOP_GRACE_SECONDS); when the launcher ends, whatever it left in the group is stopped the same way. It ends as
+    the launcher did."""
+    group, stopping = os.getpgrp(), []
+
+    def stop(signum, frame):
+        if not stopping:
+            stopping.append(time.monotonic())
+        if signum == GUARD_DEATH_SIGNAL:  # only this process heard that the agent died: tell the group
+            _signal_group(group, signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, GUARD_DEATH_SIGNAL):
+        signal.signal(sig, stop)
+    set_parent_death_signal(GUARD_DEATH_SIGNAL)
+    if os.getppid() != parent:  # the agent died before the death signal was armed
+        return 1
+    launcher = subprocess.Popen(command)
+    while launcher.poll() is None:
+        if stopping and time.monotonic() - stopping[0] > STOP_GRACE_SECONDS:
+            _signal_group(group, signal.SIGKILL)
+        time.sleep(0.1)
+    left = [pid for pid in group_members(group) if pid != os.getpid()]
+    if left:
+        _signal_group(group, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while [pid for pid in group_members(group) if pid != os.getpid()] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _signal_group(group, signal.SIGKILL)  # this process too, if something was still there
+    code = launcher.returncode
+    if code < 0:  # end as the launcher did, so the agent reports the same signal
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)
+    return code if code >= 0 else 128 - code
+
+
 def run_agent() -> int:
     target, token = os.environ.get(ADDRESS_ENV, ""), os.environ.get(TOKEN_ENV, "")
     address = os.environ.get(NODE_ENV) or os.environ.get("CDSW_IP_ADDRESS")
@@ -275,7 +374,12 @@ def run_agent() -> int:
         _log(f"{ADDRESS_ENV}, {TOKEN_ENV} and {NODE_ENV} (or CDSW_IP_ADDRESS) must be set: the session sets them when it starts the agent")
         return 2
     host, _, port = target.rpartition(":")
-    agent = Agent((host, int(port)), token, address, os.environ.get(WORKER_ENV) or os.environ.get("CDSW_ENGINE_ID") or socket.gethostname())
+    try:
+        silence = float(os.environ.get(SILENCE_ENV) or SILENCE_SECONDS)
+    except ValueError:
+        silence = SILENCE_SECONDS
+    worker_id = os.environ.get(WORKER_ENV) or os.environ.get("CDSW_ENGINE_ID") or socket.gethostname()
+    agent = Agent((host, int(port)), token, address, worker_id, silence_seconds=max(1.0, silence))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: setattr(agent, "signalled", signal.Signals(signum).name))
     agent.connect(float(os.environ.get(CONNECT_TIMEOUT_ENV, "60")))
@@ -286,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["agent"]:
         return run_agent()
+    if argv[:1] == ["guard"] and len(argv) > 3 and argv[2] == "--":
+        return guard(int(argv[1]), argv[3:])
     if len(argv) == 2 and argv[0] in ("probe", "prepare", "describe"):
         request = decode(argv[1])
         if argv[0] == "describe":

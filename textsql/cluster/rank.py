@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+from textsql.cluster.node import set_parent_death_signal
+
 RANK_EXIT_MARKER = "textsql-rank-exit: "
 RANK_SUMMARY_MARKER = "textsql-rank-summary: "
 LAUNCH_FLAG = "--textsql_launch="
@@ -34,12 +36,7 @@ SPEC_FLAG = "--textsql_spec="
 
 def _set_parent_death_signal() -> None:
     """The training process dies with its supervisor (Linux prctl PR_SET_PDEATHSIG), so no rank is ever orphaned."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    set_parent_death_signal(signal.SIGKILL)
 
 
 def read_spec(argv: list[str]) -> dict:

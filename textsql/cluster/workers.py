@@ -4,6 +4,7 @@ running a node agent that connects back to this session. No ssh, no keys: see te
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import secrets
@@ -14,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.cluster.channel import SILENCE_ENV, SILENCE_SECONDS
 from textsql.cluster.interrupts import interrupts_deferred
 from textsql.errors import TextsqlError
 
@@ -58,6 +60,8 @@ def stop_processes(processes: list[subprocess.Popen], timeout: float = 20) -> No
     for process in processes:
         if process.poll() is None:
             process.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)  # a frozen (stopped) agent handles its SIGTERM only once it runs
     deadline = time.monotonic() + timeout
     for process in processes:
         try:
@@ -65,6 +69,38 @@ def stop_processes(processes: list[subprocess.Popen], timeout: float = 20) -> No
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def stop_launch_groups(groups: list[tuple[int, str]], timeout: float = 15) -> list[int]:
+    """Wait until the process groups of these launchers on this machine ((guard pid = group id, launch id), see
+    textsql.cluster.node.guard) are gone, and end what is left after `timeout` seconds: SIGKILL, only for a group that
+    still holds a process of that launch (never a recycled id). Their agents stop them, or their guards when an agent
+    was killed; this makes sure of it before the session says that everything stopped. Returns the groups killed."""
+    from textsql.cluster.node import group_members
+
+    deadline = time.monotonic() + timeout
+    waiting = [(pgid, launch) for pgid, launch in groups if group_members(pgid)]
+    while waiting and time.monotonic() < deadline:
+        time.sleep(0.1)
+        waiting = [(pgid, launch) for pgid, launch in waiting if group_members(pgid)]
+    killed = []
+    for pgid, launch in waiting:
+        if any(f"--textsql_launch={launch}".encode() in _cmdline(pid) for pid in group_members(pgid)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
+    deadline = time.monotonic() + 5
+    while any(group_members(pgid) for pgid in killed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return killed
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def stop_stale_processes(records: list[dict]) -> list[str]:
@@ -253,6 +289,7 @@ class Cluster:
     name: str = "default"
     start_timeout: float = 600
     echo: object = print
+    silence_seconds: float = SILENCE_SECONDS  # a node not heard from for this long is lost (frozen or cut off)
     nodes: list[Worker] = field(default_factory=list, init=False)
 
     def __post_init__(self):
@@ -295,8 +332,9 @@ class Cluster:
             self._stop_stale()
             self.start_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
             token = secrets.token_hex(32)
-            self.coordinator = Coordinator(self.session, token, self.echo)
-            env = dict(forwarded(os.environ), **{ADDRESS_ENV: f"{self.session}:{self.coordinator.port}", TOKEN_ENV: token})
+            self.coordinator = Coordinator(self.session, token, self.echo, silence_seconds=self.silence_seconds)
+            env = dict(forwarded(os.environ), **{ADDRESS_ENV: f"{self.session}:{self.coordinator.port}", TOKEN_ENV: token,
+                                                 SILENCE_ENV: str(self.silence_seconds)})
             ranks = [self.session_slots or 1] + [self.spec.ranks] * self.workers
             placements = self.backend.placements(ranks)
             logs = self.dir / "logs"
@@ -401,6 +439,10 @@ class Cluster:
                 self.backend.stop(self.nodes)
                 if self.node0 is not None:
                     stop_processes([self._node0_process])
+                # Launchers on this machine (node 0's; every node's in the local backend) are gone before we say so,
+                # also those of an agent that was killed or frozen.
+                local = self.links if isinstance(self.backend, LocalBackend) else self.links[:1]
+                stop_launch_groups([link.launcher for link in local if getattr(link, "launcher", None) and link.launcher[0]])
                 self._clear_state()
             finally:
                 if self.lock is not None:
