@@ -91,6 +91,11 @@ def textsql_in_process(restored_environ, monkeypatch, capsys):
 @pytest.fixture
 def cpu_env(tmp_path):
     """Environment for child processes: DeepSpeed on the CPU, offline hub, one thread per rank."""
+    return child_cpu_env()
+
+
+def child_cpu_env() -> dict[str, str]:
+    """cpu_env for fixtures of a wider scope."""
     env = dict(os.environ)
     env.update(
         DS_ACCELERATOR="cpu",

@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -204,6 +205,8 @@ def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "f
 
     from textsql.hub import load_seq2seq_model, load_tokenizer
 
+    if Path(model_dir).is_dir():
+        verify_checkpoint(model_dir, recursive=False)  # pytorch_model.bin and the like are pickles: checked before loading
     tokenizer = load_tokenizer(model_dir)
     model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(pick_device(device_choice))
     return model, tokenizer

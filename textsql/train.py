@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
+from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 
 if TYPE_CHECKING:
@@ -252,6 +253,8 @@ def plan_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=
         from transformers.trainer_utils import get_last_checkpoint
 
         resume_from = get_last_checkpoint(str(output_dir))
+        if resume_from:
+            verify_checkpoint(resume_from)  # before DeepSpeed unpickles it: the run folder may be writable by others
     settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
     if dsconfig is not None:
         settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir))

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from textsql.checkpoints import verify_checkpoint
 from textsql.devices import local_devices
 
 ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
@@ -120,6 +121,8 @@ def prepare(request: dict) -> dict:
                 (run_dir / name).rename(target)
                 done["set_aside"].append(str(target))
         resume = request.get("resume")
+        if resume and (run_dir / resume).is_dir():
+            verify_checkpoint(run_dir / resume)  # refused here, before any rank starts (each rank checks it again)
         if resume and (run_dir / resume).is_dir() and not (run_dir / resume / "latest").exists():
             tags = sorted(p.name for p in (run_dir / resume).glob("global_step*") if p.is_dir())
             if tags:
