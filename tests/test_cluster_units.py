@@ -104,6 +104,53 @@ def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
     assert basics["HOME"] == "/home/cdsw" and basics["LC_ALL"] == "C.UTF-8" and CANARY not in json.dumps(basics)
 
 
+def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch):
+    import stat
+    import tempfile
+
+    from textsql.cluster.environment import node_local_extensions_dir
+    from textsql.cluster.launch import PreflightError, rank_environments
+    from textsql.cluster.node import describe_node
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / f"textsql-{os.getuid()}"
+    assert node_local_extensions_dir() == str(root / "torch-extensions")
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700 and os.lstat(root).st_uid == os.getuid()
+    root.chmod(0o755)  # made by an earlier textsql with the default umask: nobody else could write into it
+    node_local_extensions_dir()
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700
+
+    root.chmod(0o777)  # anyone could have planted a library in it
+    with pytest.raises(TextsqlError, match=r"is not your private folder: others can write into it \(mode 777\)"):
+        node_local_extensions_dir()
+    root.chmod(0o700)
+    root.rename(tmp_path / "elsewhere")
+    root.symlink_to(tmp_path / "elsewhere")  # another user's link to a folder they control
+    with pytest.raises(TextsqlError, match=r"is not your private folder: it is a symbolic link"):
+        node_local_extensions_dir()
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["torch-extensions"]  # untouched
+    root.unlink()
+    if os.geteuid() == 0:  # only root can make a folder of another user's here
+        root.mkdir(mode=0o700)
+        os.chown(root, 65534, 65534)
+        with pytest.raises(TextsqlError, match=r"belongs to user id 65534, not to you"):
+            node_local_extensions_dir()
+        root.rmdir()
+    root.mkdir()
+    root.chmod(0o777)  # as another user would, first
+    # The node says so in its facts, and the launch is refused naming the node, unless the user chose a folder.
+    node = describe_node("127.0.0.1")
+    assert "local_extensions_dir" not in node and "is not your private folder" in node["local_extensions_error"]
+    from textsql.cluster.launch import Decision, NodeFacts
+    from textsql.devices import PrecisionChoice
+
+    decision = Decision([Host("127.0.0.1", 1)], "cpu", PrecisionChoice("fp32", False), {"127.0.0.1": 1}, {"127.0.0.1": None})
+    with pytest.raises(PreflightError, match=r"^127.0.0.1: .* is not your private folder"):
+        rank_environments(decision, [NodeFacts("127.0.0.1", node)], {}, tmp_path)
+    common, per_node = rank_environments(decision, [NodeFacts("127.0.0.1", node)], {"TORCH_EXTENSIONS_DIR": "/mine"}, tmp_path)
+    assert common["TORCH_EXTENSIONS_DIR"] == "/mine" and "TORCH_EXTENSIONS_DIR" not in per_node["0"]
+
+
 def facts(address, gpus=(), cores=16, visible=None):
     from textsql.devices import NodeDevices
 

@@ -6,10 +6,13 @@ import fcntl
 import os
 import re
 import socket
+import stat
 import struct
 import sys
 import tempfile
 from pathlib import Path
+
+from textsql.errors import TextsqlError
 
 # Variables a user sets to tune or debug a run; they reach every rank on every node.
 FORWARDED = frozenset({
@@ -48,8 +51,39 @@ def system(environ=os.environ) -> dict[str, str]:
 def node_local_extensions_dir() -> str:
     """Where a node's ranks build DeepSpeed's JIT ops when the user chose no TORCH_EXTENSIONS_DIR: node-local storage.
     torch's default (~/.cache/torch_extensions) is in CML's shared project folder, where every pod would wait on one
-    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU."""
-    return str(Path(tempfile.gettempdir()) / f"textsql-torch-extensions-{os.getuid()}")
+    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU. It is in
+    this user's private folder: a build folder another local user could write would let them plant the library."""
+    return str(private_folder("torch-extensions"))
+
+
+def private_folder(*parts: str) -> Path:
+    """A folder on this node's local disk that only this user can write: <tmp>/textsql-<uid>/<parts>. The top one is
+    made with mode 0700; one that exists must be a real folder (not a symbolic link) of this user that nobody else can
+    write (a readable one is made private), or TextsqlError says so: another local user may have made it first."""
+    root = Path(tempfile.gettempdir()) / f"textsql-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(root)
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = f"it is a symbolic link (to {os.readlink(root)})"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "it is not a folder"
+    elif info.st_uid != os.getuid():
+        problem = f"it belongs to user id {info.st_uid}, not to you (user id {os.getuid()})"
+    elif info.st_mode & 0o022:
+        problem = f"others can write into it (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        raise TextsqlError(f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
+                           f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
+                           "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write.")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
+    folder = root.joinpath(*parts)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # inside a private folder nobody else can make a link
+    return folder
 
 
 def interface_of(address: str) -> str | None:

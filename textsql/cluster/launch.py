@@ -130,6 +130,8 @@ def rank_environments(decision: Decision, nodes: list[NodeFacts], environ, log_d
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if interface and name not in common:
                 env[name] = interface
+        if "TORCH_EXTENSIONS_DIR" not in common and node.facts.get("local_extensions_error"):
+            raise PreflightError(f"{node.address}: {node.facts['local_extensions_error']}")
         if "TORCH_EXTENSIONS_DIR" not in common and node.facts.get("local_extensions_dir"):
             env["TORCH_EXTENSIONS_DIR"] = node.facts["local_extensions_dir"]
         per_node[str(index)] = env

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from textsql.checkpoints import verify_checkpoint
 from textsql.devices import local_devices
+from textsql.errors import TextsqlError
 
 ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
 CONNECT_TIMEOUT_ENV = "TEXTSQL_CLUSTER_CONNECT_TIMEOUT"
@@ -63,8 +64,11 @@ def describe_node(address: str) -> dict:
     facts = {"address": address, "hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
              "executable": sys.executable, "textsql_path": str(Path(__file__).resolve().parent.parent),
              "versions": {name: version(name) for name in ("textsql", "deepspeed", "torch", "transformers")},
-             "interface": interface_of(address), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-             "local_extensions_dir": node_local_extensions_dir()}
+             "interface": interface_of(address), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    try:
+        facts["local_extensions_dir"] = node_local_extensions_dir()
+    except TextsqlError as error:  # the session refuses the launch, naming this node, unless the user set a folder
+        facts["local_extensions_error"] = str(error)
     try:
         facts["devices"] = local_devices().as_dict()
     except Exception as error:  # a broken driver: the session names this node
