@@ -94,12 +94,16 @@ def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
         "GLOO_SOCKET_IFNAME": "eth0", "TEXTSQL_TEST_FAULT": "x", "PYTHONPATH": "/p", "OMP_NUM_THREADS": "4",
         "HF_TOKEN": CANARY, "TEXTSQL_CLUSTER_TOKEN": CANARY, "AWS_SECRET_ACCESS_KEY": CANARY, "NCCL_PASSWORD": CANARY, "DS_API_KEY": CANARY,
         "CDSW_API_KEY": CANARY, "MY_APP_SETTING": "no", "HOME": "/home/cdsw", "PATH": "/usr/bin", "LC_ALL": "C.UTF-8",
+        # bare KEY, PWD, PASS and PAT as a word of the name, and credentials inside a URL (issue 23)
+        "HF_KEY": CANARY, "TEXTSQL_DB_PWD": CANARY, "TEXTSQL_DB_PASS": CANARY, "HF_PAT": CANARY, "DS_KEYS": CANARY, "NCCL_PASSPHRASE": CANARY,
+        "TEXTSQL_DB_URL": f"postgresql://textsql:{CANARY}@db.internal:5432/wikisql", "HF_ENDPOINT": f"https://{CANARY}@hub.internal",
+        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_CACHE": "/pat/h", "TEXTSQL_PATH_HINT": "keyboard",
     }
     env = forwarded(environ)
-    assert sorted(env) == ["CUDA_LAUNCH_BLOCKING", "DS_ACCELERATOR", "GLOO_SOCKET_IFNAME", "HF_HOME", "HF_HUB_OFFLINE", "NCCL_DEBUG",
-                           "OMP_NUM_THREADS", "PYTHONPATH", "PYTORCH_CUDA_ALLOC_CONF", "TEXTSQL_TEST_FAULT", "TORCH_DISTRIBUTED_DEBUG",
-                           "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
-    basics = system(environ)
+    assert sorted(env) == ["CUDA_LAUNCH_BLOCKING", "DS_ACCELERATOR", "GLOO_SOCKET_IFNAME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
+                           "NCCL_DEBUG", "OMP_NUM_THREADS", "PYTHONPATH", "PYTORCH_CUDA_ALLOC_CONF", "TEXTSQL_PATH_HINT", "TEXTSQL_TEST_FAULT",
+                           "TOKENIZERS_PARALLELISM", "TORCH_DISTRIBUTED_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    basics = system(dict(environ, LANG=f"ftp://anonymous:{CANARY}@x"))
     assert basics["PATH"].split(os.pathsep)[:2] == [str(Path(sys.executable).parent), "/usr/bin"]
     assert basics["HOME"] == "/home/cdsw" and basics["LC_ALL"] == "C.UTF-8" and CANARY not in json.dumps(basics)
 
@@ -514,8 +518,12 @@ NASTY = {"run_name": "a b;$(touch pwned) `id` * ~ $HOME \"q\" 'q' \\ é\nnewline
          "report_to": ["tensorboard"], "learning_rate": 0.001}
 
 
-def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path):
+def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path, monkeypatch):
+    import stat
+    import tempfile
+
     from textsql.cluster.launch import Decision, LaunchPlan, NodeFacts
+    from textsql.cluster.node import prepare
     from textsql.cluster.rank import SPEC_FLAG, rank_environment, read_spec
     from textsql.cluster.runs import ResumePlan
     from textsql.devices import PrecisionChoice
@@ -532,10 +540,20 @@ def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path):
     spec_word = command[-1].removeprefix(SPEC_FLAG)
     assert re.fullmatch(r"[A-Za-z0-9_=-]+", spec_word)  # nothing a shell (pdsh's remote one included) could expand
     spec = read_spec(["--local_rank=0", "--textsql_launch=L1", command[-1]])
-    assert spec["arguments"] == NASTY and spec["log_dir"] == str(tmp_path / "logs")
-    env = rank_environment(spec, {"CROSS_RANK": "1", "RANK": "1", "PATH": "/bin"})
-    assert env["X"] == "a b;$(y)" and env["OMP_NUM_THREADS"] == "2" and env["DS_ACCELERATOR"] == "cpu" and env["RANK"] == "1"
+    assert spec == {"arguments": NASTY, "log_dir": str(tmp_path / "logs")}  # no variable's value in any argv
+    assert "a b;$(y)" not in json.dumps(command)
+    # Each node's prepare leaves its ranks' environment in the user's private folder there (0600); the rank reads it.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     requests = plan.prepare_requests()
+    for request in requests.values():
+        prepare(dict(request, files={}, mkdirs=[]))
+    env = rank_environment("L1", {"CROSS_RANK": "1", "RANK": "1", "PATH": "/bin"})
+    assert env["X"] == "a b;$(y)" and env["OMP_NUM_THREADS"] == "2" and env["DS_ACCELERATOR"] == "cpu" and env["RANK"] == "1"
+    assert rank_environment("L1", {"CROSS_RANK": "0"})["OMP_NUM_THREADS"] == "1"
+    private = tmp_path / f"textsql-{os.getuid()}" / "launches" / "L1-node1.json"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    with pytest.raises(TextsqlError, match="L2-node0.json is missing"):
+        rank_environment("L2", {"CROSS_RANK": "0"})
     assert requests["127.0.0.1"]["files"][str(tmp_path / "logs" / "hostfile")] == "127.0.0.1 slots=1\n127.0.0.2 slots=1\n"
     assert "run_dir" in requests["127.0.0.1"] and "run_dir" not in requests["127.0.0.2"]  # shared: node 0 prepares the run folder
 

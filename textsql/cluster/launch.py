@@ -180,7 +180,7 @@ class LaunchPlan:
     def spec(self) -> str:
         from textsql.cluster.node import encode
 
-        return encode({"arguments": self.arguments, "env": self.env, "node_env": self.node_env, "log_dir": str(self.log_dir)})
+        return encode({"arguments": self.arguments, "log_dir": str(self.log_dir)})  # the ranks' environment: see prepare_requests
 
     def deepspeed_command(self, executable: str, extra: list[str]) -> list[str]:
         """DeepSpeed's runner, its arguments from `extra` (--no_ssh --node_rank i, or --launcher pdsh), then the rank
@@ -203,7 +203,8 @@ class LaunchPlan:
         newer = [name for name in self.resume.set_aside if int(CHECKPOINT.match(name)[1]) > chosen]
         requests = {}
         for index, node in enumerate(self.nodes):
-            request = {"launch_id": self.launch_id, "mkdirs": [str(self.log_dir)], "files": dict(self.node_files, **{str(self.hostfile): hostfile})}
+            request = {"launch_id": self.launch_id, "mkdirs": [str(self.log_dir)], "files": dict(self.node_files, **{str(self.hostfile): hostfile}),
+                       "node_rank": index, "rank_env": dict(self.env, **self.node_env[str(index)])}
             if index == 0 or not self.shared_output:
                 request.update(run_dir=str(self.run_dir), set_aside=newer, resume=self.resume.checkpoint, record=self.record())
             extensions = self.node_env[str(index)].get("TORCH_EXTENSIONS_DIR")

@@ -7,7 +7,8 @@ session asks: probe, prepare (set aside incomplete checkpoints, write node-local
 launcher with its output streamed back, stop it. It never spins, and it ends — stopping the launcher first — when the
 session says so, when its connection to the session breaks or falls silent, or on SIGTERM/SIGINT/SIGHUP: a notebook
 kernel that dies takes its workers with it.
-`probe` and `prepare` do the same for user-managed nodes, over ssh, answering with one `textsql-node: {json}` line.
+`probe` and `prepare` do the same for user-managed nodes, over ssh (the request on stdin: `-`), answering with one
+`textsql-node: {json}` line.
 """
 
 from __future__ import annotations
@@ -109,9 +110,12 @@ def probe(request: dict) -> dict:
 def prepare(request: dict) -> dict:
     """Get the node ready for a launch: folders, node-local files, the launch record, incomplete checkpoints set
     aside (renamed, never deleted), DeepSpeed's `latest` tag where only rank 0's node got one, stale JIT locks."""
+    from textsql.cluster.environment import save_rank_env
     from textsql.cluster.runs import QUARANTINE_PREFIX, RECORD
 
     done = {"set_aside": [], "tagged": None}
+    if request.get("rank_env") is not None:
+        save_rank_env(request["launch_id"], request["node_rank"], request["rank_env"])
     for folder in request.get("mkdirs", []):
         Path(folder).mkdir(parents=True, exist_ok=True)
     for path, text in request.get("files", {}).items():
@@ -294,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["agent"]:
         return run_agent()
     if len(argv) == 2 and argv[0] in ("probe", "prepare", "describe"):
-        request = decode(argv[1])
+        request = decode(sys.stdin.readline().strip() if argv[1] == "-" else argv[1])  # "-": on stdin, out of argv
         if argv[0] == "describe":
             answer = describe_node(request["address"])
         else:

@@ -512,4 +512,4 @@ def _arguments(arguments: tuple):
 def _without_secrets(environ) -> dict[str, str]:
     from textsql.cluster.environment import is_secret
 
-    return {k: v for k, v in environ.items() if not is_secret(k)}
+    return {k: v for k, v in environ.items() if not is_secret(k, v)}
