@@ -326,6 +326,106 @@ def test_a_second_launch_into_a_run_folder_is_refused_here_and_from_another_proc
     run_lock(run, "L4").release()  # free again once the first launch ended
 
 
+def test_locks_state_records_and_logs_in_the_shared_folder_are_never_opened_through_a_link(tmp_path):
+    """A collaborator's symbolic link where textsql writes (issue 23): refused or replaced, its target untouched."""
+    from textsql.cluster.node import prepare
+    from textsql.cluster.runs import RECORD, FileLock, run_lock
+    from textsql.cluster.workers import Cluster
+
+    victim = tmp_path / "victim.txt"  # a file of the owner's that the collaborator wants overwritten
+    victim.write_text("precious\n")
+    run = tmp_path / "runs" / "r"
+    run.parent.mkdir(parents=True)
+    (run.parent / ".r.textsql-lock").symlink_to(victim)
+    with pytest.raises(TextsqlError, match=r"\.r\.textsql-lock is refused: it is a symbolic link"):
+        run_lock(run, "L1")
+    cluster = Cluster("local", project_dir=tmp_path / "project")
+    cluster.dir.mkdir(parents=True)
+    (cluster.dir / "cluster.lock").symlink_to(victim)
+    with pytest.raises(TextsqlError, match=r"cluster.lock is refused: it is a symbolic link"):
+        FileLock(cluster.dir / "cluster.lock", "Cluster 'default'", "", {})
+    cluster.state_file.symlink_to(victim)
+    cluster.node0 = None
+    cluster._save_state()  # replaces the link with its own file
+    assert not cluster.state_file.is_symlink() and json.loads(cluster.state_file.read_text())["workers"] == []
+    # The launch record and DeepSpeed's tag in the run folder, a node-local file, a rank's log: likewise.
+    (run / "checkpoint-4" / "global_step4").mkdir(parents=True)
+    (run / RECORD).symlink_to(victim)
+    (run / "checkpoint-4" / "latest").symlink_to(tmp_path / "created-through-the-link")  # dangling: exists() is False
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "hostfile").symlink_to(victim)
+    request = {"launch_id": "L1", "run_dir": str(run), "resume": "checkpoint-4", "record": {"world_size": 2}, "mkdirs": [],
+               "files": {str(tmp_path / "logs" / "hostfile"): "a slots=1\n"}}
+    with pytest.raises(TextsqlError, match=r"latest is refused: it is a symbolic link"):
+        prepare(request)
+    (run / "checkpoint-4" / "latest").unlink()
+    prepare(request)
+    assert json.loads((run / RECORD).read_text()) == {"world_size": 2} and not (run / RECORD).is_symlink()
+    assert (run / "checkpoint-4" / "latest").read_text() == "global_step4" and not (tmp_path / "created-through-the-link").exists()
+    assert (tmp_path / "logs" / "hostfile").read_text() == "a slots=1\n"
+    from textsql.sharedfiles import open_unlinked, replace_file  # what rank.py, launch.py and pdsh.py open their logs with
+
+    (tmp_path / "logs" / "rank-0.log").symlink_to(victim)
+    with pytest.raises(TextsqlError, match=r"rank-0.log is refused: it is a symbolic link"):
+        open_unlinked(tmp_path / "logs" / "rank-0.log", "a")
+    os.link(victim, tmp_path / "logs" / "launch.log")  # a hard link to the owner's file
+    with pytest.raises(TextsqlError, match=r"launch.log is refused: it has 2 names \(a hard link\)"):
+        open_unlinked(tmp_path / "logs" / "launch.log", "w")
+    os.mkfifo(tmp_path / "logs" / "fifo")  # would block an open for writing forever
+    with pytest.raises(TextsqlError, match=r"fifo is refused: it is not a plain file"):
+        open_unlinked(tmp_path / "logs" / "fifo", "w")
+    replace_file(tmp_path / "logs" / "rank-0.log", "mine\n")
+    assert victim.read_text() == "precious\n"
+
+
+def test_crafted_state_and_launch_records_are_refused_naming_the_file_and_no_foreign_process_is_signalled(assets, tmp_path, monkeypatch):
+    from textsql.cluster.launch import NodeFacts, PreflightError, plan_launch
+    from textsql.cluster.node import probe
+    from textsql.cluster.runs import RECORD, planned_run_dir
+    from textsql.cluster.workers import AGENT_MODULE, Cluster, stop_stale_processes
+    from textsql.train import parse_arguments
+
+    cluster = Cluster("local", project_dir=tmp_path / "project")
+    cluster.dir.mkdir(parents=True)
+    for crafted, problem in (("[]", "not an object with a list of workers"), ('{"workers": {"id": 1}}', "not an object with a list of workers"),
+                             ('{"workers": [7]}', "a worker without an id"), ('{"workers": [{"id": "w", "pid": "12"}]}', 'worker w: pid "12" is not a process id'),
+                             ('{"workers": [{"id": "w", "pid": 12, "created": [1]}]}', "worker w: created [1] is not a time"), ("{not json", "Expecting")):
+        cluster.state_file.write_text(crafted)
+        with pytest.raises(TextsqlError, match=re.escape(f"{cluster.state_file} is not a cluster state textsql wrote: {problem}")):
+            cluster._stop_stale()
+
+    # A record naming a process that is not that agent (no worker id of it in its environment; another user's) is never signalled.
+    import psutil
+
+    like_an_agent = ["/bin/sh", "-c", "sleep 120; true", AGENT_MODULE, "agent"]  # its command line names the agent's module
+    others = [subprocess.Popen(like_an_agent, start_new_session=True, env=dict(os.environ, TEXTSQL_WORKER_ID="else"))]
+    if os.geteuid() == 0:  # only root can start another user's process here
+        others.append(subprocess.Popen(like_an_agent, start_new_session=True, user=65534, cwd="/", env={"TEXTSQL_WORKER_ID": "w-foreign"}))
+    try:
+        records = [{"id": "w-" + str(i), "pid": p.pid, "created": psutil.Process(p.pid).create_time()} for i, p in enumerate(others)]
+        if len(records) > 1:
+            records[1]["id"] = "w-foreign"
+        assert stop_stale_processes(records) == [] and all(p.poll() is None for p in others)
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+
+    # A launch record in the run folder that textsql did not write: the plan refuses it, naming the file.
+    data_dir, model_dir = assets
+    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"), "--report_to", "none"]
+    model, _, training = parse_arguments(argv)
+    run = planned_run_dir(model, training, 2, tmp_path, "none")
+    run.mkdir(parents=True)
+    nodes = [NodeFacts(a, facts(a)) for a in ("127.0.0.1", "127.0.0.2")]
+    ask = lambda op, payloads: {address: probe(request) for address, request in payloads.items()}  # noqa: E731 (each node's own probe)
+    for crafted, problem in (("[1, 2]", "no world size in it ([1, 2])"), ('{"world_size": "2"}', 'no world size in it ({"world_size": "2"})'),
+                             ('{"world_size": true}', "no world size in it"), ("{", "unreadable (Expecting")):
+        (run / RECORD).write_text(crafted)
+        with pytest.raises(PreflightError, match=re.escape(f"{run / RECORD} is not a launch record textsql wrote: {problem}")):
+            plan_launch(nodes, argv, ask, workdir=tmp_path, log_root=tmp_path / "launches")
+
+
 def files(*names, cut=()):
     return {name: name not in cut for name in names}
 

@@ -53,20 +53,23 @@ class _Inert:
 def verify_checkpoint(folder, *, recursive: bool = True) -> list[Path]:
     """Refuse (TextsqlError naming the file) a checkpoint or model folder holding a pickle that torch's weights-only
     unpickler refuses with only ALLOWED_GLOBALS allowed, a linked sub-folder, or a DeepSpeed `latest` tag that points
-    outside it; returns the pickles checked. `recursive`: the sub-folders too (DeepSpeed's global_stepN/); a model
-    folder that from_pretrained reads needs only its own files."""
+    outside it; returns the pickles checked. `recursive`: a checkpoint, sub-folders too (DeepSpeed's global_stepN/),
+    and no symbolic link at all; otherwise a model folder, whose own files from_pretrained reads (they may be links,
+    as in the Hugging Face cache: what they point to is checked)."""
     folder = Path(folder)
-    if stat.S_ISLNK(os.lstat(folder).st_mode):
+    if recursive and stat.S_ISLNK(os.lstat(folder).st_mode):
         _refuse(folder, folder, "it is a symbolic link (a checkpoint textsql or the Trainer saved is a real folder)")
     checked = []
     for root, dirs, files in os.walk(folder):
+        if not recursive:
+            dirs.clear()  # from_pretrained reads nothing below a model folder
         for name in dirs:
             if os.path.islink(os.path.join(root, name)):
                 _refuse(Path(root) / name, folder, "it is a symbolic link to a folder (what it points to would be loaded unchecked)")
-        if not recursive:
-            dirs.clear()
         for name in sorted(files):
             path = Path(root) / name
+            if recursive and path.is_symlink():
+                _refuse(path, folder, "it is a symbolic link (a checkpoint textsql or the Trainer saved holds none)")
             if name == "latest" and Path(root) == folder:
                 _check_tag(path, folder)
             elif _is_pickle(path):

@@ -23,6 +23,7 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import replace_file
 
 if TYPE_CHECKING:
     from textsql.devices import NodeDevices, PrecisionChoice
@@ -264,11 +265,7 @@ def plan_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=
 def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
     """Each rank writes the same file atomically (nodes may not share a filesystem)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / "ds_config.json"
-    tmp = output_dir / f".ds_config.{socket.gethostname()}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return replace_file(output_dir / "ds_config.json", json.dumps(config, indent=2) + "\n")  # never through a planted link
 
 
 # ---------------------------------------------------------------------------------------------------------------------

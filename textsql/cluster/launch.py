@@ -24,6 +24,7 @@ from textsql.cluster.hostfile import Host, rank_layout, ranks_of
 from textsql.cluster.rank import LAUNCH_FLAG, RANK_EXIT_MARKER, RANK_SUMMARY_MARKER, SPEC_FLAG
 from textsql.cluster.runs import absolute_in
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked
 
 RANK_LINE = re.compile(r"^(?P<host>[^\s]+): \[rank (?P<rank>\d+)\] (?P<text>.*)$")
 # How a rank fails when another one died first: its collective or socket broke, or its launcher stopped it.
@@ -253,7 +254,7 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     from textsql.launch import free_port
     from textsql.train import arguments_dict, as_arguments
 
-    from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
+    from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir, recorded_world_size
     from textsql.dsconfig import describe_strategy
 
     from textsql.cluster.hostfile import address_problem, check_addresses
@@ -274,7 +275,8 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     marker = run_dir.parent / f".textsql-shared-probe-{secrets.token_hex(4)}"
     marker_text = secrets.token_hex(16)
-    marker.write_text(marker_text)
+    with open_unlinked(marker, "w", exclusive=True) as f:
+        f.write(marker_text)
     dataset = absolute_in(workdir, data.dataset_dir)
     model_dir = absolute_in(workdir, model.model_id)
     model_dir = model_dir if model_dir.exists() else None
@@ -310,8 +312,8 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
         else:
             views = {n.address: probes[n.address]["checkpoints"] for n in nodes}
             ranks_by_view = {n.address: ranks_of(decision.hosts, n.address) for n in nodes}
-        recorded = (head.get("record") or {}).get("world_size")
         try:
+            recorded = recorded_world_size(head.get("record"), run_dir)
             resume = choose_checkpoint(views, ranks_by_view, world, zero_stage, recorded_world_size=recorded, run_dir=run_dir)
         except TextsqlError as error:
             raise PreflightError(str(error)) from None
@@ -495,7 +497,7 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
     running = {link.address for link in links}
     stopping_since = None
     started = []
-    with open(plan.log_dir / "launch.log", "w", buffering=1) as log:
+    with open_unlinked(plan.log_dir / "launch.log", "w", buffering=1) as log:
         try:
             for index, link in enumerate(links):
                 env = dict(plan.env, **plan.node_env[str(index)])

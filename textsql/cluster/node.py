@@ -28,6 +28,7 @@ from pathlib import Path
 from textsql.checkpoints import verify_checkpoint
 from textsql.devices import local_devices
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import read_unlinked, replace_file
 
 ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
 CONNECT_TIMEOUT_ENV = "TEXTSQL_CLUSTER_CONNECT_TIMEOUT"
@@ -98,9 +99,11 @@ def probe(request: dict) -> dict:
         run_dir = Path(request["run_dir"])
         result["checkpoints"] = list_checkpoints(run_dir)
         try:
-            result["record"] = json.loads((run_dir / RECORD).read_text())
-        except (OSError, ValueError):
+            result["record"] = json.loads(read_unlinked(run_dir / RECORD))
+        except FileNotFoundError:
             result["record"] = None
+        except (OSError, ValueError, TextsqlError) as error:  # the session refuses it, naming the file
+            result["record"] = f"unreadable ({error})"
         from textsql.run_summary import run_state
 
         result["finished"] = run_state(run_dir) == "finished"
@@ -120,7 +123,7 @@ def prepare(request: dict) -> dict:
         Path(folder).mkdir(parents=True, exist_ok=True)
     for path, text in request.get("files", {}).items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
+        replace_file(path, text)
     run_dir = Path(request["run_dir"]) if request.get("run_dir") else None
     if run_dir is not None:
         for name in request.get("set_aside", []):
@@ -131,14 +134,14 @@ def prepare(request: dict) -> dict:
         resume = request.get("resume")
         if resume and (run_dir / resume).is_dir():
             verify_checkpoint(run_dir / resume)  # refused here, before any rank starts (each rank checks it again)
-        if resume and (run_dir / resume).is_dir() and not (run_dir / resume / "latest").exists():
+        if resume and (run_dir / resume).is_dir() and not os.path.lexists(run_dir / resume / "latest"):
             tags = sorted(p.name for p in (run_dir / resume).glob("global_step*") if p.is_dir())
             if tags:
-                (run_dir / resume / "latest").write_text(tags[-1])
+                replace_file(run_dir / resume / "latest", tags[-1])
                 done["tagged"] = tags[-1]
         if request.get("record"):
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / RECORD).write_text(json.dumps(request["record"], indent=2) + "\n")
+            replace_file(run_dir / RECORD, json.dumps(request["record"], indent=2) + "\n")
     extensions = request.get("clear_stale_locks_in")
     if extensions and Path(extensions).is_dir():
         for lock in Path(extensions).glob("*/lock"):  # no rank runs on this node now: a lock is a dead build's

@@ -29,6 +29,7 @@ from textsql.cluster.launch import (LaunchFailed, LaunchMonitor, NodeFacts, Pref
 from textsql.cluster.node import ANSWER, encode
 from textsql.cluster.rank import LAUNCH_FLAG
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3")
@@ -54,7 +55,7 @@ def run_ssh(host: str, command: str, ssh_config: Path | None, *, timeout: float 
     argv = [find_program("ssh", "openssh-client"), *ssh_options(ssh_config), host, command]
     try:
         if stdin is not None:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin)
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin, check=False)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 255, "", f"ssh timed out after {timeout:.0f} s")
@@ -183,7 +184,7 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
         threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
         stopped = False
         try:
-            with open(plan.log_dir / "launch.log", "w", buffering=1) as log:
+            with open_unlinked(plan.log_dir / "launch.log", "w", buffering=1) as log:
                 while (line := _next_line(lines)) is not None:
                     if line:
                         log.write(line + "\n")

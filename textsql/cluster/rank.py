@@ -29,6 +29,7 @@ from pathlib import Path
 
 from textsql.cluster.environment import load_rank_env
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked, replace_file
 
 RANK_EXIT_MARKER = "textsql-rank-exit: "
 RANK_SUMMARY_MARKER = "textsql-rank-summary: "
@@ -85,10 +86,10 @@ def supervise(argv: list[str]) -> int:
     command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", spec_word]
     prefix = f"[rank {rank}] "
     tail: list[str] = []
-    with open(log_path, "a", buffering=1) as log:
+    with open_unlinked(log_path, "a", buffering=1) as log:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                  errors="replace", preexec_fn=_set_parent_death_signal)
-        (log_dir / f"rank-{rank}.pid").write_text(f"{child.pid}\n")
+        replace_file(log_dir / f"rank-{rank}.pid", f"{child.pid}\n")
         signalled = []
 
         def forward(signum, frame):
