@@ -57,8 +57,8 @@ def raw_wikisql(assets):
 def header_assets(raw_wikisql, tmp_path_factory):
     """(data_dir, model_dir): the same generated data prepared as question+header sources for a tiny T5 whose
     tokenizer was trained without '<' (as real T5 vocabularies lack it), so prep had to add it."""
-    from textsql.prep import PrepArguments, prepare_dataset
     from textsql.demo import release_records
+    from textsql.prep import PrepArguments, prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_model
 
     folder = tmp_path_factory.mktemp("header-assets")
@@ -110,6 +110,11 @@ def textsql_in_process(restored_environ, monkeypatch, capsys):
 @pytest.fixture
 def cpu_env(tmp_path):
     """Environment for child processes: DeepSpeed on the CPU, offline hub, one thread per rank."""
+    return child_cpu_env()
+
+
+def child_cpu_env() -> dict[str, str]:
+    """cpu_env for fixtures of a wider scope."""
     env = dict(os.environ)
     env.update(
         DS_ACCELERATOR="cpu",

@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
     check_decoding,
@@ -72,6 +73,8 @@ class InferArguments:
 def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "float32"):
     import torch
 
+    if Path(model_dir).is_dir():
+        verify_checkpoint(model_dir, recursive=False)  # pytorch_model.bin and the like are pickles: checked before loading
     tokenizer = load_tokenizer(model_dir)
     model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(pick_device(device_choice))
     return model, tokenizer

@@ -690,18 +690,95 @@ def user_ssh(tmp_path_factory):
             server.wait(timeout=10)
 
 
+class ProcessWatch:
+    """The command line of every process working in the project folder (the machine is shared with other tests), and
+    the environment of the launch's own (DeepSpeed's runner, pdsh, each node's launcher, the ranks),
+    looked at twice a second while a launch runs."""
+
+    LAUNCH = ("deepspeed.launcher", "pdsh", "textsql.cluster.rank", "train_main")  # pdsh's ssh inherits pdsh's environment
+
+    def __init__(self, project: Path):
+        self.project = str(project)
+        self.argv_hits, self.env_hits, self.rank_envs = [], [], []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def run(self):
+        import psutil
+
+        while not self.stop.is_set():
+            for process in psutil.process_iter():
+                if process.pid == os.getpid():
+                    continue
+                try:
+                    cwd = process.cwd()
+                    if cwd != self.project and not cwd.startswith(self.project + os.sep):
+                        continue
+                    command = " ".join(process.cmdline())
+                    if CANARY in command:
+                        self.argv_hits.append(f"{process.pid}: {command[:300]}")
+                    if any(word in command for word in self.LAUNCH):
+                        environ = process.environ()
+                        if any(CANARY in value for value in environ.values()):
+                            self.env_hits.append(f"{process.pid}: {command[:200]}")
+                        if "train_main" in command:
+                            self.rank_envs.append(dict(environ, COMMAND_SEEN=command))
+                except psutil.Error:
+                    continue
+            self.stop.wait(0.5)
+
+
 @pytest.mark.slow
-def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(assets, project, user_ssh):
+def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(assets, project, user_ssh, monkeypatch):
+    import pwd
+
     from textsql.cluster import launch_training, preflight
 
+    # Secrets in the session's environment (what DeepSpeed's runner would export to every node on pdsh's command line),
+    # and a .deepspeed_env whose line a remote shell would run: none reaches argv, a rank or a shell.
+    for name in ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "HF_KEY", "TEXTSQL_DB_PWD", "HF_TOKEN"):
+        monkeypatch.setenv(name, CANARY)
+    monkeypatch.setenv("TEXTSQL_DB_URL", f"postgresql://textsql:{CANARY}@127.0.0.1/wikisql")
+    monkeypatch.setenv("TEXTSQL_PROBE", "reaches the ranks")
+    marker = project / "deepspeed-env-ran"
+    (project / ".deepspeed_env").write_text(f"TEXTSQL_FROM_FILE=$(touch {marker})\n")
     (project / "hostfile").write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
     argv = cluster_argv(assets, project / "runs", steps=4, logging_steps=2)
-    result = launch_training(project / "hostfile", argv, ssh_config=user_ssh / "config")
+    said = []
+    with ProcessWatch(project) as watch:
+        result = launch_training(project / "hostfile", argv, ssh_config=user_ssh / "config", echo=lambda line: (said.append(line), print(line)))
     assert "--launcher" in result["command"] and result["command"][result["command"].index("--launcher") + 1] == "pdsh"
     ranks = result["ranks"]
     assert [(r["rank"], r["node_address"], r["world_size"], r["global_step"]) for r in ranks] == [(0, NODES[0], 2, 4), (1, NODES[1], 2, 4)]
     assert ranks[0]["final_loss"] == pytest.approx(ranks[1]["final_loss"], rel=1e-6)
     check_rank_arguments(ranks[1], argv)
+    assert watch.argv_hits == [] and watch.env_hits == []
+    assert watch.rank_envs and all(env.get("TEXTSQL_PROBE") == "reaches the ranks" and env.get("DS_ACCELERATOR") == "cpu" for env in watch.rank_envs), \
+        [(env.get("TEXTSQL_PROBE"), env.get("DS_ACCELERATOR"), env["COMMAND_SEEN"][:150]) for env in watch.rank_envs]
+    assert not marker.exists() and any("ignoring " + str(project / ".deepspeed_env") in line for line in said)
+    assert CANARY not in "\n".join(said) and files_holding(project, CANARY) == []
+    wait_until_clean(project)
+
+    # A working folder whose name a remote shell would run ($(...) in DeepSpeed's unquoted `cd`): refused before any ssh.
+    planted = f"textsql-marker-{os.getpid()}"
+    home_marker = Path(pwd.getpwuid(os.getuid()).pw_dir) / planted
+    folder = project / f"w$(touch {planted})"
+    folder.mkdir()
+    try:
+        with pytest.raises(TextsqlError, match=r"The working folder .* holds characters a shell interprets \(' \$\(\)'\)"):
+            launch_training(project / "hostfile", cluster_argv(assets, project / "runs2", steps=2), ssh_config=user_ssh / "config",
+                            workdir=folder)
+        assert not home_marker.exists()
+    finally:
+        home_marker.unlink(missing_ok=True)
     wait_until_clean(project)
 
     # Another machine answers at 127.0.0.2 (its host key is not the known one): refused before anything starts.

@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from textsql.cluster.hostfile import Host, HostfileError, check_addresses, format_hostfile, parse_hostfile, rank_layout, read_hostfile, write_hostfile
+from textsql.cluster.hostfile import (
+    Host,
+    HostfileError,
+    check_addresses,
+    format_hostfile,
+    parse_hostfile,
+    rank_layout,
+    read_hostfile,
+    write_hostfile,
+)
 from textsql.errors import TextsqlError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,14 +103,65 @@ def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
         "GLOO_SOCKET_IFNAME": "eth0", "TEXTSQL_TEST_FAULT": "x", "PYTHONPATH": "/p", "OMP_NUM_THREADS": "4",
         "HF_TOKEN": CANARY, "TEXTSQL_CLUSTER_TOKEN": CANARY, "AWS_SECRET_ACCESS_KEY": CANARY, "NCCL_PASSWORD": CANARY, "DS_API_KEY": CANARY,
         "CDSW_API_KEY": CANARY, "MY_APP_SETTING": "no", "HOME": "/home/cdsw", "PATH": "/usr/bin", "LC_ALL": "C.UTF-8",
+        # bare KEY, PWD, PASS and PAT as a word of the name, and credentials inside a URL (issue 23)
+        "HF_KEY": CANARY, "TEXTSQL_DB_PWD": CANARY, "TEXTSQL_DB_PASS": CANARY, "HF_PAT": CANARY, "DS_KEYS": CANARY, "NCCL_PASSPHRASE": CANARY,
+        "TEXTSQL_DB_URL": f"postgresql://textsql:{CANARY}@db.internal:5432/wikisql", "HF_ENDPOINT": f"https://{CANARY}@hub.internal",
+        "TOKENIZERS_PARALLELISM": "false", "HF_HUB_CACHE": "/pat/h", "TEXTSQL_PATH_HINT": "keyboard",
     }
     env = forwarded(environ)
-    assert sorted(env) == ["CUDA_LAUNCH_BLOCKING", "DS_ACCELERATOR", "GLOO_SOCKET_IFNAME", "HF_HOME", "HF_HUB_OFFLINE", "NCCL_DEBUG",
-                           "OMP_NUM_THREADS", "PYTHONPATH", "PYTORCH_CUDA_ALLOC_CONF", "TEXTSQL_TEST_FAULT", "TORCH_DISTRIBUTED_DEBUG",
-                           "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
-    basics = system(environ)
+    assert sorted(env) == ["CUDA_LAUNCH_BLOCKING", "DS_ACCELERATOR", "GLOO_SOCKET_IFNAME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
+                           "NCCL_DEBUG", "OMP_NUM_THREADS", "PYTHONPATH", "PYTORCH_CUDA_ALLOC_CONF", "TEXTSQL_PATH_HINT", "TEXTSQL_TEST_FAULT",
+                           "TOKENIZERS_PARALLELISM", "TORCH_DISTRIBUTED_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+    basics = system(dict(environ, LANG=f"ftp://anonymous:{CANARY}@x"))
     assert basics["PATH"].split(os.pathsep)[:2] == [str(Path(sys.executable).parent), "/usr/bin"]
     assert basics["HOME"] == "/home/cdsw" and basics["LC_ALL"] == "C.UTF-8" and CANARY not in json.dumps(basics)
+
+
+def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch):
+    import stat
+    import tempfile
+
+    from textsql.cluster.environment import node_local_extensions_dir
+    from textsql.cluster.launch import PreflightError, rank_environments
+    from textsql.cluster.node import describe_node
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = tmp_path / f"textsql-{os.getuid()}"
+    assert node_local_extensions_dir() == str(root / "torch-extensions")
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700 and os.lstat(root).st_uid == os.getuid()
+    root.chmod(0o755)  # made by an earlier textsql with the default umask: nobody else could write into it
+    node_local_extensions_dir()
+    assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700
+
+    root.chmod(0o777)  # anyone could have planted a library in it
+    with pytest.raises(TextsqlError, match=r"is not your private folder: others can write into it \(mode 777\)"):
+        node_local_extensions_dir()
+    root.chmod(0o700)
+    root.rename(tmp_path / "elsewhere")
+    root.symlink_to(tmp_path / "elsewhere")  # another user's link to a folder they control
+    with pytest.raises(TextsqlError, match=r"is not your private folder: it is a symbolic link"):
+        node_local_extensions_dir()
+    assert sorted(p.name for p in (tmp_path / "elsewhere").iterdir()) == ["torch-extensions"]  # untouched
+    root.unlink()
+    if os.geteuid() == 0:  # only root can make a folder of another user's here
+        root.mkdir(mode=0o700)
+        os.chown(root, 65534, 65534)
+        with pytest.raises(TextsqlError, match=r"belongs to user id 65534, not to you"):
+            node_local_extensions_dir()
+        root.rmdir()
+    root.mkdir()
+    root.chmod(0o777)  # as another user would, first
+    # The node says so in its facts, and the launch is refused naming the node, unless the user chose a folder.
+    node = describe_node("127.0.0.1")
+    assert "local_extensions_dir" not in node and "is not your private folder" in node["local_extensions_error"]
+    from textsql.cluster.launch import Decision, NodeFacts
+    from textsql.strategy.devices import PrecisionChoice
+
+    decision = Decision([Host("127.0.0.1", 1)], "cpu", PrecisionChoice("fp32", False), {"127.0.0.1": 1}, {"127.0.0.1": None})
+    with pytest.raises(PreflightError, match=r"^127.0.0.1: .* is not your private folder"):
+        rank_environments(decision, [NodeFacts("127.0.0.1", node)], {}, tmp_path)
+    common, per_node = rank_environments(decision, [NodeFacts("127.0.0.1", node)], {"TORCH_EXTENSIONS_DIR": "/mine"}, tmp_path)
+    assert common["TORCH_EXTENSIONS_DIR"] == "/mine" and "TORCH_EXTENSIONS_DIR" not in per_node["0"]
 
 
 def facts(address, gpus=(), cores=16, visible=None):
@@ -181,7 +241,14 @@ def test_bf16_on_pre_ampere_gpus_and_fp16_on_t5_are_refused_and_auto_is_fp32_the
 
 
 def test_each_local_node_gets_its_own_gpus_and_cores():
-    from textsql.strategy.devices import A100_40GB, NodeDevices, multi_node_launcher_args, node_gpu_ids, split_local_cores, split_local_gpus
+    from textsql.strategy.devices import (
+        A100_40GB,
+        NodeDevices,
+        multi_node_launcher_args,
+        node_gpu_ids,
+        split_local_cores,
+        split_local_gpus,
+    )
 
     box = NodeDevices((A100_40GB,) * 4, 16)
     assert split_local_gpus([2, 2], box, None) == ["0,1", "2,3"]
@@ -273,6 +340,109 @@ def test_a_second_launch_into_a_run_folder_is_refused_here_and_from_another_proc
         other = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True)
         assert other.returncode != 0 and "is in use by process" in other.stderr and "(launch L1)" in other.stderr
     run_lock(run, "L4").release()  # free again once the first launch ended
+
+
+def test_locks_state_records_and_logs_in_the_shared_folder_are_never_opened_through_a_link(tmp_path):
+    """A collaborator's symbolic link where textsql writes (issue 23): refused or replaced, its target untouched."""
+    from textsql.cluster.node import prepare
+    from textsql.cluster.runs import RECORD, FileLock, run_lock
+    from textsql.cluster.workers import Cluster
+
+    victim = tmp_path / "victim.txt"  # a file of the owner's that the collaborator wants overwritten
+    victim.write_text("precious\n")
+    run = tmp_path / "runs" / "r"
+    run.parent.mkdir(parents=True)
+    (run.parent / ".r.textsql-lock").symlink_to(victim)
+    with pytest.raises(TextsqlError, match=r"\.r\.textsql-lock is refused: it is a symbolic link"):
+        run_lock(run, "L1")
+    cluster = Cluster("local", project_dir=tmp_path / "project")
+    cluster.dir.mkdir(parents=True)
+    (cluster.dir / "cluster.lock").symlink_to(victim)
+    with pytest.raises(TextsqlError, match=r"cluster.lock is refused: it is a symbolic link"):
+        FileLock(cluster.dir / "cluster.lock", "Cluster 'default'", "", {})
+    cluster.state_file.symlink_to(victim)
+    cluster.node0 = None
+    cluster._save_state()  # replaces the link with its own file
+    assert not cluster.state_file.is_symlink() and json.loads(cluster.state_file.read_text())["workers"] == []
+    # The launch record and DeepSpeed's tag in the run folder, a node-local file, a rank's log: likewise.
+    (run / "checkpoint-4" / "global_step4").mkdir(parents=True)
+    (run / RECORD).symlink_to(victim)
+    (run / "checkpoint-4" / "latest").symlink_to(tmp_path / "created-through-the-link")  # dangling: exists() is False
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "hostfile").symlink_to(victim)
+    request = {"launch_id": "L1", "run_dir": str(run), "resume": "checkpoint-4", "record": {"world_size": 2}, "mkdirs": [],
+               "files": {str(tmp_path / "logs" / "hostfile"): "a slots=1\n"}}
+    with pytest.raises(TextsqlError, match=r"latest is refused: it is a symbolic link"):
+        prepare(request)
+    (run / "checkpoint-4" / "latest").unlink()
+    prepare(request)
+    assert json.loads((run / RECORD).read_text()) == {"world_size": 2} and not (run / RECORD).is_symlink()
+    assert (run / "checkpoint-4" / "latest").read_text() == "global_step4" and not (tmp_path / "created-through-the-link").exists()
+    assert (tmp_path / "logs" / "hostfile").read_text() == "a slots=1\n"
+    from textsql.sharedfiles import (  # what rank.py, launch.py and pdsh.py open their logs with
+        open_unlinked,
+        replace_file,
+    )
+
+    (tmp_path / "logs" / "rank-0.log").symlink_to(victim)
+    with pytest.raises(TextsqlError, match=r"rank-0.log is refused: it is a symbolic link"):
+        open_unlinked(tmp_path / "logs" / "rank-0.log", "a")
+    os.link(victim, tmp_path / "logs" / "launch.log")  # a hard link to the owner's file
+    with pytest.raises(TextsqlError, match=r"launch.log is refused: it has 2 names \(a hard link\)"):
+        open_unlinked(tmp_path / "logs" / "launch.log", "w")
+    os.mkfifo(tmp_path / "logs" / "fifo")  # would block an open for writing forever
+    with pytest.raises(TextsqlError, match=r"fifo is refused: it is not a plain file"):
+        open_unlinked(tmp_path / "logs" / "fifo", "w")
+    replace_file(tmp_path / "logs" / "rank-0.log", "mine\n")
+    assert victim.read_text() == "precious\n"
+
+
+def test_crafted_state_and_launch_records_are_refused_naming_the_file_and_no_foreign_process_is_signalled(assets, tmp_path, monkeypatch):
+    from textsql.cluster.launch import NodeFacts, PreflightError, plan_launch
+    from textsql.cluster.node import probe
+    from textsql.cluster.runs import RECORD, planned_run_dir
+    from textsql.cluster.workers import AGENT_MODULE, Cluster, stop_stale_processes
+    from textsql.train.arguments import parse_arguments
+
+    cluster = Cluster("local", project_dir=tmp_path / "project")
+    cluster.dir.mkdir(parents=True)
+    for crafted, problem in (("[]", "not an object with a list of workers"), ('{"workers": {"id": 1}}', "not an object with a list of workers"),
+                             ('{"workers": [7]}', "a worker without an id"), ('{"workers": [{"id": "w", "pid": "12"}]}', 'worker w: pid "12" is not a process id'),
+                             ('{"workers": [{"id": "w", "pid": 12, "created": [1]}]}', "worker w: created [1] is not a time"), ("{not json", "Expecting")):
+        cluster.state_file.write_text(crafted)
+        with pytest.raises(TextsqlError, match=re.escape(f"{cluster.state_file} is not a cluster state textsql wrote: {problem}")):
+            cluster._stop_stale()
+
+    # A record naming a process that is not that agent (no worker id of it in its environment; another user's) is never signalled.
+    import psutil
+
+    like_an_agent = ["/bin/sh", "-c", "sleep 120; true", AGENT_MODULE, "agent"]  # its command line names the agent's module
+    others = [subprocess.Popen(like_an_agent, start_new_session=True, env=dict(os.environ, TEXTSQL_WORKER_ID="else"))]
+    if os.geteuid() == 0:  # only root can start another user's process here
+        others.append(subprocess.Popen(like_an_agent, start_new_session=True, user=65534, cwd="/", env={"TEXTSQL_WORKER_ID": "w-foreign"}))
+    try:
+        records = [{"id": "w-" + str(i), "pid": p.pid, "created": psutil.Process(p.pid).create_time()} for i, p in enumerate(others)]
+        if len(records) > 1:
+            records[1]["id"] = "w-foreign"
+        assert stop_stale_processes(records) == [] and all(p.poll() is None for p in others)
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+
+    # A launch record in the run folder that textsql did not write: the plan refuses it, naming the file.
+    data_dir, model_dir = assets
+    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"), "--report_to", "none"]
+    model, _, training = parse_arguments(argv)
+    run = planned_run_dir(model, training, 2, tmp_path, "none")
+    run.mkdir(parents=True)
+    nodes = [NodeFacts(a, facts(a)) for a in ("127.0.0.1", "127.0.0.2")]
+    ask = lambda op, payloads: {address: probe(request) for address, request in payloads.items()}  # noqa: E731 (each node's own probe)
+    for crafted, problem in (("[1, 2]", "no world size in it ([1, 2])"), ('{"world_size": "2"}', 'no world size in it ({"world_size": "2"})'),
+                             ('{"world_size": true}', "no world size in it"), ("{", "unreadable (Expecting")):
+        (run / RECORD).write_text(crafted)
+        with pytest.raises(PreflightError, match=re.escape(f"{run / RECORD} is not a launch record textsql wrote: {problem}")):
+            plan_launch(nodes, argv, ask, workdir=tmp_path, log_root=tmp_path / "launches")
 
 
 def files(*names, cut=()):
@@ -467,8 +637,12 @@ NASTY = {"run_name": "a b;$(touch pwned) `id` * ~ $HOME \"q\" 'q' \\ é\nnewline
          "report_to": ["tensorboard"], "learning_rate": 0.001}
 
 
-def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path):
+def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path, monkeypatch):
+    import stat
+    import tempfile
+
     from textsql.cluster.launch import Decision, LaunchPlan, NodeFacts
+    from textsql.cluster.node import prepare
     from textsql.cluster.rank import SPEC_FLAG, rank_environment, read_spec
     from textsql.cluster.runs import ResumePlan
     from textsql.strategy.devices import PrecisionChoice
@@ -485,10 +659,20 @@ def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path):
     spec_word = command[-1].removeprefix(SPEC_FLAG)
     assert re.fullmatch(r"[A-Za-z0-9_=-]+", spec_word)  # nothing a shell (pdsh's remote one included) could expand
     spec = read_spec(["--local_rank=0", "--textsql_launch=L1", command[-1]])
-    assert spec["arguments"] == NASTY and spec["log_dir"] == str(tmp_path / "logs")
-    env = rank_environment(spec, {"CROSS_RANK": "1", "RANK": "1", "PATH": "/bin"})
-    assert env["X"] == "a b;$(y)" and env["OMP_NUM_THREADS"] == "2" and env["DS_ACCELERATOR"] == "cpu" and env["RANK"] == "1"
+    assert spec == {"arguments": NASTY, "log_dir": str(tmp_path / "logs")}  # no variable's value in any argv
+    assert "a b;$(y)" not in json.dumps(command)
+    # Each node's prepare leaves its ranks' environment in the user's private folder there (0600); the rank reads it.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     requests = plan.prepare_requests()
+    for request in requests.values():
+        prepare(dict(request, files={}, mkdirs=[]))
+    env = rank_environment("L1", {"CROSS_RANK": "1", "RANK": "1", "PATH": "/bin"})
+    assert env["X"] == "a b;$(y)" and env["OMP_NUM_THREADS"] == "2" and env["DS_ACCELERATOR"] == "cpu" and env["RANK"] == "1"
+    assert rank_environment("L1", {"CROSS_RANK": "0"})["OMP_NUM_THREADS"] == "1"
+    private = tmp_path / f"textsql-{os.getuid()}" / "launches" / "L1-node1.json"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    with pytest.raises(TextsqlError, match="L2-node0.json is missing"):
+        rank_environment("L2", {"CROSS_RANK": "0"})
     assert requests["127.0.0.1"]["files"][str(tmp_path / "logs" / "hostfile")] == "127.0.0.1 slots=1\n127.0.0.2 slots=1\n"
     assert "run_dir" in requests["127.0.0.1"] and "run_dir" not in requests["127.0.0.2"]  # shared: node 0 prepares the run folder
 

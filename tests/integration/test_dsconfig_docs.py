@@ -25,8 +25,8 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU on the test machines; m
 
 import pytest
 
-from textsql.strategy.dsconfig import DsConfigWarning, load_dsconfig
 from textsql.errors import TextsqlError
+from textsql.strategy.dsconfig import DsConfigWarning, load_dsconfig
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dsconfig"
 PRECISION = "fp16.enabled is true: the Trainer stops unless --fp16 is True too"

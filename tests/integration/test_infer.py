@@ -92,12 +92,12 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     data in the other format."""
     from transformers import AutoTokenizer
 
-    from textsql.prep import load_tables
     from textsql.errors import TextsqlError
     from textsql.infer import InferArguments, run_inference
-    from textsql.wikisql.sql import executes_plausibly
+    from textsql.prep import load_tables
     from textsql.train.arguments import parse_arguments
     from textsql.train.run import train
+    from textsql.wikisql.sql import executes_plausibly
 
     monkeypatch.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
     data_dir, model_dir = header_assets
@@ -137,8 +137,8 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
 @pytest.mark.slow
 def test_question_format_model_scores_with_execution_guided_decoding(trained_run, tmp_path):
     """The other half of the end-to-end pair: the question-format model (trained_run), scored with execution guidance."""
-    from textsql.prep import load_tables
     from textsql.infer import InferArguments, run_inference
+    from textsql.prep import load_tables
     from textsql.wikisql.sql import executes_plausibly
 
     run_dir, data_dir = trained_run

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from textsql.prep import PrepArguments, load_prepared, prepare_dataset
 from textsql.errors import TextsqlError
+from textsql.prep import PrepArguments, load_prepared, prepare_dataset
 
 NOTHING_LOST = {"examples": 0, "characters": {}, "column_names_recovered": {"examples": 0, "characters": {}}}
 

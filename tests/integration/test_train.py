@@ -115,8 +115,8 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
 @pytest.mark.slow
 def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, monkeypatch):
     """`deepspeed --num_gpus 2 --module textsql.train`: both ranks train, their memory is gathered to rank 0."""
-    from textsql.train.local_launch import run_training
     from textsql.train.arguments import parse_arguments
+    from textsql.train.local_launch import run_training
 
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
@@ -139,7 +139,7 @@ def test_a_finished_rank_leaves_its_process_group_before_exit():
     In a child process: this one may hold the process group of an in-process DeepSpeed training."""
     code = """if True:
         import torch.distributed as dist
-        from textsql.train import end_distributed
+        from textsql.train.distributed import end_distributed
 
         end_distributed(True)  # nothing started: nothing to do
         for succeeded in (True, False):
@@ -204,7 +204,6 @@ def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch
 def test_fp16_on_t5_is_refused_with_the_reason(assets, tmp_path):
     from textsql.errors import TextsqlError
     from textsql.train.arguments import parse_arguments
-
     from textsql.train.run import set_up_run
 
     model, _, training = parse_arguments(["--model_id", "t5-small", "--precision", "fp16", "--output_dir", str(tmp_path / "o")])

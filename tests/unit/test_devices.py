@@ -5,8 +5,23 @@ from pathlib import Path
 
 import pytest
 
-from textsql.strategy.devices import A100_40GB, Gpu, H100_SXM, NodeDevices, T4, V100, check_nodes_agree, choose_accelerator, launcher_device_args, peak_tflops, precision_from_trainer_flags, ranks_per_node, resolve_precision, threads_per_rank
 from textsql.errors import TextsqlError
+from textsql.strategy.devices import (
+    A100_40GB,
+    H100_SXM,
+    T4,
+    V100,
+    Gpu,
+    NodeDevices,
+    check_nodes_agree,
+    choose_accelerator,
+    launcher_device_args,
+    peak_tflops,
+    precision_from_trainer_flags,
+    ranks_per_node,
+    resolve_precision,
+    threads_per_rank,
+)
 
 NO_GPU = NodeDevices((), 16)
 
@@ -187,9 +202,8 @@ def test_a_process_that_sees_several_gpus_trains_on_one(caplog):
 
 
 def test_textsql_train_starts_ranks_only_when_it_is_not_one(monkeypatch):
-    from textsql.train.local_launch import STARTED_BY_TEXTSQL
     from textsql.train.arguments import TextsqlTrainingArguments
-    from textsql.train.local_launch import launches_ranks
+    from textsql.train.local_launch import STARTED_BY_TEXTSQL, launches_ranks
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.delenv(STARTED_BY_TEXTSQL, raising=False)

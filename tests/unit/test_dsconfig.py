@@ -8,10 +8,17 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU on the test machines; m
 
 import pytest
 
-from textsql.strategy import dsconfig_rules
 from textsql.cli.check_config import check_config_cli
-from textsql.strategy.dsconfig import DsConfigWarning, check_batch_settings, describe_strategy, load_dsconfig, resolve_for_run, shipped_configs
 from textsql.errors import TextsqlError
+from textsql.strategy import dsconfig_rules
+from textsql.strategy.dsconfig import (
+    DsConfigWarning,
+    check_batch_settings,
+    describe_strategy,
+    load_dsconfig,
+    resolve_for_run,
+    shipped_configs,
+)
 
 SHIPPED = ["zero1", "zero2", "zero3_offload"]
 EXPECTED = {

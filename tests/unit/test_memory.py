@@ -11,14 +11,13 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU on the test machines; m
 
 import pytest
 
-from textsql.planner import memory
-from textsql.errors import TextsqlError
-from textsql.planner.memory import GIB, PlanArguments, model_states, plan_memory, resolve_model
 from textsql.cli.plan import plan_cli
+from textsql.errors import TextsqlError
+from textsql.planner import memory
 from textsql.planner.check import compare_with_run
 from textsql.planner.display import format_plan, plot_plan
-from textsql.run_summary import format_comparison
-from textsql.run_summary import RunSummary
+from textsql.planner.memory import GIB, PlanArguments, model_states, plan_memory, resolve_model
+from textsql.run_summary import RunSummary, format_comparison
 
 # DESIGN.md section 2: A100-40GB per pod, fp32, batch 32, every sequence padded to 96 tokens.
 WALKTHROUGH = [

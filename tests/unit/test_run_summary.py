@@ -7,7 +7,7 @@ import pytest
 
 from textsql.errors import TextsqlError
 from textsql.paths import SUMMARY_FILE
-from textsql.run_summary import RunSummary, SCHEMA_VERSION, format_summary, read_summary, run_state, write_summary
+from textsql.run_summary import SCHEMA_VERSION, RunSummary, format_summary, read_summary, run_state, write_summary
 
 
 def a_summary(tmp_path) -> RunSummary:

@@ -7,9 +7,20 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from textsql.errors import TextsqlError
-from textsql.wikisql.synthetic import generate_split
-from textsql.wikisql.sql import SQLExecutionError, SQLParseError, aggregate_metrics, component_matches, execute_query, executes_plausibly, parse_sql, same_logical_form, score_prediction, wikisql_number
 from textsql.wikisql.format import render_sql
+from textsql.wikisql.sql import (
+    SQLExecutionError,
+    SQLParseError,
+    aggregate_metrics,
+    component_matches,
+    execute_query,
+    executes_plausibly,
+    parse_sql,
+    same_logical_form,
+    score_prediction,
+    wikisql_number,
+)
+from textsql.wikisql.synthetic import generate_split
 
 # Names that collide with keywords, prefix one another, or hold AND; none is "<aggregation> <another name>".
 ADVERSARIAL_NAMES = (

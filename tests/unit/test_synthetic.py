@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 
 from textsql.errors import TextsqlError
-from textsql.wikisql.synthetic import DOMAINS, generate_split, generate_wikisql
-from textsql.wikisql.release import read_jsonl
 from textsql.wikisql.format import AGG_OPS, COND_OPS
+from textsql.wikisql.release import read_jsonl
+from textsql.wikisql.synthetic import DOMAINS, generate_split, generate_wikisql
 
 QUESTION_KEYS = {"phase", "table_id", "question", "sql"}
 TABLE_KEYS = {"id", "header", "types", "rows", "page_title", "section_title", "caption", "name"}

@@ -3,9 +3,9 @@
 import pytest
 
 from textsql.errors import TextsqlError
-from textsql.wikisql.synthetic import generate_split
 from textsql.tiny import SOURCE_PREFIX, build_tiny_t5, corpus_for_tokenizer, make_tiny_model, train_tokenizer
 from textsql.wikisql.format import render_sql
+from textsql.wikisql.synthetic import generate_split
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import socket
+import stat
 import struct
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+from textsql.errors import TextsqlError
 
 # Variables a user sets to tune or debug a run; they reach every rank on every node.
 FORWARDED = frozenset({
@@ -22,24 +27,28 @@ FORWARDED_PREFIXES = ("TORCH_NCCL_", "NCCL_", "GLOO_", "DS_", "HF_", "TEXTSQL_")
 # What a node's own login environment contributes to the processes the node agent starts (never the agent's secrets).
 SYSTEM = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "HOSTNAME"})
 SYSTEM_PREFIXES = ("LC_",)
-# A name that looks like it holds a credential is never forwarded and never printed, whatever the lists above say.
-SECRET = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY|AUTH|COOKIE|SESSION_?KEY", re.IGNORECASE)
+# A name that looks like it holds a credential is never forwarded and never printed, whatever the lists above say:
+# TOKEN (not TOKENIZERS_...), SECRET, PASSW(ORD), PASSPHRASE, CREDENTIAL, PRIVATE, AUTH, COOKIE anywhere in it, KEY at the end of a word
+# (HF_KEY, APIKEY, AWS_ACCESS_KEY_ID), and PWD, PASS, PAT as a word of it (TEXTSQL_DB_PWD, DB_PASS, GITHUB_PAT).
+SECRET = re.compile(r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|KEYS?(?:_|$)|(?:^|_)(?:PWD|PASS|PAT)(?:_|$)", re.IGNORECASE)
+# Nor is a value holding a URL with credentials in it (scheme://user:password@host, scheme://token@host).
+URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE)
 
 
-def is_secret(name: str) -> bool:
-    return bool(SECRET.search(name))
+def is_secret(name: str, value: str = "") -> bool:
+    return bool(SECRET.search(name)) or bool(URL_CREDENTIALS.search(value))
 
 
 def forwarded(environ=os.environ) -> dict[str, str]:
     """The allowlisted, non-secret variables of `environ`: what the user set for the ranks."""
     return {name: value for name, value in environ.items()
-            if (name in FORWARDED or name.startswith(FORWARDED_PREFIXES)) and not is_secret(name)}
+            if (name in FORWARDED or name.startswith(FORWARDED_PREFIXES)) and not is_secret(name, value)}
 
 
 def system(environ=os.environ) -> dict[str, str]:
     """A node's own basics (PATH with this Python's folder first, HOME, locale, ...), without secrets."""
     env = {name: value for name, value in environ.items()
-           if (name in SYSTEM or name.startswith(SYSTEM_PREFIXES)) and not is_secret(name)}
+           if (name in SYSTEM or name.startswith(SYSTEM_PREFIXES)) and not is_secret(name, value)}
     path = [str(Path(sys.executable).parent), *environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)]
     env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path if p))
     return env
@@ -48,8 +57,71 @@ def system(environ=os.environ) -> dict[str, str]:
 def node_local_extensions_dir() -> str:
     """Where a node's ranks build DeepSpeed's JIT ops when the user chose no TORCH_EXTENSIONS_DIR: node-local storage.
     torch's default (~/.cache/torch_extensions) is in CML's shared project folder, where every pod would wait on one
-    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU."""
-    return str(Path(tempfile.gettempdir()) / f"textsql-torch-extensions-{os.getuid()}")
+    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU. It is in
+    this user's private folder: a build folder another local user could write would let them plant the library."""
+    return str(private_folder("torch-extensions"))
+
+
+def private_folder(*parts: str) -> Path:
+    """A folder on this node's local disk that only this user can write: <tmp>/textsql-<uid>/<parts>. The top one is
+    made with mode 0700; one that exists must be a real folder (not a symbolic link) of this user that nobody else can
+    write (a readable one is made private), or TextsqlError says so: another local user may have made it first."""
+    root = Path(tempfile.gettempdir()) / f"textsql-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(root)
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = f"it is a symbolic link (to {os.readlink(root)})"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "it is not a folder"
+    elif info.st_uid != os.getuid():
+        problem = f"it belongs to user id {info.st_uid}, not to you (user id {os.getuid()})"
+    elif info.st_mode & 0o022:
+        problem = f"others can write into it (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        raise TextsqlError(f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
+                           f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
+                           "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write.")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
+    folder = root.joinpath(*parts)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # inside a private folder nobody else can make a link
+    return folder
+
+
+def rank_env_file(launch_id: str, node_rank: int) -> Path:
+    """Where a node keeps the environment of its ranks for one launch: in this user's private folder, never in argv
+    (/proc/<pid>/cmdline is readable by everyone on the node) or in the shared project folder."""
+    if not re.fullmatch(r"[\w.-]+", str(launch_id)) or str(launch_id).startswith("."):
+        raise TextsqlError(f"'{launch_id}' is not a launch id.")
+    return private_folder("launches") / f"{launch_id}-node{int(node_rank)}.json"
+
+
+def save_rank_env(launch_id: str, node_rank: int, env: dict[str, str], keep_days: float = 7) -> Path:
+    """Write the ranks' environment (mode 0600; earlier launches' files older than `keep_days` are removed)."""
+    path = rank_env_file(launch_id, node_rank)
+    for old in path.parent.glob("*.json"):
+        if time.time() - old.lstat().st_mtime > keep_days * 86400:
+            old.unlink(missing_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(descriptor, "w") as f:
+        json.dump(env, f)
+    os.replace(tmp, path)
+    return path
+
+
+def load_rank_env(launch_id: str, node_rank: int) -> dict[str, str]:
+    path = rank_env_file(launch_id, node_rank)
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise TextsqlError(f"{path} is missing: the session writes it on every node before the launch starts "
+                           "(textsql.cluster.node prepare). Launch again from the session.") from None
 
 
 def interface_of(address: str) -> str | None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import replace_file
 
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _DOTTED = re.compile(r"^[0-9]+(\.[0-9]+){3}$")
@@ -140,10 +140,7 @@ def write_hostfile(path, hosts: list[Host]) -> Path:
     """Write the hostfile atomically (node 0 first: DeepSpeed makes the first host rank 0)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(format_hostfile(hosts))
-    os.replace(tmp, path)
-    return path
+    return replace_file(path, format_hostfile(hosts))  # through a new file of a random name: never a planted link
 
 
 def rank_layout(hosts: list[Host]) -> dict[int, tuple[str, int]]:

@@ -24,6 +24,7 @@ from textsql.cluster.hostfile import Host, rank_layout, ranks_of
 from textsql.cluster.rank import LAUNCH_FLAG, RANK_EXIT_MARKER, RANK_SUMMARY_MARKER, SPEC_FLAG
 from textsql.cluster.runs import absolute_in
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked
 
 RANK_LINE = re.compile(r"^(?P<host>[^\s]+): \[rank (?P<rank>\d+)\] (?P<text>.*)$")
 # How a rank fails when another one died first: its collective or socket broke, or its launcher stopped it.
@@ -140,6 +141,8 @@ def rank_environments(decision: Decision, nodes: list[NodeFacts], environ, log_d
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if interface and name not in common:
                 env[name] = interface
+        if "TORCH_EXTENSIONS_DIR" not in common and node.facts.get("local_extensions_error"):
+            raise PreflightError(f"{node.address}: {node.facts['local_extensions_error']}")
         if "TORCH_EXTENSIONS_DIR" not in common and node.facts.get("local_extensions_dir"):
             env["TORCH_EXTENSIONS_DIR"] = node.facts["local_extensions_dir"]
         per_node[str(index)] = env
@@ -188,7 +191,7 @@ class LaunchPlan:
     def spec(self) -> str:
         from textsql.cluster.node import encode
 
-        return encode({"arguments": self.arguments, "env": self.env, "node_env": self.node_env, "log_dir": str(self.log_dir)})
+        return encode({"arguments": self.arguments, "log_dir": str(self.log_dir)})  # the ranks' environment: see prepare_requests
 
     def deepspeed_command(self, executable: str, extra: list[str]) -> list[str]:
         """DeepSpeed's runner, its arguments from `extra` (--no_ssh --node_rank i, or --launcher pdsh), then the rank
@@ -211,7 +214,8 @@ class LaunchPlan:
         newer = [name for name in self.resume.set_aside if int(CHECKPOINT.match(name)[1]) > chosen]
         requests = {}
         for index, node in enumerate(self.nodes):
-            request = {"launch_id": self.launch_id, "mkdirs": [str(self.log_dir)], "files": dict(self.node_files, **{str(self.hostfile): hostfile})}
+            request = {"launch_id": self.launch_id, "mkdirs": [str(self.log_dir)], "files": dict(self.node_files, **{str(self.hostfile): hostfile}),
+                       "node_rank": index, "rank_env": dict(self.env, **self.node_env[str(index)])}
             if index == 0 or not self.shared_output:
                 request.update(run_dir=str(self.run_dir), set_aside=newer, resume=self.resume.checkpoint, record=self.record())
             extensions = self.node_env[str(index)].get("TORCH_EXTENSIONS_DIR")
@@ -258,7 +262,7 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     `arguments`: textsql.train's three argument dataclasses, or a command line (parsed once, here).
     `ask(op, {address: request})` asks every node at once and returns {address: answer}."""
     from textsql.cluster.hostfile import address_problem, check_addresses
-    from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir
+    from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir, recorded_world_size
     from textsql.strategy.dsconfig import describe_strategy
     from textsql.train.arguments import arguments_dict, as_arguments
     from textsql.train.distributed import free_port
@@ -279,7 +283,8 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     marker = run_dir.parent / f".textsql-shared-probe-{secrets.token_hex(4)}"
     marker_text = secrets.token_hex(16)
-    marker.write_text(marker_text)
+    with open_unlinked(marker, "w", exclusive=True) as f:
+        f.write(marker_text)
     dataset = absolute_in(workdir, data.dataset_dir)
     model_dir = absolute_in(workdir, model.model_id)
     model_dir = model_dir if model_dir.exists() else None
@@ -315,8 +320,8 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
         else:
             views = {n.address: probes[n.address]["checkpoints"] for n in nodes}
             ranks_by_view = {n.address: ranks_of(decision.hosts, n.address) for n in nodes}
-        recorded = (head.get("record") or {}).get("world_size")
         try:
+            recorded = recorded_world_size(head.get("record"), run_dir)
             resume = choose_checkpoint(views, ranks_by_view, world, zero_stage, recorded_world_size=recorded, run_dir=run_dir)
         except TextsqlError as error:
             raise PreflightError(str(error)) from None
@@ -556,7 +561,7 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
     running = {link.address for link in links}
     stopping_since = None
     started = []
-    with open(plan.log_dir / "launch.log", "w", buffering=1) as log:
+    with open_unlinked(plan.log_dir / "launch.log", "w", buffering=1) as log:
         try:
             for index, link in enumerate(links):
                 env = dict(plan.env, **plan.node_env[str(index)])

@@ -8,7 +8,8 @@ launcher with its output streamed back, stop it. Agent and session send each oth
 and it ends — stopping the launcher first — when the session says so, when its connection to the session breaks or
 falls silent, or on SIGTERM/SIGINT/SIGHUP: a notebook kernel that dies takes its workers with it.
 `guard` keeps the launcher's process group: killing only the agent stops its launcher and ranks, too.
-`probe` and `prepare` do the same for user-managed nodes, over ssh, answering with one `textsql-node: {json}` line.
+`probe` and `prepare` do the same for user-managed nodes, over ssh (the request on stdin: `-`), answering with one
+`textsql-node: {json}` line.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ import threading
 import time
 from pathlib import Path
 
+from textsql.checkpoints import verify_checkpoint
 from textsql.cluster.channel import SILENCE_ENV, SILENCE_SECONDS, heartbeat_seconds
+from textsql.errors import TextsqlError
+from textsql.sharedfiles import read_unlinked, replace_file
 from textsql.strategy.devices import local_devices
 
 ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
@@ -64,8 +68,11 @@ def describe_node(address: str) -> dict:
     facts = {"address": address, "hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
              "executable": sys.executable, "textsql_path": str(Path(__file__).resolve().parent.parent),
              "versions": {name: version(name) for name in ("textsql", "deepspeed", "torch", "transformers")},
-             "interface": interface_of(address), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-             "local_extensions_dir": node_local_extensions_dir()}
+             "interface": interface_of(address), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    try:
+        facts["local_extensions_dir"] = node_local_extensions_dir()
+    except TextsqlError as error:  # the session refuses the launch, naming this node, unless the user set a folder
+        facts["local_extensions_error"] = str(error)
     try:
         facts["devices"] = local_devices().as_dict()
     except Exception as error:  # a broken driver: the session names this node
@@ -94,9 +101,11 @@ def probe(request: dict) -> dict:
         run_dir = Path(request["run_dir"])
         result["checkpoints"] = list_checkpoints(run_dir)
         try:
-            result["record"] = json.loads((run_dir / RECORD).read_text())
-        except (OSError, ValueError):
+            result["record"] = json.loads(read_unlinked(run_dir / RECORD))
+        except FileNotFoundError:
             result["record"] = None
+        except (OSError, ValueError, TextsqlError) as error:  # the session refuses it, naming the file
+            result["record"] = f"unreadable ({error})"
         from textsql.run_summary import run_state
 
         result["finished"] = run_state(run_dir) == "finished"
@@ -106,14 +115,17 @@ def probe(request: dict) -> dict:
 def prepare(request: dict) -> dict:
     """Get the node ready for a launch: folders, node-local files, the launch record, incomplete checkpoints set
     aside (renamed, never deleted), DeepSpeed's `latest` tag where only rank 0's node got one, stale JIT locks."""
+    from textsql.cluster.environment import save_rank_env
     from textsql.cluster.runs import QUARANTINE_PREFIX, RECORD
 
     done = {"set_aside": [], "tagged": None}
+    if request.get("rank_env") is not None:
+        save_rank_env(request["launch_id"], request["node_rank"], request["rank_env"])
     for folder in request.get("mkdirs", []):
         Path(folder).mkdir(parents=True, exist_ok=True)
     for path, text in request.get("files", {}).items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text)
+        replace_file(path, text)
     run_dir = Path(request["run_dir"]) if request.get("run_dir") else None
     if run_dir is not None:
         for name in request.get("set_aside", []):
@@ -122,14 +134,16 @@ def prepare(request: dict) -> dict:
                 (run_dir / name).rename(target)
                 done["set_aside"].append(str(target))
         resume = request.get("resume")
-        if resume and (run_dir / resume).is_dir() and not (run_dir / resume / "latest").exists():
+        if resume and (run_dir / resume).is_dir():
+            verify_checkpoint(run_dir / resume)  # refused here, before any rank starts (each rank checks it again)
+        if resume and (run_dir / resume).is_dir() and not os.path.lexists(run_dir / resume / "latest"):
             tags = sorted(p.name for p in (run_dir / resume).glob("global_step*") if p.is_dir())
             if tags:
-                (run_dir / resume / "latest").write_text(tags[-1])
+                replace_file(run_dir / resume / "latest", tags[-1])
                 done["tagged"] = tags[-1]
         if request.get("record"):
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / RECORD).write_text(json.dumps(request["record"], indent=2) + "\n")
+            replace_file(run_dir / RECORD, json.dumps(request["record"], indent=2) + "\n")
     extensions = request.get("clear_stale_locks_in")
     if extensions and Path(extensions).is_dir():
         for lock in Path(extensions).glob("*/lock"):  # no rank runs on this node now: a lock is a dead build's
@@ -393,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["guard"] and len(argv) > 3 and argv[2] == "--":
         return guard(int(argv[1]), argv[3:])
     if len(argv) == 2 and argv[0] in ("probe", "prepare", "describe"):
-        request = decode(argv[1])
+        request = decode(sys.stdin.readline().strip() if argv[1] == "-" else argv[1])  # "-": on stdin, out of argv
         if argv[0] == "describe":
             answer = describe_node(request["address"])
         else:

@@ -37,9 +37,13 @@ from textsql.cluster.launch import (
 from textsql.cluster.node import ANSWER, encode
 from textsql.cluster.rank import LAUNCH_FLAG
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
                "-o", "ServerAliveCountMax=3")
+# What DeepSpeed's pdsh runner leaves unquoted in the remote shell command (it wraps anything else in double quotes,
+# inside which a shell still expands $(...) and `...`; the working folder and the interpreter it does not quote at all).
+SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+")
 PDSH_EXIT = re.compile(r"^pdsh@[^:]*: (?P<host>[^:\s]+): ssh exited with exit code (?P<code>\d+)")
 
 
@@ -54,9 +58,12 @@ def ssh_options(ssh_config: Path | None) -> list[str]:
     return (["-F", str(ssh_config)] if ssh_config else []) + list(SSH_OPTIONS)
 
 
-def run_ssh(host: str, command: str, ssh_config: Path | None, *, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_ssh(host: str, command: str, ssh_config: Path | None, *, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`command` on `host` over ssh; `stdin`: what the command reads (requests travel there, not in argv)."""
     argv = [find_program("ssh", "openssh-client"), *ssh_options(ssh_config), host, command]
     try:
+        if stdin is not None:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin, check=False)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 255, "", f"ssh timed out after {timeout:.0f} s")
@@ -85,7 +92,9 @@ def ask_over_ssh(op: str, payloads: dict[str, dict], ssh_config: Path | None, wo
 
     def one(item):
         host, request = item
-        done = run_ssh(host, prefix + " ".join(shlex.quote(a) for a in (sys.executable, "-m", "textsql.cluster.node", op, encode(request))), ssh_config)
+        # the request on stdin: it holds the ranks' environment, which must not be in any argv on the node
+        done = run_ssh(host, prefix + " ".join(shlex.quote(a) for a in (sys.executable, "-m", "textsql.cluster.node", op, "-")), ssh_config,
+                       stdin=encode(request) + "\n")
         found = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
         if found:
             return host, json.loads(found[-1].removeprefix(ANSWER)), None
@@ -120,6 +129,39 @@ def preflight(hostfile, arguments, *, ssh_config: Path | None = None, workdir=No
     return plan
 
 
+def check_shell_safe(what: str, value: str) -> None:
+    """Refuse what DeepSpeed's pdsh runner would put into the remote shell command unquoted or merely double-quoted."""
+    if not SHELL_SAFE.fullmatch(value):
+        bad = "".join(sorted({c for c in value if not SHELL_SAFE.fullmatch(c)}))
+        raise TextsqlError(f"{what} {value!r} holds characters a shell interprets ({bad!r}). DeepSpeed's pdsh launcher runs every node's "
+                           "launcher through a remote shell with it in the command, unquoted, so it could run commands on every node. "
+                           "Use a path of letters, digits and @%+=:,./-_ only (rename or move the folder), or launch from another one.")
+
+
+def runner_environment(ssh_config: Path | None, rank_env: dict[str, str], echo=print, workdir: Path | None = None) -> dict[str, str]:
+    """The environment of DeepSpeed's runner for a pdsh launch. The runner copies every variable named MLFLOW*,
+    PYTHON* or NCCL*, and each line of a .deepspeed_env file, into the remote shell command: into pdsh's argv (readable by
+    every user of the machine) and through a shell on every node. So it gets this machine's basics, the ssh options,
+    PYTHONPATH (checked) and the accelerator; the ranks read their allowlisted environment from the private file each
+    node's prepare wrote (textsql.cluster.environment.save_rank_env), and no .deepspeed_env is read."""
+    from textsql.cluster.environment import system
+
+    env = system(os.environ)
+    env.update(PDSH_SSH_ARGS_APPEND=" ".join(ssh_options(ssh_config)), PYTHONUNBUFFERED="1", DS_ENV_FILE=os.devnull)
+    if os.environ.get("PYTHONPATH"):
+        check_shell_safe("PYTHONPATH", os.environ["PYTHONPATH"])
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    if os.environ.get("SSH_AUTH_SOCK"):  # pdsh's ssh reaches the user's ssh agent (a socket path; the runner exports no SSH_*)
+        env["SSH_AUTH_SOCK"] = os.environ["SSH_AUTH_SOCK"]
+    if "DS_ACCELERATOR" in rank_env:
+        env["DS_ACCELERATOR"] = rank_env["DS_ACCELERATOR"]
+    for folder in dict.fromkeys(p for p in (Path.home(), workdir) if p):
+        if (folder / ".deepspeed_env").exists():
+            echo(f"textsql: ignoring {folder / '.deepspeed_env'}: the ranks get the allowlisted variables of this session "
+                 "(docs/multi-pod.md), never a file's lines through a remote shell")
+    return env
+
+
 def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, workdir=None, log_root=None, echo=print,
                     grace_seconds: float = 5) -> dict:
     """Preflight over ssh, then `deepspeed --launcher pdsh ...`, streaming every rank's output through `echo`.
@@ -131,6 +173,8 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
     from textsql.cluster.runs import run_lock
 
     find_program("pdsh", "pdsh")
+    check_shell_safe("The working folder", str(Path(workdir or os.getcwd()).absolute()))
+    check_shell_safe("The Python interpreter", sys.executable)
     ssh_config = Path(ssh_config).absolute() if ssh_config else None
     plan, ask = plan_user_managed(read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir, log_root=log_root)
     echo(plan.describe())
@@ -138,7 +182,7 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         ask("prepare", plan.prepare_requests())
         command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check"])
-        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=" ".join(ssh_options(ssh_config)), PYTHONUNBUFFERED="1")
+        env = runner_environment(ssh_config, plan.env, echo, plan.workdir)
         echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
         echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
         monitor = LaunchMonitor()
@@ -148,7 +192,7 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
         threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
         stopped = False
         try:
-            with open(plan.log_dir / "launch.log", "w", buffering=1) as log:
+            with open_unlinked(plan.log_dir / "launch.log", "w", buffering=1) as log:
                 while (line := _next_line(lines)) is not None:
                     if line:
                         log.write(line + "\n")

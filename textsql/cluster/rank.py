@@ -1,8 +1,9 @@
 """One rank of a multi-node launch: `python -m textsql.cluster.rank [--local_rank=N] --textsql_launch=ID --textsql_spec=B64`.
 
 The DeepSpeed launcher on each node starts this instead of `textsql.train` directly. The spec (base64 JSON, one
-shell-safe word, so no shell on the way can expand anything) carries the training arguments exactly, the
-environment of the ranks (an allowlist, per node) and the log folder. This supervisor runs the training in a child
+shell-safe word, so no shell on the way can expand anything) carries the training arguments exactly and the log
+folder; the environment of the ranks (an allowlist, per node) is in a file of the user's private folder on the node,
+written before the launch (textsql.cluster.environment.save_rank_env), so no value of it is in any process's argv. This supervisor runs the training in a child
 process (the rank's process: it holds the model) and
 - keeps the rank's whole output in `<log folder>/rank-<RANK>.log` (on the rank's own node),
 - passes every line on, prefixed `[rank N] `, so the session sees all ranks, told apart,
@@ -26,7 +27,10 @@ import threading
 import time
 from pathlib import Path
 
+from textsql.cluster.environment import load_rank_env
 from textsql.cluster.node import set_parent_death_signal
+from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked, replace_file
 
 RANK_EXIT_MARKER = "textsql-rank-exit: "
 RANK_SUMMARY_MARKER = "textsql-rank-summary: "
@@ -48,19 +52,28 @@ def read_spec(argv: list[str]) -> dict:
     return decode(words[0].removeprefix(SPEC_FLAG))
 
 
-def rank_environment(spec: dict, environ=os.environ) -> dict[str, str]:
-    """The launcher's environment (RANK, WORLD_SIZE, MASTER_*, CUDA_VISIBLE_DEVICES, ...) plus the spec's variables for
-    this node (CROSS_RANK is the node rank DeepSpeed's node launcher sets)."""
-    node = str(environ.get("CROSS_RANK", "0"))
+def rank_environment(launch_id: str, environ=os.environ) -> dict[str, str]:
+    """The launcher's environment (RANK, WORLD_SIZE, MASTER_*, CUDA_VISIBLE_DEVICES, ...) plus the variables the
+    session chose for this node's ranks, which its prepare step left in this user's private folder (never in argv);
+    CROSS_RANK is the node rank DeepSpeed's node launcher sets."""
     env = dict(environ)
-    env.update(spec.get("env", {}))
-    env.update(spec.get("node_env", {}).get(node, {}))
+    env.update(load_rank_env(launch_id, int(environ.get("CROSS_RANK", "0"))))
     return env
+
+
+def launch_id_of(argv: list[str]) -> str:
+    words = [a.removeprefix(LAUNCH_FLAG) for a in argv if a.startswith(LAUNCH_FLAG)]
+    if len(words) != 1:
+        raise SystemExit(f"textsql.cluster.rank: expected one {LAUNCH_FLAG}... argument (it is written by the session's launch)")
+    return words[0]
 
 
 def supervise(argv: list[str]) -> int:
     spec = read_spec(argv)
-    env = rank_environment(spec)
+    try:
+        env = rank_environment(launch_id_of(argv))
+    except TextsqlError as error:
+        raise SystemExit(f"textsql.cluster.rank: {error}") from None
     rank = int(env.get("RANK", "0"))
     log_dir = Path(spec.get("log_dir") or ".")
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -69,10 +82,10 @@ def supervise(argv: list[str]) -> int:
     command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", spec_word]
     prefix = f"[rank {rank}] "
     tail: list[str] = []
-    with open(log_path, "a", buffering=1) as log:
+    with open_unlinked(log_path, "a", buffering=1) as log:
         child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                  errors="replace", preexec_fn=_set_parent_death_signal)
-        (log_dir / f"rank-{rank}.pid").write_text(f"{child.pid}\n")
+        replace_file(log_dir / f"rank-{rank}.pid", f"{child.pid}\n")
         signalled = []
 
         def forward(signum, frame):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked, read_unlinked
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 QUARANTINE_PREFIX = "incomplete-"  # not "checkpoint-*": the Trainer neither resumes from nor rotates what we set aside
@@ -85,7 +86,7 @@ class FileLock:
         try:
             if held_here:
                 raise BlockingIOError
-            self.file = open(self.path, "a+")
+            self.file = open_unlinked(self.path, "a+")  # never through a link a collaborator planted
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_owner(self.path)
@@ -94,6 +95,12 @@ class FileLock:
                 with _HELD_LOCK:
                     _HELD.discard(key)
             raise TextsqlError(f"{what} is in use by {holder}. {fix}") from None
+        except BaseException:
+            if self.file is not None:
+                self.file.close()
+            with _HELD_LOCK:
+                _HELD.discard(key)
+            raise
         self.file.seek(0)
         self.file.truncate()
         self.file.write(json.dumps(dict(owner, host=socket.gethostname(), pid=os.getpid(), since=time.strftime("%Y-%m-%d %H:%M:%S"))))
@@ -115,9 +122,10 @@ class FileLock:
 
 def _read_owner(path: Path) -> str:
     try:
-        owner = json.loads(path.read_text())
-        return f"process {owner['pid']} on {owner['host']} since {owner['since']}" + (f" (launch {owner['launch']})" if owner.get("launch") else "")
-    except (OSError, ValueError, KeyError):
+        owner = json.loads(read_unlinked(path))
+        return f"process {int(owner['pid'])} on {str(owner['host'])[:100]} since {str(owner['since'])[:40]}" + (
+            f" (launch {str(owner['launch'])[:60]})" if owner.get("launch") else "")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, TextsqlError):
         return "another process"
 
 
@@ -255,6 +263,20 @@ def _step_of(item) -> int:
 
 
 RECORD = "textsql-launch.json"  # in the run folder: the world size and nodes of the launch that trains it
+
+
+def recorded_world_size(record, run_dir: Path) -> int | None:
+    """The world size in a run folder's launch record, as a node's probe read it (None: no record). The shared folder
+    is anyone's to write: anything but a record textsql wrote is refused, naming the file."""
+    if record is None:
+        return None
+    size = record.get("world_size") if isinstance(record, dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        return size
+    what = record if isinstance(record, str) else f"no world size in it ({json.dumps(record)[:120]})"
+    raise TextsqlError(f"{Path(run_dir) / RECORD} is not a launch record textsql wrote: {what}. It says how many ranks wrote the run's "
+                       "checkpoints. If the run is yours, remove the file (the checkpoints' own file names then tell the world size) "
+                       "and launch again; if you did not change it, someone with access to the project did.")
 
 
 def saved_world_size(views: dict[str, dict[str, dict[str, bool]]], recorded: int | None) -> int | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from textsql.cluster.channel import SILENCE_ENV, SILENCE_SECONDS
 from textsql.cluster.interrupts import interrupts_deferred
 from textsql.errors import TextsqlError
+from textsql.sharedfiles import open_unlinked, read_unlinked, replace_file
 
 AGENT_CODE = "import sys\nfrom textsql.cluster.node import main\nsys.exit(main(['agent']))\n"
 AGENT_MODULE = "textsql.cluster.node"
@@ -51,7 +52,7 @@ def start_agent(env: dict[str, str], log: Path, *, cpus: list[int] | None = None
     """A node agent as a local process in its own session (a notebook interrupt does not reach it), output in `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [*(prefix or []), sys.executable, "-m", AGENT_MODULE, "agent"]
-    with open(log, "ab") as out:
+    with open_unlinked(log, "a", binary=True) as out:
         return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
 
@@ -104,14 +105,19 @@ def _cmdline(pid: int) -> bytes:
 
 
 def stop_stale_processes(records: list[dict]) -> list[str]:
-    """Stop the agent processes an earlier start left (same pid AND start time AND command: never a recycled pid)."""
+    """Stop the agent processes an earlier start left. The records come from the shared folder, so a process is
+    signalled only when it is surely that agent: this user's, the leader of its own process group, the same start
+    time and command, and the record's worker id in its environment (never a recycled pid, never another's process)."""
     import psutil
+
+    from textsql.cluster.node import WORKER_ENV
 
     stopped = []
     for record in records:
         try:
             process = psutil.Process(record["pid"])
-            if abs(process.create_time() - record["created"]) > 1 or AGENT_MODULE not in " ".join(process.cmdline()):
+            if (process.uids().real != os.getuid() or os.getpgid(process.pid) != process.pid or abs(process.create_time() - record["created"]) > 1
+                    or AGENT_MODULE not in " ".join(process.cmdline()) or process.environ().get(WORKER_ENV) != record["id"]):
                 continue
             os.killpg(process.pid, signal.SIGTERM)
             try:
@@ -119,9 +125,43 @@ def stop_stale_processes(records: list[dict]) -> list[str]:
             except psutil.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
             stopped.append(record["id"])
-        except (psutil.Error, ProcessLookupError, KeyError, TypeError):
+        except (psutil.Error, OSError, KeyError, TypeError):
             continue
     return stopped
+
+
+def read_state(path: Path) -> dict:
+    """A cluster's workers.json as textsql wrote it ({"backend", "start", "workers": [{"id", "pid", "created"}]}); none
+    yet: no workers. Anything else is refused, naming the file: it is in the shared folder, anyone's to write."""
+    try:
+        state = json.loads(read_unlinked(path))
+    except FileNotFoundError:
+        return {"backend": None, "start": None, "workers": []}
+    except (OSError, ValueError) as error:
+        problem = str(error)
+    else:
+        problem = _state_problem(state)
+    if problem:
+        raise TextsqlError(f"{path} is not a cluster state textsql wrote: {problem}. It lists the node agents of the last start, so that the "
+                           "next start stops any left running. Remove it (check first that no agent of an earlier start still runs: "
+                           f"`pgrep -af {AGENT_MODULE}`) and start again; if you did not change it, someone with access to the project did.")
+    return state
+
+
+def _state_problem(state) -> str | None:
+    if not isinstance(state, dict) or not isinstance(state.get("workers"), list):
+        return "not an object with a list of workers"
+    if not all(isinstance(state.get(key), (str, type(None))) for key in ("backend", "start")):
+        return "backend and start must be names"
+    for record in state["workers"]:
+        if not isinstance(record, dict) or not isinstance(record.get("id"), str) or not record["id"]:
+            return f"a worker without an id ({json.dumps(record)[:80]})"
+        pid, created = record.get("pid"), record.get("created")
+        if not (pid is None or (isinstance(pid, int) and not isinstance(pid, bool) and pid > 0)):
+            return f"worker {record['id'][:60]}: pid {json.dumps(pid)[:40]} is not a process id"
+        if not (created is None or (isinstance(created, (int, float)) and not isinstance(created, bool))):
+            return f"worker {record['id'][:60]}: created {json.dumps(created)[:40]} is not a time"
+    return None
 
 
 def _created(pid: int) -> float | None:
@@ -405,14 +445,11 @@ class Cluster:
         """Which agents this start runs, so that a later start (after a kernel restart) can stop any left over."""
         records = [{"id": w.id, "pid": w.pid, "created": w.created} for w in [self.node0] + self.nodes if w is not None]
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        self.state_file.write_text(json.dumps({"backend": self.backend.name, "start": getattr(self, "start_id", None), "workers": records}, indent=2))
+        replace_file(self.state_file, json.dumps({"backend": self.backend.name, "start": getattr(self, "start_id", None), "workers": records}, indent=2))
 
     def _stop_stale(self) -> None:
-        try:
-            state = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return
-        records = state.get("workers") or []
+        state = read_state(self.state_file)
+        records = state["workers"]
         if not records:
             return
         stopped = stop_stale_processes([r for r in records if r.get("pid")])
@@ -450,7 +487,7 @@ class Cluster:
             self.echo(f"stopped {len(self.nodes)} worker(s) and node 0's agent")
 
     def _clear_state(self) -> None:
-        self.state_file.write_text(json.dumps({"backend": self.backend.name, "start": None, "workers": []}))
+        replace_file(self.state_file, json.dumps({"backend": self.backend.name, "start": None, "workers": []}))
 
     def __enter__(self) -> "Cluster":
         return self.start()
@@ -531,4 +568,4 @@ def _arguments(arguments: tuple):
 def _without_secrets(environ) -> dict[str, str]:
     from textsql.cluster.environment import is_secret
 
-    return {k: v for k, v in environ.items() if not is_secret(k)}
+    return {k: v for k, v in environ.items() if not is_secret(k, v)}

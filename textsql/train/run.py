@@ -7,17 +7,17 @@ import copy
 import json
 import logging
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textsql import __version__
+from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set
 from textsql.hub import load_seq2seq_model, load_tokenizer
-from textsql.paths import CHECKPOINT_PREFIX, LOG_FILE, SUMMARY_FILE
+from textsql.paths import CHECKPOINT_PREFIX, LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
 from textsql.planner.check import compare_with_run
 from textsql.prep import (
     check_prepared,
@@ -27,6 +27,7 @@ from textsql.prep import (
     tokenizer_for_training,
 )
 from textsql.run_summary import RunSummary, run_state, write_summary
+from textsql.sharedfiles import replace_file
 from textsql.strategy.devices import (
     NodeDevices,
     choose_accelerator,
@@ -173,6 +174,8 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
         from transformers.trainer_utils import get_last_checkpoint
 
         resume_from = get_last_checkpoint(str(output_dir))
+        if resume_from:
+            verify_checkpoint(resume_from)  # before DeepSpeed unpickles it: the run folder may be writable by others
     settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
     if dsconfig is not None:
         settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir))
@@ -182,11 +185,7 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
 def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
     """Each rank writes the same file atomically (nodes may not share a filesystem)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    path = output_dir / "ds_config.json"
-    tmp = output_dir / f".ds_config.{socket.gethostname()}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
+    return replace_file(output_dir / RESOLVED_DSCONFIG_FILE, json.dumps(config, indent=2) + "\n")  # never through a planted link
 
 
 # ---------------------------------------------------------------------------------------------------------------------

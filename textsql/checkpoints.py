@@ -1,0 +1,132 @@
+"""Checkpoints in folders others can write: every pickle in one must load with torch's weights-only unpickler before
+anything loads it (DeepSpeed loads its own with weights_only=False, which would run any object pickled in them)."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+
+PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
+# What real checkpoints pickle beyond torch's tensors and plain containers (found by training tiny runs: DeepSpeed
+# ZeRO-2 and ZeRO-3 + offload, and the Trainer without DeepSpeed). The check builds them as inert stand-ins, so not
+# even their own constructors run while a file is checked.
+ALLOWED_GLOBALS = frozenset({
+    # DeepSpeed's optimizer shards (global_stepN/*_optim_states.pt)
+    "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    # the Trainer's RNG states (rng_state*.pth): numpy's generator state
+    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
+    # the Trainer's training_args.bin (nothing loads it at resume; `torch.load` by hand would)
+    "__main__.TextsqlTrainingArguments", "textsql.train.TextsqlTrainingArguments",
+    "transformers.training_args.TrainingArguments", "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+    "transformers.training_args.OptimizerNames", "transformers.training_args.ParallelMode", "transformers.debug_utils.DebugOption",
+    "transformers.trainer_utils.IntervalStrategy", "transformers.trainer_utils.SaveStrategy", "transformers.trainer_utils.HubStrategy",
+    "transformers.trainer_utils.SchedulerType", "transformers.trainer_utils.FSDPOption", "transformers.trainer_pt_utils.AcceleratorConfig",
+    "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig", "transformers.integrations.deepspeed.HfDeepSpeedConfig",
+    "transformers.generation.configuration_utils.GenerationConfig",
+    "accelerate.state.PartialState", "accelerate.utils.dataclasses.DistributedType", "accelerate.utils.dataclasses.DeepSpeedPlugin",
+    "accelerate.utils.dataclasses.GradientAccumulationPlugin",
+})
+DEEPSPEED_TAG = re.compile(r"^[\w.-]+$")
+
+
+class _Inert:
+    """What an allow-listed global becomes while a file is checked: it takes any arguments and state, runs nothing."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+
+def verify_checkpoint(folder, *, recursive: bool = True) -> list[Path]:
+    """Refuse (TextsqlError naming the file) a checkpoint or model folder holding a pickle that torch's weights-only
+    unpickler refuses with only ALLOWED_GLOBALS allowed, a linked sub-folder, or a DeepSpeed `latest` tag that points
+    outside it; returns the pickles checked. `recursive`: a checkpoint, sub-folders too (DeepSpeed's global_stepN/),
+    and no symbolic link at all; otherwise a model folder, whose own files from_pretrained reads (they may be links,
+    as in the Hugging Face cache: what they point to is checked)."""
+    folder = Path(folder)
+    if recursive and stat.S_ISLNK(os.lstat(folder).st_mode):
+        _refuse(folder, folder, "it is a symbolic link (a checkpoint textsql or the Trainer saved is a real folder)")
+    checked = []
+    for root, dirs, files in os.walk(folder):
+        if not recursive:
+            dirs.clear()  # from_pretrained reads nothing below a model folder
+        for name in dirs:
+            if os.path.islink(os.path.join(root, name)):
+                _refuse(Path(root) / name, folder, "it is a symbolic link to a folder (what it points to would be loaded unchecked)")
+        for name in sorted(files):
+            path = Path(root) / name
+            if recursive and path.is_symlink():
+                _refuse(path, folder, "it is a symbolic link (a checkpoint textsql or the Trainer saved holds none)")
+            if name == "latest" and Path(root) == folder:
+                _check_tag(path, folder)
+            elif _is_pickle(path):
+                _check_pickle(path, folder)
+                checked.append(path)
+    return checked
+
+
+def _is_pickle(path: Path) -> bool:
+    """By name, or by content for a pickle or torch zip archive under another name (safetensors are never pickles)."""
+    if path.suffix in PICKLE_SUFFIXES:
+        return True
+    if path.suffix == ".safetensors":
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head.startswith(b"PK\x03\x04") or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
+
+
+def _check_tag(path: Path, folder: Path) -> None:
+    tag = path.read_text(errors="replace").strip()
+    if not DEEPSPEED_TAG.match(tag) or tag in (".", "..") or not (folder / tag).is_dir():
+        _refuse(path, folder, f"DeepSpeed's tag names '{tag[:80]}', which is not a sub-folder of this checkpoint")
+
+
+def _check_pickle(path: Path, folder: Path) -> None:
+    import pickle
+    import zipfile
+
+    import numpy  # torch imports it anyway: only to name numpy's dtype classes
+    import torch
+
+    # numpy's dtype classes (numpy.dtypes.UInt32DType, ...), as numpy 2 pickles the RNG state's dtype
+    names = set(ALLOWED_GLOBALS) | {f"numpy.dtypes.{name}" for name in dir(numpy.dtypes) if name.endswith("DType")}
+    try:
+        with torch.serialization.safe_globals([(_Inert, name) for name in sorted(names)]):
+            # mmap: the unpickler runs on the pickle alone, tensor data is mapped, not read
+            torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, AttributeError, EOFError, OSError, KeyError, IndexError) as error:
+        _refuse(path, folder, f"torch's weights-only loader refuses it ({_reason(error)})")
+
+
+def _reason(error: Exception) -> str:
+    """torch's refusal in one line: the global or the operation it refused."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unsupported" in line or "unrecognized" in line or "Can only" in line:
+            return line.removeprefix("WeightsUnpickler error: ").split(" was not an allowed global")[0][:300]
+    return (lines[0] if lines else type(error).__name__)[:300]
+
+
+def _refuse(path: Path, folder: Path, why: str):
+    raise TextsqlError(
+        f"{path} is refused: {why}. A checkpoint may hold only tensors and the settings DeepSpeed and the Trainer save; "
+        f"loading this one could run code that anyone who can write {folder.parent} put there. Move {folder} out of the way "
+        "(training then resumes from an earlier checkpoint, or pass --overwrite True to start at step 0), or, if you "
+        "made this file yourself and trust it, load it outside textsql.")
