@@ -118,3 +118,23 @@ def test_the_arguments_are_checked_and_travel_with_the_training_arguments(tmp_pa
     assert run_dir(model, again, 2, "zero2").name == "t5-small-zero2-lora-r16-ws2-bs32"
     *_, plain = parse_arguments(["--runs_root", str(tmp_path)])
     assert plain.lora_settings() is None and run_dir(model, plain, 1, "none").name == "t5-small-none-ws1-bs32"
+
+
+def test_the_report_names_a_lora_run_beside_its_strategy(tmp_path):
+    from textsql.report import RunRecord, report_row, sort_records
+    from textsql.run_summary import RunSummary
+
+    def record(name, strategy, lora=None):
+        summary = RunSummary(
+            run=name, model_id="t5-small", strategy={"label": strategy, "zero_stage": None, "lora": lora}
+        )
+        return RunRecord(tmp_path / name, summary)
+
+    lora = {"rank": 8, "alpha": 16.0, "dropout": 0.05, "targets": "qv"}
+    records = [record("c", "zero3"), record("b", "zero2", lora), record("a", "zero2"), record("n", "none", lora)]
+    assert [report_row(r)["technique"] for r in sort_records(records)] == [
+        "none + LoRA r8",
+        "zero2",
+        "zero2 + LoRA r8",
+        "zero3",
+    ]
