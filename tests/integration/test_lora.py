@@ -169,13 +169,17 @@ def test_an_interrupted_lora_run_resumes_from_its_checkpoint_to_the_same_adapter
     resumed, whole = adapter_tensors(interrupted), adapter_tensors(plain_lora_run)
     assert resumed.keys() == whole.keys()
     for name in whole:
-        torch.testing.assert_close(resumed[name], whole[name], rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(
+            resumed[name], whole[name], rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 @pytest.mark.slow
 def test_lora_under_zero2_and_zero3_offload_with_two_ranks_trains_the_same_adapter(lora_base, tmp_path, cpu_env):
     """Both through the deepspeed launcher, at the same time. ZeRO-3 holds every parameter as a (0,) placeholder: the
-    adapter is gathered from DeepSpeed's fp32 master weights, so it has its real shapes and ZeRO-2's values."""
+    adapter is gathered from DeepSpeed's fp32 master weights, so it has its real shapes and ZeRO-2's values (the added
+    rows and the adapter start from the seed alone; a small learning rate keeps Adam's first, sign-like steps from
+    magnifying the last bits in which the two strategies' sums differ)."""
     import torch
 
     from textsql.run_summary import read_summary
@@ -194,7 +198,9 @@ def test_lora_under_zero2_and_zero3_offload_with_two_ranks_trains_the_same_adapt
             "no",
             "--save_strategy",
             "no",
-            steps=6,
+            "--learning_rate",
+            "1e-3",
+            steps=4,
         )
         children[strategy] = subprocess.Popen(
             [sys.executable, "-m", "textsql", "train", *argv],
@@ -218,7 +224,7 @@ def test_lora_under_zero2_and_zero3_offload_with_two_ranks_trains_the_same_adapt
     assert zero2.keys() == zero3.keys()
     for name, tensor in zero3.items():
         assert tensor.shape == zero2[name].shape and tensor.numel() > 0 and tensor.dtype == torch.float32, name
-        torch.testing.assert_close(tensor, zero2[name], rtol=1e-3, atol=1e-4, msg=name)
+        torch.testing.assert_close(tensor, zero2[name], rtol=1e-4, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     assert any(t.abs().sum() > 0 for name, t in zero3.items() if "lora_B" in name)  # B starts at zero: it trained
 
 

@@ -183,7 +183,7 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
 
-    from transformers import DataCollatorForSeq2Seq
+    from transformers import DataCollatorForSeq2Seq, set_seed
 
 
     model_tokenizer = load_tokenizer(model_args.model_id)
@@ -193,6 +193,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     model = load_seq2seq_model(model_args.model_id)
     check_source_settings(model.config, data_meta, data_args.dataset_dir)
     record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
+    # The rows grown for the added characters are drawn at random: from the seed alone, whatever the strategy drew
+    # while loading (zero.Init does), so a LoRA adapter, which trains those rows from there, is the same under each.
+    set_seed(training_args.seed)
     if fit_embeddings(model, tokenizer):
         logger.info("Grew the embeddings to %d ids for the characters prep added to the tokenizer", len(tokenizer))
     if training_args.activation_checkpointing:
