@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from textsql.adapters import is_adapter_folder, load_adapter_model
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
@@ -32,7 +33,8 @@ DTYPES = ("float32", "bfloat16")
 class InferArguments:
     """Which model, which questions, and how to decode."""
 
-    model_dir: str = field(metadata={"help": "A fine-tuned model folder (the run folder of any strategy) or a hub name."})
+    model_dir: str = field(metadata={"help": "A fine-tuned model folder (the run folder of any strategy), a LoRA run's "
+                                     "adapter folder (its base model loaded beside it; needs the peft extra) or a hub name."})
     dataset_dir: str = field(default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep) holding the split and its tables."})
     split: str = field(default="test", metadata={"help": "Split to score: test, validation or train."})
     question: list[str] = field(default_factory=list, metadata={"help": "Questions typed by you, instead of a split: --question 'How many ...?' 'Which ...?'"})
@@ -75,6 +77,10 @@ def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "f
 
     if Path(model_dir).is_dir():
         verify_checkpoint(model_dir, recursive=False)  # pytorch_model.bin and the like are pickles: checked before loading
+
+    if is_adapter_folder(model_dir):  # a LoRA run: its base model with the adapter, checked to be the one it trained on
+        model, tokenizer = load_adapter_model(model_dir)
+        return model.to(getattr(torch, dtype)).to(pick_device(device_choice)), tokenizer
     tokenizer = load_tokenizer(model_dir)
     model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(pick_device(device_choice))
     return model, tokenizer

@@ -180,7 +180,7 @@ def report_row(record: RunRecord) -> dict:
     planned, vs_plan = planner_check(s)
     return {
         "model": Path(str(s.model_id or "?").rstrip("/")).name,
-        "technique": s.strategy_label,
+        "technique": s.strategy_label + (f" + LoRA r{s.lora['rank']}" if s.lora else ""),
         "nodes": s.nodes,
         "world_size": int(s.world_size or 1),
         "epochs": _number(s.epochs),
@@ -213,7 +213,8 @@ def sort_records(records: list[RunRecord]) -> list[RunRecord]:
 
     def key(record):
         row = report_row(record)
-        return (row["model"], row["nodes"], row["world_size"], strategy_rank(row["technique"]), row["technique"], row["run"])
+        strategy = row["technique"].split(" + ")[0]  # a LoRA run sorts beside its strategy
+        return (row["model"], row["nodes"], row["world_size"], strategy_rank(strategy), row["technique"], row["run"])
 
     return sorted(records, key=key)
 
@@ -276,7 +277,7 @@ def plot_time_and_memory(table, path: Path) -> Path:
     from matplotlib.figure import Figure
 
     labels = [row_label(row) for _, row in table.iterrows()]
-    colors = [f"C{strategy_rank(t)}" for t in table["technique"]]
+    colors = [f"C{strategy_rank(t.split(' + ')[0])}" for t in table["technique"]]
     measures = set(table["memory_measure"])
     memory_label = "memory per pod (GiB)" + (f"\n{measures.pop()}" if len(measures) == 1 else "\nsee table: GPU reserved or CPU RSS")
     panels = [("duration_s", "train runtime (s)"), ("samples_per_s", "samples/s (all ranks)"), ("memory_per_pod_gib", memory_label)]

@@ -13,7 +13,9 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.paths import SUMMARY_FILE
 
-SCHEMA_VERSION = 1
+# 2: trainable_parameters, and strategy["lora"] (None, or the LoRA settings of a `--lora True` run). A version-1 file
+# reads as a full fine-tuning run: every parameter trained.
+SCHEMA_VERSION = 2
 GIB = 1024**3
 
 
@@ -29,8 +31,10 @@ class RunSummary:
     output_dir: str = ""
     model_id: str = ""
     parameters: int = 0
+    trainable_parameters: int | None = None  # parameters the optimizer updated: all of them, or the LoRA adapter's
     world_size: int = 1
-    strategy: dict = field(default_factory=lambda: {"label": "none", "zero_stage": None})  # textsql.strategy.dsconfig.describe_strategy
+    # textsql.strategy.dsconfig.describe_strategy, and "lora": None or {"rank", "alpha", "dropout", "targets"}
+    strategy: dict = field(default_factory=lambda: {"label": "none", "zero_stage": None, "lora": None})
     precision: str = "fp32"
     tf32: bool = False
     precision_reason: str = ""
@@ -66,6 +70,11 @@ class RunSummary:
         return self.strategy.get("label", "none")
 
     @property
+    def lora(self) -> dict | None:
+        """The LoRA settings of a `--lora True` run; None for full fine-tuning."""
+        return self.strategy.get("lora")
+
+    @property
     def nodes(self) -> int:
         """Nodes the run spanned: distinct hosts among the ranks (the world size when hosts are unknown)."""
         hosts = {m.get("host") for m in self.peak_memory_per_rank if m.get("host")}
@@ -84,6 +93,8 @@ class RunSummary:
             warnings.warn(f"{source} has schema version {version!r}, newer than this textsql's {SCHEMA_VERSION}; read as far as known.")
         summary = cls(**{k: v for k, v in values.items() if k in known})
         summary.extras = {k: v for k, v in values.items() if k not in known}
+        if summary.trainable_parameters is None and isinstance(version, int) and version < 2:
+            summary.trainable_parameters = summary.parameters  # before LoRA every run trained every parameter
         return summary
 
 
@@ -138,7 +149,7 @@ def format_summary(summary: RunSummary) -> str:
         f"run            {s.run}  ({s.output_dir})",
         f"model          {s.model_id}  {s.parameters / 1e6:.2f}M parameters, {s.precision}{' + TF32' if s.tf32 else ''} on {s.device}, "
         f"saved in {s.saved_dtype}",
-        f"strategy       {s.strategy_label}  world size {s.world_size}",
+        f"strategy       {s.strategy_label}{_lora_text(s)}  world size {s.world_size}",
         f"steps          {s.global_step}  epochs {s.epochs:.2f}  runtime {s.train_runtime:.1f} s",
         f"throughput     {s.train_samples_per_second or 0:.1f} samples/s, {s.real_tokens_per_second or 0:.0f} real tokens/s",
         f"loss           first {s.first_logged_loss or 0:.3f} -> last {s.last_logged_loss or 0:.3f}; "
@@ -156,6 +167,13 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(format_comparison(s.memory_check))
     lines.append(f"tensorboard    textsql tensorboard --runs_root {Path(s.output_dir).parent}")
     return "\n".join(lines)
+
+
+def _lora_text(s: RunSummary) -> str:
+    if not s.lora:
+        return ""
+    trainable = f", {s.trainable_parameters / 1e6:.3f}M trainable parameters" if s.trainable_parameters else ""
+    return f" + LoRA r={s.lora['rank']} alpha={s.lora['alpha']:g} on {s.lora['targets']}{trainable}"
 
 
 def format_comparison(result: dict) -> str:

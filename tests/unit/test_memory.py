@@ -479,3 +479,79 @@ def test_compare_with_a_zero3_run_predicts_the_gathered_parameters(tmp_path):
     result = compare_with_run(run_summary(tmp_path, ranks, strategy=strategy, deepspeed_config={"zero_optimization": zero}))
     shape = resolve_model("t5-small")
     assert result["predicted_zero3_gathered_elements"] == shape.parameters - shape.persistent_parameters(5120)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# LoRA
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_shape(tmp_path_factory):
+    from transformers import T5Config
+
+    folder = tmp_path_factory.mktemp("small-t5")
+    T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300).save_pretrained(folder)
+    return resolve_model(str(folder))
+
+
+def test_lora_trainable_parameters_are_r_times_in_plus_out_of_each_adapted_layer_and_match_peft(small_shape):
+    # qv: q and v of 6 attentions (encoder self x2, decoder self x2, decoder cross x2), 4 x (64 + 64) each
+    assert memory.lora_layers(small_shape, 4, "qv")["trainable"] == 12 * 4 * 128 == 6144
+    # all: encoder layer 4 x 512 + wi, wo 4 x (64 + 256) = 4608; decoder layer 8 x 512 + 2 x 1280 = 6656
+    assert memory.lora_layers(small_shape, 4, "all")["trainable"] == 2 * 4608 + 2 * 6656 == 22528
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from textsql.adapters import LoraArguments, apply_lora, parameter_counts
+
+    model = T5ForConditionalGeneration(T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300))
+    for targets, expected in (("qv", 6144), ("all", 22528)):
+        wrapped = apply_lora(T5ForConditionalGeneration(model.config), LoraArguments(lora=True, lora_rank=4, lora_targets=targets), [])
+        assert parameter_counts(wrapped)[0] == expected
+
+
+def test_lora_model_states_keep_the_frozen_base_and_train_states_for_the_adapter_only():
+    P, T, L = 1_000_000, 10_000, 50_000
+    assert memory.lora_model_states(P, T, L, 0, False, False, 1, 1, "bf16") == {
+        "parameters": 4 * (P + T), "gradients": 4 * T, "optimizer_states": 8 * T, "cpu_model_states": int(P * 4 * 1.5)}
+    zero2 = memory.lora_model_states(P, T, L, 2, False, False, 1, 1, "bf16")
+    assert (zero2["parameters"], zero2["gradients"], zero2["optimizer_states"]) == (2 * (P + T), 6 * T, 12 * T)
+    zero2_two = memory.lora_model_states(P, T, L, 2, False, False, 2, 1, "bf16")
+    assert (zero2_two["parameters"], zero2_two["gradients"], zero2_two["optimizer_states"]) == (2 * (P + T), 3 * T, 6 * T)
+    zero3 = memory.lora_model_states(P, T, L, 3, False, False, 2, 1, "bf16")
+    assert (zero3["parameters"], zero3["gradients"], zero3["optimizer_states"]) == ((P + T) + 2 * L, 2 * T, 6 * T)
+    # offload: the GPU holds the gathered layer; the host the base's 16-bit partitions and all of the adapter's states
+    offload = memory.lora_model_states(P, T, L, 3, True, True, 1, 1, "bf16")
+    assert offload == {"parameters": 2 * L, "gradients": 0, "optimizer_states": 0, "cpu_model_states": int((2 * P + 18 * T) * 1.5)}
+    full = memory.model_states(P, L, 3, True, True, 1, 1, "bf16")
+    assert full["parameters"] == offload["parameters"] and full["cpu_model_states"] == int(18 * P * 1.5)
+
+
+def test_lora_activations_add_the_adapters_input_and_hidden_state_per_adapted_layer(small_shape):
+    lora = memory.lora_layers(small_shape, 4, "qv")
+    # per token and adapted layer: 64 inputs x (2 bytes + 1-byte dropout mask) + 4 x 2 bytes = 200 bytes; batch 2,
+    # 5 source and 3 target tokens. Encoder block: q, v on 10 source tokens; decoder block: self q, v and cross q on
+    # 6 target tokens, cross v on 10 source tokens.
+    encoder_block, decoder_block = 2 * 10 * 200, 3 * 6 * 200 + 10 * 200
+    assert memory.lora_activation_bytes(lora, 2, 5, 3, "bf16", False, small_shape) == 2 * encoder_block + 2 * decoder_block
+    assert memory.lora_activation_bytes(lora, 2, 5, 3, "bf16", True, small_shape) == encoder_block + decoder_block
+
+
+def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_says_where_offload_saves():
+    # t5-3b on one A100-40GB with 32 GB host memory: full fine-tuning fits nowhere (too big without offload, too
+    # little host memory with it)
+    result = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16, lora=True)
+    assert all(not row["fits_with_margin"] for row in result["strategies"].values())
+    rec = result["recommendation"]
+    assert rec["lora"] is True and result["problem"] is None
+    assert rec["strategy"] == next(n for n in memory.STRATEGIES if result["lora"]["strategies"][n]["fits_with_margin"])
+    assert "full fine-tuning would need" in rec["reason"] and "--lora True" in rec["reason"]
+    rows, lora_rows = result["strategies"], result["lora"]["strategies"]
+    for name in ("zero2_offload", "zero3_offload"):  # offload: LoRA's saving is host memory
+        assert lora_rows[name]["cpu_per_node_gb"] < rows[name]["cpu_per_node_gb"] / 2
+        assert lora_rows[name]["gpu_total_gb"] > 0.9 * rows[name]["gpu_total_gb"]
+    assert "host memory" in result["lora"]["offload_note"]
+    text = format_plan(result)
+    assert "with LoRA r=8 on qv" in text and "recommendation: LoRA under" in text and "LoRA with offload" in text
+    # without --lora the plan is what it was
+    assert "lora" not in plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16)

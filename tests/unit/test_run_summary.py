@@ -63,3 +63,19 @@ def test_missing_or_broken_summaries_are_clear_errors(tmp_path):
     (tmp_path / SUMMARY_FILE).write_text("[]")
     with pytest.raises(TextsqlError, match="is not a run summary"):
         read_summary(tmp_path)
+
+
+def test_a_version_1_summary_reads_as_full_fine_tuning_and_a_lora_run_says_what_trained(tmp_path):
+    values = a_summary(tmp_path).as_dict()
+    del values["trainable_parameters"]
+    values["version"] = 1
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps(values))
+    old = read_summary(tmp_path)
+    assert old.trainable_parameters == old.parameters == 60_500_000 and old.lora is None and old.extras == {}
+    lora = a_summary(tmp_path)
+    lora.strategy = {"label": "zero2", "zero_stage": 2, "lora": {"rank": 8, "alpha": 16.0, "dropout": 0.05, "targets": "qv"}}
+    lora.trainable_parameters = 294_912
+    write_summary(lora, tmp_path)
+    again = read_summary(tmp_path)
+    assert again == lora and again.lora["rank"] == 8 and again.version == SCHEMA_VERSION == 2
+    assert "zero2 + LoRA r=8 alpha=16 on qv, 0.295M trainable parameters" in format_summary(again)

@@ -12,6 +12,7 @@ USAGE = """usage: textsql COMMAND [ARGS]
 commands:
   prep           load WikiSQL (release files, hub copy, or generated), tokenize and save it
   train          fine-tune a model, with or without a DeepSpeed config (dsconfig/*.json)
+  merge          fold a LoRA run's adapter into its base model: a plain model folder (CPU, fp32)
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
   check-config   validate DeepSpeed config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
@@ -29,6 +30,7 @@ commands:
 COMMANDS = {
     "prep": ("prep", "prep_command"),
     "train": ("train", "train_command"),
+    "merge": ("merge", "merge_cli"),
     "infer": ("infer", "infer_cli"),
     "check-config": ("check_config", "check_config_cli"),
     "plan": ("plan", "plan_cli"),

@@ -78,8 +78,10 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
     on_gpu = any("cuda_max_reserved_bytes" in r for r in summary.peak_memory_per_rank)
     lengths, lengths_from = _run_lengths(summary, max_source_length, max_target_length, pad_multiple=8 if on_gpu else 1)
     settings = zero_settings(summary.deepspeed_config)
+    lora = strategy.get("lora") or {}  # a LoRA run is predicted as one
     setup = Setup(nodes, world // nodes, lengths[0], lengths[1], precision if precision in PRECISIONS else "fp32",
-                  checkpointing, tuple(sorted(settings.items())))
+                  checkpointing, tuple(sorted(settings.items())), lora_rank=int(lora.get("rank") or 0),
+                  lora_targets=lora.get("targets", "qv"))
     return {"model": model, "setup": setup, "layout": layout, "batch": batch, "strategy": strategy.get("label", "none"),
             "lengths_from": lengths_from}
 

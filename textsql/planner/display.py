@@ -27,10 +27,13 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         "GPU memory per GPU (GB)                                                              CPU/node",
         f"{'strategy':<15}" + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS) + f"{'TOTAL':>9}{'GB':>9}  fits",
     ]
-    for name, row in plan["strategies"].items():
-        fits = "yes" if row["fits_with_margin"] else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
-        lines.append(f"{name:<15}" + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
-                     + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}")
+    lines += _rows(plan["strategies"])
+    lora = plan.get("lora")
+    if lora:
+        lines.append(f"with LoRA r={lora['rank']} on {lora['targets']} ({lora['adapted_layers']} layers, "
+                     f"{lora['trainable_parameters'] / 1e6:.2f}M trainable parameters, "
+                     f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)")
+        lines += _rows(lora["strategies"])
     lines.append(f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
                  f"memory; tight = fits only without the safety margin)")
     lines.append("")
@@ -38,10 +41,19 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
     if rec is None:
         lines.append("recommendation: nothing fits." + (f" {plan['problem']}" if with_problem else ""))
     else:
-        name = strategy_words(rec["strategy"])
-        lines.append(f"recommendation: {name} with batch {rec['per_device_train_batch_size']} per GPU "
+        what = f"LoRA under {rec['strategy']}" if rec.get("lora") else strategy_words(rec["strategy"])
+        lines.append(f"recommendation: {what} with batch {rec['per_device_train_batch_size']} per GPU "
                      f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
-                     f"{rec['largest_per_device_train_batch_size']}.")
+                     f"{rec['largest_per_device_train_batch_size']}." + (f" Why: {rec['reason']}." if rec.get("lora") else ""))
+        if rec.get("alternative"):
+            lines.append(f"alternative: {rec['alternative']}.")
+    if lora:
+        if not rec or not rec.get("lora"):
+            best = lora.get("recommendation")
+            lines.append("LoRA: fits under no strategy either." if best is None else
+                         f"LoRA: fastest fitting strategy {best['strategy']} ({best['predicted_gpu_gb']:.1f} GB), largest "
+                         f"batch {best['largest_per_device_train_batch_size']}.")
+        lines.append(textwrap.fill(f"LoRA with offload: {lora['offload_note']}", width=118, subsequent_indent="  "))
     if with_assumptions:
         lines += ["", "assumptions:"]
         lines += [textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
@@ -54,6 +66,15 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
 def strategy_words(name: str) -> str:
     """A strategy's name as a recommendation reads it: "none" alone would read as "no recommendation"."""
     return "none (no DeepSpeed: plain PyTorch, DDP across GPUs)" if name == "none" else name
+
+
+def _rows(strategies: dict) -> list[str]:
+    lines = []
+    for name, row in strategies.items():
+        fits = "yes" if row["fits_with_margin"] else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
+        lines.append(f"{name:<15}" + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
+                     + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}")
+    return lines
 
 
 def _zero3_line(residency: dict) -> str:

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
+from textsql.adapters import LORA_TARGETS, LoraArguments
 from textsql.errors import TextsqlError
 from textsql.hub import download_command, hub_offline
 from textsql.planner.zero3_trace import (
@@ -116,6 +117,15 @@ ASSUMPTIONS = [
     "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
     "3 GB per training process for Python, libraries and data.",
 ]
+LORA_ASSUMPTIONS = [
+    "LoRA rows (--lora True): the base model is frozen and held in the training dtype under DeepSpeed (DeepSpeed casts "
+    "the whole module; fp32 without DeepSpeed, as textsql loads it), partitioned under ZeRO-3 like any parameter. "
+    "Gradients, fp32 master weights and Adam moments exist for the trainable parameters only: r x (in + out) for each "
+    "adapted nn.Linear (plus 2 x d_model per character prep added, not counted here: a few thousand parameters). "
+    "Activations: the full fine-tuning ones (the frozen layers still pass gradients back), plus, per adapted layer and "
+    "token, the adapter's input after dropout with its mask and its r-wide hidden state. With CPU offload the optimizer "
+    "states live in host memory, so there LoRA saves host memory, not GPU memory.",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -146,6 +156,10 @@ class PlanArguments:
                   "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."})
     cpu_memory_gb: float | None = field(default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."})
     safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."})
+    lora: bool = field(default=False, metadata={"help": "Also plan LoRA (textsql train --lora True) under every strategy, and "
+                                                 "recommend it where full fine-tuning does not fit or needs more pods."})
+    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r (as textsql train --lora_rank)."})
+    lora_targets: str = field(default="qv", metadata={"help": "qv or all (as textsql train --lora_targets)."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
     assumptions: bool = field(default=False, metadata={"help": "Print the assumptions behind the numbers under the table."})
 
@@ -162,6 +176,7 @@ class PlanArguments:
             raise TextsqlError(f"--cpu_memory_gb must be positive (or left out), not {self.cpu_memory_gb!r}.")
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
+        LoraArguments(lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets)  # the same checks as training
         if not 0 <= self.safety_margin < 1:
             raise TextsqlError(f"--safety_margin is a fraction of memory kept free, from 0 to below 1 (e.g. 0.1), "
                                f"not {self.safety_margin!r}.")
@@ -439,17 +454,22 @@ def activation_bytes(shape: ModelShape, batch: int, source_length: int, target_l
             "loss_peak": int(loss), "total": int(total)}
 
 
-def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimizer: bool, precision: str, gpus: int) -> dict:
+def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimizer: bool, precision: str, gpus: int,
+                 trainable: int | None = None) -> dict:
     """GPU bytes of gradient and communication buffers: DDP's buckets without DeepSpeed; DeepSpeed's reduce buffers,
-    offload staging buffers and (ZeRO-3) the reduce-scatter copy and the fp32 gradient of the optimizer's sub-group."""
+    offload staging buffers and (ZeRO-3) the reduce-scatter copy and the fp32 gradient of the optimizer's sub-group.
+    `trainable`: the parameters with gradients when fewer than all (LoRA); buffers for gradients shrink to them."""
     low = 4 if precision == "fp32" else 2
+    with_gradients = shape.parameters if trainable is None else trainable
     if stage == 0:
-        # DDP (more than one GPU) copies gradients into fp32 buckets covering every parameter.
-        return {"ddp": 4 * shape.parameters if gpus > 1 else 0}
+        # DDP (more than one GPU) copies gradients into fp32 buckets covering every parameter that has one.
+        return {"ddp": 4 * with_gradients if gpus > 1 else 0}
     auto_bucket = shape.d_model * shape.d_model  # the Trainer's fill for "auto"
     bucket = _filled(settings["reduce_bucket_size"], auto_bucket)
+    if trainable is not None:
+        bucket = min(bucket, trainable)  # LoRA: a bucket never holds more than the gradients there are
     reduce = bucket * low if settings["contiguous_gradients"] else 0
-    largest_parameter = max(shape.parameter_sizes)
+    largest_parameter = max(shape.parameter_sizes) if trainable is None else 0  # LoRA's matrices are small
     if stage in (1, 2):
         # stage_1_and_2.py: one reduce buffer, two with overlap_comm; with optimizer offload a GPU buffer of the
         # largest parameter (temp_grad_buffer_for_gpu_offload) through which gradients go to the host.
@@ -458,7 +478,7 @@ def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimize
     # stage3.py: the reduce bucket (ipg_buckets) and reduce_scatter_coalesced's torch.cat of the bucket's gradients
     # (runtime/comm/coalesced_collectives.py), in the gradient type.
     detail = {"reduce": reduce, "reduce_scatter": bucket * low}
-    partition = math.ceil(shape.parameters / gpus)
+    partition = math.ceil(with_gradients / gpus)
     if offload_optimizer:
         # partition_grads copies each reduced gradient partition back to the GPU before offloading it
         detail["offload_staging"] = math.ceil(largest_parameter / gpus) * low
@@ -468,6 +488,72 @@ def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimize
         sub_group = min(_filled(settings["sub_group_size"], 0), partition)
         detail["fp32_gradient_sub_group"] = max(0, 4 * sub_group - 2 * partition)
     return detail
+
+
+def lora_layers(shape: ModelShape, rank: int, targets: str) -> dict:
+    """The nn.Linear layers LoRA adapts under a preset (textsql.adapters.LORA_TARGETS): for each, how many there are,
+    their input and output widths and which tokens pass through them; and the trainable parameters, r (in + out) each."""
+    d, f, inner = shape.d_model, shape.d_ff, shape.num_heads * shape.d_kv
+    enc, dec = shape.num_layers, shape.num_decoder_layers
+    wi = ("wi_0", "wi_1") if shape.gated else ("wi",)
+    layers = []  # (name, count, in, out, tokens: "source" or "target")
+    for stack, count, tokens in (("encoder", enc, "source"), ("decoder", dec, "target")):
+        layers += [(f"{stack} self-attention {n}", count, d, inner, tokens) for n in ("q", "k", "v")]
+        layers.append((f"{stack} self-attention o", count, inner, d, tokens))
+        layers += [(f"{stack} feed-forward {n}", count, d, f, tokens) for n in wi]
+        layers.append((f"{stack} feed-forward wo", count, f, d, tokens))
+    # cross-attention: queries from the decoder, keys and values from the encoder's output
+    layers += [("decoder cross-attention q", dec, d, inner, "target"), ("decoder cross-attention k", dec, d, inner, "source"),
+               ("decoder cross-attention v", dec, d, inner, "source"), ("decoder cross-attention o", dec, inner, d, "target")]
+    chosen = [layer for layer in layers if layer[0].rsplit(" ", 1)[1] in LORA_TARGETS[targets]]
+    return {"rank": rank, "targets": targets, "layers": chosen,
+            "trainable": sum(count * rank * (n_in + n_out) for _, count, n_in, n_out, _ in chosen)}
+
+
+def lora_model_states(total_params: int, trainable: int, largest_layer_params: int, stage: int, offload_optimizer: bool,
+                      offload_param: bool, num_gpus_per_node: int, num_nodes: int, precision: str = "bf16") -> dict:
+    """model_states for LoRA: the frozen base (P) held in the training dtype under DeepSpeed (fp32 without: textsql
+    loads it so), partitioned under ZeRO-3; gradients, fp32 master weights and Adam moments for the T trainable
+    parameters only, with DeepSpeed's per-parameter bytes of each stage."""
+    P, T, L = total_params, trainable, largest_layer_params
+    gpus = num_gpus_per_node * num_nodes
+    low = 4 if precision == "fp32" else 2
+    buffer = ADDITIONAL_BUFFER_FACTOR
+    load_cpu = P * 4 * num_gpus_per_node * buffer  # every rank still loads the fp32 checkpoint on the host first
+    if stage == 0:
+        return _states(4 * (P + T), 4 * T, 8 * T, load_cpu)
+    if stage == 1:
+        return _states(low * (P + T), low * T + int(4 * T / gpus), int(12 * T / gpus), load_cpu)
+    if stage == 2:
+        if offload_optimizer:  # the trainable parameters' fp32 gradients, master weights and moments on the host
+            return _states(low * (P + T), 0, 0, load_cpu + T * max(4 * gpus, 16) * buffer)
+        gradients = int(low * T / gpus) + int(4 * T / gpus)
+        return _states(low * (P + T), gradients, int((low + 16) * T / gpus) - gradients, load_cpu)
+    if stage == 3:
+        nodes_factor = 1 / num_nodes
+        gathered = low * L  # the largest (frozen) layer is still gathered for the forward and backward passes
+        if offload_optimizer and offload_param:  # host: the base's 16-bit partitions, everything of the trainable ones
+            return _states(gathered, 0, 0, (low * P + (low + 16) * T) * nodes_factor * buffer)
+        params = int(low * (P + T) / gpus) + gathered
+        if offload_optimizer:
+            return _states(params, 0, 0, (low + 16) * T * nodes_factor * buffer + L * 4 * num_gpus_per_node * buffer)
+        optimizer = int(12 * T / gpus)
+        return _states(params, int((low + 2) * T / gpus), optimizer, L * 4 * num_gpus_per_node * buffer)
+    raise ValueError(f"ZeRO stage {stage}")
+
+
+def lora_activation_bytes(lora: dict, batch: int, source_length: int, target_length: int, precision: str,
+                          gradient_checkpointing: bool, shape: ModelShape) -> int:
+    """LoRA's activations beyond the model's: per adapted layer and token, its input after dropout (and the 1-byte
+    mask) and the r-wide output of A. With gradient checkpointing, those of one encoder and one decoder block."""
+    e = 4 if precision == "fp32" else 2
+    tokens = {"source": batch * source_length, "target": batch * target_length}
+    per_block = {"encoder": 0, "decoder": 0}
+    for name, _count, n_in, _n_out, kind in lora["layers"]:
+        per_block[name.split(" ", 1)[0]] += tokens[kind] * (n_in * (e + 1) + lora["rank"] * e)
+    if gradient_checkpointing:
+        return per_block["encoder"] + per_block["decoder"]
+    return per_block["encoder"] * shape.num_layers + per_block["decoder"] * shape.num_decoder_layers
 
 
 def weight_copy_bytes(shape: ModelShape, stage: int, precision: str, residency: dict | None) -> dict:
@@ -521,6 +607,8 @@ class Setup:
     precision: str
     gradient_checkpointing: bool
     settings: tuple  # zero_settings() items, hashable
+    lora_rank: int = 0  # 0: full fine-tuning; else LoRA of this rank on lora_targets
+    lora_targets: str = "qv"
 
     @property
     def gpus(self) -> int:
@@ -528,13 +616,24 @@ class Setup:
 
 
 def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool, offload_param: bool, batch: int) -> dict:
-    """Bytes per GPU by component (and their total), host bytes per node, for one strategy and batch."""
+    """Bytes per GPU by component (and their total), host bytes per node, for one strategy and batch (LoRA when
+    setup.lora_rank is set)."""
     settings = dict(setup.settings)
-    states = model_states(shape.parameters, shape.largest_layer_parameters, stage, offload_optimizer, offload_param,
-                          setup.gpus_per_node, setup.nodes, setup.precision)
+    lora = lora_layers(shape, setup.lora_rank, setup.lora_targets) if setup.lora_rank else None
+    if lora is None:
+        states = model_states(shape.parameters, shape.largest_layer_parameters, stage, offload_optimizer, offload_param,
+                              setup.gpus_per_node, setup.nodes, setup.precision)
+    else:
+        states = lora_model_states(shape.parameters, lora["trainable"], shape.largest_layer_parameters, stage,
+                                   offload_optimizer, offload_param, setup.gpus_per_node, setup.nodes, setup.precision)
     activations = activation_bytes(shape, batch, setup.source_length, setup.target_length, setup.precision,
                                    setup.gradient_checkpointing, autocast=stage == 0 and setup.precision != "fp32")
-    buckets = bucket_bytes(shape, settings, stage, offload_optimizer, setup.precision, setup.gpus)
+    if lora is not None:
+        activations["lora"] = lora_activation_bytes(lora, batch, setup.source_length, setup.target_length,
+                                                    setup.precision, setup.gradient_checkpointing, shape)
+        activations["total"] += activations["lora"]
+    buckets = bucket_bytes(shape, settings, stage, offload_optimizer, setup.precision, setup.gpus,
+                           trainable=None if lora is None else lora["trainable"])
     residency = zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None
     copies = weight_copy_bytes(shape, stage, setup.precision, residency)
     gpu = {"parameters": states["parameters"], "gradients": states["gradients"],
@@ -551,7 +650,8 @@ def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool
             "zero3_residency": residency,
             "overhead_detail": {"allocator": gpu["overhead"] - unseen_by_torch, "cuda_context": CUDA_CONTEXT_BYTES,
                                 "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES},
-            "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": states["cpu_model_states"]}
+            "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": states["cpu_model_states"],
+            "trainable_parameters": shape.parameters if lora is None else lora["trainable"]}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -581,7 +681,66 @@ def plan_memory(args: PlanArguments) -> dict:
         "assumptions": ASSUMPTIONS,
     }
     plan["recommendation"], plan["problem"] = _recommend(shape, setup, args, strategies, limits)
+    if args.lora:
+        _add_lora(plan, shape, setup, args, limits)
     return plan
+
+
+def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict) -> None:
+    """LoRA rows for every strategy, and the recommendation: LoRA's fastest fitting strategy where full fine-tuning
+    fits under none on these pods or needs more of them; with the offload strategies, the host memory LoRA saves."""
+    from dataclasses import replace
+
+    lora_setup = replace(setup, lora_rank=args.lora_rank, lora_targets=args.lora_targets)
+    layers = lora_layers(shape, args.lora_rank, args.lora_targets)
+    rows = {}
+    for name in STRATEGIES:
+        row = predict(shape, lora_setup, *STRATEGY_LAYOUT[name], args.per_device_train_batch_size)
+        rows[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
+    plan["lora"] = {"rank": args.lora_rank, "targets": args.lora_targets, "trainable_parameters": layers["trainable"],
+                    "adapted_layers": sum(count for _, count, *_ in layers["layers"]), "strategies": rows}
+    plan["assumptions"] = plan["assumptions"] + LORA_ASSUMPTIONS
+    offload = [n for n in STRATEGIES if STRATEGY_LAYOUT[n][1]]
+    plan["lora"]["offload_note"] = "; ".join(
+        f"{n}: GPU {plan['strategies'][n]['gpu_total_gb']:.1f} -> {rows[n]['gpu_total_gb']:.1f} GB, host "
+        f"{plan['strategies'][n]['cpu_per_node_gb']:.1f} -> {rows[n]['cpu_per_node_gb']:.1f} GB per pod" for n in offload
+    ) + ": with CPU offload the optimizer states live in host memory, so LoRA's saving is there."
+    full = plan["recommendation"]
+    fitting = [n for n in STRATEGIES if rows[n]["fits_with_margin"]]
+    if not fitting:
+        plan["lora"]["recommendation"] = None
+        return
+    name = fitting[0]
+    lora_recommendation = {
+        "strategy": name, "lora": True, "lora_rank": args.lora_rank, "lora_targets": args.lora_targets,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "largest_per_device_train_batch_size": largest_batch(shape, lora_setup, name, limits),
+        "predicted_gpu_gb": rows[name]["gpu_total_gb"]}
+    plan["lora"]["recommendation"] = lora_recommendation
+    if full is None:
+        pods = pods_for_full_fine_tuning(shape, setup, args, limits)
+        needs = f"; full fine-tuning would need {pods} pods of {args.gpus_per_node} GPU(s)" if pods else ""
+        plan["recommendation"] = dict(lora_recommendation, reason=(
+            f"full fine-tuning fits under no strategy on {args.nodes} pod(s){needs}. LoRA (r={args.lora_rank}, "
+            f"{args.lora_targets}) under {name} fits in {1 - args.safety_margin:.0%} of {args.gpu_memory_gb:g} GB: "
+            f"textsql train --lora True --lora_rank {args.lora_rank} --lora_targets {args.lora_targets}"
+            + ("" if name == "none" else f" --deepspeed {name}")))
+        plan["problem"] = None
+    elif STRATEGIES.index(name) < STRATEGIES.index(full["strategy"]):
+        # full fine-tuning fits only under a slower strategy (the model spread over the GPUs, or offloaded to the host)
+        full["alternative"] = (f"LoRA (r={args.lora_rank}, {args.lora_targets}) fits under {name}, a faster strategy, "
+                               f"on each GPU alone ({rows[name]['gpu_total_gb']:.1f} GB)")
+
+
+def pods_for_full_fine_tuning(shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, most: int = 64) -> int | None:
+    """The fewest pods (up to `most`) on which some strategy fits full fine-tuning at this batch; None if none."""
+    from dataclasses import replace
+
+    for nodes in range(args.nodes + 1, most + 1):
+        more = replace(setup, nodes=nodes)
+        if any(_fits(predict(shape, more, *STRATEGY_LAYOUT[n], args.per_device_train_batch_size), limits) for n in STRATEGIES):
+            return nodes
+    return None
 
 
 def _limits(args: PlanArguments) -> dict:

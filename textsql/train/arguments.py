@@ -9,6 +9,7 @@ from pathlib import Path
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
+from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
 from textsql.evaluate import check_decoding
 from textsql.paths import in_project
@@ -69,17 +70,19 @@ _TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
 
 
 @dataclass
-class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
+class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
     """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
 
     Building one is cheap and touches no device, so a notebook kernel or the multi-pod session (perhaps without a GPU)
     can describe a run and hand it to the processes that train. The Trainer's own checks and device setup run once, in
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
-    TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run.
+    TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
+    (textsql.adapters.LoraArguments: --lora, --lora_rank, ...) are training arguments like the others, so they travel
+    with them to every rank and node.
     """
 
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where the run is written; default: <runs_root>/<model>-<strategy>-ws<world size>-bs<batch>."})
+        default=None, metadata={"help": "Where the run is written; default: <runs_root>/<model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."})
     num_train_epochs: float = _textsql_default("num_train_epochs", 3.0)
     per_device_train_batch_size: int = _textsql_default("per_device_train_batch_size", 32, "the walkthrough's")
     per_device_eval_batch_size: int = _textsql_default("per_device_eval_batch_size", 32)
@@ -97,7 +100,7 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
         "average_tokens_across_devices", False, "T5's forward ignores the token count, so averaging would scale the loss by the world size")
     ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
     # How textsql sets the run up.
-    runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>-ws<world size>-bs<batch>."})
+    runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."})
     precision: str = field(
         default="auto",
         metadata={"help": "auto (bf16 where every GPU has it natively: compute capability 8.0+, with TF32 for the rest; fp32 "
@@ -135,6 +138,7 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments):
         if self.num_gpus is not None and self.num_gpus < 1:
             raise TextsqlError(f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}.")
         self._check_numbers()
+        self.check_lora()
         self.finalized = False
 
     def _check_numbers(self) -> None:

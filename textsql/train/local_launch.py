@@ -28,6 +28,7 @@ from textsql.strategy.devices import (
     use_accelerator,
 )
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
+from textsql.train.distributed import free_port
 from textsql.train.run import TrainingInterrupted, interrupted_message, train
 
 # DeepSpeed's own INFO lines ("[2026-11-24 19:31:16,466] [INFO] [runner.py:...] ..."), from its launcher and the ranks'
@@ -61,7 +62,8 @@ def training_command(arguments_file: Path, ranks: int, devices, uses_deepspeed: 
     if not uses_deepspeed and ranks == 1:
         return [sys.executable, "-m", "textsql.train", str(arguments_file)]
     devices_args = launcher_device_args(ranks, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return [deepspeed_launcher(), *devices_args, "--module", "textsql.train", str(arguments_file)]
+    # A free port, not the launcher's fixed 29500: two trainings on one pod would otherwise collide.
+    return [deepspeed_launcher(), "--master_port", str(free_port()), *devices_args, "--module", "textsql.train", str(arguments_file)]
 
 
 def child_environment(ranks: int, devices) -> dict[str, str]:

@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textsql import __version__
+from textsql.adapters import (
+    adapter_record,
+    adapter_state,
+    added_token_ids,
+    apply_lora,
+    base_fingerprint,
+    parameter_counts,
+    save_adapter,
+)
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set
@@ -87,9 +96,12 @@ def run_name_settings(training: TextsqlTrainingArguments) -> list[str]:
     return parts
 
 
-def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int, ranks: int, settings: list[str] = ()) -> str:
-    """<model>-<strategy>-ws<ranks>-bs<batch>, then the settings that differ from the defaults (run_name_settings)."""
-    return "-".join([f"{Path(model_id.rstrip('/')).name}-{strategy_label}-ws{ranks}-bs{per_device_batch}", *settings])
+def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int, ranks: int, settings: list[str] = (),
+                    lora_label: str = "") -> str:
+    """<model>-<strategy>[-lora-r<rank>]-ws<ranks>-bs<batch>, then the settings that differ from the defaults
+    (run_name_settings): LoRA is an option on top of any strategy, named beside it."""
+    name = f"{Path(model_id.rstrip('/')).name}-{strategy_label}{lora_label}-ws{ranks}-bs{per_device_batch}"
+    return "-".join([name, *settings])
 
 
 class TrainingInterrupted(TextsqlError):
@@ -119,13 +131,14 @@ def load_strategy(deepspeed) -> tuple[dict | None, dict]:
 
 
 def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: int, strategy_label: str | None = None) -> Path:
-    """The run's folder: --output_dir, or <runs_root>/<model>-<strategy>-ws<ranks>-bs<batch>[-<settings>]."""
+    """The run's folder: --output_dir, or <runs_root>/<model>-<strategy>[-lora-r<rank>]-ws<ranks>-bs<batch>[-<settings>]."""
     if training.output_dir:
         return Path(training.output_dir)
     if strategy_label is None:
         strategy_label = load_strategy(training.deepspeed)[1]["label"]
     return Path(training.runs_root) / run_folder_name(
-        model.model_id, strategy_label, training.per_device_train_batch_size, ranks, run_name_settings(training))
+        model.model_id, strategy_label, training.per_device_train_batch_size, ranks, run_name_settings(training),
+        training.lora_label())
 
 
 @dataclass
@@ -153,6 +166,7 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
     precision = resolve_precision(requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16)
     dsconfig, strategy = load_strategy(training.deepspeed)
+    strategy = dict(strategy, lora=training.lora_settings())  # LoRA rides on any strategy: recorded beside it
     if dsconfig is not None:
         check_batch_settings(
             dsconfig,
@@ -229,18 +243,25 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
 
-    from transformers import DataCollatorForSeq2Seq
+    from transformers import DataCollatorForSeq2Seq, set_seed
 
-    train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, load_tokenizer(model_args.model_id))
+    model_tokenizer = load_tokenizer(model_args.model_id)
+    train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, model_tokenizer)
     if eval_set is None and training_args.eval_strategy != "no":
         raise TextsqlError(f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation.")
     model = load_seq2seq_model(model_args.model_id)
     check_source_settings(model.config, data_meta, data_args.dataset_dir)
     record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
+    # The rows grown for the added characters are drawn at random: from the seed alone, whatever the strategy drew
+    # while loading (zero.Init does), so a LoRA adapter, which trains those rows from there, is the same under each.
+    set_seed(training_args.seed)
     if fit_embeddings(model, tokenizer):
         logger.info("Grew the embeddings to %d ids for the characters prep added to the tokenizer", len(tokenizer))
     if training_args.activation_checkpointing:
         model.config.use_cache = False
+    adapter = None
+    if training_args.lora:
+        model, adapter = wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer)
     collator = DataCollatorForSeq2Seq(
         tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if plan.accelerator == "cuda" else None
     )
@@ -272,7 +293,13 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
     eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
-    save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
+    if adapter is not None:
+        # The adapter only: under ZeRO-3 the frozen base is (0,) placeholders and merge_and_unload does nothing.
+        state = adapter_state(trainer.model, trainer.is_deepspeed_enabled)  # every rank: ZeRO-3 gathers collectively
+        if trainer.is_world_process_zero():
+            save_adapter(trainer.model, state, plan.output_dir, tokenizer, adapter)
+    else:
+        save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
     trainer.save_state()
     memory = gather_to_all(peak_memory(plan.accelerator))
     real_tokens = sum(gather_to_all(trainer.real_tokens))
@@ -291,6 +318,7 @@ def build_summary(model_args, data_args, training_args, plan, result, eval_metri
     import transformers
 
     metrics = result.metrics
+    trainable, parameters = parameter_counts(trainer.model)
     runtime = metrics.get("train_runtime", 0.0)
     ds_config = None
     if trainer.is_deepspeed_enabled:
@@ -299,7 +327,8 @@ def build_summary(model_args, data_args, training_args, plan, result, eval_metri
         "run": plan.output_dir.name,
         "output_dir": str(plan.output_dir),
         "model_id": model_args.model_id,
-        "parameters": sum(p.numel() for p in trainer.model.parameters()) if not plan.strategy.get("zero_stage") == 3 else _zero3_parameters(trainer.model),
+        "parameters": parameters,
+        "trainable_parameters": trainable,
         "world_size": training_args.world_size,
         "strategy": plan.strategy,
         "precision": plan.precision.name,
@@ -337,6 +366,22 @@ def build_summary(model_args, data_args, training_args, plan, result, eval_metri
     })
 
 
-def _zero3_parameters(model) -> int:
-    # Under ZeRO-3 each parameter is a placeholder; ds_numel holds its real size.
-    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+def wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer):
+    """(the model wrapped by peft, the adapter's record): LoRA on the preset's layers, and the rows of the characters
+    prep added to the tokenizer trained (the base model never trained them; frozen, it could never write them)."""
+    token_ids = added_token_ids(tokenizer, model_tokenizer)
+    fingerprint = base_fingerprint(model)  # before wrapping; collective under ZeRO-3
+    from transformers import set_seed
+
+    # The adapter's initial values depend on the seed only: every rank, every strategy starts from the same adapter
+    # (ZeRO-3 partitions each rank's own copy without a broadcast; loading under zero.Init draws random numbers).
+    set_seed(training_args.seed)
+    peft_model = apply_lora(model, training_args, token_ids)
+    if training_args.activation_checkpointing:
+        peft_model.enable_input_require_grads()  # the frozen embedding's output must carry gradients into checkpointed blocks
+    trainable, total = parameter_counts(peft_model)
+    logger.info("LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%), %d embedding rows of added characters among them",
+                training_args.lora_rank, training_args.lora_alpha, training_args.lora_targets, trainable, total,
+                100 * trainable / total, len(token_ids))
+    base_model = str(Path(model_args.model_id).resolve()) if Path(model_args.model_id).is_dir() else model_args.model_id
+    return peft_model, adapter_record(peft_model, training_args, base_model, tokenizer, token_ids, fingerprint)
