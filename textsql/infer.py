@@ -15,10 +15,9 @@ from textsql.evaluate import (
     format_metrics,
     generate_sql,
     load_scoring_set,
-    pick_device,
 )
-from textsql.hub import load_seq2seq_model, load_tokenizer
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE
+from textsql.quantize import load_for_inference
 from textsql.prep import check_source_settings, load_prepared, load_tables
 from textsql.wikisql.format import source_text
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
@@ -67,12 +66,8 @@ class InferArguments:
 
 
 def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "float32"):
-    import torch
-
-
-    tokenizer = load_tokenizer(model_dir)
-    model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(pick_device(device_choice))
-    return model, tokenizer
+    """Any folder textsql writes: a plain model in `dtype`, a LoRA adapter on its base, or a quantized model."""
+    return load_for_inference(model_dir, device_choice, dtype)
 
 
 def run_inference(args: InferArguments, echo=print) -> dict:

@@ -13,6 +13,8 @@ commands:
   prep           load WikiSQL (release files, hub copy, or generated), tokenize and save it
   train          fine-tune a model, with or without a DeepSpeed config (dsconfig/*.json)
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
+  quantize       quantize a model (torchao int8, bitsandbytes 8-bit/nf4, dynamic int8) and score it against the original
+  compare        compare models' SQL side by side: a web app (127.0.0.1, $CDSW_APP_PORT in CML) or a whole split as JSON
   check-config   validate DeepSpeed config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
   report         collect every run's summary into the benchmark table (Markdown, CSV) and plots
@@ -30,6 +32,8 @@ COMMANDS = {
     "prep": ("prep", "prep_command"),
     "train": ("train", "train_command"),
     "infer": ("infer", "infer_cli"),
+    "quantize": ("quantize", "quantize_cli"),
+    "compare": ("compare", "compare_cli"),
     "check-config": ("check_config", "check_config_cli"),
     "plan": ("plan", "plan_cli"),
     "report": ("report", "report_cli"),
