@@ -48,7 +48,7 @@ class InferArguments:
     dtype: str = field(
         default="float32",
         metadata={"help": "Weights' dtype at inference: float32 (every strategy saves the model in it, so scores compare), "
-                  "or bfloat16 (faster on Ampere and newer GPUs)."},
+                  "or bfloat16 (faster on Ampere and newer GPUs). A quantized folder (textsql quantize) keeps its own."},
     )
     output_dir: str | None = field(default=None, metadata={"help": "Where predictions.jsonl and eval_metrics.json go (default: the model folder)."})
     show_examples: int = field(default=5, metadata={"help": "How many examples to print in the walkthrough's format."})
