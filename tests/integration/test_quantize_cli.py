@@ -1,6 +1,7 @@
 """`textsql quantize MODEL` as a user runs it: a real process, the model as a positional argument, the comparison
 printed, and none of torchao's CUDA-kernel load failures in the terminal of a machine without a GPU."""
 
+import os
 import subprocess
 import sys
 
@@ -27,9 +28,7 @@ def test_quantize_command_prints_the_comparison_and_no_torchao_noise(assets, tmp
         "--output_dir",
         str(tmp_path / "int8"),
     ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, env={**__import__("os").environ, **env_extra}
-    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, **env_extra})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "torchao-int8" in done.stdout and "execution accuracy" in done.stdout and "questions/s" in done.stdout
     assert (tmp_path / "int8" / "model.safetensors").is_file()

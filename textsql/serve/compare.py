@@ -26,6 +26,7 @@ MODELS_VARIABLE = "TEXTSQL_COMPARE_MODELS"  # the CML Application's models (scri
 DATASET_VARIABLE = "TEXTSQL_DATASET_DIR"
 MAX_TABLE_CHOICES = 500  # the table picker lists the split's first tables; a typed id is accepted too
 PREVIEW_ROWS = 8
+MAX_QUESTION_CHARACTERS = 1000  # a typed question; WikiSQL's longest are a few hundred
 
 
 @dataclass
@@ -88,7 +89,7 @@ def model_specs(models: list[str]) -> list[tuple[str, str]]:
 class LoadedModel:
     label: str
     path: str
-    kind: str  # plain, adapter, or quantized (method)
+    kind: str  # as people read it: model, LoRA adapter, quantized (method)
     model: object
     tokenizer: object
 
@@ -141,6 +142,10 @@ class Comparison:
         question = question.strip()
         if not question:
             raise TextsqlError("Type a question about the table, or pick one of the split's questions.")
+        if len(question) > MAX_QUESTION_CHARACTERS:
+            raise TextsqlError(
+                f"That question has {len(question)} characters; ask one of at most {MAX_QUESTION_CHARACTERS}."
+            )
         gold_sql = gold_query = None
         if example is not None:
             gold_sql, gold_query = self.scoring.gold_texts[example], self.scoring.gold_queries[example]
