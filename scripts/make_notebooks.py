@@ -166,6 +166,54 @@ NOTEBOOKS = {
             "from IPython.display import Image, display\n\nfor path in report.plots.values():\n    display(Image(filename=str(path)))"
         ),
     ],
+    "finetune_lora.ipynb": [
+        new_markdown_cell(
+            "# LoRA end to end: train an adapter, merge, quantize, compare\n\n"
+            "Trains a LoRA adapter on the base model (the base stays frozen; the run folder holds the adapter and the "
+            "tokenizer, as `textsql train --lora` writes them), merges it into a plain model folder on the CPU in fp32 "
+            "(as `textsql merge` does), quantizes the merged model (`textsql quantize`: the method's size, questions/s and "
+            "execution-accuracy delta against the unquantized model), and compares base, adapter, merged and quantized "
+            "models on the same questions (`textsql compare --output`). The side-by-side web app is `textsql compare` "
+            "(a CML Application: `scripts/compare_app.py`). Needs the lifecycle extra (`pip install '.[lifecycle]'`)."
+        ),
+        new_code_cell(
+            'model_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\n'
+            'dataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
+            "lora_rank = 8\nepochs = 3\nper_device_train_batch_size = 32\n"
+            'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU)\nmax_examples = 200\nextra_args = {}  # any other Trainer argument',
+            metadata={"tags": ["parameters"]},
+        ),
+        new_code_cell(
+            "from textsql.notebook import default_model_id\n"
+            "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments, run_training\n\n"
+            "model_id = model_id or default_model_id()\n"
+            "training = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, lora_rank=lora_rank,\n"
+            "                                    num_train_epochs=epochs, per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
+            "summary = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), training)\n"
+            "adapter_dir = summary.output_dir"
+        ),
+        new_code_cell(
+            "from textsql.adapters import MergeArguments, merge_adapter\n\n"
+            "merged_dir = merge_adapter(MergeArguments(adapter=adapter_dir))  # <adapter>-merged, beside it"
+        ),
+        new_code_cell(
+            "from textsql.quantize import QuantizeArguments, quantize_model\n\n"
+            "quantized = quantize_model(QuantizeArguments(model_dir=str(merged_dir), method=method, dataset_dir=dataset_dir, max_examples=max_examples))"
+        ),
+        new_code_cell(
+            "from textsql.serve.compare import CompareArguments, Comparison, format_split_comparison\n\n"
+            "models = [f\"base={model_id}\", f\"lora={adapter_dir}\", f\"merged={merged_dir}\", f\"{method}={quantized['output_dir']}\"]\n"
+            "comparison = Comparison(CompareArguments(models=models, dataset_dir=dataset_dir, split=\"test\"))\n"
+            "report = comparison.compare_split(max_examples)\n"
+            "print(format_split_comparison(report))"
+        ),
+        new_code_cell(
+            "import pandas as pd\n\n"
+            "rows = [{'question': q['question'], 'gold': q['gold_sql'], **{label: m['sql'] for label, m in q['models'].items()}}\n"
+            "        for q in report['questions'] if len({m['sql'] for m in q['models'].values()}) > 1]\n"
+            "pd.DataFrame(rows).head(10)  # questions where the models disagree"
+        ),
+    ],
 }
 
 

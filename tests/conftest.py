@@ -177,3 +177,25 @@ def trained_run(assets, tmp_path_factory):
     run_dir = runs / "tiny-t5-none-ws1-bs16-lr0.003-steps60-warmup5"
     assert json.loads((run_dir / "run_summary.json").read_text())["global_step"] == 60
     return run_dir, data_dir
+
+
+@pytest.fixture(scope="session")
+def lora_adapter(assets, tmp_path_factory):
+    """A peft LoRA adapter folder on the tiny T5, as a `textsql train --lora` run folder holds one (adapter_config.json,
+    adapter_model.safetensors, the tokenizer), its B matrices made non-zero so that it changes the outputs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from textsql.hub import load_seq2seq_model, load_tokenizer
+
+    _, model_dir = assets
+    folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"
+    model = get_peft_model(load_seq2seq_model(str(model_dir)), LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.5)
+    model.save_pretrained(folder)
+    load_tokenizer(str(model_dir)).save_pretrained(folder)
+    return folder

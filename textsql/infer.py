@@ -8,7 +8,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from textsql.adapters import is_adapter_folder, load_adapter_model
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
@@ -18,11 +17,10 @@ from textsql.evaluate import (
     format_metrics,
     generate_sql,
     load_scoring_set,
-    pick_device,
 )
-from textsql.hub import load_seq2seq_model, load_tokenizer
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE, in_project
 from textsql.prep import check_source_settings, load_prepared, load_tables
+from textsql.quantize import load_for_inference
 from textsql.wikisql.format import source_text
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
 
@@ -53,7 +51,7 @@ class InferArguments:
     dtype: str = field(
         default="float32",
         metadata={"help": "Weights' dtype at inference: float32 (every strategy saves the model in it, so scores compare), "
-                  "or bfloat16 (faster on Ampere and newer GPUs)."},
+                  "or bfloat16 (faster on Ampere and newer GPUs). A quantized folder (textsql quantize) keeps its own."},
     )
     output_dir: str | None = field(default=None, metadata={"help": "Where predictions.jsonl and eval_metrics.json go (default: the model folder)."})
     show_examples: int = field(default=5, metadata={"help": "How many examples to print in the walkthrough's format."})
@@ -73,17 +71,11 @@ class InferArguments:
 
 
 def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "float32"):
-    import torch
-
+    """Any folder textsql writes: a plain model in `dtype`, a LoRA adapter on its base, or a quantized model. Its own
+    pickles (pytorch_model.bin and the like) are checked before anything loads: the folder may be writable by others."""
     if Path(model_dir).is_dir():
-        verify_checkpoint(model_dir, recursive=False)  # pytorch_model.bin and the like are pickles: checked before loading
-
-    if is_adapter_folder(model_dir):  # a LoRA run: its base model with the adapter, checked to be the one it trained on
-        model, tokenizer = load_adapter_model(model_dir)
-        return model.to(getattr(torch, dtype)).to(pick_device(device_choice)), tokenizer
-    tokenizer = load_tokenizer(model_dir)
-    model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(pick_device(device_choice))
-    return model, tokenizer
+        verify_checkpoint(model_dir, recursive=False)
+    return load_for_inference(model_dir, device_choice, dtype)
 
 
 def run_inference(args: InferArguments, echo=print) -> dict:

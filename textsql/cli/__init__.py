@@ -14,6 +14,8 @@ commands:
   train          fine-tune a model, with or without a DeepSpeed config (dsconfig/*.json)
   merge          fold a LoRA run's adapter into its base model: a plain model folder (CPU, fp32)
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
+  quantize       quantize a model (torchao int8, bitsandbytes 8-bit/nf4, dynamic int8) and score it against the original
+  compare        compare models' SQL side by side: a web app (127.0.0.1, $CDSW_APP_PORT in CML) or a whole split as JSON
   check-config   validate DeepSpeed config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
   report         collect every run's summary into the benchmark table (Markdown, CSV) and plots
@@ -32,6 +34,8 @@ COMMANDS = {
     "train": ("train", "train_command"),
     "merge": ("merge", "merge_cli"),
     "infer": ("infer", "infer_cli"),
+    "quantize": ("quantize", "quantize_cli"),
+    "compare": ("compare", "compare_cli"),
     "check-config": ("check_config", "check_config_cli"),
     "plan": ("plan", "plan_cli"),
     "report": ("report", "report_cli"),

@@ -13,3 +13,12 @@ def parse_arguments(dataclass_type, command: str, argv: list[str]):
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+def leading_values(argv: list[str], flag: str, many: bool = False) -> list[str]:
+    """`textsql CMD VALUE ... --other` as `textsql CMD FLAG VALUE ... --other`: the leading positional (all of them when
+    `many`) belongs to `flag`, so commands read `textsql quantize MODEL` as well as `--model_dir MODEL`."""
+    count = 0
+    while count < len(argv) and not argv[count].startswith("-") and (many or count < 1):
+        count += 1
+    return [flag, *argv[:count], *argv[count:]] if count else list(argv)

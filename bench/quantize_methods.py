@@ -1,0 +1,190 @@
+"""Every quantization method of `textsql quantize` side by side in one process: size, questions/s, execution accuracy
+and agreement (identical SQL) with the unquantized model, on the same questions.
+
+    python bench/quantize_methods.py --model_dir RUN_FOLDER --dataset_dir DATA [--questions 200] [--repeats 2]
+
+RUN_FOLDER is a fine-tuned model (quantizing an untrained one says nothing about agreement): `textsql demo` writes one
+(textsql-demo/runs/tiny-t5-none-ws1-bs16 with --deepspeed none). `--shape t5-small` instead measures size and speed on a
+randomly initialised model of t5-small's shape (60M parameters, the dataset's tokenizer): every question generates
+exactly --max_new_tokens tokens, so questions/s compare; its agreement says how often random weights' greedy choices
+survive quantization, a stricter test than a trained model's, and it has no accuracy. Each model is quantized into a
+temporary folder, reloaded from it (the round trip `textsql quantize` does), warmed up on one batch, then timed; the
+models take turns for --repeats rounds and the JSON reports the median questions/s and every round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
+
+from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model_dir", help="A fine-tuned model folder (a run folder or a merged adapter).")
+    parser.add_argument("--shape", choices=["t5-small"], help="Instead of --model_dir: a random model of this shape.")
+    parser.add_argument("--dataset_dir", required=True, help="The prepared dataset it was trained on.")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--questions", type=int, default=200)
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--methods", default="torchao-int8,bnb-int8,bnb-nf4,dynamic-int8")
+    parser.add_argument("--output", help="Also write the JSON here.")
+    args = parser.parse_args()
+    if bool(args.model_dir) == bool(args.shape):
+        parser.error("pass --model_dir (a fine-tuned model) or --shape t5-small (random weights, for size and speed)")
+
+    import torch
+
+    from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set
+    from textsql.quantize import QuantizeArguments, load_for_inference, memory_bytes, quantize_and_save, weights_bytes
+
+    load_before = os.getloadavg()
+    scoring = load_scoring_set(args.dataset_dir, args.split, args.questions)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    methods = [m for m in args.methods.split(",") if m]
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="textsql-bench-quantize-") as tmp:
+        if args.shape:
+            args.model_dir = random_model(f"{tmp}/{args.shape}", args.dataset_dir)
+        models = {"unquantized": load_for_inference(args.model_dir, device.type)}
+        results["unquantized"] = {
+            "weights_bytes": weights_bytes(args.model_dir),
+            "memory_bytes": memory_bytes(models["unquantized"][0]),
+        }
+        for method in methods:
+            started = time.perf_counter()
+            folder = quantize_and_save(
+                QuantizeArguments(
+                    model_dir=args.model_dir, method=method, output_dir=f"{tmp}/{method}", dataset_dir=args.dataset_dir
+                ),
+                device,
+            )
+            models[method] = load_for_inference(str(folder), device.type)
+            results[method] = {
+                "weights_bytes": weights_bytes(folder),
+                "memory_bytes": memory_bytes(models[method][0]),
+                "quantize_and_reload_seconds": round(time.perf_counter() - started, 2),
+            }
+        for model, tokenizer in models.values():  # warm-up: first-call costs (allocations, packing) out of the timings
+            generate_sql(
+                model,
+                tokenizer,
+                scoring.sources[: args.batch_size],
+                batch_size=args.batch_size,
+                max_new_tokens=args.max_new_tokens,
+                progress=False,
+            )
+        rounds: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(args.repeats):
+            for name, (model, tokenizer) in models.items():
+                started = time.perf_counter()
+                if args.shape:
+                    predictions = fixed_length_generation(model, tokenizer, scoring.sources, args)
+                    metrics = {"execution_accuracy": None, "logical_form_accuracy": None}
+                else:
+                    records, metrics = decode_and_score(
+                        model,
+                        tokenizer,
+                        scoring,
+                        batch_size=args.batch_size,
+                        max_new_tokens=args.max_new_tokens,
+                        progress=False,
+                    )
+                    predictions = [r["predicted_sql"] for r in records]
+                rounds[name].append(len(predictions) / (time.perf_counter() - started))
+                results[name]["execution_accuracy"] = metrics["execution_accuracy"]
+                results[name]["logical_form_accuracy"] = metrics["logical_form_accuracy"]
+                results[name]["predictions"] = predictions
+    base = results["unquantized"]
+    for name, row in results.items():
+        row["questions_per_second"] = round(statistics.median(rounds[name]), 2)
+        row["questions_per_second_rounds"] = [round(x, 2) for x in rounds[name]]
+        row["speedup"] = round(row["questions_per_second"] / base["questions_per_second"], 2)
+        row["size_vs_unquantized"] = round(row["memory_bytes"] / base["memory_bytes"], 3)
+    for row in results.values():
+        same = sum(a == b for a, b in zip(row["predictions"], base["predictions"], strict=True))
+        row["agreement"] = same / len(base["predictions"])
+        if row["execution_accuracy"] is not None:
+            row["execution_accuracy_delta"] = row["execution_accuracy"] - base["execution_accuracy"]
+    for row in results.values():
+        del row["predictions"]
+    emit(
+        {
+            "benchmark": "quantize_methods",
+            "machine": machine(),
+            "device": device.type,
+            "model_dir": None if args.shape else args.model_dir,
+            "shape": args.shape,
+            "questions": len(scoring.sources),
+            "split": args.split,
+            "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
+            "load_average_before": load_before,
+            "load_average_after": os.getloadavg(),
+            "results": results,
+        },
+        args.output,
+    )
+
+
+def random_model(folder: str, dataset_dir: str) -> str:
+    """A seeded random T5 of t5-small's shape with the dataset's tokenizer, saved in `folder`."""
+    import torch
+    from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
+
+    from textsql.prep import load_prepared
+
+    metadata = load_prepared(dataset_dir)[1]
+    tokenizer_dir = (
+        Path(dataset_dir) / metadata["tokenizer_dir"] if metadata.get("tokenizer_dir") else metadata["tokenizer"]
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=len(tokenizer),
+        d_model=512,
+        d_ff=2048,
+        num_layers=6,
+        num_heads=8,
+        d_kv=64,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    T5ForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def fixed_length_generation(model, tokenizer, sources: list[str], args) -> list[str]:
+    """Greedy generation of exactly --max_new_tokens tokens per question (random weights stop at random places)."""
+    import torch
+
+    outputs = []
+    for start in range(0, len(sources), args.batch_size):
+        encoded = tokenizer(sources[start : start + args.batch_size], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            generated = model.generate(
+                **encoded.to(next(model.parameters()).device),
+                min_new_tokens=args.max_new_tokens,
+                max_new_tokens=args.max_new_tokens,
+            )
+        outputs += tokenizer.batch_decode(generated, skip_special_tokens=True)
+    return outputs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""`textsql compare`: the Gradio app served on loopback, rendered air-gapped in headless Chromium, asked once through
+its API, and stopped with nothing left running; and the same comparison over a split as JSON."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from textsql.train.distributed import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+# Every host but the loopback resolves to nothing: the page must render with no network (CML's air-gapped clusters).
+AIR_GAPPED = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
+
+
+def chromium(*args, user_data_dir: Path, timeout: int = 180) -> subprocess.CompletedProcess:
+    import shutil
+
+    browser = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
+    if browser is None:
+        pytest.fail("Headless Chromium is needed: as root, `apt-get update && apt-get install -y chromium`.")
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={user_data_dir}",
+        "--window-size=1400,1000",
+        AIR_GAPPED,
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def get(url: str, timeout: float = 10) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def call_api(base: str, endpoint: str, data: list, timeout: float = 300):
+    """Gradio's HTTP API: POST the inputs, then read the event stream until the result (or the error) comes."""
+    request = urllib.request.Request(
+        f"{base}/gradio_api/call/{endpoint}",
+        data=json.dumps({"data": data}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        event_id = json.loads(response.read())["event_id"]
+    stream = get(f"{base}/gradio_api/call/{endpoint}/{event_id}", timeout=timeout)
+    events = re.findall(r"event: (\w+)\ndata: (.*)", stream)
+    assert events and events[-1][0] == "complete", stream[-2000:]
+    return json.loads(events[-1][1])
+
+
+@pytest.fixture(scope="module")
+def quantized_model(assets, tmp_path_factory):
+    import torch
+
+    from textsql.quantize import QuantizeArguments, quantize_and_save
+
+    data_dir, model_dir = assets
+    output = tmp_path_factory.mktemp("quantized") / "tiny-t5-torchao-int8"
+    return quantize_and_save(
+        QuantizeArguments(model_dir=str(model_dir), output_dir=str(output), dataset_dir=str(data_dir)),
+        torch.device("cpu"),
+    )
+
+
+def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(assets, lora_adapter, quantized_model, tmp_path):
+    import psutil
+    from matplotlib.image import imread
+
+    data_dir, model_dir = assets
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CDSW_", "GRADIO_"))}
+    env.update(
+        CDSW_APP_PORT=str(port),
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        TEXTSQL_COMPARE_MODELS=f"base={model_dir},lora={lora_adapter},int8={quantized_model}",
+        TEXTSQL_DATASET_DIR=str(data_dir),
+    )
+    log = tmp_path / "app.log"
+    with open(log, "w") as out:  # the CML way: the application script, no arguments, the port from $CDSW_APP_PORT
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / "compare_app.py"), "--max_new_tokens", "12"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    children = []
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert process.poll() is None, f"the app exited with {process.returncode}:\n{log.read_text()}"
+            try:
+                page = get(base + "/", timeout=2)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"the app did not answer within 240 s:\n{log.read_text()}"
+                time.sleep(1)
+        children = psutil.Process(process.pid).children(recursive=True)
+        with pytest.raises(OSError):  # loopback only
+            socket.create_connection(("127.0.0.2", port), timeout=2).close()
+        # Air-gapped: the page loads no script, style or font from another host, and analytics are off.
+        assert not re.findall(r"""(?:src|href)=["']https?://(?!127\.0\.0\.1)""", page), (
+            "the page loads something from the internet"
+        )
+        config = json.loads(get(base + "/config"))
+        assert config.get("analytics_enabled") is False and not config.get("share_url")
+        # The page rendered with every other host unresolvable shows the app, its models and the table picker.
+        dom = chromium("--virtual-time-budget=20000", "--dump-dom", base + "/", user_data_dir=tmp_path / "profile-dom")
+        assert dom.returncode == 0, dom.stderr[-3000:]
+        for text in (
+            "textsql compare",
+            "base (model)",
+            "lora (LoRA adapter)",
+            "int8 (quantized (torchao-int8))",
+            "Compare",
+        ):
+            assert text in dom.stdout, f"'{text}' is not on the rendered page"
+        screenshot = tmp_path / "compare.png"
+        shot = chromium(
+            "--virtual-time-budget=20000",
+            f"--screenshot={screenshot}",
+            base + "/",
+            user_data_dir=tmp_path / "profile-shot",
+        )
+        assert shot.returncode == 0 and screenshot.is_file(), shot.stderr[-3000:]
+        pixels = imread(screenshot)
+        assert pixels.shape[:2] == (1000, 1400) and pixels[..., :3].var() > 0.001, "the screenshot is blank"
+        orange = (
+            (pixels[..., 0] > 0.9) & (pixels[..., 1] > 0.35) & (pixels[..., 1] < 0.7) & (pixels[..., 2] < 0.3)
+        ).mean()
+        assert orange > 0.0005, "the primary (orange) Compare button is not in the screenshot"
+
+        # One comparison through the app's API: the first table, its first question of the split.
+        from textsql.evaluate import load_scoring_set
+
+        scoring = load_scoring_set(str(data_dir), "test")
+        table_id = scoring.table_ids[0]
+        _, _, details = call_api(base, "compare", [table_id, 0, ""])
+        assert details["question"] == scoring.questions[0] and details["gold_sql"] == scoring.gold_texts[0]
+        assert [row["label"] for row in details["models"]] == ["base", "lora", "int8"]
+        for row in details["models"]:
+            assert (
+                set(row["verdicts"]) == {"exact_match", "logical_form_match", "execution_match"}
+                and row["latency_ms"] > 0
+            )
+            assert ("answer" in row) != ("error" in row)
+        typed = call_api(base, "compare", [table_id, None, "How many rows are there?"])[2]
+        assert typed["gold_sql"] is None and all("verdicts" not in row for row in typed["models"])
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # what CML sends when an Application stops
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"still running after the app stopped: {alive}"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_split_comparison_as_json(assets, lora_adapter, quantized_model, textsql_in_process, tmp_path):
+    data_dir, model_dir = assets
+    output = tmp_path / "compare.json"
+    status, out, err = textsql_in_process(
+        [
+            "compare",
+            f"base={model_dir}",
+            f"lora={lora_adapter}",
+            f"int8={quantized_model}",
+            "--dataset_dir",
+            str(data_dir),
+            "--max_examples",
+            "6",
+            "--max_new_tokens",
+            "12",
+            "--output",
+            str(output),
+        ]
+    )
+    assert status == 0, err
+    report = json.loads(output.read_text())
+    assert [m["label"] for m in report["models"]] == ["base", "lora", "int8"] and report["examples"] == 6
+    assert report["models"][0]["agreement_with_first"] == 1.0
+    assert [m["kind"] for m in report["models"]] == ["model", "LoRA adapter", "quantized (torchao-int8)"]
+    assert len(report["questions"]) == 6 and set(report["questions"][0]["models"]) == {"base", "lora", "int8"}
+    assert "same SQL as first" in out and f"wrote {output}" in out
+
+
+def test_two_models_with_one_label_are_refused(assets, textsql_in_process):
+    data_dir, model_dir = assets
+    status, _, err = textsql_in_process(
+        ["compare", f"a={model_dir}", f"a={model_dir}", "--dataset_dir", str(data_dir), "--output", "x.json"]
+    )
+    assert status == 2 and "label them" in err

@@ -1,0 +1,149 @@
+"""`textsql quantize`: each method quantizes the tiny T5, saves safetensors, reloads, scores like `textsql infer`."""
+
+import json
+
+import pytest
+
+from textsql.errors import TextsqlError
+from textsql.quantize import METHODS, QuantizeArguments, check_method_device, load_for_inference, quantize_model
+
+SMALL = {"max_examples": 8, "max_new_tokens": 16, "batch_size": 8, "device": "cpu"}
+
+
+def quantized_layer(model) -> object:
+    return model.encoder.block[0].layer[0].SelfAttention.q
+
+
+@pytest.mark.parametrize("method", ["torchao-int8", "dynamic-int8", "bnb-int8", "bnb-nf4"])
+def test_quantize_saves_safetensors_reloads_and_scores_like_infer(method, assets, tmp_path):
+    from textsql.infer import InferArguments, run_inference
+
+    data_dir, model_dir = assets
+    output = tmp_path / method
+    lines = []
+    result = quantize_model(
+        QuantizeArguments(
+            model_dir=str(model_dir), method=method, output_dir=str(output), dataset_dir=str(data_dir), **SMALL
+        ),
+        echo=lines.append,
+    )
+    # Saved as safetensors only: no pickle to load from a shared folder.
+    assert (output / "model.safetensors").is_file() and not list(output.glob("*.bin")) and not list(output.glob("*.pt"))
+    record = json.loads((output / "textsql_quantization.json").read_text())
+    assert record["method"] == method and record["scored"]["examples"] == 8
+    assert result["quantized"]["weights_bytes"] == sum(p.stat().st_size for p in output.glob("*.safetensors"))
+    # The printed comparison: size, questions/s and the execution-accuracy delta against the unquantized model.
+    assert "questions/s" in lines[0] and "execution accuracy" in lines[0] and "same SQL for" in lines[0]
+    assert result["execution_accuracy_delta"] == pytest.approx(
+        result["quantized"]["execution_accuracy"] - result["unquantized"]["execution_accuracy"]
+    )
+    if method != "dynamic-int8":  # dynamic-int8 keeps the fp32 weights on disk and quantizes them when loaded
+        assert result["quantized"]["weights_bytes"] < result["unquantized"]["weights_bytes"]
+    assert result["quantized"]["memory_bytes"] < result["unquantized"]["memory_bytes"]
+
+    # The reloaded folder holds quantized layers, and `textsql infer` scores it to the same figures.
+    model, _ = load_for_inference(str(output), "cpu")
+    layer = quantized_layer(model)
+    expected = {
+        "torchao-int8": "Int8Tensor",
+        "dynamic-int8": "quantized.dynamic",
+        "bnb-int8": "Linear8bitLt",
+        "bnb-nf4": "Linear4bit",
+    }[method]
+    weight = layer.weight() if callable(layer.weight) else layer.weight  # torch's quantized Linear packs its weight
+    assert expected in f"{type(layer).__module__}.{type(layer).__name__} {type(weight).__name__}"
+    metrics = run_inference(
+        InferArguments(
+            model_dir=str(output),
+            dataset_dir=str(data_dir),
+            max_examples=8,
+            max_new_tokens=16,
+            device="cpu",
+            output_dir=str(tmp_path / "infer"),
+            show_examples=0,
+        ),
+        echo=lambda *_: None,
+    )
+    assert metrics["execution_accuracy"] == result["quantized"]["execution_accuracy"]
+    predictions = [
+        json.loads(line)["predicted_sql"]
+        for line in (tmp_path / "infer" / "predictions.jsonl").read_text().splitlines()
+    ]
+    assert len(predictions) == 8
+
+
+def test_nf4_computes_in_fp32_on_the_cpu_never_fp16(assets, tmp_path):
+    import torch
+
+    from textsql.quantize import compute_dtype, quantization_config
+
+    assert compute_dtype(torch.device("cpu")) == "float32"
+    assert quantization_config("bnb-nf4", torch.device("cpu")).bnb_4bit_compute_dtype == torch.float32
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    "not __import__('torch').cuda.is_available()",
+    reason="needs a CUDA GPU (the CPU path: test_quantize_saves_safetensors_reloads_and_scores_like_infer)",
+)
+@pytest.mark.parametrize("method", ["torchao-int8", "bnb-int8", "bnb-nf4"])
+def test_quantize_on_a_gpu_computes_in_bf16_on_ampere(method, assets, tmp_path):
+    import torch
+
+    from textsql.quantize import compute_dtype, quantization_config
+    from textsql.strategy.devices import NodeDevices
+
+    data_dir, model_dir = assets
+    native = NodeDevices.local().gpus[0].native_bf16
+    assert compute_dtype(torch.device("cuda")) == ("bfloat16" if native else "float32")
+    if method == "bnb-nf4":
+        assert quantization_config(method, torch.device("cuda")).bnb_4bit_compute_dtype == (
+            torch.bfloat16 if native else torch.float32
+        )
+    result = quantize_model(
+        QuantizeArguments(
+            model_dir=str(model_dir),
+            method=method,
+            output_dir=str(tmp_path / method),
+            dataset_dir=str(data_dir),
+            **{**SMALL, "device": "cuda"},
+        ),
+        echo=lambda *_: None,
+    )
+    assert result["device"] == "cuda" and result["quantized"]["weights_bytes"] < result["unquantized"]["weights_bytes"]
+    model, _ = load_for_inference(str(tmp_path / method), "cuda")
+    assert next(model.parameters()).device.type == "cuda"
+
+
+def test_refusals_name_the_fix(assets, lora_adapter, tmp_path):
+    import torch
+
+    data_dir, model_dir = assets
+    with pytest.raises(TextsqlError, match="--method must be one of"):
+        QuantizeArguments(model_dir=str(model_dir), method="gptq")
+    with pytest.raises(TextsqlError, match="textsql merge"):
+        quantize_model(QuantizeArguments(model_dir=str(lora_adapter), dataset_dir=str(data_dir), **SMALL))
+    with pytest.raises(TextsqlError, match="CPU only.*--device cpu"):
+        check_method_device("dynamic-int8", torch.device("cuda"))
+    assert set(METHODS) == {"torchao-int8", "bnb-int8", "bnb-nf4", "dynamic-int8"}
+
+
+def test_a_lora_adapter_loads_on_its_base_for_inference(assets, lora_adapter):
+    """The adapter folder loads with its base (peft), and its outputs are the adapted model's, not the base's."""
+    import torch
+    from peft import PeftModel
+
+    from textsql.evaluate import generate_sql
+
+    _, model_dir = assets
+    adapted, tokenizer = load_for_inference(str(lora_adapter), "cpu")
+    base, _ = load_for_inference(str(model_dir), "cpu")
+    assert isinstance(adapted, PeftModel)
+    sources = ["translate English to SQL: How many wins when the team is red?"]
+    with torch.no_grad():
+        encoded = tokenizer(sources, return_tensors="pt")
+        assert not torch.allclose(
+            adapted(**encoded, decoder_input_ids=encoded.input_ids[:, :3]).logits,
+            base(**encoded, decoder_input_ids=encoded.input_ids[:, :3]).logits,
+        )
+    assert generate_sql(adapted, tokenizer, sources, max_new_tokens=8, progress=False)[0][0] is not None

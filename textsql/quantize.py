@@ -1,0 +1,372 @@
+"""Post-training quantization of a model folder (torchao, bitsandbytes, torch's dynamic int8), scored like `textsql
+infer` against the unquantized model; and loading any model folder textsql writes (plain, LoRA adapter, quantized)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from textsql.adapters import load_adapter_model
+from textsql.errors import TextsqlError
+from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set, pick_device
+from textsql.extras import require_lifecycle_extra
+from textsql.hub import load_seq2seq_model, load_tokenizer
+from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE
+from textsql.prep import check_source_settings, load_prepared
+from textsql.strategy.devices import NodeDevices
+
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Method:
+    """One quantization method: what it does, where it runs, and how its folder is saved."""
+
+    name: str
+    summary: str
+    devices: tuple[str, ...]
+    package: str  # the lifecycle extra's package it needs ("torch" for none)
+
+
+METHODS = {
+    "torchao-int8": Method(
+        "torchao-int8",
+        "int8 weight-only (torchao Int8WeightOnlyConfig through transformers' TorchAoConfig); "
+        "saved quantized in safetensors",
+        ("cpu", "cuda"),
+        "torchao",
+    ),
+    "bnb-int8": Method(
+        "bnb-int8",
+        "bitsandbytes LLM.int8 (8-bit weights; activations cast to fp16 to be quantized, with fp16 "
+        "outliers kept apart); saved quantized in safetensors",
+        ("cpu", "cuda"),
+        "bitsandbytes",
+    ),
+    "bnb-nf4": Method(
+        "bnb-nf4",
+        "bitsandbytes 4-bit NF4, computing in bf16 (GPUs with native bf16) or fp32 (older GPUs, the CPU); "
+        "saved quantized in safetensors",
+        ("cpu", "cuda"),
+        "bitsandbytes",
+    ),
+    "dynamic-int8": Method(
+        "dynamic-int8",
+        "torch's dynamic int8 quantization of every Linear layer (int8 weights, activations "
+        "quantized per batch): the fastest measured on a CPU; saved as the fp32 weights and quantized when "
+        "loaded (about a second)",
+        ("cpu",),
+        "torch",
+    ),
+}
+DEFAULT_METHOD = "torchao-int8"
+
+
+@dataclass
+class QuantizeArguments:
+    """Which model, which method, and the questions it is scored on against the unquantized model."""
+
+    model_dir: str = field(
+        metadata={"help": "A plain model folder (run folder, merged adapter) or hub name; merge an adapter first."}
+    )
+    method: str = field(
+        default=DEFAULT_METHOD,
+        metadata={"help": "torchao-int8 (default), bnb-int8, bnb-nf4, dynamic-int8 (CPU only): docs/lifecycle.md."},
+    )
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where the quantized model goes (default: <model_dir>-<method>)."}
+    )
+    dataset_dir: str = field(
+        default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep) whose split scores both models."}
+    )
+    split: str = field(default="test", metadata={"help": "Split to score both models on: test, validation or train."})
+    max_examples: int | None = field(default=200, metadata={"help": "Score the first N examples (0: the whole split)."})
+    batch_size: int = field(default=64, metadata={"help": "Questions per generate() call."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Longest SQL to generate, in tokens."})
+    device: str = field(
+        default="auto",
+        metadata={"help": "auto (GPU when there is one), cuda, or cpu: where both models are quantized and scored."},
+    )
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise TextsqlError(f"--method must be one of {', '.join(METHODS)}, not '{self.method}'.")
+        if self.batch_size < 1 or self.max_new_tokens < 1:
+            raise TextsqlError("--batch_size and --max_new_tokens must be at least 1.")
+        if self.max_examples is not None and self.max_examples < 0:
+            raise TextsqlError("--max_examples must be 0 (the whole split) or a positive number.")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise TextsqlError(f"--device must be auto, cuda or cpu, not '{self.device}'.")
+
+
+def compute_dtype(device) -> str:
+    """bf16 on a GPU with native bf16 (Ampere and newer), fp32 elsewhere (older GPUs, the CPU); never fp16, which T5's
+    activations overflow."""
+    if getattr(device, "type", str(device)) != "cuda":
+        return "float32"
+    gpus = NodeDevices.local().gpus
+    index = min(getattr(device, "index", None) or 0, len(gpus) - 1)
+    return "bfloat16" if gpus and gpus[index].native_bf16 else "float32"
+
+
+def quantization_config(method: str, device):
+    """The transformers quantization config for `method` (None for dynamic-int8, applied after loading)."""
+    import torch
+
+    if method == "torchao-int8":
+        require_lifecycle_extra("torchao", "--method torchao-int8")
+        from torchao.quantization import Int8WeightOnlyConfig
+        from transformers import TorchAoConfig
+
+        return TorchAoConfig(quant_type=Int8WeightOnlyConfig())
+    if method in ("bnb-int8", "bnb-nf4"):
+        require_lifecycle_extra("bitsandbytes", f"--method {method}")
+        from transformers import BitsAndBytesConfig
+
+        if method == "bnb-int8":
+            return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=getattr(torch, compute_dtype(device))
+        )
+    return None
+
+
+def check_method_device(method: str, device) -> None:
+    kind = getattr(device, "type", str(device))
+    if kind not in METHODS[method].devices:
+        raise TextsqlError(
+            f"--method {method} runs on the CPU only (torch's quantized Linear layers have no CUDA kernels), and "
+            f"this would run on {kind}: pass --device cpu, or choose torchao-int8, bnb-int8 or bnb-nf4 for a GPU."
+        )
+
+
+def apply_dynamic_int8(model):
+    """torch's dynamic int8 quantization of every nn.Linear, in place on a CPU model (returns it)."""
+    import torch
+
+    with warnings.catch_warnings():
+        # torch.ao.quantization announces its move to torchao; its dynamic int8 Linear is still the fastest (measured).
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def folder_kind(model_dir: str | Path) -> str:
+    """'adapter' (a peft LoRA adapter), 'quantized' (by textsql quantize) or 'plain' (any other folder, a hub name)."""
+    folder = Path(model_dir)
+    if (folder / ADAPTER_CONFIG_FILE).is_file():
+        return "adapter"
+    if (folder / QUANTIZATION_FILE).is_file():
+        return "quantized"
+    return "plain"
+
+
+def read_record(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / QUANTIZATION_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise TextsqlError(
+            f"'{path}' cannot be read ({error}); quantize the model again with `textsql quantize`."
+        ) from None
+    if record.get("method") not in METHODS:
+        raise TextsqlError(
+            f"'{path}' names the method '{record.get('method')}', which this textsql does not know "
+            f"({', '.join(METHODS)}); quantize the model again with `textsql quantize`."
+        )
+    return record
+
+
+def load_for_inference(model_dir: str, device_choice: str = "auto", dtype: str = "float32"):
+    """(model, tokenizer) in eval mode for any folder textsql writes: a plain model (run folder, merged adapter, hub
+    name) in `dtype`, a LoRA adapter on its base, or a quantized folder as it was quantized."""
+    import torch
+
+    device = pick_device(device_choice)
+    kind = folder_kind(model_dir)
+    if kind == "adapter":  # its base checked to be the one it trained on (textsql.adapters)
+        model, tokenizer = load_adapter_model(model_dir)
+        return model.to(getattr(torch, dtype)).to(device).eval(), tokenizer
+    tokenizer = load_tokenizer(model_dir)
+    if kind == "quantized":
+        model = load_quantized(model_dir, device)
+    else:
+        model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(device)
+    return model.eval(), tokenizer
+
+
+def load_quantized(model_dir: str, device):
+    """A folder written by `quantize_model`: safetensors only (never a pickle), on `device`."""
+    record = read_record(model_dir)
+    method = record["method"]
+    check_method_device(method, device)
+    if METHODS[method].package != "torch":
+        require_lifecycle_extra(METHODS[method].package, f"Loading a {method} model")
+    if method == "dynamic-int8":
+        import torch
+
+        return apply_dynamic_int8(load_seq2seq_model(model_dir, dtype=torch.float32, use_safetensors=True))
+    # The config's quantization_config rebuilds the quantized layers; quantized weights cannot be moved by .to().
+    return load_seq2seq_model(model_dir, device_map=str(device), use_safetensors=True)
+
+
+def weights_bytes(model_dir: str | Path) -> int:
+    """Bytes of the weight files in a folder (*.safetensors)."""
+    return sum(path.stat().st_size for path in Path(model_dir).glob("*.safetensors"))
+
+
+def memory_bytes(model) -> int:
+    """Bytes of the model's state as torch would serialize it: quantized weights at their real width."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return buffer.tell()
+
+
+def quantize_and_save(args: QuantizeArguments, device) -> Path:
+    """Quantize args.model_dir with args.method on `device`; save the model, tokenizer and record; return the folder."""
+    import torch
+
+    kind = folder_kind(args.model_dir)
+    if kind == "adapter":
+        raise TextsqlError(
+            f"'{args.model_dir}' is a LoRA adapter: merge it into its base model first "
+            f"(`textsql merge {args.model_dir}`), then quantize the merged folder."
+        )
+    if kind == "quantized":
+        raise TextsqlError(
+            f"'{args.model_dir}' is already quantized ({read_record(args.model_dir)['method']}); quantize the "
+            "unquantized model it came from."
+        )
+    check_method_device(args.method, device)
+    output = Path(args.output_dir or f"{str(args.model_dir).rstrip('/')}-{args.method}")
+    tokenizer = load_tokenizer(args.model_dir)
+    config = quantization_config(args.method, device)
+    if config is None:  # dynamic-int8: the fp32 weights are what is saved
+        model = load_seq2seq_model(args.model_dir, dtype=torch.float32)
+    else:
+        model = load_seq2seq_model(
+            args.model_dir,
+            quantization_config=config,
+            device_map=str(device),
+            dtype=getattr(torch, compute_dtype(device)),
+        )
+    output.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output, safe_serialization=True)
+    tokenizer.save_pretrained(output)
+    record = {
+        "version": RECORD_VERSION,
+        "method": args.method,
+        "summary": METHODS[args.method].summary,
+        "source_model": str(args.model_dir),
+        "quantized_on": device.type,
+        "compute_dtype": compute_dtype(device),
+    }
+    (output / QUANTIZATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return output
+
+
+def score_model(model, tokenizer, scoring, args: QuantizeArguments) -> tuple[list[dict], dict]:
+    """Greedy decoding and WikiSQL scoring exactly as `textsql infer` does, timed after one warm-up batch."""
+    warm_up = scoring.sources[: args.batch_size]
+    generate_sql(
+        model, tokenizer, warm_up, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, progress=False
+    )
+    started = time.perf_counter()
+    records, metrics = decode_and_score(
+        model, tokenizer, scoring, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, progress=False
+    )
+    seconds = time.perf_counter() - started
+    metrics.update(generation_seconds=round(seconds, 3), queries_per_second=round(len(records) / seconds, 2))
+    return records, metrics
+
+
+def comparison(base: tuple[list[dict], dict], quantized: tuple[list[dict], dict]) -> dict:
+    """What quantizing changed on the same questions: agreement (identical SQL), execution-accuracy delta, speed-up."""
+    base_records, base_metrics = base
+    records, metrics = quantized
+    same = sum(a["predicted_sql"] == b["predicted_sql"] for a, b in zip(base_records, records, strict=True))
+    return {
+        "examples": len(records),
+        "agreement": same / len(records) if records else 0.0,
+        "execution_accuracy_delta": metrics["execution_accuracy"] - base_metrics["execution_accuracy"],
+        "speedup": metrics["queries_per_second"] / base_metrics["queries_per_second"]
+        if base_metrics["queries_per_second"]
+        else None,
+    }
+
+
+def quantize_model(args: QuantizeArguments, echo=print) -> dict:
+    """`textsql quantize`: quantize, save, reload the saved folder (the round trip), score it and the unquantized
+    model on the same questions; write the comparison into the folder's record and return it."""
+    prepared = load_prepared(args.dataset_dir)
+    device = pick_device(args.device)
+    check_method_device(args.method, device)
+    output = quantize_and_save(args, device)
+    scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples or None, prepared=prepared)
+    base_model, base_tokenizer = load_for_inference(args.model_dir, str(device.type))
+    check_source_settings(base_model.config, prepared[1], args.dataset_dir)
+    base = score_model(base_model, base_tokenizer, scoring, args)
+    base_memory = memory_bytes(base_model)
+    del base_model
+    model, tokenizer = load_for_inference(str(output), str(device.type))
+    quantized = score_model(model, tokenizer, scoring, args)
+    result = {
+        "method": args.method,
+        "output_dir": str(output),
+        "device": device.type,
+        "split": args.split,
+        "unquantized": {
+            "model_dir": str(args.model_dir),
+            "weights_bytes": weights_bytes(args.model_dir) or None,
+            "memory_bytes": base_memory,
+            **_headline(base[1]),
+        },
+        "quantized": {
+            "weights_bytes": weights_bytes(output),
+            "memory_bytes": memory_bytes(model),
+            **_headline(quantized[1]),
+        },
+        **comparison(base, quantized),
+        "arguments": asdict(args),
+    }
+    record_path = output / QUANTIZATION_FILE
+    record = json.loads(record_path.read_text())
+    record["scored"] = result
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    echo(format_quantize_result(result))
+    return result
+
+
+def _headline(metrics: dict) -> dict:
+    keys = ("execution_accuracy", "logical_form_accuracy", "exact_match", "parse_errors", "queries_per_second")
+    return {key: metrics[key] for key in keys}
+
+
+def format_quantize_result(result: dict) -> str:
+    """Size, questions/s and the execution-accuracy delta, unquantized against quantized, in a few lines."""
+
+    def size(n):
+        return f"{n / 2**20:.1f} MiB" if n else "-"
+
+    rows = [("unquantized", result["unquantized"]), (result["method"], result["quantized"])]
+    lines = [f"{'model':<14} {'weights on disk':>15} {'in memory':>10} {'questions/s':>12} {'execution':>10}"]
+    for label, row in rows:
+        lines.append(
+            f"{label:<14} {size(row['weights_bytes']):>15} {size(row['memory_bytes']):>10} "
+            f"{row['queries_per_second']:>12.1f} "
+            f"{row['execution_accuracy']:>10.1%}"
+        )
+    delta = result["execution_accuracy_delta"]
+    speedup = f"{result['speedup']:.2f}x" if result["speedup"] else "-"
+    lines.append(
+        f"{result['examples']} {result['split']} questions on {result['device']}: execution accuracy {delta:+.1%} "
+        f"({delta * 100:+.1f} points), same SQL for {result['agreement']:.1%}, speed {speedup}; "
+        f"saved in {result['output_dir']}"
+    )
+    return "\n".join(lines)
