@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
-from textsql.strategy.table import STRATEGIES
+from textsql.strategy.table import DEEPSPEED_STRATEGIES as STRATEGIES  # the DeepSpeed rows: FSDP needs GPUs of its own
 
 # T5Config shapes (random init: memory does not depend on the weights). vocab None = the tokenizer's size.
 SHAPES = {
