@@ -11,10 +11,11 @@ USAGE = """usage: textsql COMMAND [ARGS]
 
 commands:
   prep           load WikiSQL (release files, hub copy, or generated), tokenize and save it
-  train          fine-tune a model, with or without a DeepSpeed config (dsconfig/*.json)
+  train          fine-tune a model, with or without a DeepSpeed (dsconfig/) or FSDP (fsdpconfig/) config
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
-  check-config   validate DeepSpeed config files as a user edits them
+  check-config   validate DeepSpeed and FSDP config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
+  tune           measure strategies and micro-batches at a fixed global batch; write the winner as a recipe
   report         collect every run's summary into the benchmark table (Markdown, CSV) and plots
   tensorboard    serve TensorBoard on the runs root (127.0.0.1, $CDSW_APP_PORT in CML)
   lab            open JupyterLab on the notebooks (127.0.0.1, token printed once; needs textsql[notebooks])
@@ -32,6 +33,7 @@ COMMANDS = {
     "infer": ("infer", "infer_cli"),
     "check-config": ("check_config", "check_config_cli"),
     "plan": ("plan", "plan_cli"),
+    "tune": ("tune", "tune_cli"),
     "report": ("report", "report_cli"),
     "tensorboard": ("tensorboard", "tensorboard_cli"),
     "lab": ("lab", "lab_cli"),
