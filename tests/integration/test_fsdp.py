@@ -3,6 +3,7 @@ T5, one training step against an unsharded run, generation with synced_gpus, and
 machine with two GPUs, the Trainer itself under every FSDP strategy."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ STRATEGIES = ("fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_full_shard_offload"
 
 
 @pytest.fixture(scope="module")
-def fsdp_ranks(assets, tmp_path_factory, cpu_env):
+def fsdp_ranks(assets, tmp_path_factory):
     """Both ranks' reports of tests/integration/fsdp_ranks.py (started once by torchrun, two processes)."""
     out = tmp_path_factory.mktemp("fsdp-ranks")
     command = [
@@ -33,7 +34,10 @@ def fsdp_ranks(assets, tmp_path_factory, cpu_env):
         str(assets[1]),
         str(out),
     ]
-    done = subprocess.run(command, env=cpu_env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1"
+    )
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
