@@ -348,7 +348,12 @@ def measure(candidate: Candidate, args: TuneArguments, base: dict, world: int, r
             log=str(log),
             wall_seconds=round(time.perf_counter() - started, 1),
         )
-    state = json.loads((Path(summary.output_dir) / "trainer_state.json").read_text())
+    try:
+        state = json.loads((Path(summary.output_dir) / "trainer_state.json").read_text())
+    except (OSError, ValueError) as error:  # a run folder this process cannot read (another pod's disk)
+        return result_row(
+            candidate, "failed", repeat=repeat, error=f"the run's trainer_state.json cannot be read: {error}"
+        )
     samples_per_step = candidate.micro_batch * candidate.accumulation * world
     timed = timed_throughput(state.get("log_history", []), args.warmup_steps, samples_per_step)
     peak, kind = peak_memory(summary)
