@@ -124,7 +124,7 @@ def test_fsdp_is_refused_on_the_cpu_with_its_reason():
         check_fsdp_devices(strategy, "cpu", NodeDevices((), 8))
     message = str(caught.value)
     assert "fsdp_full_shard needs GPUs" in message and "no GPU" in message
-    assert "silently fall back to plain data parallel" in message and "--deepspeed zero2" in message
+    assert "silently falls back to plain data parallel" in message and "--deepspeed zero2" in message
     with pytest.raises(TextsqlError, match="--accelerator cpu was given"):
         check_fsdp_devices(strategy, "cpu", NodeDevices((A100_40GB,), 8))
     check_fsdp_devices(strategy, "cuda", NodeDevices((A100_40GB,), 8))  # GPUs: accepted

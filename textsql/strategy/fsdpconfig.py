@@ -204,10 +204,10 @@ def check_fsdp_devices(strategy: dict, accelerator: str, devices: NodeDevices) -
         return
     where = "this node has no GPU" if not devices.gpus else "--accelerator cpu was given"
     raise TextsqlError(
-        f"{strategy['label']} needs GPUs, and this run would train on the CPU ({where}; {devices.describe()}): the "
-        "Trainer runs FSDP only on GPUs and would silently fall back to plain data parallel, every rank holding the "
-        "whole model, so nothing would be sharded. Train on GPUs, or on the CPU choose a DeepSpeed strategy "
-        "(--deepspeed zero2 or zero3_offload shard on the CPU too) or none."
+        f"{strategy['label']} needs GPUs: on the CPU the Trainer silently falls back to plain data parallel, every "
+        f"rank holding the whole model, so nothing would be sharded; and this run would train on the CPU ({where}; "
+        f"{devices.describe()}). Train on GPUs, or on the CPU choose a DeepSpeed strategy (--deepspeed zero2 or "
+        "zero3_offload shard on the CPU too) or none."
     )
 
 
