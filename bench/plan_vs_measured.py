@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import emit, machine, prepared_release, prepared_tokenizer  # noqa: E402  (the root is on sys.path)
 from bench.shapes import T5_NAMES, bench_config, build_t5  # noqa: E402
-from textsql.strategy.table import STRATEGIES  # noqa: E402
+from textsql.strategy.table import DEEPSPEED_STRATEGIES as STRATEGIES  # noqa: E402  (FSDP needs GPUs of its own)
 
 # Shapes (random init: memory does not depend on the weights): a tiny one whose vocabulary is the tokenizer's, and the
 # T5 checkpoints' (bench.shapes).

@@ -40,6 +40,17 @@ NOTEBOOKS_DIR = "notebooks"
 # checkout), resolved, so messages name the folder users edit in an editable install and the installed copy in a wheel.
 DSCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_dsconfig")).resolve()
 
+# The shipped FSDP2 configs, the same way (textsql/shipped_fsdpconfig, a link to the repository's fsdpconfig/).
+FSDPCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_fsdpconfig")).resolve()
+
+# `textsql tune` (textsql.tune writes and reads them), in its folder (--tune_dir).
+TUNE_RESULTS_FILE = "tune_results.jsonl"  # one measured candidate a line; a candidate already there is not run again
+TUNE_TABLE_FILE = "tune_table.md"  # the candidates, measured against predicted, fastest first
+TUNE_PLOT_FILE = "tune_plot.png"  # samples/s and peak memory per candidate
+TUNE_RECIPE_FILE = "tune_recipe.yaml"  # the winner as a `textsql train` recipe
+TUNE_LOGS_DIR = "logs"  # each candidate's training output
+TUNE_RUNS_DIR = "runs"  # each candidate's run folder
+
 # The project: the folder the notebooks and the command share (a textsql checkout, or a CML project holding one).
 PROJECT_DIR_VARIABLE = "TEXTSQL_PROJECT_DIR"
 PROJECT_MARKERS = ("notebooks", "dsconfig")  # folders a textsql project holds at its root

@@ -50,6 +50,7 @@ def source_tree(destination: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "textsql", destination / "textsql", symlinks=True, ignore=ignore)
     shutil.copytree(REPO / "dsconfig", destination / "dsconfig", ignore=ignore)
+    shutil.copytree(REPO / "fsdpconfig", destination / "fsdpconfig", ignore=ignore)
     return destination
 
 
@@ -76,6 +77,11 @@ def test_checkout_has_one_dsconfig_folder_that_the_package_reads():
     assert link.is_symlink() and link.resolve() == (REPO / "dsconfig").resolve()  # a link, not a second copy
     assert DSCONFIG_DIR == (REPO / "dsconfig").resolve()
     assert set(shipped_configs()) == {p.stem for p in (REPO / "dsconfig").glob("*.json")} >= {"zero1", "zero2", "zero3_offload"}
+    from textsql.strategy.fsdpconfig import FSDPCONFIG_DIR, shipped_fsdp_configs
+
+    link = REPO / "textsql" / "shipped_fsdpconfig"
+    assert link.is_symlink() and link.resolve() == FSDPCONFIG_DIR == (REPO / "fsdpconfig").resolve()
+    assert set(shipped_fsdp_configs()) == {p.stem for p in (REPO / "fsdpconfig").glob("*.json")}
 
 
 def test_wheel_and_editable_installs_run_the_core_commands_anywhere_without_the_notebooks_extra(tmp_path):
@@ -100,6 +106,7 @@ def test_wheel_and_editable_installs_run_the_core_commands_anywhere_without_the_
     textsql = python.parent / "textsql"
     assert "check-config" in ok([textsql, "--help"], elsewhere, env)
     assert "zero2: OK (zero2, offload: none)" in ok([textsql, "check-config", "zero2"], elsewhere, env)
+    assert "fsdp_full_shard: OK (FSDP2 full shard" in ok([textsql, "check-config", "fsdp_full_shard"], elsewhere, env)
     assert "recommendation:" in ok([textsql, "plan"], elsewhere, env)
     assert "--gpu_memory_gb" in ok([textsql, "plan", "--help"], elsewhere, env)
     lab = run([textsql, "lab"], elsewhere, env)

@@ -6,7 +6,7 @@ from test_cli_errors import run as run_help
 
 from textsql.cli import COMMANDS
 
-EXPECTED = {"prep", "train", "infer", "check-config", "plan", "report", "tensorboard", "lab", "demo", "cluster"}
+EXPECTED = {"prep", "train", "infer", "check-config", "plan", "tune", "report", "tensorboard", "lab", "demo", "cluster"}
 
 
 def test_every_command_help_exits_zero_without_traceback(capsys):

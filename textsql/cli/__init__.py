@@ -11,13 +11,14 @@ USAGE = """usage: textsql COMMAND [ARGS]
 
 commands:
   prep           load WikiSQL (release files, hub copy, or generated), tokenize and save it
-  train          fine-tune a model, with or without a DeepSpeed config (dsconfig/*.json)
+  train          fine-tune a model, with or without a DeepSpeed (dsconfig/) or FSDP (fsdpconfig/) config
   merge          fold a LoRA run's adapter into its base model: a plain model folder (CPU, fp32)
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
   quantize       quantize a model (torchao int8, bitsandbytes 8-bit/nf4, dynamic int8) and score it against the original
   compare        compare models' SQL side by side: a web app (127.0.0.1, $CDSW_APP_PORT in CML) or a whole split as JSON
-  check-config   validate DeepSpeed config files as a user edits them
+  check-config   validate DeepSpeed and FSDP config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
+  tune           measure strategies and micro-batches at a fixed global batch; write the winner as a recipe
   report         collect every run's summary into the benchmark table (Markdown, CSV) and plots
   tensorboard    serve TensorBoard on the runs root (127.0.0.1, $CDSW_APP_PORT in CML)
   lab            open JupyterLab on the notebooks (127.0.0.1, token printed once; needs textsql[notebooks])
@@ -38,6 +39,7 @@ COMMANDS = {
     "compare": ("compare", "compare_cli"),
     "check-config": ("check_config", "check_config_cli"),
     "plan": ("plan", "plan_cli"),
+    "tune": ("tune", "tune_cli"),
     "report": ("report", "report_cli"),
     "tensorboard": ("tensorboard", "tensorboard_cli"),
     "lab": ("lab", "lab_cli"),

@@ -278,6 +278,11 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     decision = decide(nodes, model, training)
     dsconfig, dsconfig_content = _dsconfig_file(training, workdir)
     strategy = describe_strategy(dsconfig_content)
+    if training.fsdp_config:  # FSDP2: a shipped name or a file every node reads (hybrid: sharded in a pod, replicated across)
+        from textsql.strategy.fsdpconfig import describe_fsdp_strategy
+        from textsql.train.run import load_fsdp_strategy
+
+        strategy = describe_fsdp_strategy(load_fsdp_strategy(training.fsdp_config))
     zero_stage = strategy["zero_stage"]
     run_dir = planned_run_dir(model, training, decision.world_size, workdir, strategy["label"])
     run_dir.parent.mkdir(parents=True, exist_ok=True)

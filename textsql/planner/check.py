@@ -8,7 +8,7 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.paths import METADATA_FILE
-from textsql.planner.memory import GIB, PRECISIONS, Setup, predict, resolve_model, zero_settings
+from textsql.planner.memory import GIB, PRECISIONS, Setup, predict, predict_fsdp, resolve_model, zero_settings
 from textsql.run_summary import RunSummary
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -33,7 +33,10 @@ def compare_with_run(summary: RunSummary, max_source_length: int | None = None, 
         shape = resolve_model(run["model"])
     except TextsqlError as error:
         return {"comparable": False, "reason": str(error), "ratio": None}
-    row = predict(shape, run["setup"], *run["layout"], run["batch"])
+    if run["fsdp_layout"] is not None:
+        row = predict_fsdp(shape, run["setup"], *run["fsdp_layout"], run["batch"])
+    else:
+        row = predict(shape, run["setup"], *run["layout"], run["batch"])
     ranks = summary.peak_memory_per_rank
     on_gpu = [r for r in ranks if "cuda_max_reserved_bytes" in r]
     result = {
@@ -82,8 +85,12 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
     setup = Setup(nodes, world // nodes, lengths[0], lengths[1], precision if precision in PRECISIONS else "fp32",
                   checkpointing, tuple(sorted(settings.items())), lora_rank=int(lora.get("rank") or 0),
                   lora_targets=lora.get("targets", "qv"))
-    return {"model": model, "setup": setup, "layout": layout, "batch": batch, "strategy": strategy.get("label", "none"),
-            "lengths_from": lengths_from}
+    fsdp_layout = None
+    if strategy.get("strategy") == "fsdp":
+        fsdp_layout = (bool(strategy.get("reshard_after_forward", True)), strategy.get("offload_param", "none") != "none",
+                       bool(strategy.get("hybrid_shard")))
+    return {"model": model, "setup": setup, "layout": layout, "fsdp_layout": fsdp_layout, "batch": batch,
+            "strategy": strategy.get("label", "none"), "lengths_from": lengths_from}
 
 
 def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: int):

@@ -20,7 +20,7 @@ from textsql.planner.zero3_trace import (
     zero3_step_events,
 )
 from textsql.strategy.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
-from textsql.strategy.table import STRATEGIES, STRATEGY_LAYOUT
+from textsql.strategy.table import FSDP_LAYOUT, STRATEGIES, STRATEGY_LAYOUT
 
 GIB = 2**30  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -116,6 +116,13 @@ ASSUMPTIONS = [
     "for the caching allocator (not yet calibrated on a GPU; sources in textsql/planner/memory.py).",
     "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
     "3 GB per training process for Python, libraries and data.",
+    "FSDP2 (fully_shard): parameters, gradients and Adam moments sharded in fp32 (4 + 4 + 8 bytes per parameter / N, "
+    "N the GPUs a parameter is sharded over: all of them, or one pod's with hybrid sharding), on the host with "
+    "offload. Weight copies: the gathered units in the compute dtype: T5's tied embeddings (one unit, kept gathered "
+    "through the step), two T5 blocks at a time (the one computing and the one prefetched) with full sharding, every "
+    "block after the forward pass with shard-grad-op. Buckets: the largest unit's unsharded gradient and its fp32 "
+    "copy for the reduce-scatter. Activations as DeepSpeed's (the module itself computes in bf16). Not yet calibrated "
+    "on a GPU.",
 ]
 LORA_ASSUMPTIONS = [
     "LoRA rows (--lora True): the base model is frozen and held in the training dtype under DeepSpeed (DeepSpeed casts "
@@ -654,6 +661,61 @@ def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool
             "trainable_parameters": shape.parameters if lora is None else lora["trainable"]}
 
 
+def fsdp_units(shape: ModelShape) -> dict:
+    """Parameters of the FSDP units textsql wraps: one T5 block of each stack, and the rest (the tied embeddings, with
+    the final layer norms) as the embedding unit."""
+    d, inner, f = shape.d_model, shape.num_heads * shape.d_kv, shape.d_ff
+    feed_forward = (3 if shape.gated else 2) * d * f + d
+    encoder_block = 4 * d * inner + d + feed_forward
+    decoder_block = 8 * d * inner + 2 * d + feed_forward
+    blocks = shape.num_layers * encoder_block + shape.num_decoder_layers * decoder_block
+    return {"encoder_block": encoder_block, "decoder_block": decoder_block, "blocks": blocks,
+            "embeddings": max(0, shape.parameters - blocks)}
+
+
+def predict_fsdp(shape: ModelShape, setup: Setup, reshard_after_forward: bool, offload: bool, hybrid: bool, batch: int) -> dict:
+    """Bytes per GPU by component (and their total), host bytes per node, under FSDP2: the model states sharded in fp32
+    over the GPUs (one pod's with hybrid sharding), and the gathered units in the compute dtype."""
+    P = shape.parameters
+    shards = setup.gpus_per_node if hybrid else setup.gpus
+    low = 4 if setup.precision == "fp32" else 2
+    units = fsdp_units(shape)
+    block = max(units["encoder_block"], units["decoder_block"])
+    largest_unit = max(block, units["embeddings"])
+    sharded = {"parameters": math.ceil(4 * P / shards), "gradients": math.ceil(4 * P / shards),
+               "optimizer_states": math.ceil(8 * P / shards)}
+    gathered_blocks = 2 * block if reshard_after_forward else units["blocks"]
+    copies = {"embeddings": low * units["embeddings"], "blocks": low * gathered_blocks}
+    buckets = {"unsharded_gradient": low * largest_unit, "reduce_scatter_fp32": 4 * largest_unit}
+    activations = activation_bytes(shape, batch, setup.source_length, setup.target_length, setup.precision,
+                                   setup.gradient_checkpointing, autocast=False)
+    load_cpu = P * 4 * setup.gpus_per_node * ADDITIONAL_BUFFER_FACTOR  # every rank loads the fp32 checkpoint first
+    cpu_states = load_cpu + (16 * P * setup.gpus_per_node / shards if offload else 0)
+    gpu = {"parameters": 0 if offload else sharded["parameters"], "gradients": 0 if offload else sharded["gradients"],
+           "optimizer_states": 0 if offload else sharded["optimizer_states"], "weight_copies": sum(copies.values()),
+           "activations": activations["total"], "buckets": sum(buckets.values())}
+    allocated = sum(gpu.values())
+    unseen_by_torch = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if setup.gpus > 1 else 0)
+    gpu["overhead"] = int(ALLOCATOR_OVERHEAD_FRACTION * allocated) + unseen_by_torch
+    total = sum(gpu.values())
+    cpu = int(cpu_states + CPU_RUNTIME_BYTES_PER_RANK * setup.gpus_per_node)
+    return {"gpu_bytes": gpu, "gpu_total_bytes": total, "torch_allocated_bytes": allocated,
+            "torch_reserved_bytes": total - unseen_by_torch,
+            "model_states_bytes": gpu["parameters"] + gpu["gradients"] + gpu["optimizer_states"],
+            "activations_detail": activations, "buckets_detail": buckets, "weight_copies_detail": copies,
+            "zero3_residency": None, "fsdp_units": units | {"sharded_over": shards},
+            "overhead_detail": {"allocator": gpu["overhead"] - unseen_by_torch, "cuda_context": CUDA_CONTEXT_BYTES,
+                                "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES},
+            "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": int(cpu_states)}
+
+
+def predict_strategy(shape: ModelShape, setup: Setup, strategy: str, batch: int) -> dict:
+    """predict() or predict_fsdp() for a strategy of the table, by name."""
+    if strategy in FSDP_LAYOUT:
+        return predict_fsdp(shape, setup, *FSDP_LAYOUT[strategy], batch)
+    return predict(shape, setup, *STRATEGY_LAYOUT[strategy], batch)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The plan
 # ---------------------------------------------------------------------------------------------------------------------
@@ -669,7 +731,7 @@ def plan_memory(args: PlanArguments) -> dict:
     limits = _limits(args)
     strategies = {}
     for name in STRATEGIES:
-        row = predict(shape, setup, *STRATEGY_LAYOUT[name], args.per_device_train_batch_size)
+        row = predict_strategy(shape, setup, name, args.per_device_train_batch_size)
         strategies[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
     plan = {
         "model": shape.as_dict(),
@@ -780,10 +842,8 @@ def _recommend(shape, setup, args, strategies, limits):
 
 def largest_batch(shape: ModelShape, setup: Setup, strategy: str, limits: dict) -> int:
     """The largest per-device batch (up to 4096) whose prediction fits the limits under `strategy`; 0 if none."""
-    layout = STRATEGY_LAYOUT[strategy]
-
     def fits(batch):
-        return _fits(predict(shape, setup, *layout, batch), limits)
+        return _fits(predict_strategy(shape, setup, strategy, batch), limits)
 
     if not fits(1):
         return 0

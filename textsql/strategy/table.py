@@ -1,4 +1,5 @@
-"""The training strategies textsql names: one row each (ZeRO stage, what is offloaded), in the order of expected speed."""
+"""The training strategies textsql names: one row each (ZeRO stage or FSDP sharding, what is offloaded), in the order of
+expected speed."""
 
 from __future__ import annotations
 
@@ -16,7 +17,17 @@ from __future__ import annotations
 #   (Hugging Face's DeepSpeed guide lists stage 2 + offload ahead of stage 3; on GPU-rich, CPU-poor pods we put
 #   GPU-only ZeRO-3 first.)
 # - zero3_offload: all of zero2_offload's host traffic plus the parameters themselves streamed from host memory.
-STRATEGIES = ("none", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
+# PyTorch FSDP2 (fully_shard) beside them, each after its DeepSpeed twin (the Accelerate comparison: SHARD_GRAD_OP ~
+# ZeRO-2, FULL_SHARD ~ ZeRO-3), so that at equal cost the table prefers DeepSpeed, which textsql has run longest:
+# - fsdp_shard_grad_op: parameters stay gathered from the forward to the backward pass (no second all-gather).
+# - fsdp_hybrid_shard: sharded inside a pod, replicated across pods: all-gathers stay on the pod's fast links; on one pod
+#   it is fsdp_full_shard.
+# - fsdp_full_shard: every unit gathered for the forward and again for the backward, like ZeRO-3.
+# - fsdp_full_shard_offload: parameters, gradients and Adam on the host; the step runs on the pod's CPU cores.
+DEEPSPEED_STRATEGIES = ("none", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
+FSDP_STRATEGIES = ("fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_full_shard", "fsdp_full_shard_offload")
+STRATEGIES = ("none", "zero1", "zero2", "fsdp_shard_grad_op", "zero3", "fsdp_hybrid_shard", "fsdp_full_shard",
+              "zero2_offload", "fsdp_full_shard_offload", "zero3_offload")
 
 
 # name -> (ZeRO stage, optimizer offloaded, parameters offloaded); stage 0 means no DeepSpeed
@@ -28,6 +39,19 @@ STRATEGY_LAYOUT = {
     "zero3": (3, False, False),
     "zero3_offload": (3, True, True),
 }
+
+# name -> (reshard_after_forward, everything offloaded to the host, hybrid: sharded in a pod, replicated across pods)
+FSDP_LAYOUT = {
+    "fsdp_shard_grad_op": (False, False, False),
+    "fsdp_hybrid_shard": (True, False, True),
+    "fsdp_full_shard": (True, False, False),
+    "fsdp_full_shard_offload": (True, True, False),
+}
+
+
+def is_fsdp(label: str) -> bool:
+    """Whether a strategy label names PyTorch FSDP (its own memory model, its own launch checks)."""
+    return label in FSDP_LAYOUT
 
 
 def strategy_rank(label: str) -> int:

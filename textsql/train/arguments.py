@@ -99,6 +99,12 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
     average_tokens_across_devices: bool = _textsql_default(
         "average_tokens_across_devices", False, "T5's forward ignores the token count, so averaging would scale the loss by the world size")
     ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
+    fsdp_config: str | None = field(
+        default=None,
+        metadata={"help": "Shard with PyTorch FSDP2 instead of DeepSpeed: a shipped strategy (fsdp_full_shard, "
+                  "fsdp_shard_grad_op, fsdp_full_shard_offload, fsdp_hybrid_shard; the files are in fsdpconfig/) or your "
+                  "own FSDP JSON file (`textsql check-config FILE` checks it). GPUs only; textsql turns --fsdp on."},
+    )
     # How textsql sets the run up.
     runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."})
     precision: str = field(

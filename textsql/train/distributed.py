@@ -16,6 +16,11 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def nodes_in_launch() -> int:
+    """The nodes of this launch: DeepSpeed's launcher says so in CROSS_SIZE (one node without it)."""
+    return int(os.environ.get("CROSS_SIZE", "1"))
+
+
 def ensure_distributed_env() -> None:
     """DeepSpeed outside its launcher needs the rank variables (else it looks for mpi4py)."""
     if "RANK" in os.environ:

@@ -51,8 +51,18 @@ from textsql.strategy.dsconfig import (
     resolve_dsconfig_path,
     resolve_for_run,
 )
+from textsql.strategy.fsdpconfig import (
+    check_fsdp_devices,
+    check_fsdpconfig,
+    describe_fsdp_strategy,
+    hybrid_sizes,
+    load_fsdpconfig,
+    normalized,
+    resolve_fsdpconfig_path,
+    trainer_fsdp_config,
+)
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
-from textsql.train.distributed import ensure_distributed_env, gather_to_all, world_size
+from textsql.train.distributed import ensure_distributed_env, gather_to_all, nodes_in_launch, world_size
 from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
 from textsql.train.trainer import make_trainer_class, peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
 from textsql.vocabulary import fit_embeddings
@@ -122,12 +132,28 @@ def interrupted_message(model: ModelArguments, training: TextsqlTrainingArgument
             f"running the same command again starts over in {folder.absolute()}.")
 
 
-def load_strategy(deepspeed) -> tuple[dict | None, dict]:
-    """(the DeepSpeed config, validated, or None without one; its strategy: stage, offload, label)."""
+def load_strategy(deepspeed, fsdp_config=None) -> tuple[dict | None, dict]:
+    """(the DeepSpeed or FSDP config, validated, or None without one; its strategy: stage or sharding, offload, label)."""
+
+    if deepspeed and fsdp_config:
+        raise TextsqlError("--deepspeed and --fsdp_config were both given: a run shards either with DeepSpeed ZeRO or with "
+                           "PyTorch FSDP. Pass one of them.")
+    if fsdp_config:
+        return (config := load_fsdp_strategy(fsdp_config)), describe_fsdp_strategy(config)
     if not deepspeed:
         return None, describe_strategy(None)
     config = load_dsconfig(resolve_dsconfig_path(deepspeed)) if not isinstance(deepspeed, dict) else deepspeed
     return config, describe_strategy(config)
+
+
+def load_fsdp_strategy(fsdp_config) -> dict:
+    """An FSDP config from a shipped name, a JSON file, or a dict (a notebook's), checked."""
+    if not isinstance(fsdp_config, dict):
+        return load_fsdpconfig(resolve_fsdpconfig_path(fsdp_config))
+    problems, _ = check_fsdpconfig(fsdp_config)
+    if problems:
+        raise TextsqlError("The FSDP config given as a dict cannot be used: " + "; ".join(problems) + ".")
+    return normalized(fsdp_config)
 
 
 def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: int, strategy_label: str | None = None) -> Path:
@@ -135,7 +161,7 @@ def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: in
     if training.output_dir:
         return Path(training.output_dir)
     if strategy_label is None:
-        strategy_label = load_strategy(training.deepspeed)[1]["label"]
+        strategy_label = load_strategy(training.deepspeed, training.fsdp_config)[1]["label"]
     return Path(training.runs_root) / run_folder_name(
         model.model_id, strategy_label, training.per_device_train_batch_size, ranks, run_name_settings(training),
         training.lora_label())
@@ -153,6 +179,7 @@ class RunSetup:
     dsconfig: dict | None
     resume_from: str | None
     trainer_settings: dict
+    fsdpconfig: dict | None = None
 
 
 def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, devices=None) -> RunSetup:
@@ -165,7 +192,14 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     use_accelerator(accelerator)  # before anything imports deepspeed
     requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
     precision = resolve_precision(requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16)
-    dsconfig, strategy = load_strategy(training.deepspeed)
+    if training.fsdp and not training.fsdp_config:
+        raise TextsqlError("--fsdp was given without --fsdp_config: name the FSDP strategy with --fsdp_config "
+                           "fsdp_full_shard (or fsdp_shard_grad_op, fsdp_full_shard_offload, fsdp_hybrid_shard, or your "
+                           "own JSON file); textsql turns FSDP on from it.")
+    config, strategy = load_strategy(training.deepspeed, training.fsdp_config)
+    fsdpconfig = config if strategy["strategy"] == "fsdp" else None
+    dsconfig = None if fsdpconfig is not None else config
+    check_fsdp_devices(strategy, accelerator, devices)
     strategy = dict(strategy, lora=training.lora_settings())  # LoRA rides on any strategy: recorded beside it
     if dsconfig is not None:
         check_batch_settings(
@@ -193,7 +227,21 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
     if dsconfig is not None:
         settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir))
-    return RunSetup(output_dir, precision, accelerator, devices, strategy, dsconfig, resume_from, settings)
+    if fsdpconfig is not None:
+        settings.update(fsdp_trainer_settings(fsdpconfig, world_size(), nodes_in_launch()))
+    return RunSetup(output_dir, precision, accelerator, devices, strategy, dsconfig, resume_from, settings, fsdpconfig)
+
+
+def fsdp_trainer_settings(fsdpconfig: dict, world: int, nodes: int) -> dict:
+    """The Trainer's FSDP2 settings: fsdp on, the config less textsql's keys, and for hybrid sharding accelerate's
+    ParallelismConfig (replicated across the pods, sharded over each pod's ranks)."""
+    settings = {"fsdp": True, "fsdp_config": trainer_fsdp_config(fsdpconfig)}
+    if fsdpconfig.get("hybrid_shard"):
+        from accelerate import ParallelismConfig
+
+        replicate, shard = hybrid_sizes(world, nodes)
+        settings["parallelism_config"] = ParallelismConfig(dp_replicate_size=replicate, dp_shard_size=shard)
+    return settings
 
 
 def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
@@ -230,8 +278,8 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     """
     check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
     plan = set_up_run(model_args, training_args)
-    if plan.dsconfig is not None or world_size() > 1:
-        ensure_distributed_env()
+    if plan.dsconfig is not None or plan.fsdpconfig is not None or world_size() > 1:
+        ensure_distributed_env()  # the Trainer runs FSDP only in a process group, one rank included
     training_args = copy.copy(training_args).finalize(**plan.trainer_settings)
     configure_logging(training_args.process_index == 0, plan.output_dir / LOG_FILE)
     pin_to_one_gpu(training_args)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from textsql.evaluate import decode_and_score
 from textsql.train.distributed import rank
+from textsql.train.fsdp import accelerate_fsdp2_kwargs, full_state_dict, group_tied_embeddings, synced_generation
 
 logger = logging.getLogger("textsql.train")
 
@@ -48,15 +49,22 @@ def make_trainer_class():
                 return metrics
             return self.evaluate()
 
+        def _prepare_for_training(self, *args, **kwargs):
+            # Before accelerate wraps the model (inside the Trainer's preparation): T5's tied embeddings in one unit.
+            if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) == 2:
+                if group_tied_embeddings(self.model, **accelerate_fsdp2_kwargs(self.accelerator)):
+                    logger.info("FSDP: T5's tied embeddings (shared, embed_tokens, lm_head) form one FSDP unit")
+            return super()._prepare_for_training(*args, **kwargs)
+
         def execution_accuracy(self) -> float:
-            """Every rank generates the same questions: under ZeRO-3 they must step through generate() together."""
+            """Every rank generates the same questions: under ZeRO-3 and FSDP they must step through generate() together."""
             from transformers.integrations import is_deepspeed_zero3_enabled
 
             decoding = self.execution_decoding
             _, metrics = decode_and_score(
                 self.accelerator.unwrap_model(self.model), self.processing_class, self.execution_scoring,
                 decoding=decoding["decoding"], num_beams=decoding["num_beams"], batch_size=self.args.per_device_eval_batch_size,
-                synced_gpus=is_deepspeed_zero3_enabled() and self.args.world_size > 1, progress=False,
+                synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), self.is_fsdp_enabled, self.args.world_size), progress=False,
                 device=self.args.device,
             )
             return metrics["execution_accuracy"]
@@ -123,9 +131,10 @@ def tf32_enabled() -> bool:
 
 def save_final_model(trainer, output_dir: Path, dtype: str) -> None:
     """Save the trained weights in one dtype whatever the strategy ran (fp32 by default), with the tokenizer; every rank
-    calls it. DeepSpeed holds the fp32 master weights in its optimizer (the module itself is bf16 under bf16 ZeRO-1/2,
-    and placeholders under ZeRO-3): they are read with safe_get_full_fp32_param, collectively under ZeRO-3. The result
-    loads without DeepSpeed, so scores compare across strategies and the model can be fine-tuned again on any strategy.
+    calls it. FSDP2 holds fp32 shards, gathered whole on rank 0. DeepSpeed holds the fp32 master weights in its
+    optimizer (the module itself is bf16 under bf16 ZeRO-1/2, and placeholders under ZeRO-3): they are read with
+    safe_get_full_fp32_param, collectively under ZeRO-3. The result loads without DeepSpeed or FSDP, so scores compare
+    across strategies and the model can be fine-tuned again on any strategy.
     """
     import torch
 
@@ -138,9 +147,13 @@ def save_final_model(trainer, output_dir: Path, dtype: str) -> None:
         for name, param in model.named_parameters():  # the same order on every rank: each call is a collective
             full = safe_get_full_fp32_param(param)
             state[name] = (param if full is None else full).detach().to("cpu", target)  # None: a frozen ZeRO-1/2 parameter, whole
+    elif trainer.is_fsdp_enabled:
+        state = full_state_dict(model, target)  # FSDP2's fp32 shards gathered on rank 0, collectively
     else:
         state = {name: param.detach().to("cpu", target) for name, param in model.named_parameters()}
-    if trainer.is_world_process_zero() or (trainer.args.save_on_each_node and trainer.is_local_process_zero()):
+    # Under FSDP only rank 0 holds the gathered weights.
+    each_node = trainer.args.save_on_each_node and trainer.is_local_process_zero() and not trainer.is_fsdp_enabled
+    if trainer.is_world_process_zero() or each_node:
         model.save_pretrained(str(output_dir), state_dict=state, safe_serialization=True)
         # save_pretrained records the module's dtype (bf16 under DeepSpeed bf16); from_pretrained(dtype="auto") reads it.
         model.config.dtype = dtype

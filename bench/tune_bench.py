@@ -1,0 +1,86 @@
+"""`textsql tune` on this machine: the tiny T5 and the t5-small shape (random weights) on generated WikiSQL-format data,
+each shape's table, winner and the winner's speed against textsql train's default settings, measured in one run.
+
+    python bench/tune_bench.py --output tune.json                 # both shapes, into a temporary folder
+    python bench/tune_bench.py --shapes tiny --workdir /tmp/tb      # one shape; the folder keeps results (resumable)
+
+The t5-small shape is t5-small's config (d_model 512, d_ff 2048, 6 layers, 8 heads, d_kv 64, vocabulary 32128) with
+random weights and the generated data's tokenizer: nothing is downloaded. On a CPU the candidates are the strategies
+that run there (none, ZeRO-1, ZeRO-2; FSDP is refused on the CPU and shown so); on a GPU every planner row that fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import emit, machine  # noqa: E402
+from textsql.demo import build_assets  # noqa: E402
+from textsql.tune import TuneArguments, as_dict, format_table, run_tune  # noqa: E402
+
+T5_SMALL = dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128)
+# Per shape: the global batch, micro-batches, timed steps and strategies tried on a CPU (minutes, not hours).
+CPU_PLAN = {
+    "tiny": dict(global_batch_size=32, micro_batches="8,32", timed_steps=20, strategies="none,zero2,fsdp_full_shard"),
+    "t5-small": dict(global_batch_size=16, micro_batches="4,16", timed_steps=10, strategies="none,zero2"),
+}
+
+
+def t5_small_shape(tiny_model: Path, folder: Path) -> Path:
+    """A random t5-small-shaped model with the tiny model's tokenizer (its ids fit t5-small's 32128 embeddings)."""
+    import torch
+    from transformers import AutoConfig, T5ForConditionalGeneration
+
+    if (folder / "config.json").exists():
+        return folder
+    tiny = AutoConfig.from_pretrained(tiny_model)
+    config = tiny.__class__(**{**tiny.to_dict(), **T5_SMALL})
+    torch.manual_seed(0)
+    T5ForConditionalGeneration(config).save_pretrained(folder)
+    for path in tiny_model.iterdir():
+        if "token" in path.name or path.name.endswith(".model") or path.name == "special_tokens_map.json":
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="tiny,t5-small", help="Comma-separated: tiny, t5-small.")
+    parser.add_argument(
+        "--workdir", default=None, help="Where data, models and tune folders go (default: a temporary folder)."
+    )
+    parser.add_argument("--warmup_steps", type=int, default=3)
+    parser.add_argument("--repeat_top", type=int, default=2)
+    parser.add_argument("--output", default=None, help="Also write the JSON report here.")
+    args = parser.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="textsql-tune-bench-"))
+    data_dir, tiny_model = build_assets(
+        workdir / "assets", train_tables=60, questions_per_table=8, d_model=64, num_layers=2, seed=1
+    )
+    models = {"tiny": tiny_model, "t5-small": workdir / "t5-small-shape"}
+    report = {"machine": machine(), "shapes": {}}
+    for shape in args.shapes.split(","):
+        model = t5_small_shape(tiny_model, models[shape]) if shape == "t5-small" else models[shape]
+        tune = TuneArguments(
+            model_id=str(model),
+            dataset_dir=str(data_dir),
+            tune_dir=str(workdir / f"tune-{shape}"),
+            warmup_steps=args.warmup_steps,
+            repeat_top=args.repeat_top,
+            accelerator="cpu",
+            **CPU_PLAN[shape],
+        )
+        result = run_tune(tune, ["--learning_rate", "1e-3"], echo=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"\n## {shape}\n\n{format_table(result)}\n", file=sys.stderr, flush=True)
+        report["shapes"][shape] = as_dict(result) | {"settings": CPU_PLAN[shape]}
+    emit(report, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""One rank of textsql's FSDP2 logic on the CPU (gloo): accelerate's real FSDP2 wrapping of the tiny T5 with and without
+textsql's tied-embedding unit, one training step against an unsharded copy, generation with synced_gpus, and the full
+state dict gathered and saved. Each rank writes RESULTS_DIR/rank<N>.json for tests/integration/test_fsdp.py.
+
+    python -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port P \\
+        tests/integration/fsdp_ranks.py MODEL_DIR RESULTS_DIR
+
+The Trainer itself turns FSDP on only on GPUs (on a CPU it silently trains DDP), so this drives the same pieces the
+Trainer does: accelerate's FullyShardedDataParallelPlugin and fsdp2_prepare_model, after textsql's grouping.
+"""
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, register_fsdp_forward_method
+
+from textsql.hub import load_seq2seq_model
+from textsql.strategy.fsdpconfig import load_fsdpconfig, resolve_fsdpconfig_path
+from textsql.train.fsdp import (
+    accelerate_fsdp2_kwargs,
+    full_state_dict,
+    group_tied_embeddings,
+    synced_generation,
+    tied_embedding_modules,
+)
+
+STRATEGIES = ("fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_full_shard_offload", "fsdp_hybrid_shard")
+
+
+def accelerator_for(config: dict, rank: int):
+    """What accelerate's fsdp2_prepare_model reads from an Accelerator: the FSDP2 plugin the Trainer builds from the
+    config (transformers' _process_fsdp_args), the mesh (2-D for hybrid sharding) and the mixed precision."""
+    plugin = FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=",".join(config["transformer_layer_cls_to_wrap"]),
+        reshard_after_forward=config["reshard_after_forward"],
+        # The Trainer's CPUOffloadPolicy() pins host memory, which needs a GPU; unpinned, the same offload path runs.
+        cpu_offload=CPUOffloadPolicy(pin_memory=False) if config["cpu_offload"] else False,
+    )
+    mesh, names = None, None
+    if config.get("hybrid_shard"):  # one "pod" of two ranks: replicate 1 x shard 2, as ParallelismConfig builds it
+        names = ("dp_replicate", "dp_shard")
+        mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=names)
+    return types.SimpleNamespace(
+        state=types.SimpleNamespace(fsdp_plugin=plugin),
+        torch_device_mesh=mesh,
+        parallelism_config=types.SimpleNamespace(fsdp_dim_names=names),
+        mixed_precision="no",
+        is_main_process=rank == 0,
+        device=torch.device("cpu"),
+    )
+
+
+def batch(rank: int | None):
+    """A fixed batch of 4 (equal lengths: the mean of two halves' losses is the whole batch's); a rank its half."""
+    generator = torch.Generator().manual_seed(7)
+    inputs = torch.randint(5, 100, (4, 12), generator=generator)
+    labels = torch.randint(5, 100, (4, 6), generator=generator)
+    if rank is None:
+        return inputs, labels
+    return inputs[2 * rank : 2 * rank + 2], labels[2 * rank : 2 * rank + 2]
+
+
+def step(model, inputs, labels):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = model(input_ids=inputs, labels=labels).loss
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def main(model_dir: str, results_dir: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    report = {"rank": rank, "world_size": dist.get_world_size(), "strategies": {}}
+
+    # Without textsql's unit, accelerate's own wrapping stops at the first forward pass.
+    config = load_fsdpconfig(resolve_fsdpconfig_path("fsdp_full_shard"))
+    plain = load_seq2seq_model(model_dir)
+    report["tied_modules"] = sorted(
+        name for name, m in plain.named_modules() if any(m is t for t in tied_embedding_modules(plain))
+    )
+    try:
+        wrapped = fsdp2_prepare_model(accelerator_for(config, rank), plain)
+        wrapped(input_ids=batch(rank)[0], labels=batch(rank)[1])
+        report["without_grouping"] = "ran"
+    except ValueError as error:
+        report["without_grouping"] = str(error)
+
+    reference = load_seq2seq_model(model_dir)  # unsharded, the whole batch
+    reference_loss = step(reference, *batch(None))
+    whole = {name: p.detach() for name, p in reference.named_parameters()}
+    question = batch(None)[0][rank : rank + 1, : 4 + 4 * rank]  # each rank its own question, of its own length
+    reference_answer = reference.generate(question, max_new_tokens=8 + 6 * rank, do_sample=False)
+
+    for name in STRATEGIES:
+        config = load_fsdpconfig(resolve_fsdpconfig_path(name))
+        model = load_seq2seq_model(model_dir)
+        accelerator = accelerator_for(config, rank)
+        grouped = group_tied_embeddings(model, **accelerate_fsdp2_kwargs(accelerator))
+        model = fsdp2_prepare_model(accelerator, model)
+        loss = step(model, *batch(rank))
+        dist.all_reduce(loss)
+        register_fsdp_forward_method(model, "generate")  # as the Trainer does
+        synced = synced_generation(zero3=False, fsdp=True, world_size=dist.get_world_size())
+        answer = model.generate(question, max_new_tokens=8 + 6 * rank, do_sample=False, synced_gpus=synced)
+        state = full_state_dict(model, torch.float32)
+        row = {
+            "grouped": len(grouped),
+            "embeddings_one_unit": isinstance(model.shared, FSDPModule),
+            "offload_policy": type(accelerate_fsdp2_kwargs(accelerator)["offload_policy"]).__name__,
+            "mean_loss": float(loss) / dist.get_world_size(),
+            "reference_loss": float(reference_loss),
+            "same_answer": bool(torch.equal(answer, reference_answer)),
+            "synced_gpus": synced,
+            "state_on_rank": len(state),
+        }
+        if rank == 0:
+            row["names_match"] = sorted(state) == sorted(whole)
+            row["max_difference"] = max(float((state[k] - whole[k]).abs().max()) for k in whole)
+            row["all_float32"] = all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
+            folder = Path(results_dir) / name
+            model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
+            again = load_seq2seq_model(str(folder))
+            row["saved_architectures"] = again.config.architectures
+            row["reloaded_max_difference"] = max(
+                float((p.detach() - whole[k]).abs().max()) for k, p in again.named_parameters()
+            )
+        report["strategies"][name] = row
+        dist.barrier()
+    Path(results_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=2))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

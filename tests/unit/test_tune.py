@@ -1,0 +1,138 @@
+"""textsql tune's decisions, fed: candidates from the planner at a fixed global batch, the timed throughput from the
+trainer's per-step log, failures named, the simpler setting within the tolerance, and results kept per settings."""
+
+import json
+
+import pytest
+
+from textsql.errors import TextsqlError
+from textsql.strategy.devices import NodeDevices
+from textsql.tune import (
+    Candidate,
+    TuneArguments,
+    _refused_here,
+    choose_winner,
+    failure_reason,
+    failure_status,
+    micro_batch_choices,
+    plan_candidates,
+    read_results,
+    strategy_choices,
+    strategy_values,
+    summarize,
+    timed_throughput,
+)
+
+
+def test_micro_batches_keep_the_global_batch():
+    assert micro_batch_choices(32) == [1, 2, 4, 8, 16, 32]
+    assert micro_batch_choices(24) == [1, 2, 4, 8]
+    assert micro_batch_choices(32, "16,8") == [8, 16]
+    with pytest.raises(TextsqlError, match="do not divide the global batch per rank"):
+        micro_batch_choices(32, "12")
+
+
+def test_strategies_that_apply_here():
+    on_cpu = strategy_choices("", "cpu", 1)
+    assert "none" in on_cpu and "zero2" in on_cpu and not any(s.startswith("fsdp") for s in on_cpu)
+    one_pod = strategy_choices("", "cuda", 1)
+    assert "fsdp_full_shard" in one_pod and "fsdp_hybrid_shard" not in one_pod  # the same as full shard on one pod
+    assert "fsdp_hybrid_shard" in strategy_choices("", "cuda", 2)
+    with pytest.raises(TextsqlError, match="Unknown strategies"):
+        strategy_choices("zero4", "cuda", 1)
+    assert strategy_values("fsdp_shard_grad_op") == {"deepspeed": None, "fsdp_config": "fsdp_shard_grad_op"}
+    assert strategy_values("zero3") == {"deepspeed": "zero3", "fsdp_config": None}
+
+
+def test_fsdp_candidates_are_refused_on_the_cpu_with_the_reason():
+    kept, refused = _refused_here(
+        [Candidate("none", 8, 1), Candidate("fsdp_full_shard", 8, 1)], "cpu", NodeDevices((), 2)
+    )
+    assert [c.key for c in kept] == ["none-mb8-acc1"]
+    assert refused[0]["status"] == "refused" and "fsdp_full_shard needs GPUs" in refused[0]["error"]
+
+
+def test_candidates_from_the_planner_on_a_gpu(tmp_path):
+    (tmp_path / "textsql_data.json").write_text(
+        json.dumps({"lengths": {"train": {"source_percentiles": {"p100": 64}, "target_percentiles": {"p100": 48}}}})
+    )
+    args = TuneArguments(model_id="t5-large", dataset_dir=str(tmp_path), global_batch_size=256)
+    candidates, left_out = plan_candidates(
+        args, ["none", "zero3", "fsdp_full_shard"], [32, 64, 128], 2, "cuda", "bf16", 40.0
+    )
+    keys = {c.key for c in candidates}
+    assert "none-mb32-acc4" in keys and all(c.predicted_gpu_gb for c in candidates)
+    default = next(c for c in candidates if c.default)
+    assert default.key == "none-mb32-acc4"  # textsql train's own micro-batch, accumulated to the global batch
+    assert "none-mb128-acc1" in {r["key"] for r in left_out}  # t5-large without sharding, at 128 per GPU
+    assert all(r["status"] == "predicted not to fit" and r["predicted_gpu_gb"] > 36 for r in left_out)
+    assert all(c.predicted_gpu_gb <= 36 for c in candidates)  # 40 GB less the 10% margin
+    with pytest.raises(TextsqlError, match="no LoRA option yet"):
+        plan_candidates(TuneArguments(lora=True), ["none"], [8], 1, "cpu", "fp32", None)
+
+
+def test_timed_throughput_leaves_the_warmup_out():
+    history = [
+        {"step": 1, "loss": 9, "samples_per_second": 1.0},
+        {"step": 2, "loss": 8, "samples_per_second": 2.0},
+        {"step": 3, "loss": 7, "samples_per_second": 10.0},
+        {"step": 4, "loss": 6, "samples_per_second": 40.0},
+        {"step": 4, "train_runtime": 9.0},
+    ]
+    rate, seconds = timed_throughput(history, warmup_steps=2, samples_per_step=20)
+    assert seconds == pytest.approx((2.0 + 0.5) / 2)  # 20/10 s and 20/40 s
+    assert rate == pytest.approx(40 / 2.5)
+    assert timed_throughput(history, warmup_steps=4, samples_per_step=20) is None
+
+
+def test_failures_are_named():
+    text = "W1124 noise\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n[ERROR] [launch.py] exits"
+    assert failure_status(text) == "out of memory" and failure_reason(text).startswith("torch.OutOfMemoryError")
+    text = "noise\ntextsql train: The DeepSpeed config contradicts the training arguments: ...\n[ERROR] [launch.py]"
+    assert failure_status(text) == "failed"
+    assert failure_reason(text).startswith("The DeepSpeed config contradicts")
+
+
+def row(key, strategy, accumulation, rate, status="ok", repeat=0):
+    return {
+        "key": key,
+        "repeat": repeat,
+        "status": status,
+        "strategy": strategy,
+        "micro_batch": 32 // accumulation,
+        "accumulation": accumulation,
+        "lora": False,
+        "default": key == "none-mb32-acc1",
+        "predicted_gpu_gb": None,
+        "predicted_fits": None,
+        "samples_per_second": rate,
+        "peak_memory_bytes": 1,
+        "memory_kind": "CPU RSS",
+        "error": None if status == "ok" else "why",
+    }
+
+
+def test_a_simpler_setting_within_the_tolerance_wins():
+    rows = [
+        row("zero2-mb32-acc1", "zero2", 1, 100.0),
+        row("zero2-mb32-acc1", "zero2", 1, 104.0, repeat=1),
+        row("none-mb16-acc2", "none", 2, 99.0),
+        row("none-mb32-acc1", "none", 1, 90.0),
+        row("zero3-mb32-acc1", "zero3", 1, None, status="out of memory"),
+    ]
+    table = summarize(rows)
+    assert [e["key"] for e in table] == ["zero2-mb32-acc1", "none-mb16-acc2", "none-mb32-acc1", "zero3-mb32-acc1"]
+    assert table[0]["samples_per_second"] == 102.0 and table[0]["measurements"] == 2
+    assert table[-1]["status"] == "out of memory"
+    assert choose_winner(table, 0.05)["key"] == "none-mb16-acc2"  # 99 is within 5% of 102, and plain DDP is simpler
+    assert choose_winner(table, 0.0)["key"] == "zero2-mb32-acc1"
+    assert choose_winner([table[-1]], 0.05) is None
+
+
+def test_results_of_other_settings_are_refused(tmp_path):
+    path = tmp_path / "tune_results.jsonl"
+    path.write_text(json.dumps({"key": "none-mb8-acc1", "repeat": 0, "fingerprint": "a"}) + "\n")
+    assert len(read_results(path, "a")) == 1
+    with pytest.raises(TextsqlError, match="measurements of other settings"):
+        read_results(path, "b")
+    assert read_results(tmp_path / "none.jsonl", "a") == []

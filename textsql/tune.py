@@ -1,0 +1,789 @@
+"""`textsql tune`: the fastest strategy and micro-batch that fit, measured with textsql's own training at a fixed global
+batch: candidates from the planner, failures recorded beside their prediction, the best few repeated, a simpler setting
+preferred when it is nearly as fast, a table, a plot and a `textsql train` recipe of the winner; resumable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from textsql.errors import TextsqlError
+from textsql.extras import require_notebooks_extra
+from textsql.paths import (
+    METADATA_FILE,
+    TUNE_LOGS_DIR,
+    TUNE_PLOT_FILE,
+    TUNE_RECIPE_FILE,
+    TUNE_RESULTS_FILE,
+    TUNE_RUNS_DIR,
+    TUNE_TABLE_FILE,
+)
+from textsql.planner.memory import GIB, PRECISIONS, Setup, predict_strategy, resolve_model, zero_settings
+from textsql.strategy.devices import NodeDevices, choose_accelerator, resolve_precision
+from textsql.strategy.fsdpconfig import check_fsdp_devices, is_fsdp_config_name
+from textsql.strategy.table import STRATEGIES, is_fsdp, strategy_rank
+from textsql.train.arguments import arguments_dict, arguments_from_dict, parse_arguments
+from textsql.train.local_launch import node_devices, ranks_per_node, run_training
+
+RESULTS_VERSION = 1
+TEXTSQL_DEFAULT_MICRO_BATCH = 32  # textsql train's --per_device_train_batch_size: the "default settings" candidate
+OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "cannot allocate memory")
+
+
+@dataclass
+class TuneArguments:
+    """What to tune, and how long to measure each candidate."""
+
+    model_id: str = field(
+        default="t5-small", metadata={"help": "The model to train (hub name or folder), as textsql train's --model_id."}
+    )
+    dataset_dir: str = field(default="data/wikisql", metadata={"help": "Folder written by `textsql prep`."})
+    tune_dir: str = field(
+        default="tune",
+        metadata={
+            "help": "Where results, logs, the table, the plot and the recipe go. "
+            "Measured candidates are kept there: running again resumes."
+        },
+    )
+    global_batch_size: int = field(
+        default=32,
+        metadata={
+            "help": "Samples per optimizer step over all ranks, the same for "
+            "every candidate (micro-batch x accumulation x ranks)."
+        },
+    )
+    strategies: str = field(
+        default="",
+        metadata={
+            "help": "Comma-separated strategies (or DeepSpeed/FSDP JSON files) to "
+            "try; default: every row of the strategy table that applies here."
+        },
+    )
+    micro_batches: str = field(
+        default="",
+        metadata={
+            "help": "Comma-separated micro-batches per rank; default: the powers "
+            "of two up to the global batch per rank."
+        },
+    )
+    warmup_steps: int = field(
+        default=3, metadata={"help": "Optimizer steps run before timing (allocation, kernels, caches)."}
+    )
+    timed_steps: int = field(default=20, metadata={"help": "Optimizer steps timed per measurement."})
+    repeat_top: int = field(default=3, metadata={"help": "The fastest few candidates measured once more (0: none)."})
+    tolerance: float = field(
+        default=0.05, metadata={"help": "A simpler setting within this fraction of the fastest wins."}
+    )
+    num_gpus: int | None = field(
+        default=None, metadata={"help": "Ranks per pod (one per visible GPU by default; 1 on the CPU)."}
+    )
+    nodes: int = field(
+        default=1,
+        metadata={"help": "Pods: 1 here; more through a started cluster (textsql.tune.run_tune(cluster=...))."},
+    )
+    gpu_memory_gb: float | None = field(
+        default=None, metadata={"help": "Memory of one GPU in GB for the planner; default: this pod's first GPU."}
+    )
+    safety_margin: float = field(
+        default=0.1, metadata={"help": "Fraction of GPU memory the planner keeps free when choosing candidates."}
+    )
+    lora: bool = field(default=False, metadata={"help": "Also try LoRA adapters (when this textsql has them)."})
+    accelerator: str = field(default="auto", metadata={"help": "auto, cuda or cpu, as textsql train's --accelerator."})
+
+    def __post_init__(self):
+        for name in ("global_batch_size", "timed_steps", "nodes"):
+            if getattr(self, name) < 1:
+                raise TextsqlError(f"--{name} must be at least 1, not {getattr(self, name)}.")
+        if self.warmup_steps < 0 or self.repeat_top < 0:
+            raise TextsqlError("--warmup_steps and --repeat_top must be 0 or more.")
+        if not 0 <= self.tolerance < 1:
+            raise TextsqlError(f"--tolerance is a fraction (0.05 = 5 percent), not {self.tolerance!r}.")
+
+
+@dataclass
+class Candidate:
+    """One setting to measure: a strategy (a table row or a config file), a micro-batch and the accumulation that keeps
+    the global batch; with the planner's prediction for it."""
+
+    strategy: str
+    micro_batch: int
+    accumulation: int
+    predicted_gpu_gb: float | None = None
+    predicted_fits: bool | None = None  # None: no prediction applies (the CPU, a config file)
+    lora: bool = False
+    default: bool = False  # textsql train's own settings
+
+    @property
+    def key(self) -> str:
+        name = Path(self.strategy).stem if self.strategy.endswith(".json") else self.strategy
+        return f"{name}-mb{self.micro_batch}-acc{self.accumulation}" + ("-lora" if self.lora else "")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Candidates
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def micro_batch_choices(per_rank: int, requested: str = "") -> list[int]:
+    """Micro-batches that divide the global batch per rank: the requested ones, or the powers of two up to it."""
+    if requested:
+        try:
+            sizes = sorted({int(part) for part in requested.split(",") if part.strip()})
+        except ValueError:
+            raise TextsqlError(
+                f"--micro_batches is a comma-separated list of whole numbers, like 4,8,16; not {requested!r}."
+            ) from None
+        bad = [size for size in sizes if size < 1 or per_rank % size]
+        if bad:
+            raise TextsqlError(
+                f"Micro-batches {bad} do not divide the global batch per rank ({per_rank}): accumulation "
+                "must keep the same global batch for every candidate. Choose divisors of it."
+            )
+        return sizes
+    return [2**i for i in range(int(math.log2(per_rank)) + 1) if per_rank % 2**i == 0]
+
+
+def strategy_choices(requested: str, accelerator: str, nodes: int) -> list[str]:
+    """The strategies to try: the requested ones, or every table row that applies (FSDP on GPUs; hybrid sharding only
+    across pods, where it differs from full sharding)."""
+    if requested:
+        names = [part.strip() for part in requested.split(",") if part.strip()]
+        unknown = [n for n in names if n not in STRATEGIES and not n.endswith(".json")]
+        if unknown:
+            raise TextsqlError(
+                f"Unknown strategies {unknown}: use names of the strategy table ({', '.join(STRATEGIES)}) "
+                "or paths of DeepSpeed/FSDP JSON files."
+            )
+        return names
+    return [
+        name
+        for name in STRATEGIES
+        if not (is_fsdp(name) and accelerator == "cpu") and not (name == "fsdp_hybrid_shard" and nodes == 1)
+    ]
+
+
+def dataset_lengths(dataset_dir: str) -> tuple[int, int]:
+    """The longest source and target of the prepared training split (what a batch is padded to at worst)."""
+    path = Path(dataset_dir) / METADATA_FILE
+    try:
+        train = json.loads(path.read_text())["lengths"]["train"]
+        return int(train["source_percentiles"]["p100"]), int(train["target_percentiles"]["p100"])
+    except (OSError, KeyError, TypeError, ValueError):
+        raise TextsqlError(
+            f"'{path}' cannot be read: --dataset_dir must be a folder written by `textsql prep`."
+        ) from None
+
+
+def plan_candidates(
+    args: TuneArguments,
+    strategies: list[str],
+    micro_batches: list[int],
+    world: int,
+    accelerator: str,
+    precision: str,
+    gpu_memory_gb: float | None,
+) -> tuple[list[Candidate], list[dict]]:
+    """(the candidates to measure, the settings left out with the reason): every strategy x micro-batch the planner
+    predicts to fit in the GPU's memory (less the margin); on the CPU there is no GPU prediction, so all are tried."""
+    per_rank = args.global_batch_size // world
+    shape = setup = None
+    if accelerator == "cuda" and gpu_memory_gb:
+        shape = resolve_model(args.model_id)
+        source, target = dataset_lengths(args.dataset_dir)
+        setup = Setup(
+            args.nodes,
+            world // args.nodes,
+            source,
+            target,
+            precision if precision in PRECISIONS else "fp32",
+            False,
+            tuple(sorted(zero_settings(None).items())),
+        )
+    candidates, left_out = [], []
+    for strategy in strategies:
+        for micro in micro_batches:
+            candidate = Candidate(strategy, micro, per_rank // micro)
+            if shape is not None and strategy in STRATEGIES:
+                row = predict_strategy(shape, setup, strategy, micro)
+                candidate.predicted_gpu_gb = round(row["gpu_total_bytes"] / GIB, 3)
+                candidate.predicted_fits = row["gpu_total_bytes"] <= gpu_memory_gb * GIB * (1 - args.safety_margin)
+                if not candidate.predicted_fits:
+                    left_out.append(
+                        result_row(
+                            candidate,
+                            "predicted not to fit",
+                            error=f"predicted {candidate.predicted_gpu_gb:.1f} GB of {gpu_memory_gb:g} GB",
+                        )
+                    )
+                    continue
+            candidates.append(candidate)
+    default = Candidate("none", min(TEXTSQL_DEFAULT_MICRO_BATCH, per_rank), 0, default=True)
+    default.accumulation = per_rank // default.micro_batch
+    match = next((c for c in candidates if c.key == default.key), None)
+    if match is not None:
+        match.default = True
+    else:  # always measured: the winner is compared with it
+        candidates.insert(0, default)
+    if args.lora:
+        candidates += lora_candidates(candidates)
+    return candidates, left_out
+
+
+def lora_candidates(candidates: list[Candidate]) -> list[Candidate]:
+    """LoRA variants of the candidates: the hook for textsql's LoRA option, which this version does not have yet."""
+    raise TextsqlError(
+        "--lora True asks for LoRA candidates, but this textsql has no LoRA option yet. Leave --lora out."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Measuring one candidate
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def candidate_arguments(base: dict, candidate: Candidate, args: TuneArguments, output_dir: Path):
+    """The three argument dataclasses of one measurement: the user's settings, the candidate's strategy and batch, a
+    fixed number of steps logged one by one, no evaluation, no checkpoints."""
+    values = dict(
+        base,
+        per_device_train_batch_size=candidate.micro_batch,
+        gradient_accumulation_steps=candidate.accumulation,
+        max_steps=args.warmup_steps + args.timed_steps,
+        logging_steps=1,
+        logging_first_step=True,
+        eval_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        execution_accuracy_samples=0,
+        output_dir=str(output_dir),
+        overwrite=True,
+        disable_tqdm=True,
+        accelerator=args.accelerator,
+        num_gpus=args.num_gpus,
+    )
+    values.update(strategy_values(candidate.strategy))
+    return arguments_from_dict(values)
+
+
+def strategy_values(strategy: str) -> dict:
+    """The `textsql train` arguments that select a strategy: --deepspeed or --fsdp_config (none for "none")."""
+    if strategy == "none":
+        return {"deepspeed": None, "fsdp_config": None}
+    if is_fsdp(strategy) or (strategy.endswith(".json") and is_fsdp_config_name(strategy)):
+        return {"deepspeed": None, "fsdp_config": strategy}
+    return {"deepspeed": strategy, "fsdp_config": None}
+
+
+def timed_throughput(log_history: list[dict], warmup_steps: int, samples_per_step: int) -> tuple[float, float] | None:
+    """(samples/s, seconds per step) over the steps after the warm-up, from the per-step samples_per_second textsql's
+    trainer logs (the time between two log lines, so the warm-up's start-up is outside it)."""
+    rates = [
+        h["samples_per_second"]
+        for h in log_history
+        if "samples_per_second" in h and h.get("step", 0) > warmup_steps and h["samples_per_second"] > 0
+    ]
+    if not rates:
+        return None
+    seconds = sum(samples_per_step / rate for rate in rates)
+    return len(rates) * samples_per_step / seconds, seconds / len(rates)
+
+
+def peak_memory(summary) -> tuple[int | None, str]:
+    """The busiest rank's peak: torch's reserved GPU memory, or the process's resident memory on the CPU."""
+    ranks = summary.peak_memory_per_rank or []
+    gpu = [r["cuda_max_reserved_bytes"] for r in ranks if "cuda_max_reserved_bytes" in r]
+    if gpu:
+        return max(gpu), "GPU reserved"
+    cpu = [r.get("cpu_peak_rss_bytes", 0) for r in ranks]
+    return (max(cpu) if cpu else None), "CPU RSS"
+
+
+def failure_status(message: str) -> str:
+    lowered = message.lower()
+    return "out of memory" if any(marker in lowered for marker in OUT_OF_MEMORY_MARKERS) else "failed"
+
+
+def result_row(candidate: Candidate, status: str, *, repeat: int = 0, error: str | None = None, **measured) -> dict:
+    return {
+        "key": candidate.key,
+        "repeat": repeat,
+        "status": status,
+        "strategy": candidate.strategy,
+        "micro_batch": candidate.micro_batch,
+        "accumulation": candidate.accumulation,
+        "lora": candidate.lora,
+        "default": candidate.default,
+        "predicted_gpu_gb": candidate.predicted_gpu_gb,
+        "predicted_fits": candidate.predicted_fits,
+        "error": error,
+        **measured,
+    }
+
+
+def measure(candidate: Candidate, args: TuneArguments, base: dict, world: int, repeat: int, train) -> dict:
+    """Train one candidate for the warm-up and timed steps and return its result row; a failure is caught and recorded
+    (an out-of-memory named as such) with the last lines of its output."""
+    tune_dir = Path(args.tune_dir)
+    output_dir = tune_dir / TUNE_RUNS_DIR / f"{candidate.key}-r{repeat}"
+    log = tune_dir / TUNE_LOGS_DIR / f"{candidate.key}-r{repeat}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    try:
+        arguments = candidate_arguments(base, candidate, args, output_dir)
+        with log.open("w") as stream:
+            summary = train(arguments, lambda line: stream.write(line + "\n"))
+    except TextsqlError as error:
+        text = str(error)
+        return result_row(
+            candidate,
+            failure_status(text),
+            repeat=repeat,
+            error=failure_reason(text),
+            output_tail=_last_lines(text),
+            log=str(log),
+            wall_seconds=round(time.perf_counter() - started, 1),
+        )
+    try:
+        state = json.loads((Path(summary.output_dir) / "trainer_state.json").read_text())
+    except (OSError, ValueError) as error:  # a run folder this process cannot read (another pod's disk)
+        return result_row(
+            candidate, "failed", repeat=repeat, error=f"the run's trainer_state.json cannot be read: {error}"
+        )
+    samples_per_step = candidate.micro_batch * candidate.accumulation * world
+    timed = timed_throughput(state.get("log_history", []), args.warmup_steps, samples_per_step)
+    peak, kind = peak_memory(summary)
+    if timed is None:
+        return result_row(candidate, "failed", repeat=repeat, error="no timed step was logged", log=str(log))
+    return result_row(
+        candidate,
+        "ok",
+        repeat=repeat,
+        samples_per_second=round(timed[0], 3),
+        seconds_per_step=round(timed[1], 4),
+        peak_memory_bytes=peak,
+        memory_kind=kind,
+        final_loss=summary.last_logged_loss,
+        run_dir=summary.output_dir,
+        log=str(log),
+        wall_seconds=round(time.perf_counter() - started, 1),
+    )
+
+
+def _last_lines(text: str, count: int = 6) -> str:
+    return "\n".join(text.strip().splitlines()[-count:])
+
+
+def failure_reason(text: str) -> str:
+    """The line that says why a training failed: textsql's own message, else the last exception line, else the last."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("textsql train:"):
+            return line.removeprefix("textsql train:").strip()
+    for line in reversed(lines):
+        if ("Error:" in line or "error:" in line) and "launch.py" not in line:
+            return line
+    return lines[-1] if lines else "no output"
+
+
+def local_trainer(arguments, echo) -> object:
+    """One measurement on this pod: textsql's own launch (child processes, one rank per GPU)."""
+    model, data, training = arguments
+    return run_training(model, data, training, training.num_gpus, echo=echo)
+
+
+def cluster_trainer(cluster):
+    """One measurement through a started textsql cluster (textsql.cluster.Cluster) on several pods; the workers are
+    kept between candidates, also after a failure."""
+
+    def train(arguments, echo):
+        return cluster.train(*arguments, stop_on_failure=False)["summary"]
+
+    return train
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Results: one JSON line per measurement, resumable
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def fingerprint(args: TuneArguments, base: dict, world: int) -> str:
+    """What makes measurements comparable: the model, the data, the global batch, the steps, the ranks, the settings."""
+    settings = {
+        "model": args.model_id,
+        "data": args.dataset_dir,
+        "global_batch": args.global_batch_size,
+        "world": world,
+        "warmup": args.warmup_steps,
+        "timed": args.timed_steps,
+        "accelerator": args.accelerator,
+        "base": {k: v for k, v in sorted(base.items()) if k not in ("output_dir",)},
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_results(path: Path, print_: str) -> list[dict]:
+    """The measurements already in the tune folder for these settings; other settings' results are refused."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    other = [r for r in rows if r.get("fingerprint") != print_]
+    if other:
+        raise TextsqlError(
+            f"{path} holds measurements of other settings (model, data, global batch, steps or training "
+            "arguments differ), which are not comparable with these. Pass another --tune_dir, or remove "
+            "that folder to measure again."
+        )
+    return rows
+
+
+def append_result(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as stream:
+        stream.write(json.dumps(row, default=str) + "\n")
+        stream.flush()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Choosing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per candidate: its measurements' mean samples/s (and spread), the largest peak, or its failure."""
+    by_key: dict[str, list[dict]] = {}
+    for row in rows:
+        by_key.setdefault(row["key"], []).append(row)
+    table = []
+    for measured in by_key.values():
+        ok = [r for r in measured if r["status"] == "ok"]
+        first = measured[0]
+        entry = {
+            k: first[k]
+            for k in (
+                "key",
+                "strategy",
+                "micro_batch",
+                "accumulation",
+                "lora",
+                "default",
+                "predicted_gpu_gb",
+                "predicted_fits",
+            )
+        }
+        if ok:
+            rates = [r["samples_per_second"] for r in ok]
+            entry |= {
+                "status": "ok",
+                "samples_per_second": statistics.mean(rates),
+                "measurements": len(rates),
+                "spread": (max(rates) - min(rates)) / statistics.mean(rates) if len(rates) > 1 else 0.0,
+                "peak_memory_bytes": max(r["peak_memory_bytes"] or 0 for r in ok),
+                "memory_kind": ok[0]["memory_kind"],
+            }
+        else:
+            entry |= {"status": measured[-1]["status"], "error": measured[-1].get("error"), "measurements": 0}
+        table.append(entry)
+    return sorted(table, key=lambda e: (e["status"] != "ok", -(e.get("samples_per_second") or 0), e["key"]))
+
+
+def simplicity(entry: dict) -> tuple:
+    """Simpler first: the strategy table's order (plain data parallel, then ZeRO-1, ...), then less accumulation."""
+    return (strategy_rank(entry["strategy"]), entry["accumulation"], entry["key"])
+
+
+def choose_winner(table: list[dict], tolerance: float) -> dict | None:
+    """The simplest candidate within `tolerance` of the fastest; None when nothing ran."""
+    ok = [e for e in table if e["status"] == "ok"]
+    if not ok:
+        return None
+    best = max(e["samples_per_second"] for e in ok)
+    close = [e for e in ok if e["samples_per_second"] >= best * (1 - tolerance)]
+    return min(close, key=simplicity)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TuneResult:
+    """What `run_tune` found: every candidate (fastest first, failures last), the winner, the default's speed."""
+
+    table: list[dict]
+    winner: dict | None
+    default: dict | None
+    left_out: list[dict]
+    tune_dir: Path
+    recipe: Path | None
+    plot: Path | None
+    measured_now: int
+    global_batch_size: int = 0
+
+    @property
+    def speedup_over_default(self) -> float | None:
+        if not (self.winner and self.default and self.default.get("status") == "ok"):
+            return None
+        return self.winner["samples_per_second"] / self.default["samples_per_second"]
+
+
+def run_tune(
+    args: TuneArguments,
+    train_argv: list[str] | tuple = (),
+    *,
+    cluster=None,
+    devices: NodeDevices | None = None,
+    echo=print,
+) -> TuneResult:
+    """Measure every candidate (those in the tune folder's results are not run again), repeat the fastest few, choose,
+    and write the table, the plot and the recipe into args.tune_dir. `train_argv`: more `textsql train` arguments for
+    every candidate and the recipe. `cluster`: a started textsql.cluster.Cluster to measure on several pods."""
+    base_model, base_data, base_training = parse_arguments(
+        ["--model_id", args.model_id, "--dataset_dir", args.dataset_dir, *train_argv]
+    )
+    base = arguments_dict(base_model, base_data, base_training)
+    if cluster is None and args.nodes != 1:
+        raise TextsqlError(
+            f"--nodes {args.nodes} needs a started cluster: call textsql.tune.run_tune(args, cluster=...) "
+            "with a textsql.cluster.Cluster (its pods are the nodes), or tune on this pod with --nodes 1."
+        )
+    devices = devices if devices is not None else node_devices(args.accelerator)
+    accelerator = choose_accelerator(args.accelerator, devices)
+    ranks = ranks_per_node(args.num_gpus, devices) if accelerator == "cuda" else (args.num_gpus or 1)
+    world = ranks * args.nodes
+    if args.global_batch_size % world:
+        raise TextsqlError(
+            f"The global batch {args.global_batch_size} does not divide over {world} ranks: pass a "
+            f"--global_batch_size that is a multiple of {world}."
+        )
+    precision = resolve_precision(
+        base_training.precision, args.model_id, devices.gpus if accelerator == "cuda" else ()
+    ).name
+    gpu_memory_gb = args.gpu_memory_gb or (
+        devices.gpus[0].memory_bytes / GIB if devices.gpus and devices.gpus[0].memory_bytes else None
+    )
+    strategies = strategy_choices(args.strategies, accelerator, args.nodes)
+    micro_batches = micro_batch_choices(args.global_batch_size // world, args.micro_batches)
+    candidates, left_out = plan_candidates(
+        args, strategies, micro_batches, world, accelerator, precision, gpu_memory_gb
+    )
+    candidates, refused = _refused_here(candidates, accelerator, devices)
+    left_out += refused
+
+    tune_dir = Path(args.tune_dir)
+    results_path = tune_dir / TUNE_RESULTS_FILE
+    print_ = fingerprint(args, base, world)
+    rows = read_results(results_path, print_)
+    done = {(r["key"], r["repeat"]) for r in rows}
+    train = cluster_trainer(cluster) if cluster is not None else local_trainer
+    echo(
+        f"textsql tune: {len(candidates)} candidates at a global batch of {args.global_batch_size} on {world} rank(s) "
+        f"({devices.describe()}, {precision}); {args.warmup_steps} warm-up + {args.timed_steps} timed steps each; "
+        f"results in {results_path}"
+    )
+    measured_now = 0
+    out_of_memory: dict[str, int] = {}  # strategy -> the smallest micro-batch that ran out of memory
+
+    def run_one(candidate: Candidate, repeat: int, position: str) -> None:
+        nonlocal measured_now
+        if (candidate.key, repeat) in done:
+            echo(f"{position} {candidate.key}: measured before, kept ({results_path.name})")
+            return
+        if candidate.strategy in out_of_memory and candidate.micro_batch > out_of_memory[candidate.strategy]:
+            row = result_row(
+                candidate,
+                "skipped",
+                repeat=repeat,
+                error=f"micro-batch {out_of_memory[candidate.strategy]} ran out of memory under this strategy",
+            )
+        else:
+            echo(f"{position} {candidate.key}: training {args.warmup_steps} + {args.timed_steps} steps ...")
+            row = measure(candidate, args, base, world, repeat, train)
+            measured_now += 1
+        row["fingerprint"] = print_
+        append_result(results_path, row)
+        rows.append(row)
+        done.add((candidate.key, repeat))
+        if row["status"] == "out of memory":
+            out_of_memory[candidate.strategy] = min(
+                candidate.micro_batch, out_of_memory.get(candidate.strategy, candidate.micro_batch)
+            )
+        echo(f"{position} {candidate.key}: {describe_row(row)}")
+
+    ordered = sorted(candidates, key=lambda c: (strategy_rank(c.strategy), c.strategy, c.micro_batch))
+    for i, candidate in enumerate(ordered, 1):
+        run_one(candidate, 0, f"[{i}/{len(ordered)}]")
+    fastest = [e for e in summarize(rows) if e["status"] == "ok"][: args.repeat_top]
+    by_key = {c.key: c for c in candidates}
+    for i, entry in enumerate(fastest, 1):
+        run_one(by_key[entry["key"]], 1, f"[repeat {i}/{len(fastest)}]")
+
+    table = summarize([r for r in rows if r["key"] in by_key])
+    winner = choose_winner(table, args.tolerance)
+    default = next((e for e in table if e["default"]), None)
+    result = TuneResult(table, winner, default, left_out, tune_dir, None, None, measured_now, args.global_batch_size)
+    (tune_dir / TUNE_TABLE_FILE).write_text(format_table(result) + "\n")
+    if winner is not None:
+        result.recipe = write_recipe(tune_dir / TUNE_RECIPE_FILE, winner, base_model, base_data, base_training, args)
+    result.plot = plot_tune(result, tune_dir / TUNE_PLOT_FILE)
+    return result
+
+
+def _refused_here(
+    candidates: list[Candidate], accelerator: str, devices: NodeDevices
+) -> tuple[list[Candidate], list[dict]]:
+    """Candidates that cannot run on these devices (FSDP on the CPU), recorded with textsql's reason instead of run."""
+    kept, refused = [], []
+    for candidate in candidates:
+        if is_fsdp(candidate.strategy):
+            try:
+                check_fsdp_devices({"strategy": "fsdp", "label": candidate.strategy}, accelerator, devices)
+            except TextsqlError as error:
+                refused.append(result_row(candidate, "refused", error=str(error)))
+                continue
+        kept.append(candidate)
+    return kept, refused
+
+
+def describe_row(row: dict) -> str:
+    if row["status"] == "ok":
+        peak = row.get("peak_memory_bytes")
+        predicted = f", predicted {row['predicted_gpu_gb']:.2f} GB" if row.get("predicted_gpu_gb") is not None else ""
+        return (
+            f"{row['samples_per_second']:.1f} samples/s, {row['seconds_per_step'] * 1000:.0f} ms/step, peak "
+            f"{(peak or 0) / GIB:.2f} GB {row.get('memory_kind', '')}{predicted}"
+        )
+    return f"{row['status'].upper()}: {(row.get('error') or '').splitlines()[-1] if row.get('error') else ''}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Output: the table, the plot, the recipe
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def format_table(result: TuneResult) -> str:
+    """The candidates as Markdown, fastest first, the planner's prediction beside what happened, then the winner."""
+    lines = [
+        "| candidate | strategy | micro-batch | accumulation | samples/s | vs default | runs | peak memory (GB) "
+        "| predicted GPU (GB) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    default_rate = (
+        result.default.get("samples_per_second") if result.default and result.default["status"] == "ok" else None
+    )
+    winner_key = result.winner["key"] if result.winner else None
+    for e in result.table + result.left_out:
+        rate = e.get("samples_per_second")
+        relative = f"{rate / default_rate:.2f}x" if rate and default_rate else ""
+        peak = f"{e['peak_memory_bytes'] / GIB:.2f} {e['memory_kind']}" if e.get("peak_memory_bytes") else ""
+        predicted = "" if e.get("predicted_gpu_gb") is None else f"{e['predicted_gpu_gb']:.2f}"
+        status = (
+            e["status"]
+            if e["status"] == "ok"
+            else f"{e['status']}: {(e.get('error') or '').splitlines()[-1][:90] if e.get('error') else ''}"
+        )
+        marks = (" **winner**" if e["key"] == winner_key else "") + (" (default)" if e.get("default") else "")
+        spread = f" ±{e['spread'] / 2:.0%}" if e.get("spread") else ""
+        lines.append(
+            f"| {e['key']}{marks} | {e['strategy']} | {e['micro_batch']} | {e['accumulation']} | "
+            f"{'' if rate is None else f'{rate:.1f}{spread}'} | {relative} | {e.get('measurements', 0)} | {peak} | "
+            f"{predicted} | {status} |"
+        )
+    lines.append("")
+    if result.winner is None:
+        lines.append("No candidate trained: see the failures above and their logs.")
+    else:
+        speedup = result.speedup_over_default
+        lines.append(
+            f"winner: {result.winner['key']} ({result.winner['samples_per_second']:.1f} samples/s"
+            + (f", {speedup:.2f}x textsql train's default settings" if speedup else "")
+            + ")"
+        )
+    return "\n".join(lines)
+
+
+def recipe_values(winner: dict, model, data, training, args: TuneArguments) -> dict:
+    """The winner as `textsql train` arguments: every setting the user gave that differs from textsql's defaults, the
+    strategy, the micro-batch and the accumulation."""
+    given = arguments_dict(model, data, training)
+    defaults = arguments_dict(*parse_arguments([]))
+    values = {"model_id": model.model_id, "dataset_dir": data.dataset_dir}
+    values |= {k: v for k, v in given.items() if v != defaults.get(k) and k not in ("model_id", "dataset_dir")}
+    values |= {k: v for k, v in strategy_values(winner["strategy"]).items() if v is not None}
+    values |= {
+        "per_device_train_batch_size": winner["micro_batch"],
+        "gradient_accumulation_steps": winner["accumulation"],
+    }
+    if args.num_gpus is not None:
+        values["num_gpus"] = args.num_gpus
+    return values
+
+
+def write_recipe(path: Path, winner: dict, model, data, training, args: TuneArguments) -> Path:
+    import yaml  # PyYAML comes with transformers
+
+    values = recipe_values(winner, model, data, training, args)
+    arguments_from_dict(values)  # the recipe must parse as `textsql train` reads it
+    header = (
+        f"# The fastest setting `textsql tune` measured ({winner['samples_per_second']:.1f} samples/s, global batch "
+        f"of {args.global_batch_size}; table: {TUNE_TABLE_FILE}).\n# Run: textsql train {path}\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def plot_tune(result: TuneResult, path: Path) -> Path | None:
+    """Samples/s and peak memory per measured candidate; None (and no file) without matplotlib (the notebooks extra)."""
+    try:
+        require_notebooks_extra("matplotlib", "The tune plot")
+    except TextsqlError:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    ok = [e for e in result.table if e["status"] == "ok"]
+    if not ok:
+        return None
+    fig = Figure(figsize=(max(6, 0.7 * len(ok) + 2), 6.5))
+    FigureCanvasAgg(fig)  # Agg without pyplot: no global backend switch
+    speed, memory = fig.subplots(2, 1, sharex=True)
+    names = [e["key"] for e in ok]
+    colors = [
+        "C1" if result.winner and e["key"] == result.winner["key"] else f"C{0 if not e.get('default') else 2}"
+        for e in ok
+    ]
+    speed.bar(names, [e["samples_per_second"] for e in ok], color=colors)
+    speed.set_ylabel("samples/s")
+    winner = result.winner["key"] if result.winner else "-"
+    speed.set_title(
+        f"global batch {result.global_batch_size}: winner {winner} (orange), textsql's defaults (green)", fontsize=10
+    )
+    memory.bar(names, [e["peak_memory_bytes"] / GIB for e in ok], color=colors)
+    memory.set_ylabel(f"peak memory (GB, {ok[0]['memory_kind']})")
+    for label in memory.get_xticklabels():
+        label.set_rotation(45)
+        label.set_horizontalalignment("right")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def as_dict(result: TuneResult) -> dict:
+    """The result as JSON-able data (`textsql tune --json`)."""
+    return {
+        "table": result.table,
+        "winner": result.winner,
+        "default": result.default,
+        "left_out": result.left_out,
+        "speedup_over_default": result.speedup_over_default,
+        "tune_dir": str(result.tune_dir),
+        "recipe": str(result.recipe) if result.recipe else None,
+        "plot": str(result.plot) if result.plot else None,
+        "measured_now": result.measured_now,
+    }
