@@ -1,5 +1,6 @@
 """Shared fixtures: generated WikiSQL data and a tiny T5 built once per test session, and a CPU environment for child processes."""
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -186,7 +187,9 @@ def lora_adapter(assets, tmp_path_factory):
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from textsql.adapters import RECORD_VERSION, LoraArguments, adapter_record, base_fingerprint
     from textsql.hub import load_seq2seq_model, load_tokenizer
+    from textsql.paths import ADAPTER_RECORD_FILE
 
     _, model_dir = assets
     folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"
@@ -197,5 +200,10 @@ def lora_adapter(assets, tmp_path_factory):
             if "lora_B" in name:
                 parameter.normal_(0, 0.5)
     model.save_pretrained(folder)
-    load_tokenizer(str(model_dir)).save_pretrained(folder)
+    tokenizer = load_tokenizer(str(model_dir))
+    tokenizer.save_pretrained(folder)
+    # textsql's record of the base it was trained on, as `textsql train --lora` writes it (textsql.adapters)
+    lora = LoraArguments(lora=True, lora_rank=4, lora_alpha=8.0, lora_targets="qv")
+    record = adapter_record(model, lora, str(model_dir), tokenizer, [], base_fingerprint(load_seq2seq_model(str(model_dir))))
+    (folder / ADAPTER_RECORD_FILE).write_text(json.dumps({"version": RECORD_VERSION, **record}, indent=2) + "\n")
     return folder

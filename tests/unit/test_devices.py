@@ -178,10 +178,11 @@ def test_one_rank_per_gpu_through_the_launcher_by_default(monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     four = node(A100_40GB, 4, cores=32)
     command = training_command(Path("args.json"), 4, four, uses_deepspeed=False)
-    assert command[1:] == ["--num_gpus", "4", "--module", "textsql.train", "args.json"]
+    assert command[1] == "--master_port" and command[2].isdigit()  # a free port: two trainings on one pod never collide
+    assert command[3:] == ["--num_gpus", "4", "--module", "textsql.train", "args.json"]
     assert training_command(Path("args.json"), 1, four, uses_deepspeed=False)[1:] == ["-m", "textsql.train", "args.json"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
-    assert training_command(Path("a.json"), 2, node(A100_40GB, 2), uses_deepspeed=True)[1:3] == ["--include", "localhost:1,3"]
+    assert training_command(Path("a.json"), 2, node(A100_40GB, 2), uses_deepspeed=True)[3:5] == ["--include", "localhost:1,3"]
     env = child_environment(4, four)
     assert env["OMP_NUM_THREADS"] == "8" and "DS_ACCELERATOR" not in env
     assert env[STARTED_BY_TEXTSQL] == "4"

@@ -20,7 +20,7 @@ from textsql.planner.zero3_trace import (
     zero3_step_events,
 )
 from textsql.strategy.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
-from textsql.strategy.table import FSDP_LAYOUT, STRATEGIES, STRATEGY_LAYOUT
+from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_LAYOUT, STRATEGIES, STRATEGY_LAYOUT
 
 GIB = 2**30  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -756,19 +756,19 @@ def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, 
     lora_setup = replace(setup, lora_rank=args.lora_rank, lora_targets=args.lora_targets)
     layers = lora_layers(shape, args.lora_rank, args.lora_targets)
     rows = {}
-    for name in STRATEGIES:
+    for name in DEEPSPEED_STRATEGIES:  # LoRA is modelled on the ZeRO strategies (and plain DDP); not yet under FSDP
         row = predict(shape, lora_setup, *STRATEGY_LAYOUT[name], args.per_device_train_batch_size)
         rows[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
     plan["lora"] = {"rank": args.lora_rank, "targets": args.lora_targets, "trainable_parameters": layers["trainable"],
                     "adapted_layers": sum(count for _, count, *_ in layers["layers"]), "strategies": rows}
     plan["assumptions"] = plan["assumptions"] + LORA_ASSUMPTIONS
-    offload = [n for n in STRATEGIES if STRATEGY_LAYOUT[n][1]]
+    offload = [n for n in DEEPSPEED_STRATEGIES if STRATEGY_LAYOUT[n][1]]
     plan["lora"]["offload_note"] = "; ".join(
         f"{n}: GPU {plan['strategies'][n]['gpu_total_gb']:.1f} -> {rows[n]['gpu_total_gb']:.1f} GB, host "
         f"{plan['strategies'][n]['cpu_per_node_gb']:.1f} -> {rows[n]['cpu_per_node_gb']:.1f} GB per pod" for n in offload
     ) + ": with CPU offload the optimizer states live in host memory, so LoRA's saving is there."
     full = plan["recommendation"]
-    fitting = [n for n in STRATEGIES if rows[n]["fits_with_margin"]]
+    fitting = [n for n in DEEPSPEED_STRATEGIES if rows[n]["fits_with_margin"]]
     if not fitting:
         plan["lora"]["recommendation"] = None
         return
@@ -800,7 +800,7 @@ def pods_for_full_fine_tuning(shape: ModelShape, setup: Setup, args: PlanArgumen
 
     for nodes in range(args.nodes + 1, most + 1):
         more = replace(setup, nodes=nodes)
-        if any(_fits(predict(shape, more, *STRATEGY_LAYOUT[n], args.per_device_train_batch_size), limits) for n in STRATEGIES):
+        if any(_fits(predict_strategy(shape, more, n, args.per_device_train_batch_size), limits) for n in STRATEGIES):
             return nodes
     return None
 
