@@ -17,9 +17,15 @@ def machine() -> dict:
     import torch
     import transformers
 
-    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch_default_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "platform": platform.platform()}
+    info = {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch_default_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
     try:
         import deepspeed
 
@@ -27,12 +33,18 @@ def machine() -> dict:
     except ImportError:
         pass
     try:
-        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        info["cpu"] = next(
+            line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     if torch.cuda.is_available():
-        info.update(gpu=torch.cuda.get_device_name(), gpu_count=torch.cuda.device_count(), cuda=torch.version.cuda,
-                    gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
+        info.update(
+            gpu=torch.cuda.get_device_name(),
+            gpu_count=torch.cuda.device_count(),
+            cuda=torch.version.cuda,
+            gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory,
+        )
     return info
 
 
@@ -69,8 +81,15 @@ def prepared_release(source: str, tokenizer: str, workdir: str | Path, source_fo
     key = hashlib.sha256(json.dumps([str(Path(source).resolve()), model_id, source_format]).encode()).hexdigest()[:12]
     output_dir = Path(workdir) / f"release-{source_format.replace('+', '-')}-{key}"
     if not (output_dir / METADATA_FILE).is_file():
-        prepare_dataset(PrepArguments(source=source, model_id=model_id, output_dir=str(output_dir),
-                                      source_format=source_format, overwrite=True))
+        prepare_dataset(
+            PrepArguments(
+                source=source,
+                model_id=model_id,
+                output_dir=str(output_dir),
+                source_format=source_format,
+                overwrite=True,
+            )
+        )
     return output_dir
 
 

@@ -69,25 +69,39 @@ def main() -> None:
         for _ in range(args.repeats):  # alternate, so drifts in machine load hit both ways alike
             seconds, loop_outputs = timed(lambda: one_at_a_time(model, tokenizer, sources, args.max_new_tokens))
             rounds["one_at_a_time"].append(seconds)
-            seconds, batched_outputs = timed(lambda: [top for top, *_ in generate_sql(
-                model, tokenizer, sources, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, progress=False)])
+            seconds, batched_outputs = timed(
+                lambda: [
+                    top
+                    for top, *_ in generate_sql(
+                        model,
+                        tokenizer,
+                        sources,
+                        batch_size=args.batch_size,
+                        max_new_tokens=args.max_new_tokens,
+                        progress=False,
+                    )
+                ]
+            )
             rounds["batched"].append(seconds)
         agree = sum(a == b for a, b in zip(loop_outputs, batched_outputs))
     best = {way: min(times) for way, times in rounds.items()}
-    emit({
-        "benchmark": "infer_batching",
-        "questions": len(sources),
-        "batch_size": args.batch_size,
-        "max_new_tokens": args.max_new_tokens,
-        "model": model_dir if args.model_dir else "untrained tiny T5 (demo shape) on generated data",
-        "device": str(model.device),
-        "questions_per_second": {way: round(len(sources) / s, 2) for way, s in best.items()},
-        "seconds_per_round": {way: [round(s, 3) for s in times] for way, times in rounds.items()},
-        "median_seconds": {way: round(statistics.median(times), 3) for way, times in rounds.items()},
-        "speedup": round(best["one_at_a_time"] / best["batched"], 2),
-        "outputs_identical": f"{agree}/{len(sources)}",
-        "machine": machine(),
-    }, None)
+    emit(
+        {
+            "benchmark": "infer_batching",
+            "questions": len(sources),
+            "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens,
+            "model": model_dir if args.model_dir else "untrained tiny T5 (demo shape) on generated data",
+            "device": str(model.device),
+            "questions_per_second": {way: round(len(sources) / s, 2) for way, s in best.items()},
+            "seconds_per_round": {way: [round(s, 3) for s in times] for way, times in rounds.items()},
+            "median_seconds": {way: round(statistics.median(times), 3) for way, times in rounds.items()},
+            "speedup": round(best["one_at_a_time"] / best["batched"], 2),
+            "outputs_identical": f"{agree}/{len(sources)}",
+            "machine": machine(),
+        },
+        None,
+    )
 
 
 if __name__ == "__main__":

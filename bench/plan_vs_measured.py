@@ -122,8 +122,17 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
     probe = install_coordinator_probe(only_in_training_steps=False)
     ensure_distributed_env()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
-    config = T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=1000, decoder_start_token_id=0,
-                      pad_token_id=0, dropout_rate=0.1)
+    config = T5Config(
+        d_model=64,
+        d_ff=256,
+        num_layers=2,
+        num_heads=4,
+        d_kv=16,
+        vocab_size=1000,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        dropout_rate=0.1,
+    )
     with tempfile.TemporaryDirectory() as folder:
         config.save_pretrained(folder)
         shape = memory.resolve_model(folder)
@@ -134,11 +143,21 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
         if checkpointing:
             model.config.use_cache = False
             model.activation_checkpointing_enable()
-        ds_config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "zero_allow_untested_optimizer": True,
-                     "zero_optimization": {"stage": 3, "stage3_max_live_parameters": live, "stage3_max_reuse_distance": reuse,
-                                           "stage3_prefetch_bucket_size": prefetch,
-                                           "stage3_param_persistence_threshold": persistence}}
-        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=ds_config)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 1,
+            "zero_allow_untested_optimizer": True,
+            "zero_optimization": {
+                "stage": 3,
+                "stage3_max_live_parameters": live,
+                "stage3_max_reuse_distance": reuse,
+                "stage3_prefetch_bucket_size": prefetch,
+                "stage3_param_persistence_threshold": persistence,
+            },
+        }
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=ds_config
+        )
         ids = torch.randint(1, 1000, (2, 7), device=engine.device)
         probe["timelines"].clear()
         for _ in range(3):  # the first step records the trace; the next ones use it
@@ -147,14 +166,22 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
         measured = [t for t in probe["timelines"] if t][-1]
         persistent = frozenset(i for i, n in enumerate(shape.parameter_sizes) if n <= persistence)
         events, module_parameters = zero3_trace.zero3_step_events(shape.module_trace, persistent, checkpointing)
-        replay = zero3_trace.simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
-                                                       prefetch, live, reuse)
-        results.append({
-            "stage3_max_live_parameters": live, "stage3_max_reuse_distance": reuse, "stage3_prefetch_bucket_size": prefetch,
-            "stage3_param_persistence_threshold": persistence, "gradient_checkpointing": checkpointing,
-            "deepspeed_peak_gathered": max(measured), "replayed_peak_gathered": replay["peak_gathered"],
-            "fetches": len(measured), "every_fetch_equal": measured == replay["timeline"],
-        })
+        replay = zero3_trace.simulate_parameter_coordinator(
+            shape.parameter_sizes, events, module_parameters, persistent, prefetch, live, reuse
+        )
+        results.append(
+            {
+                "stage3_max_live_parameters": live,
+                "stage3_max_reuse_distance": reuse,
+                "stage3_prefetch_bucket_size": prefetch,
+                "stage3_param_persistence_threshold": persistence,
+                "gradient_checkpointing": checkpointing,
+                "deepspeed_peak_gathered": max(measured),
+                "replayed_peak_gathered": replay["peak_gathered"],
+                "fetches": len(measured),
+                "every_fetch_equal": measured == replay["timeline"],
+            }
+        )
         engine.destroy()
     return results
 
@@ -176,10 +203,21 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
     device = {}
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
-        device = {"device_used_bytes": total - free, "reserved_now_bytes": torch.cuda.memory_reserved(),
-                  "device_total_bytes": total}
-    Path(result_path).write_text(json.dumps({"summary": summary.as_dict(), "coordinator_peak_gathered": coordinator_peak(probe),
-                                             "device_memory_at_end": device}, default=str))
+        device = {
+            "device_used_bytes": total - free,
+            "reserved_now_bytes": torch.cuda.memory_reserved(),
+            "device_total_bytes": total,
+        }
+    Path(result_path).write_text(
+        json.dumps(
+            {
+                "summary": summary.as_dict(),
+                "coordinator_peak_gathered": coordinator_peak(probe),
+                "device_memory_at_end": device,
+            },
+            default=str,
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -236,21 +274,64 @@ def longest_lengths(data_dir: Path, examples: int, on_gpu: bool) -> tuple[int, i
     return -(-source // multiple) * multiple, -(-target // multiple) * multiple
 
 
-def train_argv(model_dir: Path, data_dir: Path, runs_root: Path, strategy_config: str | None, precision: str, batch: int,
-               steps: int, checkpointing: bool) -> list[str]:
-    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root),
-            "--max_steps", str(steps), "--max_train_samples", str(steps * batch), "--per_device_train_batch_size", str(batch),
-            "--per_device_eval_batch_size", str(batch), "--max_eval_samples", str(batch), "--precision", precision,
-            "--eval_strategy", "no", "--save_strategy", "no", "--logging_steps", str(steps), "--report_to", "none",
-            "--dataloader_num_workers", "0", "--seed", "0", "--overwrite", "True",
-            "--activation_checkpointing", str(checkpointing)]
+def train_argv(
+    model_dir: Path,
+    data_dir: Path,
+    runs_root: Path,
+    strategy_config: str | None,
+    precision: str,
+    batch: int,
+    steps: int,
+    checkpointing: bool,
+) -> list[str]:
+    argv = [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(runs_root),
+        "--max_steps",
+        str(steps),
+        "--max_train_samples",
+        str(steps * batch),
+        "--per_device_train_batch_size",
+        str(batch),
+        "--per_device_eval_batch_size",
+        str(batch),
+        "--max_eval_samples",
+        str(batch),
+        "--precision",
+        precision,
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        str(steps),
+        "--report_to",
+        "none",
+        "--dataloader_num_workers",
+        "0",
+        "--seed",
+        "0",
+        "--overwrite",
+        "True",
+        "--activation_checkpointing",
+        str(checkpointing),
+    ]
     return argv + (["--deepspeed", strategy_config] if strategy_config else [])
 
 
 def child_env(gpu: int) -> dict:
     import torch
 
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"), PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"),
+        PYTHONUNBUFFERED="1",
+    )
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if torch.cuda.is_available():
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)  # one GPU: world size 1, no DataParallel
@@ -264,7 +345,9 @@ def child_env(gpu: int) -> dict:
     return env
 
 
-def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | None, strategy: str, precision: str, batch: int) -> dict:
+def one_run(
+    args, shape: str, model_dir: Path, data_dir: Path, config: str | None, strategy: str, precision: str, batch: int
+) -> dict:
     import torch
 
     from textsql.planner import check
@@ -273,33 +356,69 @@ def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | Non
     on_gpu = torch.cuda.is_available()
     label = f"{shape}-{strategy}-{precision}-bs{batch}"
     with tempfile.NamedTemporaryFile(suffix=".json") as result_file:
-        argv = train_argv(model_dir, data_dir, Path(args.workdir) / "runs" / label, config, precision, batch, args.steps,
-                          args.gradient_checkpointing)
+        argv = train_argv(
+            model_dir,
+            data_dir,
+            Path(args.workdir) / "runs" / label,
+            config,
+            precision,
+            batch,
+            args.steps,
+            args.gradient_checkpointing,
+        )
         started = time.time()
-        done = subprocess.run([sys.executable, __file__, "--child", result_file.name, "--", *argv], capture_output=True,
-                              text=True, env=child_env(args.gpu))
+        done = subprocess.run(
+            [sys.executable, __file__, "--child", result_file.name, "--", *argv],
+            capture_output=True,
+            text=True,
+            env=child_env(args.gpu),
+        )
         seconds = round(time.time() - started, 1)
         if done.returncode != 0:
             tail = (done.stdout[-2000:] + done.stderr[-4000:]).strip()
             print(f"[{label}] failed in {seconds} s", file=sys.stderr, flush=True)
-            return {"run": label, "shape": shape, "strategy": strategy, "precision": precision, "batch": batch,
-                    "failed": True, "out_of_memory": "out of memory" in tail.lower(), "error_tail": tail[-1500:]}
+            return {
+                "run": label,
+                "shape": shape,
+                "strategy": strategy,
+                "precision": precision,
+                "batch": batch,
+                "failed": True,
+                "out_of_memory": "out of memory" in tail.lower(),
+                "error_tail": tail[-1500:],
+            }
         child = json.loads(Path(result_file.name).read_text())
     summary = RunSummary.from_dict(child["summary"])
     lengths = longest_lengths(data_dir, args.steps * batch, on_gpu)
     check = check.compare_with_run(summary, *lengths)
     rank = summary.peak_memory_per_rank[0]
     result = {
-        "run": label, "shape": shape, "parameters": summary.parameters, "strategy": strategy, "precision": precision,
-        "batch": batch, "lengths": list(lengths), "steps": summary.global_step, "seconds": seconds,
-        "gradient_checkpointing": args.gradient_checkpointing, "device": rank.get("device"),
-        "comparable": check["comparable"], "reason": check.get("reason"),
-        "measured": {"cuda_max_reserved_bytes": rank.get("cuda_max_reserved_bytes"),
-                     "cuda_max_allocated_bytes": rank.get("cuda_max_allocated_bytes"),
-                     "cpu_peak_rss_bytes": rank.get("cpu_peak_rss_bytes")},
-        "predicted": {"reserved_bytes": check.get("predicted_reserved_bytes"), "allocated_bytes": check.get("predicted_allocated_bytes"),
-                      "gpu_total_bytes": check.get("predicted_gpu_total_bytes"), "gpu_gb": check.get("predicted_gpu_gb")},
-        "ratio_reserved": check.get("ratio"), "ratio_allocated": check.get("ratio_allocated"),
+        "run": label,
+        "shape": shape,
+        "parameters": summary.parameters,
+        "strategy": strategy,
+        "precision": precision,
+        "batch": batch,
+        "lengths": list(lengths),
+        "steps": summary.global_step,
+        "seconds": seconds,
+        "gradient_checkpointing": args.gradient_checkpointing,
+        "device": rank.get("device"),
+        "comparable": check["comparable"],
+        "reason": check.get("reason"),
+        "measured": {
+            "cuda_max_reserved_bytes": rank.get("cuda_max_reserved_bytes"),
+            "cuda_max_allocated_bytes": rank.get("cuda_max_allocated_bytes"),
+            "cpu_peak_rss_bytes": rank.get("cpu_peak_rss_bytes"),
+        },
+        "predicted": {
+            "reserved_bytes": check.get("predicted_reserved_bytes"),
+            "allocated_bytes": check.get("predicted_allocated_bytes"),
+            "gpu_total_bytes": check.get("predicted_gpu_total_bytes"),
+            "gpu_gb": check.get("predicted_gpu_gb"),
+        },
+        "ratio_reserved": check.get("ratio"),
+        "ratio_allocated": check.get("ratio_allocated"),
     }
     if rank.get("cuda_max_allocated_bytes"):
         result["reserved_over_allocated"] = round(rank["cuda_max_reserved_bytes"] / rank["cuda_max_allocated_bytes"], 3)
@@ -308,12 +427,18 @@ def one_run(args, shape: str, model_dir: Path, data_dir: Path, config: str | Non
         result["device_used_beyond_reserved_bytes"] = end["device_used_bytes"] - end["reserved_now_bytes"]
     if child["coordinator_peak_gathered"] is not None:
         predicted = check.get("predicted_zero3_gathered_elements")
-        result["zero3_gathered_elements"] = {"coordinator": child["coordinator_peak_gathered"], "planner": predicted,
-                                             "equal": child["coordinator_peak_gathered"] == predicted}
-    print(f"[{label}] {seconds} s: " + (f"measured/predicted reserved {result['ratio_reserved']}" if check["comparable"]
-                                        else "not comparable (CPU)")
-          + (f", ZeRO-3 gathered {result['zero3_gathered_elements']}" if "zero3_gathered_elements" in result else ""),
-          file=sys.stderr, flush=True)
+        result["zero3_gathered_elements"] = {
+            "coordinator": child["coordinator_peak_gathered"],
+            "planner": predicted,
+            "equal": child["coordinator_peak_gathered"] == predicted,
+        }
+    print(
+        f"[{label}] {seconds} s: "
+        + (f"measured/predicted reserved {result['ratio_reserved']}" if check["comparable"] else "not comparable (CPU)")
+        + (f", ZeRO-3 gathered {result['zero3_gathered_elements']}" if "zero3_gathered_elements" in result else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     return result
 
 
@@ -332,9 +457,11 @@ def calibration(runs: list[dict]) -> dict:
         "planner_cuda_context_bytes": memory.CUDA_CONTEXT_BYTES,
         "reserved_over_allocated": median(r.get("reserved_over_allocated") for r in measured),
         "planner_allocator_overhead_fraction": memory.ALLOCATOR_OVERHEAD_FRACTION,
-        "ratio_reserved": {"median": median(r.get("ratio_reserved") for r in measured),
-                           "min": min((r["ratio_reserved"] for r in measured), default=None),
-                           "max": max((r["ratio_reserved"] for r in measured), default=None)},
+        "ratio_reserved": {
+            "median": median(r.get("ratio_reserved") for r in measured),
+            "min": min((r["ratio_reserved"] for r in measured), default=None),
+            "max": max((r["ratio_reserved"] for r in measured), default=None),
+        },
     }
 
 
@@ -345,54 +472,100 @@ def markdown_table(reports: list[dict]) -> str:
     def gb(value):
         return f"{value / gib:.2f}" if value else "–"
 
-    lines = ["| shape | precision | batch | strategy | measured reserved GB | predicted reserved GB | measured / predicted "
-             "| reserved / allocated | ZeRO-3 gathered: coordinator / planner |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| shape | precision | batch | strategy | measured reserved GB | predicted reserved GB | measured / predicted "
+        "| reserved / allocated | ZeRO-3 gathered: coordinator / planner |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|",
+    ]
     for report in reports:
         for r in report["runs"]:
             if r.get("failed"):
-                lines.append(f"| {r['shape']} | {r['precision']} | {r['batch']} | {r['strategy']} | "
-                             f"{'out of memory' if r.get('out_of_memory') else 'failed'} | | | | |")
+                lines.append(
+                    f"| {r['shape']} | {r['precision']} | {r['batch']} | {r['strategy']} | "
+                    f"{'out of memory' if r.get('out_of_memory') else 'failed'} | | | | |"
+                )
                 continue
             gathered = r.get("zero3_gathered_elements")
             residency = f"{gathered['coordinator'] / 1e6:.2f}M / {gathered['planner'] / 1e6:.2f}M" if gathered else ""
             ratio = r["ratio_reserved"] if r["ratio_reserved"] is not None else "not comparable"
             measured = r["measured"]
-            reserved = (gb(measured["cuda_max_reserved_bytes"]) if measured["cuda_max_reserved_bytes"]
-                        else f"(CPU: peak RSS {gb(measured['cpu_peak_rss_bytes'])})")
-            lines.append(f"| {r['shape']} | {r['precision']} | {r['batch']} | {r['strategy']} "
-                         f"| {reserved} | {gb(r['predicted']['reserved_bytes'])} | {ratio} "
-                         f"| {r.get('reserved_over_allocated', '–')} | {residency} |")
+            reserved = (
+                gb(measured["cuda_max_reserved_bytes"])
+                if measured["cuda_max_reserved_bytes"]
+                else f"(CPU: peak RSS {gb(measured['cpu_peak_rss_bytes'])})"
+            )
+            lines.append(
+                f"| {r['shape']} | {r['precision']} | {r['batch']} | {r['strategy']} "
+                f"| {reserved} | {gb(r['predicted']['reserved_bytes'])} | {ratio} "
+                f"| {r.get('reserved_over_allocated', '–')} | {residency} |"
+            )
     return "\n".join(lines)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default=None, help=f"Comma-separated, from {', '.join(SHAPES)} (default: {CPU_DEFAULTS['shapes']} "
-                        f"on a CPU, {GPU_DEFAULTS['shapes']} on a GPU).")
-    parser.add_argument("--precisions", default=None, help="Comma-separated bf16, fp32 (default: fp32 on a CPU, bf16,fp32 on a GPU).")
-    parser.add_argument("--batch_sizes", default=None, help="Comma-separated per-device batches (default: 8 on a CPU, 8,32 on a GPU).")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="Comma-separated, from the planner's strategies.")
-    parser.add_argument("--steps", type=int, default=None, help="Training steps per run, at least 2: ZeRO-3 records its trace in "
-                        "the first (default: 3 on a CPU, 5 on a GPU).")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help=f"Comma-separated, from {', '.join(SHAPES)} (default: {CPU_DEFAULTS['shapes']} "
+        f"on a CPU, {GPU_DEFAULTS['shapes']} on a GPU).",
+    )
+    parser.add_argument(
+        "--precisions", default=None, help="Comma-separated bf16, fp32 (default: fp32 on a CPU, bf16,fp32 on a GPU)."
+    )
+    parser.add_argument(
+        "--batch_sizes", default=None, help="Comma-separated per-device batches (default: 8 on a CPU, 8,32 on a GPU)."
+    )
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help="Comma-separated, from the planner's strategies."
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="Training steps per run, at least 2: ZeRO-3 records its trace in "
+        "the first (default: 3 on a CPU, 5 on a GPU).",
+    )
     parser.add_argument("--gradient_checkpointing", action="store_true", help="Train with activation checkpointing.")
     parser.add_argument("--gpu", type=int, default=0, help="The GPU every run is pinned to (CUDA_VISIBLE_DEVICES).")
     parser.add_argument("--train_tables", type=int, default=200, help="Generated training tables (10 questions each).")
-    parser.add_argument("--source", default=None,
-                        help="WikiSQL release files (a folder or .tar.bz2) instead of generated data: prepared once in "
-                        "--workdir with --tokenizer, so the runs and the planner's lengths are the real ones.")
-    parser.add_argument("--tokenizer", default="t5-small",
-                        help="With --source: a hub name, a model folder, or T5's spiece.model or tokenizer.json file.")
-    parser.add_argument("--t5_configs", default=None,
-                        help="A folder of t5-base/config.json, t5-large/config.json (the real checkpoints' configs) "
-                        "for the T5 shapes; default: the same numbers built in.")
-    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench-memory"),
-                        help="Where the generated data, the models and the runs go (reused).")
-    parser.add_argument("--coordinator_sweep", action="store_true",
-                        help="Only compare DeepSpeed's ZeRO-3 coordinator with the planner's replay on a tiny T5 (seconds).")
+    parser.add_argument(
+        "--source",
+        default=None,
+        help="WikiSQL release files (a folder or .tar.bz2) instead of generated data: prepared once in "
+        "--workdir with --tokenizer, so the runs and the planner's lengths are the real ones.",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="t5-small",
+        help="With --source: a hub name, a model folder, or T5's spiece.model or tokenizer.json file.",
+    )
+    parser.add_argument(
+        "--t5_configs",
+        default=None,
+        help="A folder of t5-base/config.json, t5-large/config.json (the real checkpoints' configs) "
+        "for the T5 shapes; default: the same numbers built in.",
+    )
+    parser.add_argument(
+        "--workdir",
+        default=str(Path(tempfile.gettempdir()) / "textsql-bench-memory"),
+        help="Where the generated data, the models and the runs go (reused).",
+    )
+    parser.add_argument(
+        "--coordinator_sweep",
+        action="store_true",
+        help="Only compare DeepSpeed's ZeRO-3 coordinator with the planner's replay on a tiny T5 (seconds).",
+    )
     parser.add_argument("--output", default=None, help="Also write the JSON here.")
-    parser.add_argument("--table", nargs="+", default=None, metavar="RESULT_JSON",
-                        help="Only print the runs of these result files as a Markdown table.")
+    parser.add_argument(
+        "--table",
+        nargs="+",
+        default=None,
+        metavar="RESULT_JSON",
+        help="Only print the runs of these result files as a Markdown table.",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("train_argv", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -415,7 +588,11 @@ def main(argv=None) -> int:
     prepare_deepspeed_import()
     started = time.time()
     if args.coordinator_sweep:
-        report = {"benchmark": "plan_vs_measured/coordinator_sweep", "machine": machine(), "results": coordinator_sweep()}
+        report = {
+            "benchmark": "plan_vs_measured/coordinator_sweep",
+            "machine": machine(),
+            "results": coordinator_sweep(),
+        }
     else:
         report = bench(args, on_gpu)
     report["wall_seconds"] = round(time.time() - started, 1)
@@ -434,17 +611,22 @@ def bench(args, on_gpu: bool) -> dict:
     args.steps = args.steps or defaults["steps"]
     unknown = [s for s in shapes if s not in SHAPES] + [s for s in strategies if s not in STRATEGIES]
     if unknown or args.steps < 2 or not set(precisions) <= {"bf16", "fp32"}:
-        raise SystemExit(f"unknown shape(s)/strategy(ies) {unknown}, precisions {precisions} or --steps {args.steps}: shapes "
-                         f"{list(SHAPES)}, strategies {list(STRATEGIES)}, precisions bf16/fp32, at least 2 steps.")
+        raise SystemExit(
+            f"unknown shape(s)/strategy(ies) {unknown}, precisions {precisions} or --steps {args.steps}: shapes "
+            f"{list(SHAPES)}, strategies {list(STRATEGIES)}, precisions bf16/fp32, at least 2 steps."
+        )
     if "bf16" in precisions and not on_gpu:
-        raise SystemExit("bf16 is measured on a GPU (on a CPU it is emulated autocast, not what a pod runs); use --precisions fp32 here.")
+        raise SystemExit(
+            "bf16 is measured on a GPU (on a CPU it is emulated autocast, not what a pod runs); use --precisions fp32 here."
+        )
     workdir = Path(args.workdir)
     if args.source:
         data_dir = prepared_release(args.source, args.tokenizer, workdir)
         tokenizer_dir = prepared_tokenizer(data_dir)
     else:
-        data_dir, tokenizer_dir = build_assets(workdir / "generated", train_tables=args.train_tables,
-                                               questions_per_table=10, seed=0)
+        data_dir, tokenizer_dir = build_assets(
+            workdir / "generated", train_tables=args.train_tables, questions_per_table=10, seed=0
+        )
     configs = strategy_configs(workdir)
     runs = []
     for shape in shapes:
@@ -452,14 +634,23 @@ def bench(args, on_gpu: bool) -> dict:
         for precision in precisions:
             for batch in batches:
                 for strategy in strategies:
-                    runs.append(one_run(args, shape, model_dir, data_dir, configs[strategy], strategy, precision, batch))
+                    runs.append(
+                        one_run(args, shape, model_dir, data_dir, configs[strategy], strategy, precision, batch)
+                    )
     facts = machine()
     return {
-        "benchmark": "plan_vs_measured", "date": time.strftime("%Y-%m-%d"), "device": facts.get("gpu", "cpu"),
-        "machine": facts, "comparable": on_gpu,
-        "note": None if on_gpu else "No GPU: the predictions are of GPU memory and the measurements are the processes' "
-                                    "peak RSS, so no ratio is given; the ZeRO-3 gathered-parameter figures are comparable.",
-        "steps": args.steps, "runs": runs, "calibration": calibration(runs),
+        "benchmark": "plan_vs_measured",
+        "date": time.strftime("%Y-%m-%d"),
+        "device": facts.get("gpu", "cpu"),
+        "machine": facts,
+        "comparable": on_gpu,
+        "note": None
+        if on_gpu
+        else "No GPU: the predictions are of GPU memory and the measurements are the processes' "
+        "peak RSS, so no ratio is given; the ZeRO-3 gathered-parameter figures are comparable.",
+        "steps": args.steps,
+        "runs": runs,
+        "calibration": calibration(runs),
     }
 
 

@@ -27,9 +27,15 @@ def t5_config(name: str, tokenizer, configs_dir: str | Path | None = None):
         fields.pop("task_specific_params", None)  # summarization/translation prefixes: nothing to do with the shape
     else:
         fields = dict(T5_SHAPES[name], vocab_size=T5_VOCAB_SIZE)
-    fields.update(vocab_size=max(fields.get("vocab_size", T5_VOCAB_SIZE), len(tokenizer)), pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
-    return T5Config(**fields), (str(path) if path is not None and path.is_file() else "textsql.planner.memory.T5_SHAPES")
+    fields.update(
+        vocab_size=max(fields.get("vocab_size", T5_VOCAB_SIZE), len(tokenizer)),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
+    return T5Config(**fields), (
+        str(path) if path is not None and path.is_file() else "textsql.planner.memory.T5_SHAPES"
+    )
 
 
 def bench_config(shape: str, tokenizer, small_shapes: dict[str, dict], configs_dir: str | Path | None = None):
@@ -38,9 +44,14 @@ def bench_config(shape: str, tokenizer, small_shapes: dict[str, dict], configs_d
 
     if shape in small_shapes:
         sizes = small_shapes[shape]
-        return T5Config(vocab_size=len(tokenizer), num_decoder_layers=sizes["num_layers"], **sizes,
-                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                        decoder_start_token_id=tokenizer.pad_token_id)
+        return T5Config(
+            vocab_size=len(tokenizer),
+            num_decoder_layers=sizes["num_layers"],
+            **sizes,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.pad_token_id,
+        )
     return t5_config(shape, tokenizer, configs_dir)[0]
 
 

@@ -33,10 +33,23 @@ def train_one(args, source_format: str) -> tuple[dict, Path]:
     from textsql.demo import DemoArguments, build_assets, demo_training
     from textsql.train.local_launch import run_training
 
-    demo = DemoArguments(workdir=str(Path(args.workdir) / source_format), deepspeed="none", train_tables=args.train_tables,
-                         epochs=args.epochs, seed=args.seed, source_format=source_format)
-    data_dir, model_dir = build_assets(Path(demo.workdir), train_tables=demo.train_tables, questions_per_table=demo.questions_per_table,
-                                       d_model=demo.d_model, num_layers=demo.num_layers, seed=demo.seed, source_format=source_format)
+    demo = DemoArguments(
+        workdir=str(Path(args.workdir) / source_format),
+        deepspeed="none",
+        train_tables=args.train_tables,
+        epochs=args.epochs,
+        seed=args.seed,
+        source_format=source_format,
+    )
+    data_dir, model_dir = build_assets(
+        Path(demo.workdir),
+        train_tables=demo.train_tables,
+        questions_per_table=demo.questions_per_table,
+        d_model=demo.d_model,
+        num_layers=demo.num_layers,
+        seed=demo.seed,
+        source_format=source_format,
+    )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     return run_training(*demo_training(demo, data_dir, model_dir), echo=lambda line: None), data_dir
 
@@ -44,9 +57,28 @@ def train_one(args, source_format: str) -> tuple[dict, Path]:
 def score(run_dir: str, data_dir: Path, decoding: str, beams: int, output_dir: Path) -> dict:
     from textsql.infer import InferArguments, run_inference
 
-    metrics = run_inference(InferArguments(model_dir=run_dir, dataset_dir=str(data_dir), split="test", decoding=decoding, num_beams=beams,
-                                           output_dir=str(output_dir), show_examples=0), echo=lambda line: None)
-    keep = ("examples", "execution_accuracy", "logical_form_accuracy", "exact_match", "parse_errors", "components", "decoding", "queries_per_second")
+    metrics = run_inference(
+        InferArguments(
+            model_dir=run_dir,
+            dataset_dir=str(data_dir),
+            split="test",
+            decoding=decoding,
+            num_beams=beams,
+            output_dir=str(output_dir),
+            show_examples=0,
+        ),
+        echo=lambda line: None,
+    )
+    keep = (
+        "examples",
+        "execution_accuracy",
+        "logical_form_accuracy",
+        "exact_match",
+        "parse_errors",
+        "components",
+        "decoding",
+        "queries_per_second",
+    )
     return {key: metrics[key] for key in keep}
 
 
@@ -64,11 +96,25 @@ def main(argv=None) -> int:
     for source_format in args.formats.split(","):
         summary, data_dir = train_one(args, source_format)
         for decoding, beams in DECODINGS:
-            scored = score(summary.output_dir, data_dir, decoding, beams, Path(args.workdir) / source_format / f"scored-{decoding}")
-            results.append({"source_format": source_format, "decoding": decoding, "num_beams": beams, **scored,
-                            "training": {k: getattr(summary, k) for k in ("parameters", "global_step", "epochs", "train_runtime", "train_loss", "eval_loss")}})
+            scored = score(
+                summary.output_dir, data_dir, decoding, beams, Path(args.workdir) / source_format / f"scored-{decoding}"
+            )
+            results.append(
+                {
+                    "source_format": source_format,
+                    "decoding": decoding,
+                    "num_beams": beams,
+                    **scored,
+                    "training": {
+                        k: getattr(summary, k)
+                        for k in ("parameters", "global_step", "epochs", "train_runtime", "train_loss", "eval_loss")
+                    },
+                }
+            )
     report = {
-        "benchmark": "sql_quality", "date": time.strftime("%Y-%m-%d"), "wall_seconds": round(time.time() - started, 1),
+        "benchmark": "sql_quality",
+        "date": time.strftime("%Y-%m-%d"),
+        "wall_seconds": round(time.time() - started, 1),
         "data": f"generated WikiSQL-format, {args.train_tables} training tables x 10 questions; test split on other tables",
         "machine": machine(),
         "results": results,

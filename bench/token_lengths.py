@@ -30,7 +30,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine, prepared_release  # noqa: E402  (the repository root is on sys.path now)
-from textsql.prep import PERCENTILES, load_prepared
+from textsql.prep import PERCENTILES, load_prepared  # noqa: E402
 
 WALKTHROUGH_LENGTH = 96  # the walkthrough padded (and truncated) questions and targets to 96 tokens
 
@@ -44,9 +44,13 @@ def fixed_padding(sources: list[int], targets: list[int], length: int) -> dict:
     """Every source and target padded (and cut) to `length`: the share of computed tokens that is padding, and the cuts."""
     computed = len(sources) * 2 * length
     kept = sum(min(n, length) for n in sources) + sum(min(n, length) for n in targets)
-    return {"padded_length": length, "padding_share": round(1 - kept / computed, 3),
-            "tokens_computed_per_real_token": round(computed / (sum(sources) + sum(targets)), 2),
-            "sources_cut": sum(n > length for n in sources), "targets_cut": sum(n > length for n in targets)}
+    return {
+        "padded_length": length,
+        "padding_share": round(1 - kept / computed, 3),
+        "tokens_computed_per_real_token": round(computed / (sum(sources) + sum(targets)), 2),
+        "sources_cut": sum(n > length for n in sources),
+        "targets_cut": sum(n > length for n in targets),
+    }
 
 
 def batch_padding(sources: list[int], targets: list[int], batch_size: int, seed: int) -> dict:
@@ -58,13 +62,18 @@ def batch_padding(sources: list[int], targets: list[int], batch_size: int, seed:
         batch = order[start : start + batch_size]
         computed += len(batch) * (max(sources[i] for i in batch) + max(targets[i] for i in batch))
     real = sum(sources) + sum(targets)
-    return {"batch_size": batch_size, "padding_share": round(1 - real / computed, 3),
-            "tokens_computed_per_real_token": round(computed / real, 2)}
+    return {
+        "batch_size": batch_size,
+        "padding_share": round(1 - real / computed, 3),
+        "tokens_computed_per_real_token": round(computed / real, 2),
+    }
 
 
 def measure(args) -> dict:
-    formats = {name: load_prepared(prepared_release(args.source, args.tokenizer, args.workdir, name))
-               for name in ("question", "question+header")}
+    formats = {
+        name: load_prepared(prepared_release(args.source, args.tokenizer, args.workdir, name))
+        for name in ("question", "question+header")
+    }
     (question_data, metadata), (header_data, _) = formats["question"], formats["question+header"]
     report = {}
     for name, names in [(split, [split]) for split in question_data] + [("all", list(question_data))]:
@@ -73,25 +82,50 @@ def measure(args) -> dict:
         sql = [len(ids) for s in names for ids in question_data[s]["labels"]]
         report[name] = {
             "examples": len(sql),
-            "tokens": {"question": distribution(question), "question+header": distribution(header), "sql": distribution(sql)},
-            "walkthrough_padding": {"question": fixed_padding(question, sql, WALKTHROUGH_LENGTH),
-                                    "question+header": fixed_padding(header, sql, WALKTHROUGH_LENGTH)},
-            "batch_padding": {"question": batch_padding(question, sql, args.batch_size, args.seed),
-                              "question+header": batch_padding(header, sql, args.batch_size, args.seed)},
+            "tokens": {
+                "question": distribution(question),
+                "question+header": distribution(header),
+                "sql": distribution(sql),
+            },
+            "walkthrough_padding": {
+                "question": fixed_padding(question, sql, WALKTHROUGH_LENGTH),
+                "question+header": fixed_padding(header, sql, WALKTHROUGH_LENGTH),
+            },
+            "batch_padding": {
+                "question": batch_padding(question, sql, args.batch_size, args.seed),
+                "question+header": batch_padding(header, sql, args.batch_size, args.seed),
+            },
         }
-    return {"benchmark": "token_lengths", "date": time.strftime("%Y-%m-%d"), "machine": machine(), "source": args.source,
-            "tokenizer": args.tokenizer, "source_prefix": metadata["source_prefix"],
-            "added_characters": len(metadata["added_characters"]),
-            "targets_lost_in_tokenization": metadata["targets_lost_in_tokenization"], "splits": report}
+    return {
+        "benchmark": "token_lengths",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "source": args.source,
+        "tokenizer": args.tokenizer,
+        "source_prefix": metadata["source_prefix"],
+        "added_characters": len(metadata["added_characters"]),
+        "targets_lost_in_tokenization": metadata["targets_lost_in_tokenization"],
+        "splits": report,
+    }
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--source", required=True, help="WikiSQL release files: a folder or .tar.bz2.")
-    parser.add_argument("--tokenizer", default="t5-small", help="A hub name, a model folder, or T5's spiece.model or tokenizer.json file.")
-    parser.add_argument("--batch_size", type=int, default=32, help="Batch size for the batch-wise padding (the walkthrough's 32).")
+    parser.add_argument(
+        "--tokenizer",
+        default="t5-small",
+        help="A hub name, a model folder, or T5's spiece.model or tokenizer.json file.",
+    )
+    parser.add_argument(
+        "--batch_size", type=int, default=32, help="Batch size for the batch-wise padding (the walkthrough's 32)."
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where the prepared data is kept.")
+    parser.add_argument(
+        "--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where the prepared data is kept."
+    )
     parser.add_argument("--output", default=None, help="Also write the JSON here.")
     return parser.parse_args(argv)
 

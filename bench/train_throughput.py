@@ -75,7 +75,9 @@ def prepared_data(args) -> Path:
     from textsql.demo import build_assets
 
     workdir = Path(args.workdir) / f"generated-{args.train_tables}x10"
-    data_dir, _ = build_assets(workdir, train_tables=args.train_tables, questions_per_table=10, seed=0, source_format=args.source_format)
+    data_dir, _ = build_assets(
+        workdir, train_tables=args.train_tables, questions_per_table=10, seed=0, source_format=args.source_format
+    )
     return data_dir
 
 
@@ -95,7 +97,9 @@ def training_subset(dataset_dir: Path, examples: int, seed: int):
     dataset, _ = load_prepared(dataset_dir)
     train = dataset["train"]
     if examples > len(train):
-        raise SystemExit(f"steps x batch = {examples} examples, but the training split has {len(train)}; use fewer --steps or more --train_tables.")
+        raise SystemExit(
+            f"steps x batch = {examples} examples, but the training split has {len(train)}; use fewer --steps or more --train_tables."
+        )
     return train.shuffle(seed=seed).select(range(examples)).select_columns(["input_ids", "attention_mask", "labels"])
 
 
@@ -111,13 +115,20 @@ def build_model(shape: str, tokenizer, seed: int, t5_configs: str | None = None)
 
 def t5_training_flops(config, source_length: int, target_length: int) -> float:
     """Training FLOPs (3 x forward) of one example: every matmul, attention scores included, embedding lookups not."""
-    d, inner, layers_e, layers_d = config.d_model, config.num_heads * config.d_kv, config.num_layers, config.num_decoder_layers
+    d, inner, layers_e, layers_d = (
+        config.d_model,
+        config.num_heads * config.d_kv,
+        config.num_layers,
+        config.num_decoder_layers,
+    )
     ffn = (3 if config.is_gated_act else 2) * d * config.d_ff
     s, t = source_length, target_length
-    weights = (layers_e * s * (4 * d * inner + ffn)  # encoder: q, k, v, o and the feed-forward, per source token
-               + layers_d * t * (6 * d * inner + ffn)  # decoder: self-attention q, k, v, o, cross-attention q, o, feed-forward
-               + layers_d * s * 2 * d * inner  # cross-attention k, v over the encoder output
-               + t * d * config.vocab_size)  # LM head
+    weights = (
+        layers_e * s * (4 * d * inner + ffn)  # encoder: q, k, v, o and the feed-forward, per source token
+        + layers_d * t * (6 * d * inner + ffn)  # decoder: self-attention q, k, v, o, cross-attention q, o, feed-forward
+        + layers_d * s * 2 * d * inner  # cross-attention k, v over the encoder output
+        + t * d * config.vocab_size
+    )  # LM head
     attention = 2 * inner * (layers_e * s * s + layers_d * (t * t + t * s))  # QK^T and AV
     return 3 * 2 * (weights + attention)
 
@@ -129,7 +140,9 @@ def t5_training_flops(config, source_length: int, target_length: int) -> float:
 
 def walkthrough_length(subset) -> int:
     """The walkthrough's fixed length, 96, or the longest example where that is longer (nothing is cut)."""
-    return max([WALKTHROUGH_LENGTH] + [len(ids) for ids in subset["input_ids"]] + [len(ids) for ids in subset["labels"]])
+    return max(
+        [WALKTHROUGH_LENGTH] + [len(ids) for ids in subset["input_ids"]] + [len(ids) for ids in subset["labels"]]
+    )
 
 
 def walkthrough_dataset(subset, pad_id: int):
@@ -139,7 +152,10 @@ def walkthrough_dataset(subset, pad_id: int):
     def pad(ids):
         return ids + [pad_id] * (length - len(ids))
 
-    return subset.map(lambda row: {"input_ids": pad(row["input_ids"]), "labels": pad(row["labels"])}, remove_columns=["attention_mask"])
+    return subset.map(
+        lambda row: {"input_ids": pad(row["input_ids"]), "labels": pad(row["labels"])},
+        remove_columns=["attention_mask"],
+    )
 
 
 class CountingCollator:
@@ -166,22 +182,51 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
 
     gpu = torch.cuda.is_available()
     precision = resolve_precision("auto", "t5", NodeDevices.local().gpus)  # what `textsql train` picks here
-    common = dict(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=batch_size, learning_rate=3e-4,
-                  lr_scheduler_type="constant", logging_steps=steps, report_to="none", save_strategy="no", eval_strategy="no",
-                  disable_tqdm=True, dataloader_num_workers=0, seed=42, use_cpu=not gpu)
+    common = dict(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=3e-4,
+        lr_scheduler_type="constant",
+        logging_steps=steps,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=42,
+        use_cpu=not gpu,
+    )
     if recipe == "walkthrough":
-        args = Seq2SeqTrainingArguments(**common, bf16=False, tf32=False, optim="adamw_torch", train_sampling_strategy="random")
+        args = Seq2SeqTrainingArguments(
+            **common, bf16=False, tf32=False, optim="adamw_torch", train_sampling_strategy="random"
+        )
         collator = CountingCollator(default_data_collator)
-        return Seq2SeqTrainer(model=model, args=args, train_dataset=walkthrough_dataset(subset, tokenizer.pad_token_id),
-                              data_collator=collator, callbacks=list(callbacks)), collator
+        return Seq2SeqTrainer(
+            model=model,
+            args=args,
+            train_dataset=walkthrough_dataset(subset, tokenizer.pad_token_id),
+            data_collator=collator,
+            callbacks=list(callbacks),
+        ), collator
     args = Seq2SeqTrainingArguments(
-        **common, **precision.trainer_flags(), optim="adamw_torch_fused" if gpu else "adamw_torch",
+        **common,
+        **precision.trainer_flags(),
+        optim="adamw_torch_fused" if gpu else "adamw_torch",
         train_sampling_strategy=TextsqlTrainingArguments.train_sampling_strategy,  # textsql's defaults
         average_tokens_across_devices=TextsqlTrainingArguments.average_tokens_across_devices,
     )
-    collator = CountingCollator(DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if gpu else None))
-    return make_trainer_class()(model=model, args=args, train_dataset=subset, data_collator=collator, processing_class=tokenizer,
-                                callbacks=list(callbacks)), collator
+    collator = CountingCollator(
+        DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if gpu else None)
+    )
+    return make_trainer_class()(
+        model=model,
+        args=args,
+        train_dataset=subset,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=list(callbacks),
+    ), collator
 
 
 def step_timer():
@@ -224,8 +269,9 @@ def run_one(args) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as output_dir:
         warmup_model = build_model(args.shape, tokenizer, args.seed, args.t5_configs)
-        warmup, _ = make_trainer(args.child, warmup_model, tokenizer, subset, args.warmup_steps, args.batch_size,
-                                 output_dir)
+        warmup, _ = make_trainer(
+            args.child, warmup_model, tokenizer, subset, args.warmup_steps, args.batch_size, output_dir
+        )
         warmup.train()
         del warmup
         gc.collect()  # free the warm-up model and optimizer before measuring memory
@@ -234,7 +280,9 @@ def run_one(args) -> dict:
             torch.cuda.reset_peak_memory_stats()
         model = build_model(args.shape, tokenizer, args.seed, args.t5_configs)
         timer = step_timer()
-        trainer, collator = make_trainer(args.child, model, tokenizer, subset, args.steps, args.batch_size, output_dir, [timer])
+        trainer, collator = make_trainer(
+            args.child, model, tokenizer, subset, args.steps, args.batch_size, output_dir, [timer]
+        )
         rss_before = peak_memory()["cpu_peak_rss_bytes"]
         result = trainer.train()
     seconds = timer.end - timer.start
@@ -255,7 +303,7 @@ def run_one(args) -> dict:
         "real_tokens_per_second": real_tokens / seconds,
         "step_time_ms": 1000 * seconds / args.steps,
         "real_tokens": real_tokens,
-        "computed_tokens": sum(b * (s + t) for b, s, t in collator.shapes[-args.steps:]),
+        "computed_tokens": sum(b * (s + t) for b, s, t in collator.shapes[-args.steps :]),
         "walkthrough_padded_length": walkthrough_length(subset),
         "trainer_counted_real_tokens": getattr(trainer, "real_tokens", None),
         "train_loss": result.metrics.get("train_loss"),
@@ -268,10 +316,15 @@ def run_one(args) -> dict:
         "tf32": tf32_enabled(),
         "optimizer": trainer.args.optim.value if hasattr(trainer.args.optim, "value") else str(trainer.args.optim),
         "useful_flops": sum(t5_training_flops(config, s, t) for s, t in zip(source_lengths, target_lengths)),
-        "computed_flops": sum(b * t5_training_flops(config, s, t) for b, s, t in collator.shapes[-args.steps:]),
-        "model_config": {k: getattr(config, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "d_kv", "vocab_size")},
-        "shape_from": (t5_config(args.shape, tokenizer, args.t5_configs)[1] if args.shape in T5_NAMES
-                       else "CPU_SMALL (bench/train_throughput.py)"),
+        "computed_flops": sum(b * t5_training_flops(config, s, t) for b, s, t in collator.shapes[-args.steps :]),
+        "model_config": {
+            k: getattr(config, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "d_kv", "vocab_size")
+        },
+        "shape_from": (
+            t5_config(args.shape, tokenizer, args.t5_configs)[1]
+            if args.shape in T5_NAMES
+            else "CPU_SMALL (bench/train_throughput.py)"
+        ),
         "torch_threads": torch.get_num_threads(),
     }
 
@@ -283,19 +336,36 @@ def run_one(args) -> dict:
 
 def summarize(runs: list[dict], peak) -> dict:
     """Medians over the repetitions of one recipe; MFU against `peak` (textsql.strategy.devices.PeakTflops) on a GPU."""
+
     def median(key):
         values = [r[key] for r in runs if r.get(key) is not None]
         return statistics.median(values) if values else None
 
-    result = {key: median(key) for key in ("samples_per_second", "real_tokens_per_second", "step_time_ms", "peak_rss_bytes",
-                                            "cuda_max_allocated_bytes", "train_loss")}
+    result = {
+        key: median(key)
+        for key in (
+            "samples_per_second",
+            "real_tokens_per_second",
+            "step_time_ms",
+            "peak_rss_bytes",
+            "cuda_max_allocated_bytes",
+            "train_loss",
+        )
+    }
     result["samples_per_cpu_second"] = statistics.median(r["examples"] / r["cpu_seconds"] for r in runs)
     result["peak_memory_gib"] = (result["cuda_max_allocated_bytes"] or result["peak_rss_bytes"]) / 2**30
-    result["peak_memory_measure"] = "CUDA max allocated" if result["cuda_max_allocated_bytes"] else "peak RSS of the process"
+    result["peak_memory_measure"] = (
+        "CUDA max allocated" if result["cuda_max_allocated_bytes"] else "peak RSS of the process"
+    )
     first = runs[0]
-    result.update(precision=first["precision"], optimizer=first["optimizer"],
-                  padding_overhead=first["computed_tokens"] / first["real_tokens"],
-                  repetitions=[{k: round(r[k], 2) for k in ("samples_per_second", "step_time_ms", "seconds", "cpu_seconds")} for r in runs])
+    result.update(
+        precision=first["precision"],
+        optimizer=first["optimizer"],
+        padding_overhead=first["computed_tokens"] / first["real_tokens"],
+        repetitions=[
+            {k: round(r[k], 2) for k in ("samples_per_second", "step_time_ms", "seconds", "cpu_seconds")} for r in runs
+        ],
+    )
     result["tf32"] = first["tf32"]
     if peak:
         seconds = median("seconds")
@@ -305,7 +375,9 @@ def summarize(runs: list[dict], peak) -> dict:
                 result[f"mfu_vs_{name}"] = first["useful_flops"] / seconds / (tflops * 1e12)
                 result[f"hardware_flops_utilization_vs_{name}"] = first["computed_flops"] / seconds / (tflops * 1e12)
         result["usable_peak"] = {"tflops": usable, "kind": usable_name}
-        result["mfu_6nd_vs_bf16_peak"] = 6 * first["parameters"] * first["real_tokens"] / seconds / (peak.bf16 * 1e12) if peak.bf16 else None
+        result["mfu_6nd_vs_bf16_peak"] = (
+            6 * first["parameters"] * first["real_tokens"] / seconds / (peak.bf16 * 1e12) if peak.bf16 else None
+        )
     return result
 
 
@@ -316,15 +388,30 @@ def bench_shape(args, shape: str) -> dict:
         order = RECIPES if repetition % 2 == 0 else RECIPES[::-1]  # alternate which recipe goes first
         for recipe in order:
             with tempfile.NamedTemporaryFile(suffix=".json") as result_file:
-                command = [sys.executable, __file__, "--child", recipe, "--shape", shape, "--steps", str(steps), "--result", result_file.name,
-                           *_shared_flags(args)]
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    recipe,
+                    "--shape",
+                    shape,
+                    "--steps",
+                    str(steps),
+                    "--result",
+                    result_file.name,
+                    *_shared_flags(args),
+                ]
                 done = subprocess.run(command, capture_output=True, text=True, env=_child_env())
                 if done.returncode != 0:
                     raise SystemExit(f"{recipe} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
                 run = json.loads(Path(result_file.name).read_text())
             runs[recipe].append(run)
-            print(f"[{shape} repetition {repetition + 1}/{args.repetitions}] {recipe}: {run['samples_per_second']:.1f} samples/s, "
-                  f"{run['step_time_ms']:.0f} ms/step", file=sys.stderr, flush=True)
+            print(
+                f"[{shape} repetition {repetition + 1}/{args.repetitions}] {recipe}: {run['samples_per_second']:.1f} samples/s, "
+                f"{run['step_time_ms']:.0f} ms/step",
+                file=sys.stderr,
+                flush=True,
+            )
     import torch
 
     from textsql.strategy.devices import peak_tflops
@@ -334,27 +421,54 @@ def bench_shape(args, shape: str) -> dict:
     first = runs["textsql"][0]
     examples = first["examples"]
     result = {
-        "shape": shape, "model_config": first["model_config"], "parameters": first["parameters"], "steps": steps,
+        "shape": shape,
+        "model_config": first["model_config"],
+        "parameters": first["parameters"],
+        "steps": steps,
         "torch_threads": first["torch_threads"],
-        "batch_size": args.batch_size, "examples_per_run": examples, "repetitions": args.repetitions, "warmup_steps": args.warmup_steps,
+        "batch_size": args.batch_size,
+        "examples_per_run": examples,
+        "repetitions": args.repetitions,
+        "warmup_steps": args.warmup_steps,
         "mean_real_tokens_per_example": first["real_tokens"] / examples,
         "source_format": args.source_format if not args.dataset_dir else "as prepared",
         "shape_from": first["shape_from"],
         "walkthrough_padded_length": runs["walkthrough"][0]["walkthrough_padded_length"],
         **summary,
-        "ratio_samples_per_second": summary["textsql"]["samples_per_second"] / summary["walkthrough"]["samples_per_second"],
-        "ratio_real_tokens_per_second": summary["textsql"]["real_tokens_per_second"] / summary["walkthrough"]["real_tokens_per_second"],
-        "ratio_samples_per_cpu_second": summary["textsql"]["samples_per_cpu_second"] / summary["walkthrough"]["samples_per_cpu_second"],
+        "ratio_samples_per_second": summary["textsql"]["samples_per_second"]
+        / summary["walkthrough"]["samples_per_second"],
+        "ratio_real_tokens_per_second": summary["textsql"]["real_tokens_per_second"]
+        / summary["walkthrough"]["real_tokens_per_second"],
+        "ratio_samples_per_cpu_second": summary["textsql"]["samples_per_cpu_second"]
+        / summary["walkthrough"]["samples_per_cpu_second"],
         "trainer_counted_real_tokens_match": first["trainer_counted_real_tokens"] == first["real_tokens"],
     }
     if peak:
-        result["gpu_peak_tflops"] = {"gpu": peak.gpu, "bf16": peak.bf16, "tf32": peak.tf32, "fp32": peak.fp32, "source": peak.source}
+        result["gpu_peak_tflops"] = {
+            "gpu": peak.gpu,
+            "bf16": peak.bf16,
+            "tf32": peak.tf32,
+            "fp32": peak.fp32,
+            "source": peak.source,
+        }
     return result
 
 
 def _shared_flags(args) -> list[str]:
-    flags = ["--batch_size", str(args.batch_size), "--warmup_steps", str(args.warmup_steps), "--seed", str(args.seed),
-             "--workdir", args.workdir, "--train_tables", str(args.train_tables), "--source_format", args.source_format] + (["--threads", str(args.threads)] if args.threads is not None else [])
+    flags = [
+        "--batch_size",
+        str(args.batch_size),
+        "--warmup_steps",
+        str(args.warmup_steps),
+        "--seed",
+        str(args.seed),
+        "--workdir",
+        args.workdir,
+        "--train_tables",
+        str(args.train_tables),
+        "--source_format",
+        args.source_format,
+    ] + (["--threads", str(args.threads)] if args.threads is not None else [])
     flags += ["--tokenizer", args.tokenizer] + (["--t5_configs", args.t5_configs] if args.t5_configs else [])
     flags += ["--dataset_dir", args.dataset_dir] if args.dataset_dir else []
     return flags + (["--source", args.source] if args.source else [])
@@ -378,28 +492,67 @@ def _child_env() -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default=None, help=f"Comma-separated, from {', '.join(SHAPES)} (default: cpu-small on a CPU, t5-small,t5-large on a GPU).")
-    parser.add_argument("--steps", type=int, default=None, help=f"Measured steps per run (default per shape: {DEFAULT_STEPS}).")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help=f"Comma-separated, from {', '.join(SHAPES)} (default: cpu-small on a CPU, t5-small,t5-large on a GPU).",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help=f"Measured steps per run (default per shape: {DEFAULT_STEPS})."
+    )
     parser.add_argument("--batch_size", type=int, default=32, help="Per-device batch size (the walkthrough's 32).")
     parser.add_argument("--repetitions", type=int, default=3, help="Runs per recipe, alternating.")
     parser.add_argument("--warmup_steps", type=int, default=2, help="Unmeasured steps each process trains first.")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads per run. Default on a CPU: 1, because on a shared machine OpenMP threads spin-waiting "
-                        "for a busy core made step times 3-20x slower and erratic; 0 = torch's default (one per core).")
-    parser.add_argument("--dataset_dir", default=None, help="A dataset prepared by `textsql prep` (default: generated data).")
-    parser.add_argument("--source", default=None, help="WikiSQL release files (a folder or .tar.bz2), prepared once in "
-                        "--workdir with --tokenizer and --source_format (instead of generated data).")
-    parser.add_argument("--tokenizer", default="t5-small",
-                        help="With --source: a hub name, a model folder, or T5's spiece.model or tokenizer.json file.")
-    parser.add_argument("--t5_configs", default=None,
-                        help="A folder of t5-base/config.json, t5-large/config.json (the real checkpoints' configs) "
-                        "for the T5 shapes; default: the same numbers built in (textsql.planner.memory.T5_SHAPES).")
-    parser.add_argument("--train_tables", type=int, default=600, help="Generated data: training tables (10 questions each).")
-    parser.add_argument("--source_format", default="question", choices=("question", "question+header"),
-                        help="Generated data or --source: what the model reads (both recipes read the same).")
-    parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "textsql-bench"), help="Where generated data is built and reused.")
-    parser.add_argument("--peak_tflops", type=float, default=None, help="The GPU's dense bf16 peak, for MFU on GPUs not in textsql.strategy.devices.GPU_PEAK_TFLOPS.")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per run. Default on a CPU: 1, because on a shared machine OpenMP threads spin-waiting "
+        "for a busy core made step times 3-20x slower and erratic; 0 = torch's default (one per core).",
+    )
+    parser.add_argument(
+        "--dataset_dir", default=None, help="A dataset prepared by `textsql prep` (default: generated data)."
+    )
+    parser.add_argument(
+        "--source",
+        default=None,
+        help="WikiSQL release files (a folder or .tar.bz2), prepared once in "
+        "--workdir with --tokenizer and --source_format (instead of generated data).",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="t5-small",
+        help="With --source: a hub name, a model folder, or T5's spiece.model or tokenizer.json file.",
+    )
+    parser.add_argument(
+        "--t5_configs",
+        default=None,
+        help="A folder of t5-base/config.json, t5-large/config.json (the real checkpoints' configs) "
+        "for the T5 shapes; default: the same numbers built in (textsql.planner.memory.T5_SHAPES).",
+    )
+    parser.add_argument(
+        "--train_tables", type=int, default=600, help="Generated data: training tables (10 questions each)."
+    )
+    parser.add_argument(
+        "--source_format",
+        default="question",
+        choices=("question", "question+header"),
+        help="Generated data or --source: what the model reads (both recipes read the same).",
+    )
+    parser.add_argument(
+        "--workdir",
+        default=str(Path(tempfile.gettempdir()) / "textsql-bench"),
+        help="Where generated data is built and reused.",
+    )
+    parser.add_argument(
+        "--peak_tflops",
+        type=float,
+        default=None,
+        help="The GPU's dense bf16 peak, for MFU on GPUs not in textsql.strategy.devices.GPU_PEAK_TFLOPS.",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None, help="Also write the JSON here.")
     parser.add_argument("--child", choices=RECIPES, help=argparse.SUPPRESS)
@@ -424,12 +577,18 @@ def main(argv=None) -> int:
     started = time.time()
     results = [bench_shape(args, shape) for shape in shapes]
     report = {
-        "benchmark": "train_throughput", "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-        "data": args.dataset_dir or (
-            f"WikiSQL release files {args.source} prepared with {args.tokenizer} ({args.source_format})" if args.source
+        "benchmark": "train_throughput",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "data": args.dataset_dir
+        or (
+            f"WikiSQL release files {args.source} prepared with {args.tokenizer} ({args.source_format})"
+            if args.source
             else f"generated WikiSQL-format ({args.train_tables} training tables x 10 questions, locally trained "
-                 "tokenizer)"),
-        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)], "wall_seconds": round(time.time() - started, 1),
+            "tokenizer)"
+        ),
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "wall_seconds": round(time.time() - started, 1),
         "results": results,
     }
     emit(report, args.output)

@@ -19,7 +19,7 @@ NOTEBOOKS = {
         new_code_cell(
             'source = "generate"\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\noutput_dir = "data/wikisql"\n'
             'source_prefix = "translate English to SQL: "\nsource_format = "question"  # or "question+header"\n'
-            'max_examples_per_split = None\noverwrite = False',
+            "max_examples_per_split = None\noverwrite = False",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
@@ -28,7 +28,9 @@ NOTEBOOKS = {
             "                     source_format=source_format, max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
             "folder = prepare_dataset(args)"
         ),
-        new_code_cell("dataset, metadata = load_prepared(folder)\nprint(format_length_report(metadata['lengths']))\ndataset"),
+        new_code_cell(
+            "dataset, metadata = load_prepared(folder)\nprint(format_length_report(metadata['lengths']))\ndataset"
+        ),
         new_code_cell("dataset['train'].select(range(5)).to_pandas()[['question', 'target']]"),
     ],
     "train_single_pod.ipynb": [
@@ -65,7 +67,9 @@ NOTEBOOKS = {
             "from textsql.train.local_launch import run_training\n\n"
             "summary = run_training(model, data, training, num_gpus=num_gpus)"
         ),
-        new_code_cell("import pandas as pd\n\npd.DataFrame(summary.peak_memory_per_rank)  # the summary itself is printed above"),
+        new_code_cell(
+            "import pandas as pd\n\npd.DataFrame(summary.peak_memory_per_rank)  # the summary itself is printed above"
+        ),
     ],
     "train_multi_pod.ipynb": [
         new_markdown_cell(
@@ -79,14 +83,14 @@ NOTEBOOKS = {
             "the next run resumes from: run the notebook again to resume.\n\n"
             "Long trainings: CML ends an idle session (and its workers) after its idle timeout. Run the same training as a "
             "CML Job instead: `textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- <training arguments>`.\n\n"
-            "`backend = \"local\"` runs the same on this machine (node 0 = 127.0.0.1, workers 127.0.0.2, ...). Runs land in `runs/`; "
+            '`backend = "local"` runs the same on this machine (node 0 = 127.0.0.1, workers 127.0.0.2, ...). Runs land in `runs/`; '
             "launch logs in `.textsql/cluster/`. Variables you set to tune or debug (`NCCL_*`, `TORCH_NCCL_*`, `DS_*`, `HF_*`, "
             "`PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
         ),
         new_code_cell(
             'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
             'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n'
-            'extra_args = {}  # any other Trainer argument',
+            "extra_args = {}  # any other Trainer argument",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
@@ -117,13 +121,13 @@ NOTEBOOKS = {
             "Loads a fine-tuned model folder (the run folder of any strategy), generates SQL for a split in batches, "
             "parses it back against each question's table, executes it in SQLite and scores it exactly as WikiSQL's "
             "evaluate.py does: execution and logical-form accuracy (plus exact match), and which parts of the query are "
-            "right. `decoding = \"execution_guided\"` (with `num_beams` of 4 or so) takes the best beam that executes. "
+            'right. `decoding = "execution_guided"` (with `num_beams` of 4 or so) takes the best beam that executes. '
             "Writes `predictions.jsonl` and `eval_metrics.json` into the model folder. Same as `textsql infer`. Put your "
             "own questions in `questions` (and a `table_id` to run them)."
         ),
         new_code_cell(
             'model_dir = "runs/t5-small-zero2-ws1-bs32"\ndataset_dir = "data/wikisql"\nsplit = "test"\nmax_examples = None\n'
-            "batch_size = 64\ndecoding = \"greedy\"\nnum_beams = 1\nquestions = []\ntable_id = None",
+            'batch_size = 64\ndecoding = "greedy"\nnum_beams = 1\nquestions = []\ntable_id = None',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
@@ -159,8 +163,12 @@ NOTEBOOKS = {
             "accuracy. Saves it as Markdown and CSV with PNG plots (time and memory per strategy, loss curves from the "
             "TensorBoard events) in `output_dir` (default `<runs_root>/report`). Same as `textsql report`."
         ),
-        new_code_cell('runs_root = "runs"\noutput_dir = None  # None: <runs_root>/report', metadata={"tags": ["parameters"]}),
-        new_code_cell("from textsql.report import build_report\n\nreport = build_report(runs_root, output_dir)\nreport.table"),
+        new_code_cell(
+            'runs_root = "runs"\noutput_dir = None  # None: <runs_root>/report', metadata={"tags": ["parameters"]}
+        ),
+        new_code_cell(
+            "from textsql.report import build_report\n\nreport = build_report(runs_root, output_dir)\nreport.table"
+        ),
         new_code_cell("for path in [*report.files.values(), *report.plots.values()]:\n    print('wrote', path)"),
         new_code_cell(
             "from IPython.display import Image, display\n\nfor path in report.plots.values():\n    display(Image(filename=str(path)))"
@@ -177,7 +185,7 @@ NOTEBOOKS = {
             "(a CML Application: `scripts/compare_app.py`). Needs the lifecycle extra (`pip install '.[lifecycle]'`)."
         ),
         new_code_cell(
-            'model_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\n'
+            "model_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\n"
             'dataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
             "lora_rank = 8\nepochs = 3\nper_device_train_batch_size = 32\n"
             'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU)\nmax_examples = 200\nextra_args = {}  # any other Trainer argument',
@@ -202,8 +210,8 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             "from textsql.serve.compare import CompareArguments, Comparison, format_split_comparison\n\n"
-            "models = [f\"base={model_id}\", f\"lora={adapter_dir}\", f\"merged={merged_dir}\", f\"{method}={quantized['output_dir']}\"]\n"
-            "comparison = Comparison(CompareArguments(models=models, dataset_dir=dataset_dir, split=\"test\"))\n"
+            'models = [f"base={model_id}", f"lora={adapter_dir}", f"merged={merged_dir}", f"{method}={quantized[\'output_dir\']}"]\n'
+            'comparison = Comparison(CompareArguments(models=models, dataset_dir=dataset_dir, split="test"))\n'
             "report = comparison.compare_split(max_examples)\n"
             "print(format_split_comparison(report))"
         ),

@@ -35,8 +35,10 @@ def real_files() -> Path:
     """../shared/real: wikisql/{test,train}.jsonl with their tables, t5/spiece.model, t5/tokenizer.json and the t5-base
     and t5-large configs. Skips the test where the folder is absent."""
     if not (REAL_FILES / "wikisql" / "test.jsonl").is_file() or not (REAL_FILES / "t5" / "spiece.model").is_file():
-        pytest.skip(f"the real WikiSQL and T5 files are not at {REAL_FILES.resolve()} "
-                    "(only a checkout beside ../shared has them)")
+        pytest.skip(
+            f"the real WikiSQL and T5 files are not at {REAL_FILES.resolve()} "
+            "(only a checkout beside ../shared has them)"
+        )
     return REAL_FILES.resolve()
 
 
@@ -45,7 +47,9 @@ def assets(tmp_path_factory):
     """(data_dir, model_dir): a small generated dataset, prepared with a tokenizer trained on it, and a tiny T5."""
     from textsql.demo import build_assets
 
-    return build_assets(tmp_path_factory.mktemp("assets"), train_tables=60, questions_per_table=8, d_model=64, num_layers=2, seed=1)
+    return build_assets(
+        tmp_path_factory.mktemp("assets"), train_tables=60, questions_per_table=8, d_model=64, num_layers=2, seed=1
+    )
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +70,14 @@ def header_assets(raw_wikisql, tmp_path_factory):
     questions, tables = release_records(raw_wikisql)
     corpus = [text.replace("<", "") for text in corpus_for_tokenizer(questions, tables)]
     model_dir = make_tiny_model(folder / "tiny-t5-no-lt", corpus, d_model=64, num_layers=2, d_ff=256, seed=1)
-    data_dir = prepare_dataset(PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(folder / "data"),
-                                             source_format="question+header"))
+    data_dir = prepare_dataset(
+        PrepArguments(
+            source=str(raw_wikisql),
+            model_id=str(model_dir),
+            output_dir=str(folder / "data"),
+            source_format="question+header",
+        )
+    )
     return data_dir, model_dir
 
 
@@ -90,8 +100,13 @@ def textsql_in_process(restored_environ, monkeypatch, capsys):
 
     from textsql.cli import main
 
-    for name, value in {"DS_ACCELERATOR": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                        "TENSORBOARD_LOGGING_DIR": "", "OMP_NUM_THREADS": "2"}.items():
+    for name, value in {
+        "DS_ACCELERATOR": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TENSORBOARD_LOGGING_DIR": "",
+        "OMP_NUM_THREADS": "2",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # a single process, not a rank
         monkeypatch.delenv(name, raising=False)
@@ -141,22 +156,62 @@ def two_tiny_runs(assets, tmp_path_factory):
     data_dir, model_dir = assets
     workdir = tmp_path_factory.mktemp("two-runs")
     runs_root = workdir / "runs"
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
-               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+        PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    )
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
-    argv = [sys.executable, "-m", "textsql.train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root),
-            "--max_steps", "12", "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32", "--learning_rate", "3e-3",
-            "--warmup_steps", "2", "--logging_steps", "2", "--eval_strategy", "steps", "--eval_steps", "6", "--save_strategy", "no",
-            "--max_eval_samples", "32", "--dataloader_num_workers", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "textsql.train",
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(runs_root),
+        "--max_steps",
+        "12",
+        "--per_device_train_batch_size",
+        "16",
+        "--per_device_eval_batch_size",
+        "32",
+        "--learning_rate",
+        "3e-3",
+        "--warmup_steps",
+        "2",
+        "--logging_steps",
+        "2",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "6",
+        "--save_strategy",
+        "no",
+        "--max_eval_samples",
+        "32",
+        "--dataloader_num_workers",
+        "0",
+    ]
     children = {
-        label: subprocess.Popen(argv + extra, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        label: subprocess.Popen(
+            argv + extra, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         for label, extra in (("none", []), ("zero2", ["--deepspeed", "zero2"]))
     }
     summaries = {}
     for label, child in children.items():
         output, _ = child.communicate(timeout=900)
         assert child.returncode == 0, f"the {label} run failed:\n{output[-5000:]}"
-        summaries[label] = json.loads((runs_root / f"tiny-t5-{label}-ws1-bs16-lr0.003-steps12-warmup2" / "run_summary.json").read_text())
+        summaries[label] = json.loads(
+            (runs_root / f"tiny-t5-{label}-ws1-bs16-lr0.003-steps12-warmup2" / "run_summary.json").read_text()
+        )
     return runs_root, summaries
 
 
@@ -169,11 +224,37 @@ def trained_run(assets, tmp_path_factory):
     data_dir, model_dir = assets
     runs = tmp_path_factory.mktemp("trained")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
-    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs), "--max_steps", "60",
-            "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--warmup_steps", "5", "--logging_steps", "10",
-            "--eval_strategy", "steps", "--eval_steps", "30", "--save_strategy", "no", "--max_eval_samples", "64",
-            "--execution_accuracy_samples", "32"]
-    done = subprocess.run([sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, timeout=900)
+    argv = [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(runs),
+        "--max_steps",
+        "60",
+        "--per_device_train_batch_size",
+        "16",
+        "--learning_rate",
+        "3e-3",
+        "--warmup_steps",
+        "5",
+        "--logging_steps",
+        "10",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "30",
+        "--save_strategy",
+        "no",
+        "--max_eval_samples",
+        "64",
+        "--execution_accuracy_samples",
+        "32",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     run_dir = runs / "tiny-t5-none-ws1-bs16-lr0.003-steps60-warmup5"
     assert json.loads((run_dir / "run_summary.json").read_text())["global_step"] == 60
@@ -204,6 +285,8 @@ def lora_adapter(assets, tmp_path_factory):
     tokenizer.save_pretrained(folder)
     # textsql's record of the base it was trained on, as `textsql train --lora` writes it (textsql.adapters)
     lora = LoraArguments(lora=True, lora_rank=4, lora_alpha=8.0, lora_targets="qv")
-    record = adapter_record(model, lora, str(model_dir), tokenizer, [], base_fingerprint(load_seq2seq_model(str(model_dir))))
+    record = adapter_record(
+        model, lora, str(model_dir), tokenizer, [], base_fingerprint(load_seq2seq_model(str(model_dir)))
+    )
     (folder / ADAPTER_RECORD_FILE).write_text(json.dumps({"version": RECORD_VERSION, **record}, indent=2) + "\n")
     return folder

@@ -14,23 +14,41 @@ PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
 # What real checkpoints pickle beyond torch's tensors and plain containers (found by training tiny runs: DeepSpeed
 # ZeRO-2 and ZeRO-3 + offload, and the Trainer without DeepSpeed). The check builds them as inert stand-ins, so not
 # even their own constructors run while a file is checked.
-ALLOWED_GLOBALS = frozenset({
-    # DeepSpeed's optimizer shards (global_stepN/*_optim_states.pt)
-    "deepspeed.runtime.zero.config.ZeroStageEnum", "deepspeed.utils.tensor_fragment.fragment_address",
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
-    # the Trainer's RNG states (rng_state*.pth): numpy's generator state
-    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
-    # the Trainer's training_args.bin (nothing loads it at resume; `torch.load` by hand would)
-    "__main__.TextsqlTrainingArguments", "textsql.train.TextsqlTrainingArguments",
-    "transformers.training_args.TrainingArguments", "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
-    "transformers.training_args.OptimizerNames", "transformers.training_args.ParallelMode", "transformers.debug_utils.DebugOption",
-    "transformers.trainer_utils.IntervalStrategy", "transformers.trainer_utils.SaveStrategy", "transformers.trainer_utils.HubStrategy",
-    "transformers.trainer_utils.SchedulerType", "transformers.trainer_utils.FSDPOption", "transformers.trainer_pt_utils.AcceleratorConfig",
-    "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig", "transformers.integrations.deepspeed.HfDeepSpeedConfig",
-    "transformers.generation.configuration_utils.GenerationConfig",
-    "accelerate.state.PartialState", "accelerate.utils.dataclasses.DistributedType", "accelerate.utils.dataclasses.DeepSpeedPlugin",
-    "accelerate.utils.dataclasses.GradientAccumulationPlugin",
-})
+ALLOWED_GLOBALS = frozenset(
+    {
+        # DeepSpeed's optimizer shards (global_stepN/*_optim_states.pt)
+        "deepspeed.runtime.zero.config.ZeroStageEnum",
+        "deepspeed.utils.tensor_fragment.fragment_address",
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+        # the Trainer's RNG states (rng_state*.pth): numpy's generator state
+        "numpy._core.multiarray._reconstruct",
+        "numpy.core.multiarray._reconstruct",
+        "numpy.ndarray",
+        "numpy.dtype",
+        # the Trainer's training_args.bin (nothing loads it at resume; `torch.load` by hand would)
+        "__main__.TextsqlTrainingArguments",
+        "textsql.train.TextsqlTrainingArguments",
+        "transformers.training_args.TrainingArguments",
+        "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+        "transformers.training_args.OptimizerNames",
+        "transformers.training_args.ParallelMode",
+        "transformers.debug_utils.DebugOption",
+        "transformers.trainer_utils.IntervalStrategy",
+        "transformers.trainer_utils.SaveStrategy",
+        "transformers.trainer_utils.HubStrategy",
+        "transformers.trainer_utils.SchedulerType",
+        "transformers.trainer_utils.FSDPOption",
+        "transformers.trainer_pt_utils.AcceleratorConfig",
+        "transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig",
+        "transformers.integrations.deepspeed.HfDeepSpeedConfig",
+        "transformers.generation.configuration_utils.GenerationConfig",
+        "accelerate.state.PartialState",
+        "accelerate.utils.dataclasses.DistributedType",
+        "accelerate.utils.dataclasses.DeepSpeedPlugin",
+        "accelerate.utils.dataclasses.GradientAccumulationPlugin",
+    }
+)
 DEEPSPEED_TAG = re.compile(r"^[\w.-]+$")
 
 
@@ -65,7 +83,11 @@ def verify_checkpoint(folder, *, recursive: bool = True) -> list[Path]:
             dirs.clear()  # from_pretrained reads nothing below a model folder
         for name in dirs:
             if os.path.islink(os.path.join(root, name)):
-                _refuse(Path(root) / name, folder, "it is a symbolic link to a folder (what it points to would be loaded unchecked)")
+                _refuse(
+                    Path(root) / name,
+                    folder,
+                    "it is a symbolic link to a folder (what it points to would be loaded unchecked)",
+                )
         for name in sorted(files):
             path = Path(root) / name
             if recursive and path.is_symlink():
@@ -111,7 +133,17 @@ def _check_pickle(path: Path, folder: Path) -> None:
         with torch.serialization.safe_globals([(_Inert, name) for name in sorted(names)]):
             # mmap: the unpickler runs on the pickle alone, tensor data is mapped, not read
             torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except (pickle.UnpicklingError, RuntimeError, ValueError, TypeError, AttributeError, EOFError, OSError, KeyError, IndexError) as error:
+    except (
+        pickle.UnpicklingError,
+        RuntimeError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        EOFError,
+        OSError,
+        KeyError,
+        IndexError,
+    ) as error:
         _refuse(path, folder, f"torch's weights-only loader refuses it ({_reason(error)})")
 
 
@@ -129,4 +161,5 @@ def _refuse(path: Path, folder: Path, why: str):
         f"{path} is refused: {why}. A checkpoint may hold only tensors and the settings DeepSpeed and the Trainer save; "
         f"loading this one could run code that anyone who can write {folder.parent} put there. Move {folder} out of the way "
         "(training then resumes from an earlier checkpoint, or pass --overwrite True to start at step 0), or, if you "
-        "made this file yourself and trust it, load it outside textsql.")
+        "made this file yourself and trust it, load it outside textsql."
+    )

@@ -32,22 +32,38 @@ DEMO_ACCURACY_NOTE = (
 class DemoArguments:
     """What the demo builds and how long it trains."""
 
-    workdir: str = field(default="textsql-demo", metadata={"help": "Everything the demo writes goes under this folder."})
-    deepspeed: str = field(default="zero2", metadata={"help": "Shipped strategy (zero1, zero2, zero3_offload), a dsconfig file, or 'none'."})
-    train_tables: int = field(default=300, metadata={"help": "Generated training tables (validation and test get a fifth each)."})
+    workdir: str = field(
+        default="textsql-demo", metadata={"help": "Everything the demo writes goes under this folder."}
+    )
+    deepspeed: str = field(
+        default="zero2",
+        metadata={"help": "Shipped strategy (zero1, zero2, zero3_offload), a dsconfig file, or 'none'."},
+    )
+    train_tables: int = field(
+        default=300, metadata={"help": "Generated training tables (validation and test get a fifth each)."}
+    )
     questions_per_table: int = field(default=10, metadata={"help": "Generated questions per table."})
     epochs: float = field(default=8.0, metadata={"help": "Training epochs (about 1500 steps with the defaults)."})
-    batch_size: int = field(default=16, metadata={"help": "Per-device training batch size (small: a tiny model learns from the number of updates)."})
+    batch_size: int = field(
+        default=16,
+        metadata={"help": "Per-device training batch size (small: a tiny model learns from the number of updates)."},
+    )
     d_model: int = field(default=128, metadata={"help": "Width of the tiny T5."})
     num_layers: int = field(default=2, metadata={"help": "Encoder and decoder layers of the tiny T5."})
     seed: int = field(default=0, metadata={"help": "Seed for the generator and the model."})
-    source_format: str = field(default="question", metadata={"help": "What the model reads: question, or question+header (see textsql prep)."})
-    decoding: str = field(default="greedy", metadata={"help": "How the test split is decoded: greedy, or execution_guided (4 beams)."})
+    source_format: str = field(
+        default="question", metadata={"help": "What the model reads: question, or question+header (see textsql prep)."}
+    )
+    decoding: str = field(
+        default="greedy", metadata={"help": "How the test split is decoded: greedy, or execution_guided (4 beams)."}
+    )
 
     def __post_init__(self):
         self.workdir = in_project(self.workdir)
         if self.source_format not in SOURCE_FORMATS or self.decoding not in DECODINGS:
-            raise TextsqlError(f"--source_format is one of {', '.join(SOURCE_FORMATS)} and --decoding one of {', '.join(DECODINGS)}.")
+            raise TextsqlError(
+                f"--source_format is one of {', '.join(SOURCE_FORMATS)} and --decoding one of {', '.join(DECODINGS)}."
+            )
         if self.train_tables < 5 or self.questions_per_table < 1 or self.epochs <= 0 or self.batch_size < 1:
             raise TextsqlError("Demo sizes must be positive (and at least 5 training tables).")
 
@@ -61,8 +77,16 @@ def release_records(folder: Path) -> tuple[list[dict], list[dict]]:
     return questions, tables
 
 
-def build_assets(workdir: Path, *, train_tables: int = 300, questions_per_table: int = 10, d_model: int = 128, num_layers: int = 2,
-                 seed: int = 0, source_format: str = "question") -> tuple[Path, Path]:
+def build_assets(
+    workdir: Path,
+    *,
+    train_tables: int = 300,
+    questions_per_table: int = 10,
+    d_model: int = 128,
+    num_layers: int = 2,
+    seed: int = 0,
+    source_format: str = "question",
+) -> tuple[Path, Path]:
     """Generated release files, a tiny T5 folder and the prepared dataset (one folder per source format); reused when
     already there. Returns (data_dir, model_dir)."""
 
@@ -71,28 +95,60 @@ def build_assets(workdir: Path, *, train_tables: int = 300, questions_per_table:
     data_dir = workdir / ("data" if source_format == "question" else f"data-{source_format}")
     if not (raw_dir / "train.jsonl").exists():
         held_out = max(1, train_tables // 5)
-        generate_wikisql(raw_dir, train_tables=train_tables, dev_tables=held_out, test_tables=held_out, questions_per_table=questions_per_table, seed=seed)
+        generate_wikisql(
+            raw_dir,
+            train_tables=train_tables,
+            dev_tables=held_out,
+            test_tables=held_out,
+            questions_per_table=questions_per_table,
+            seed=seed,
+        )
     if not (model_dir / "config.json").exists():
         # The tokenizer sees every split's text, as a pretrained tokenizer has seen the web; the model sees only train.
         questions, tables = release_records(raw_dir)
         # No dropout: the tiny model underfits in the demo's short run, and dropout only slows it down.
-        make_tiny_model(model_dir, corpus_for_tokenizer(questions, tables, prefix=DEMO_PREFIX), d_model=d_model, num_layers=num_layers,
-                        d_ff=4 * d_model, dropout_rate=0.0, seed=seed)
+        make_tiny_model(
+            model_dir,
+            corpus_for_tokenizer(questions, tables, prefix=DEMO_PREFIX),
+            d_model=d_model,
+            num_layers=num_layers,
+            d_ff=4 * d_model,
+            dropout_rate=0.0,
+            seed=seed,
+        )
     if not (data_dir / METADATA_FILE).exists():
-        prepare_dataset(PrepArguments(source=str(raw_dir), model_id=str(model_dir), output_dir=str(data_dir), source_prefix=DEMO_PREFIX,
-                                      source_format=source_format))
+        prepare_dataset(
+            PrepArguments(
+                source=str(raw_dir),
+                model_id=str(model_dir),
+                output_dir=str(data_dir),
+                source_prefix=DEMO_PREFIX,
+                source_format=source_format,
+            )
+        )
     return data_dir, model_dir
 
 
 def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
     """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates."""
     training = TextsqlTrainingArguments(
-        runs_root=str(Path(args.workdir) / "runs"), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64, learning_rate=2e-3, lr_scheduler_type="constant_with_warmup", warmup_steps=50,
-        logging_steps=50, seed=args.seed, deepspeed=None if args.deepspeed == "none" else args.deepspeed,
+        runs_root=str(Path(args.workdir) / "runs"),
+        num_train_epochs=args.epochs,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64,
+        learning_rate=2e-3,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=50,
+        logging_steps=50,
+        seed=args.seed,
+        deepspeed=None if args.deepspeed == "none" else args.deepspeed,
         overwrite=True,  # the demo's own folder: running it again trains again
     )
-    return ModelArguments(model_id=str(model_dir)), DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=200), training
+    return (
+        ModelArguments(model_id=str(model_dir)),
+        DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=200),
+        training,
+    )
 
 
 @dataclass
@@ -124,21 +180,37 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
 
     datasets.disable_progress_bars()  # the terminal shows training's progress bar, not one per file written
     questions = args.train_tables * args.questions_per_table
-    echo(f"textsql demo: {questions:,} generated training questions, a tiny T5 trained for {args.epochs:g} epochs with "
-         f"{args.deepspeed}; about 4 minutes on 2 CPU cores, longer on a busy machine. Shorter: --epochs 2 or "
-         f"--train_tables 100 (the scores drop). Everything goes to {Path(args.workdir).absolute()}.")
+    echo(
+        f"textsql demo: {questions:,} generated training questions, a tiny T5 trained for {args.epochs:g} epochs with "
+        f"{args.deepspeed}; about 4 minutes on 2 CPU cores, longer on a busy machine. Shorter: --epochs 2 or "
+        f"--train_tables 100 (the scores drop). Everything goes to {Path(args.workdir).absolute()}."
+    )
     with demo_step(echo, 1, "data, tokenizer and model: generated WikiSQL, a tokenizer trained on it, a tiny T5, prep"):
         data_dir, model_dir = build_assets(
-            Path(args.workdir), train_tables=args.train_tables, questions_per_table=args.questions_per_table,
-            d_model=args.d_model, num_layers=args.num_layers, seed=args.seed, source_format=args.source_format,
+            Path(args.workdir),
+            train_tables=args.train_tables,
+            questions_per_table=args.questions_per_table,
+            d_model=args.d_model,
+            num_layers=args.num_layers,
+            seed=args.seed,
+            source_format=args.source_format,
         )
     with demo_step(echo, 2, f"training ({args.deepspeed}; the progress bar shows the steps left)"):
         summary = train(*demo_training(args, data_dir, model_dir))
     metadata = json.loads((data_dir / METADATA_FILE).read_text())
     beams = 4 if args.decoding == "execution_guided" else 1
     with demo_step(echo, 3, "scoring the test split as WikiSQL's evaluate.py does"):
-        test = run_inference(InferArguments(model_dir=summary.output_dir, dataset_dir=str(data_dir), split="test",
-                                            show_examples=3, decoding=args.decoding, num_beams=beams), echo=echo)
+        test = run_inference(
+            InferArguments(
+                model_dir=summary.output_dir,
+                dataset_dir=str(data_dir),
+                split="test",
+                show_examples=3,
+                decoding=args.decoding,
+                num_beams=beams,
+            ),
+            echo=echo,
+        )
     with demo_step(echo, 4, "a trivial baseline for comparison"):
         baseline = trivial_baseline(data_dir)
     return DemoResult(summary, test, baseline, metadata["lengths"]["train"]["mean_tokens_per_example"])

@@ -20,7 +20,9 @@ def check_decoding(decoding: str, num_beams: int, flag: str = "--") -> None:
     if num_beams < 1:
         raise TextsqlError(f"{flag}num_beams must be at least 1.")
     if decoding == "execution_guided" and num_beams < 2:
-        raise TextsqlError(f"{flag}decoding execution_guided chooses among beam-search candidates: pass {flag}num_beams 4 (at least 2).")
+        raise TextsqlError(
+            f"{flag}decoding execution_guided chooses among beam-search candidates: pass {flag}num_beams 4 (at least 2)."
+        )
 
 
 def decoding_label(decoding: str, num_beams: int) -> str:
@@ -37,8 +39,19 @@ def pick_device(choice: str):
     return torch.device("cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu")
 
 
-def generate_sql(model, tokenizer, sources: list[str], *, batch_size: int = 64, num_beams: int = 1, num_candidates: int = 1,
-                 max_new_tokens: int = 128, synced_gpus: bool = False, progress: bool = True, device=None) -> list[list[str]]:
+def generate_sql(
+    model,
+    tokenizer,
+    sources: list[str],
+    *,
+    batch_size: int = 64,
+    num_beams: int = 1,
+    num_candidates: int = 1,
+    max_new_tokens: int = 128,
+    synced_gpus: bool = False,
+    progress: bool = True,
+    device=None,
+) -> list[list[str]]:
     """The `num_candidates` best generations (beam order) for each source, batch by batch, longest first so each batch
     pads little; input order kept."""
     import torch
@@ -55,8 +68,13 @@ def generate_sql(model, tokenizer, sources: list[str], *, batch_size: int = 64, 
         indices = order[start : start + batch_size]
         encoded = tokenizer([sources[i] for i in indices], return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
-            generated = model.generate(**encoded, num_beams=num_beams, num_return_sequences=num_candidates,
-                                       max_new_tokens=max_new_tokens, synced_gpus=synced_gpus)
+            generated = model.generate(
+                **encoded,
+                num_beams=num_beams,
+                num_return_sequences=num_candidates,
+                max_new_tokens=max_new_tokens,
+                synced_gpus=synced_gpus,
+            )
         texts = [" ".join(text.split()) for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
         for n, i in enumerate(indices):
             outputs[i] = texts[n * num_candidates : (n + 1) * num_candidates]
@@ -87,7 +105,9 @@ class ScoringSet:
     tables: dict[str, dict]
 
 
-def load_scoring_set(dataset_dir: str, split: str, max_examples: int | None = None, prepared: tuple | None = None) -> ScoringSet:
+def load_scoring_set(
+    dataset_dir: str, split: str, max_examples: int | None = None, prepared: tuple | None = None
+) -> ScoringSet:
     """The split's questions, gold queries and tables; `prepared` is load_prepared(dataset_dir) when the caller has it."""
 
     dataset, metadata = prepared if prepared is not None else load_prepared(dataset_dir)
@@ -103,7 +123,10 @@ def load_scoring_set(dataset_dir: str, split: str, max_examples: int | None = No
         return tables[table_id]["header"] if table_id in tables else None
 
     return ScoringSet(
-        sources=[source_text(q, header(t), metadata["source_prefix"], source_format) for q, t in zip(rows["question"], rows["table_id"])],
+        sources=[
+            source_text(q, header(t), metadata["source_prefix"], source_format)
+            for q, t in zip(rows["question"], rows["table_id"])
+        ],
         questions=list(rows["question"]),
         table_ids=list(rows["table_id"]),
         gold_texts=list(rows["target"]),
@@ -121,37 +144,65 @@ def score_predictions(scoring: ScoringSet, predictions: list[str]) -> tuple[list
         gold_query = scoring.gold_queries[i]
         if table is None or gold_query is None:
             # Hub copies without tables: only the exact string match can be judged.
-            result = {"exact_match": exact_match(predicted, scoring.gold_texts[i]),
-                      "logical_form_match": None, "execution_match": None, "parsed": None, "parse_error": "no table to parse against"}
+            result = {
+                "exact_match": exact_match(predicted, scoring.gold_texts[i]),
+                "logical_form_match": None,
+                "execution_match": None,
+                "parsed": None,
+                "parse_error": "no table to parse against",
+            }
         else:
             result = score_prediction(predicted, scoring.gold_texts[i], gold_query, table)
             scored.append(result)
             gold_queries.append(gold_query)
-        records.append({
-            "question": scoring.questions[i], "table_id": scoring.table_ids[i], "gold_sql": scoring.gold_texts[i],
-            "predicted_sql": predicted, **result,
-        })
+        records.append(
+            {
+                "question": scoring.questions[i],
+                "table_id": scoring.table_ids[i],
+                "gold_sql": scoring.gold_texts[i],
+                "predicted_sql": predicted,
+                **result,
+            }
+        )
     if not scored:
-        raise TextsqlError("None of these examples has a table, so logical-form and execution accuracy cannot be computed; use a dataset prepared from the release files or the HF wikisql layout.")
+        raise TextsqlError(
+            "None of these examples has a table, so logical-form and execution accuracy cannot be computed; use a dataset prepared from the release files or the HF wikisql layout."
+        )
     return records, aggregate_metrics(scored, gold_queries)
 
 
-def decode_and_score(model, tokenizer, scoring: ScoringSet, *, decoding: str = "greedy", num_beams: int = 1, **generate_kwargs) -> tuple[list[dict], dict]:
+def decode_and_score(
+    model, tokenizer, scoring: ScoringSet, *, decoding: str = "greedy", num_beams: int = 1, **generate_kwargs
+) -> tuple[list[dict], dict]:
     """Generate for every question of `scoring` with the decoding asked for, then score: (records, metrics).
 
     With execution_guided each record says which beam was taken ("candidate_rank") and whether that changed the
     answer from the top beam; the metrics count how often.
     """
-    candidates = generate_sql(model, tokenizer, scoring.sources, num_beams=num_beams,
-                              num_candidates=num_beams if decoding == "execution_guided" else 1, **generate_kwargs)
-    chosen = [choose_prediction(options, scoring.tables.get(table_id), decoding) for options, table_id in zip(candidates, scoring.table_ids)]
+    candidates = generate_sql(
+        model,
+        tokenizer,
+        scoring.sources,
+        num_beams=num_beams,
+        num_candidates=num_beams if decoding == "execution_guided" else 1,
+        **generate_kwargs,
+    )
+    chosen = [
+        choose_prediction(options, scoring.tables.get(table_id), decoding)
+        for options, table_id in zip(candidates, scoring.table_ids)
+    ]
     records, metrics = score_predictions(scoring, [text for text, _ in chosen])
     for record, (text, rank), options in zip(records, chosen, candidates):
         record["candidate_rank"] = rank
         record["decoding_changed"] = text != options[0]
     changed = sum(record["decoding_changed"] for record in records)
-    metrics["decoding"] = {"method": decoding, "num_beams": num_beams, "label": decoding_label(decoding, num_beams),
-                           "changed": changed, "changed_share": changed / len(records) if records else 0.0}
+    metrics["decoding"] = {
+        "method": decoding,
+        "num_beams": num_beams,
+        "label": decoding_label(decoding, num_beams),
+        "changed": changed,
+        "changed_share": changed / len(records) if records else 0.0,
+    }
     return records, metrics
 
 
@@ -162,11 +213,15 @@ def format_components(components: dict) -> str:
 
 def format_metrics(metrics: dict) -> str:
     decoding = metrics.get("decoding", {})
-    changed = f"; execution-guided changed {decoding['changed']}" if decoding.get("method") == "execution_guided" else ""
-    lines = [f"{metrics['examples']} examples ({metrics.get('split', '')}, {decoding.get('label', 'greedy')}): "
-             f"execution {metrics['execution_accuracy']:.1%}, logical form {metrics['logical_form_accuracy']:.1%}, "
-             f"exact match {metrics['exact_match']:.1%} ({metrics['parse_errors']} unparseable{changed}; "
-             f"{metrics.get('queries_per_second', 0):.1f} questions/s)"]
+    changed = (
+        f"; execution-guided changed {decoding['changed']}" if decoding.get("method") == "execution_guided" else ""
+    )
+    lines = [
+        f"{metrics['examples']} examples ({metrics.get('split', '')}, {decoding.get('label', 'greedy')}): "
+        f"execution {metrics['execution_accuracy']:.1%}, logical form {metrics['logical_form_accuracy']:.1%}, "
+        f"exact match {metrics['exact_match']:.1%} ({metrics['parse_errors']} unparseable{changed}; "
+        f"{metrics.get('queries_per_second', 0):.1f} questions/s)"
+    ]
     if metrics.get("components"):
         lines.append(format_components(metrics["components"]))
     return "\n".join(lines)

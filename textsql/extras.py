@@ -31,7 +31,8 @@ def _require_extra(module: str, purpose: str, extra: str) -> None:
         raise TextsqlError(
             f"{purpose} needs {module}, which is part of the optional {name} extra: install it with "
             f"`pip install '{extra}'` (from a checkout: `pip install '.[{name}]'`; "
-            f"`bash scripts/bootstrap.sh setup` installs everything). ({error})") from error
+            f"`bash scripts/bootstrap.sh setup` installs everything). ({error})"
+        ) from error
 
 
 # Messages the lifecycle extra's packages print that a user can do nothing about, kept out of the terminal:

@@ -31,29 +31,49 @@ DTYPES = ("float32", "bfloat16")
 class InferArguments:
     """Which model, which questions, and how to decode."""
 
-    model_dir: str = field(metadata={"help": "A fine-tuned model folder (the run folder of any strategy), a LoRA run's "
-                                     "adapter folder (its base model loaded beside it; needs the peft extra) or a hub name."})
-    dataset_dir: str = field(default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep) holding the split and its tables."})
+    model_dir: str = field(
+        metadata={
+            "help": "A fine-tuned model folder (the run folder of any strategy), a LoRA run's "
+            "adapter folder (its base model loaded beside it; needs the peft extra) or a hub name."
+        }
+    )
+    dataset_dir: str = field(
+        default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep) holding the split and its tables."}
+    )
     split: str = field(default="test", metadata={"help": "Split to score: test, validation or train."})
-    question: list[str] = field(default_factory=list, metadata={"help": "Questions typed by you, instead of a split: --question 'How many ...?' 'Which ...?'"})
-    table_id: str | None = field(default=None, metadata={"help": "With --question: the table the questions are about, to parse and execute the SQL."})
+    question: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Questions typed by you, instead of a split: --question 'How many ...?' 'Which ...?'"},
+    )
+    table_id: str | None = field(
+        default=None,
+        metadata={"help": "With --question: the table the questions are about, to parse and execute the SQL."},
+    )
     max_examples: int | None = field(default=None, metadata={"help": "Score only the first N examples of the split."})
     batch_size: int = field(default=64, metadata={"help": "Questions per generate() call."})
     decoding: str = field(
         default="greedy",
-        metadata={"help": "greedy (with --num_beams > 1: the top beam of beam search), or execution_guided: of the "
-                  "--num_beams candidates, the best-scored one that parses against the table's header and executes (and, "
-                  "without aggregation, returns a row); the top beam when none does."},
+        metadata={
+            "help": "greedy (with --num_beams > 1: the top beam of beam search), or execution_guided: of the "
+            "--num_beams candidates, the best-scored one that parses against the table's header and executes (and, "
+            "without aggregation, returns a row); the top beam when none does."
+        },
     )
-    num_beams: int = field(default=1, metadata={"help": "1 for greedy decoding, more for beam search (at least 2 with execution_guided)."})
+    num_beams: int = field(
+        default=1, metadata={"help": "1 for greedy decoding, more for beam search (at least 2 with execution_guided)."}
+    )
     max_new_tokens: int = field(default=128, metadata={"help": "Longest SQL to generate, in tokens."})
     device: str = field(default="auto", metadata={"help": "auto (GPU when there is one), cuda, or cpu."})
     dtype: str = field(
         default="float32",
-        metadata={"help": "Weights' dtype at inference: float32 (every strategy saves the model in it, so scores compare), "
-                  "or bfloat16 (faster on Ampere and newer GPUs). A quantized folder (textsql quantize) keeps its own."},
+        metadata={
+            "help": "Weights' dtype at inference: float32 (every strategy saves the model in it, so scores compare), "
+            "or bfloat16 (faster on Ampere and newer GPUs). A quantized folder (textsql quantize) keeps its own."
+        },
     )
-    output_dir: str | None = field(default=None, metadata={"help": "Where predictions.jsonl and eval_metrics.json go (default: the model folder)."})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Where predictions.jsonl and eval_metrics.json go (default: the model folder)."}
+    )
     show_examples: int = field(default=5, metadata={"help": "How many examples to print in the walkthrough's format."})
 
     def __post_init__(self):
@@ -88,13 +108,26 @@ def run_inference(args: InferArguments, echo=print) -> dict:
         return answer_questions(args, model, tokenizer, metadata, echo)
     scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples, prepared=prepared)
     started = time.perf_counter()
-    records, metrics = decode_and_score(model, tokenizer, scoring, decoding=args.decoding, num_beams=args.num_beams,
-                                        batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    records, metrics = decode_and_score(
+        model,
+        tokenizer,
+        scoring,
+        decoding=args.decoding,
+        num_beams=args.num_beams,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+    )
     seconds = time.perf_counter() - started
     metrics.update(
-        split=args.split, generation_seconds=round(seconds, 3), queries_per_second=round(len(records) / seconds, 2),
-        model_dir=args.model_dir, dataset_dir=args.dataset_dir, device=str(next(model.parameters()).device), dtype=args.dtype,
-        source_format=metadata.get("source_format", "question"), arguments=asdict(args),
+        split=args.split,
+        generation_seconds=round(seconds, 3),
+        queries_per_second=round(len(records) / seconds, 2),
+        model_dir=args.model_dir,
+        dataset_dir=args.dataset_dir,
+        device=str(next(model.parameters()).device),
+        dtype=args.dtype,
+        source_format=metadata.get("source_format", "question"),
+        arguments=asdict(args),
     )
     output_dir = Path(args.output_dir or args.model_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -118,12 +151,24 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
         if table is None:
             raise TextsqlError(f"Table '{args.table_id}' is not in '{args.dataset_dir}/tables.jsonl'.")
     elif source_format != "question" or args.decoding == "execution_guided":
-        raise TextsqlError(f"The model reads '{source_format}' sources and decodes {args.decoding}: name the questions' table with "
-                           "--table_id (an id from tables.jsonl).")
-    sources = [source_text(q, table["header"] if table else None, metadata["source_prefix"], source_format) for q in args.question]
-    candidates = generate_sql(model, tokenizer, sources, batch_size=args.batch_size, num_beams=args.num_beams,
-                              num_candidates=args.num_beams if args.decoding == "execution_guided" else 1,
-                              max_new_tokens=args.max_new_tokens, progress=False)
+        raise TextsqlError(
+            f"The model reads '{source_format}' sources and decodes {args.decoding}: name the questions' table with "
+            "--table_id (an id from tables.jsonl)."
+        )
+    sources = [
+        source_text(q, table["header"] if table else None, metadata["source_prefix"], source_format)
+        for q in args.question
+    ]
+    candidates = generate_sql(
+        model,
+        tokenizer,
+        sources,
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        num_candidates=args.num_beams if args.decoding == "execution_guided" else 1,
+        max_new_tokens=args.max_new_tokens,
+        progress=False,
+    )
     answers = []
     for question, options in zip(args.question, candidates):
         predicted, _ = choose_prediction(options, table, args.decoding)
@@ -134,7 +179,11 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
                 answer["result"] = execute_query(answer["parsed"], table)
             except (SQLParseError, SQLExecutionError) as error:
                 answer["error"] = str(error)
-        echo(f"Test Instruction: {question}\nModel Prediction: {predicted}" + (f"\nResult: {answer.get('result', answer.get('error'))}" if table else "") + "\n")
+        echo(
+            f"Test Instruction: {question}\nModel Prediction: {predicted}"
+            + (f"\nResult: {answer.get('result', answer.get('error'))}" if table else "")
+            + "\n"
+        )
         answers.append(answer)
     return {"answers": answers}
 
@@ -142,7 +191,7 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
 def shorten_repeats(text: str, keep: int = 3) -> str:
     """A word repeated many times in a row (an untrained model's "Week Week Week ...") shown as its first few and a
     count, so one example stays one line; the files keep the text as generated."""
-    return re.sub(r"(\S+)(?: \1){%d,}" % keep, lambda m: f"{m.group(1)} … (×{len(m.group(0).split())})", text)
+    return re.sub(rf"(\S+)(?: \1){{{keep},}}", lambda m: f"{m.group(1)} … (×{len(m.group(0).split())})", text)
 
 
 def format_example(record: dict) -> str:
@@ -153,7 +202,7 @@ def format_example(record: dict) -> str:
         verdict = "execution ✓"
     else:
         verdict = "execution ✗; wrong: " + ", ".join(record.get("wrong_parts") or ["the result only"])
-    return (f"Test Instruction: {record['question']}\nModel Prediction: {shorten_repeats(record['predicted_sql'])}\n"
-            f"Expected Answer: {record['gold_sql']}\n({verdict})\n")
-
-
+    return (
+        f"Test Instruction: {record['question']}\nModel Prediction: {shorten_repeats(record['predicted_sql'])}\n"
+        f"Expected Answer: {record['gold_sql']}\n({verdict})\n"
+    )

@@ -22,10 +22,16 @@ TENSORBOARD_DIR = "tensorboard"  # rank 0's TensorBoard event files
 CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's checkpoint-<step>/ folders; an interrupted run resumes from the last
 PREDICTIONS_FILE = "predictions.jsonl"  # `textsql infer`: one scored record per question (textsql.infer)
 METRICS_FILE = "eval_metrics.json"  # `textsql infer`: the split's metrics (textsql.infer)
-ADAPTER_CONFIG_FILE = "adapter_config.json"  # a LoRA run: peft's adapter config, beside adapter_model.safetensors (peft's format)
-ADAPTER_RECORD_FILE = "textsql_adapter.json"  # a LoRA run: its base model, tokenizer and token rows, for merging (textsql.adapters)
+ADAPTER_CONFIG_FILE = (
+    "adapter_config.json"  # a LoRA run: peft's adapter config, beside adapter_model.safetensors (peft's format)
+)
+ADAPTER_RECORD_FILE = (
+    "textsql_adapter.json"  # a LoRA run: its base model, tokenizer and token rows, for merging (textsql.adapters)
+)
 QUANTIZATION_FILE = "textsql_quantization.json"  # a quantized model folder: the method and its score against the unquantized model (textsql.quantize)
-LAUNCH_RECORD_FILE = "textsql-launch.json"  # multi-pod: the world size and nodes of the launch that trains it (textsql.cluster.runs)
+LAUNCH_RECORD_FILE = (
+    "textsql-launch.json"  # multi-pod: the world size and nodes of the launch that trains it (textsql.cluster.runs)
+)
 
 # A local launch (textsql.train.local_launch): a private temporary folder, removed afterwards.
 ARGUMENTS_FILE = "train-arguments.json"  # the three argument dataclasses as one JSON object, parsed once by each rank

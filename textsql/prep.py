@@ -42,21 +42,34 @@ class PrepArguments:
     )
     model_id: str = field(default="t5-small", metadata={"help": "Tokenizer to use: hub name or local model folder."})
     output_dir: str = field(default="data/wikisql", metadata={"help": "Folder to save the tokenized DatasetDict in."})
-    source_prefix: str = field(default="translate English to SQL: ", metadata={"help": "T5 task prefix put before every question."})
+    source_prefix: str = field(
+        default="translate English to SQL: ", metadata={"help": "T5 task prefix put before every question."}
+    )
     source_format: str = field(
         default="question",
-        metadata={"help": "What the model reads: 'question' (the walkthrough's format), or 'question+header': the question "
-                  "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."},
+        metadata={
+            "help": "What the model reads: 'question' (the walkthrough's format), or 'question+header': the question "
+            "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."
+        },
     )
     max_source_length: int = field(default=512, metadata={"help": "Longest question in tokens (prefix included)."})
     max_target_length: int = field(default=256, metadata={"help": "Longest SQL target in tokens."})
     overlong: str = field(
         default="error",
-        metadata={"help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported)."},
+        metadata={
+            "help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported)."
+        },
     )
-    max_examples_per_split: int | None = field(default=None, metadata={"help": "Keep at most this many examples per split (quick runs)."})
-    generate_train_tables: int = field(default=300, metadata={"help": "With --source generate: tables in the train split (dev and test get a fifth each)."})
-    generate_questions_per_table: int = field(default=10, metadata={"help": "With --source generate: questions per table."})
+    max_examples_per_split: int | None = field(
+        default=None, metadata={"help": "Keep at most this many examples per split (quick runs)."}
+    )
+    generate_train_tables: int = field(
+        default=300,
+        metadata={"help": "With --source generate: tables in the train split (dev and test get a fifth each)."},
+    )
+    generate_questions_per_table: int = field(
+        default=10, metadata={"help": "With --source generate: questions per table."}
+    )
     seed: int = field(default=0, metadata={"help": "Seed for the generator."})
     overwrite: bool = field(default=False, metadata={"help": "Replace a prepared dataset already in output_dir."})
 
@@ -66,7 +79,9 @@ class PrepArguments:
         self.model_id = in_project(self.model_id, only_if_exists=True)
         self.source = in_project(self.source, only_if_exists=True)
         if self.source_format not in SOURCE_FORMATS:
-            raise TextsqlError(f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'.")
+            raise TextsqlError(
+                f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'."
+            )
         if self.overlong not in OVERLONG_POLICIES:
             raise TextsqlError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}, not '{self.overlong}'.")
         if self.max_source_length < 8 or self.max_target_length < 8:
@@ -74,13 +89,14 @@ class PrepArguments:
         if self.max_examples_per_split is not None and self.max_examples_per_split < 1:
             raise TextsqlError("--max_examples_per_split must be a positive number (or left out for all).")
         if self.generate_train_tables < 5 or self.generate_questions_per_table < 1:
-            raise TextsqlError("--generate_train_tables must be at least 5 and --generate_questions_per_table at least 1.")
+            raise TextsqlError(
+                "--generate_train_tables must be at least 5 and --generate_questions_per_table at least 1."
+            )
 
 
 def load_source(args: PrepArguments) -> WikiSQLData:
     """The raw examples: generated into output_dir/source, or read from the given source."""
     if args.source == "generate":
-
         held_out_tables = max(1, args.generate_train_tables // 5)
         folder = generate_wikisql(
             Path(args.output_dir) / "source",
@@ -100,36 +116,56 @@ def prepare_dataset(args: PrepArguments):
     """Load, tokenize, report and save; returns the saved folder. The prep notebook and `textsql prep` call this."""
     output_dir = Path(args.output_dir)
     if (output_dir / METADATA_FILE).exists() and not args.overwrite:
-        raise TextsqlError(f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir.")
+        raise TextsqlError(
+            f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir."
+        )
     data = load_source(args)  # the user's data first: a missing folder is named before any model is looked for
     base_tokenizer = load_tokenizer(args.model_id)
     if not data.splits.get("train"):
-        raise TextsqlError(f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}.")
+        raise TextsqlError(
+            f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}."
+        )
     if args.source_format != "question" and not data.tables:
-        raise TextsqlError(f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
-                           "release files or a hub copy with a 'table' column, or --source_format question.")
+        raise TextsqlError(
+            f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
+            "release files or a hub copy with a 'table' column, or --source_format question."
+        )
     splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
-    sources = {name: [source_text(e.question, _header(data, e), args.source_prefix, args.source_format) for e in examples]
-               for name, examples in splits.items()}
+    sources = {
+        name: [source_text(e.question, _header(data, e), args.source_prefix, args.source_format) for e in examples]
+        for name, examples in splits.items()
+    }
     # Every character the model reads or writes must be one it can produce: add what the tokenizer lacks.
-    missing = missing_characters(base_tokenizer, (text for name in splits for text in sources[name] + [e.target for e in splits[name]]))
+    missing = missing_characters(
+        base_tokenizer, (text for name in splits for text in sources[name] + [e.target for e in splits[name]])
+    )
     tokenizer = base_tokenizer
     if missing["unknown"]:
         tokenizer = add_characters(base_tokenizer, missing["unknown"], output_dir / TOKENIZER_DIR)
-        logger.info("Added %d characters that '%s' cannot produce to its vocabulary: %s", len(missing["unknown"]), args.model_id,
-                    ", ".join(repr(c) for c in missing["unknown"]))
+        logger.info(
+            "Added %d characters that '%s' cannot produce to its vocabulary: %s",
+            len(missing["unknown"]),
+            args.model_id,
+            ", ".join(repr(c) for c in missing["unknown"]),
+        )
     dataset = tokenize_splits(splits, sources, tokenizer)
     report = length_report(dataset, args.max_source_length, args.max_target_length)
     lost = characters_lost_in_targets(dataset, tokenizer, data.tables)
     recovered = lost["column_names_recovered"]
     if recovered["examples"]:
-        logger.info("%d target SQL strings come back from '%s' with column names rewritten (%s); scoring matches "
-                    "column names as the tokenizer writes them, so they still score right.", recovered["examples"],
-                    args.model_id, ", ".join(f"{c!r} x{n}" for c, n in recovered["characters"].items()))
+        logger.info(
+            "%d target SQL strings come back from '%s' with column names rewritten (%s); scoring matches "
+            "column names as the tokenizer writes them, so they still score right.",
+            recovered["examples"],
+            args.model_id,
+            ", ".join(f"{c!r} x{n}" for c, n in recovered["characters"].items()),
+        )
     if lost["examples"]:
         logger.warning(
             "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it rewrites: %s); the model "
-            "cannot generate them exactly, so those examples cannot be scored right.", lost["examples"], args.model_id,
+            "cannot generate them exactly, so those examples cannot be scored right.",
+            lost["examples"],
+            args.model_id,
             ", ".join(f"{c!r} x{n}" for c, n in lost["characters"].items()),
         )
     dataset = apply_overlong_policy(dataset, report, args)
@@ -216,8 +252,11 @@ def characters_lost_in_targets(dataset, tokenizer, tables: dict[str, dict] | Non
             else:
                 lost_examples += 1
                 lost.update(changed)
-    return {"examples": lost_examples, "characters": dict(lost.most_common(20)),
-            "column_names_recovered": {"examples": recovered_examples, "characters": dict(recovered.most_common(20))}}
+    return {
+        "examples": lost_examples,
+        "characters": dict(lost.most_common(20)),
+        "column_names_recovered": {"examples": recovered_examples, "characters": dict(recovered.most_common(20))},
+    }
 
 
 def _reads_as_gold(text: str, row: dict, tables: dict[str, dict]) -> bool:
@@ -261,18 +300,29 @@ def format_length_report(report: dict) -> str:
 
 def apply_overlong_policy(dataset, report: dict, args: PrepArguments):
     """Never truncate silently: error (default), truncate or drop, always saying how many."""
-    overlong = {name: (r["source_over_max"], r["target_over_max"]) for name, r in report.items() if r["source_over_max"] or r["target_over_max"]}
+    overlong = {
+        name: (r["source_over_max"], r["target_over_max"])
+        for name, r in report.items()
+        if r["source_over_max"] or r["target_over_max"]
+    }
     if not overlong:
         return dataset
-    counts = "; ".join(f"{name}: {s} questions over {args.max_source_length} tokens, {t} targets over {args.max_target_length}" for name, (s, t) in overlong.items())
+    counts = "; ".join(
+        f"{name}: {s} questions over {args.max_source_length} tokens, {t} targets over {args.max_target_length}"
+        for name, (s, t) in overlong.items()
+    )
     if args.overlong == "error":
         raise TextsqlError(
             f"Some examples are longer than the max lengths ({counts}). Raise --max_source_length/--max_target_length, "
             "or pass --overlong truncate or --overlong drop."
         )
-    logger.warning("%s examples over the max lengths: %s", "Truncating" if args.overlong == "truncate" else "Dropping", counts)
+    logger.warning(
+        "%s examples over the max lengths: %s", "Truncating" if args.overlong == "truncate" else "Dropping", counts
+    )
     if args.overlong == "drop":
-        return dataset.filter(lambda row: len(row["input_ids"]) <= args.max_source_length and len(row["labels"]) <= args.max_target_length)
+        return dataset.filter(
+            lambda row: len(row["input_ids"]) <= args.max_source_length and len(row["labels"]) <= args.max_target_length
+        )
     return dataset.map(lambda row: _truncate(row, args.max_source_length, args.max_target_length))
 
 

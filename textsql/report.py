@@ -93,8 +93,10 @@ def find_runs(runs_root: str | Path, *, skipped: list[str] | None = None) -> lis
     """
     root = Path(runs_root)
     if not root.is_dir():
-        raise TextsqlError(f"The runs root '{root}' does not exist ({root.absolute()}). Train first (`textsql train "
-                           f"--runs_root {root}`) or pass --runs_root.")
+        raise TextsqlError(
+            f"The runs root '{root}' does not exist ({root.absolute()}). Train first (`textsql train "
+            f"--runs_root {root}`) or pass --runs_root."
+        )
     records = []
     for path in sorted(root.rglob(SUMMARY_FILE)):
         try:
@@ -157,7 +159,9 @@ def execution_accuracy(record: RunRecord) -> tuple[float | None, str | None]:
         return float(metrics["execution_accuracy"]), f"{split} ({examples} questions)" if examples else split
     if record.summary.execution_accuracy is not None:
         samples = (record.summary.arguments.get("data") or {}).get("execution_accuracy_samples")
-        return float(record.summary.execution_accuracy), f"validation ({samples} questions, in training)" if samples else "validation (in training)"
+        return float(
+            record.summary.execution_accuracy
+        ), f"validation ({samples} questions, in training)" if samples else "validation (in training)"
     return None, None
 
 
@@ -230,8 +234,16 @@ def build_table(records: list[RunRecord]):
 # Markdown and CSV
 # ---------------------------------------------------------------------------------------------------------------------
 
-DECIMALS = {"epochs": 2, "duration_s": 1, "samples_per_s": 1, "real_tokens_per_s": 0, "memory_per_pod_gib": 2, "planned_memory_gib": 2,
-            "memory_vs_plan": 2, "eval_loss": 4}
+DECIMALS = {
+    "epochs": 2,
+    "duration_s": 1,
+    "samples_per_s": 1,
+    "real_tokens_per_s": 0,
+    "memory_per_pod_gib": 2,
+    "planned_memory_gib": 2,
+    "memory_vs_plan": 2,
+    "eval_loss": 4,
+}
 # Shares shown as percentages in the Markdown, as everywhere else textsql prints them (the CSV keeps the fractions).
 PERCENTAGES = {"execution_accuracy", "logical_form_accuracy", *COMPONENTS}
 
@@ -239,7 +251,10 @@ PERCENTAGES = {"execution_accuracy", "logical_form_accuracy", *COMPONENTS}
 def to_markdown(table) -> str:
     """A GitHub Markdown table with the walkthrough-style headers (no extra dependency)."""
     headers = [COLUMNS[c] for c in table.columns]
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if _numeric(table, c) else "---" for c in table.columns) + "|"]
+    lines = [
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join("---:" if _numeric(table, c) else "---" for c in table.columns) + "|",
+    ]
     for _, row in table.iterrows():
         lines.append("| " + " | ".join(_cell(row[c], c) for c in table.columns) + " |")
     return "\n".join(lines)
@@ -279,8 +294,14 @@ def plot_time_and_memory(table, path: Path) -> Path:
     labels = [row_label(row) for _, row in table.iterrows()]
     colors = [f"C{strategy_rank(t.split(' + ')[0])}" for t in table["technique"]]
     measures = set(table["memory_measure"])
-    memory_label = "memory per pod (GiB)" + (f"\n{measures.pop()}" if len(measures) == 1 else "\nsee table: GPU reserved or CPU RSS")
-    panels = [("duration_s", "train runtime (s)"), ("samples_per_s", "samples/s (all ranks)"), ("memory_per_pod_gib", memory_label)]
+    memory_label = "memory per pod (GiB)" + (
+        f"\n{measures.pop()}" if len(measures) == 1 else "\nsee table: GPU reserved or CPU RSS"
+    )
+    panels = [
+        ("duration_s", "train runtime (s)"),
+        ("samples_per_s", "samples/s (all ranks)"),
+        ("memory_per_pod_gib", memory_label),
+    ]
     height = 2.6 + 0.45 * len(table)
     figure = Figure(figsize=(15, height), dpi=100, layout="constrained")
     axes = figure.subplots(1, len(panels), sharey=True)
@@ -293,8 +314,18 @@ def plot_time_and_memory(table, path: Path) -> Path:
         axis.margins(x=0.25)
         axis.grid(axis="x", alpha=0.3)
         if column == "memory_per_pod_gib" and table["planned_memory_gib"].notna().any():
-            planned = [(p, v) for p, v in zip(positions, table["planned_memory_gib"]) if v is not None and not math.isnan(v)]
-            axis.scatter([v for _, v in planned], [p for p, _ in planned], marker="|", s=400, color="black", zorder=3, label="planner")
+            planned = [
+                (p, v) for p, v in zip(positions, table["planned_memory_gib"]) if v is not None and not math.isnan(v)
+            ]
+            axis.scatter(
+                [v for _, v in planned],
+                [p for p, _ in planned],
+                marker="|",
+                s=400,
+                color="black",
+                zorder=3,
+                label="planner",
+            )
             axis.legend(fontsize=8, loc="lower right")
     axes[0].set_yticks(positions, labels, fontsize=8)
     axes[0].invert_yaxis()
@@ -334,7 +365,9 @@ def load_scalars(event_dirs: list[Path], tags=LOSS_TAGS) -> dict[str, list[tuple
                 previous = by_tag[tag].get(event.step)
                 if previous is None or event.wall_time >= previous[0]:
                     by_tag[tag][event.step] = (event.wall_time, event.value)
-    return {tag: sorted((step, value) for step, (_, value) in points.items()) for tag, points in by_tag.items() if points}
+    return {
+        tag: sorted((step, value) for step, (_, value) in points.items()) for tag, points in by_tag.items() if points
+    }
 
 
 def plot_loss_curves(records: list[RunRecord], table, path: Path) -> Path:
@@ -358,12 +391,29 @@ def plot_loss_curves(records: list[RunRecord], table, path: Path) -> Path:
             plotted += 1
         if "eval/loss" in scalars:
             steps, values = zip(*scalars["eval/loss"])
-            axis.plot(steps, values, color=color, linewidth=width / 2, linestyle="--", marker="o", markersize=3 + width, alpha=0.85, label=f"{label}: eval")
+            axis.plot(
+                steps,
+                values,
+                color=color,
+                linewidth=width / 2,
+                linestyle="--",
+                marker="o",
+                markersize=3 + width,
+                alpha=0.85,
+                label=f"{label}: eval",
+            )
             plotted += 1
     if plotted:
         axis.legend(fontsize=8)
     else:
-        axis.text(0.5, 0.5, "no loss scalars in the runs' TensorBoard events", ha="center", va="center", transform=axis.transAxes)
+        axis.text(
+            0.5,
+            0.5,
+            "no loss scalars in the runs' TensorBoard events",
+            ha="center",
+            va="center",
+            transform=axis.transAxes,
+        )
     axis.set_xlabel("step")
     axis.set_ylabel("loss")
     axis.set_title("Loss curves (TensorBoard events)")
@@ -386,8 +436,10 @@ def build_report(runs_root: str | Path = "runs", output_dir: str | Path | None =
     skipped: list[str] = []
     records = find_runs(runs_root, skipped=skipped)
     if not records:
-        raise TextsqlError(f"No finished runs under {runs_root.absolute()} (no {SUMMARY_FILE} found). Train first, or "
-                           "pass the right --runs_root.")
+        raise TextsqlError(
+            f"No finished runs under {runs_root.absolute()} (no {SUMMARY_FILE} found). Train first, or "
+            "pass the right --runs_root."
+        )
     records = sort_records(records)
     table = build_table(records)
     out = Path(output_dir) if output_dir is not None else Path(runs_root) / REPORT_DIR

@@ -86,11 +86,14 @@ class RunSummary:
         return values
 
     @classmethod
-    def from_dict(cls, values: dict, source: str = "run summary") -> "RunSummary":
+    def from_dict(cls, values: dict, source: str = "run summary") -> RunSummary:
         known = {f.name for f in fields(cls)} - {"extras"}
         version = values.get("version", 0)  # 0: written before the schema had a version; the same fields
         if not isinstance(version, int) or version > SCHEMA_VERSION:
-            warnings.warn(f"{source} has schema version {version!r}, newer than this textsql's {SCHEMA_VERSION}; read as far as known.")
+            warnings.warn(
+                f"{source} has schema version {version!r}, newer than this textsql's {SCHEMA_VERSION}; read as far as known.",
+                stacklevel=2,
+            )
         summary = cls(**{k: v for k, v in values.items() if k in known})
         summary.extras = {k: v for k, v in values.items() if k not in known}
         if summary.trainable_parameters is None and isinstance(version, int) and version < 2:
@@ -159,11 +162,15 @@ def format_summary(summary: RunSummary) -> str:
         samples = (s.arguments.get("data") or {}).get("execution_accuracy_samples")
         lines.append(f"exec accuracy  {s.execution_accuracy:.1%} on the first {samples} validation questions")
     for m in s.peak_memory_per_rank:
-        gpu = (f", CUDA max allocated {m['cuda_max_allocated_bytes'] / GIB:.2f} GiB reserved {m['cuda_max_reserved_bytes'] / GIB:.2f} GiB"
-               if "cuda_max_allocated_bytes" in m else "")
-        lines.append(f"rank {m['rank']:<9} {m['host']} {m['device']}: peak RSS {m['cpu_peak_rss_bytes'] / GIB:.2f} GiB{gpu}")
+        gpu = (
+            f", CUDA max allocated {m['cuda_max_allocated_bytes'] / GIB:.2f} GiB reserved {m['cuda_max_reserved_bytes'] / GIB:.2f} GiB"
+            if "cuda_max_allocated_bytes" in m
+            else ""
+        )
+        lines.append(
+            f"rank {m['rank']:<9} {m['host']} {m['device']}: peak RSS {m['cpu_peak_rss_bytes'] / GIB:.2f} GiB{gpu}"
+        )
     if s.memory_check:
-
         lines.append(format_comparison(s.memory_check))
     lines.append(f"tensorboard    textsql tensorboard --runs_root {Path(s.output_dir).parent}")
     return "\n".join(lines)
@@ -180,6 +187,8 @@ def format_comparison(result: dict) -> str:
     """One line for the run summary: measured vs predicted GPU memory and the ratio, or why there is none."""
     if not result.get("comparable"):
         return f"memory check   not comparable: {result.get('reason')}"
-    return (f"memory check   rank {result['measured_rank']} reserved {result['measured_reserved_bytes'] / GIB:.2f} GB, "
-            f"planner predicted {result['predicted_reserved_bytes'] / GIB:.2f} GB (+ context: "
-            f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB): measured/predicted {result['ratio']:.2f}")
+    return (
+        f"memory check   rank {result['measured_rank']} reserved {result['measured_reserved_bytes'] / GIB:.2f} GB, "
+        f"planner predicted {result['predicted_reserved_bytes'] / GIB:.2f} GB (+ context: "
+        f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB): measured/predicted {result['ratio']:.2f}"
+    )

@@ -15,11 +15,18 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 
-_FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY | os.O_CREAT, "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,  # "w" cuts after the checks
-          "r+": os.O_RDWR, "a+": os.O_RDWR | os.O_CREAT}
+_FLAGS = {
+    "r": os.O_RDONLY,
+    "w": os.O_WRONLY | os.O_CREAT,
+    "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,  # "w" cuts after the checks
+    "r+": os.O_RDWR,
+    "a+": os.O_RDWR | os.O_CREAT,
+}
 
 
-def open_unlinked(path, mode: str = "r", *, binary: bool = False, exclusive: bool = False, permissions: int = 0o644, **kwargs):
+def open_unlinked(
+    path, mode: str = "r", *, binary: bool = False, exclusive: bool = False, permissions: int = 0o644, **kwargs
+):
     """open(path, mode) for a plain file that is not a link: refused with TextsqlError (naming it) when the last part
     of `path` is a symbolic link, a hard link or not a plain file (a FIFO would block). `exclusive`: the file must be
     new. Modes r, w, a, r+ (read and write an existing file), a+ (read and write, created when missing, not cut)."""
@@ -35,7 +42,12 @@ def open_unlinked(path, mode: str = "r", *, binary: bool = False, exclusive: boo
     info = os.fstat(descriptor)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(descriptor)
-        _refuse(path, "it is not a plain file" if not stat.S_ISREG(info.st_mode) else f"it has {info.st_nlink} names (a hard link)")
+        _refuse(
+            path,
+            "it is not a plain file"
+            if not stat.S_ISREG(info.st_mode)
+            else f"it has {info.st_nlink} names (a hard link)",
+        )
     os.set_blocking(descriptor, True)
     if mode == "w":
         os.ftruncate(descriptor, 0)
@@ -61,6 +73,8 @@ def replace_file(path, text: str, permissions: int = 0o644) -> Path:
 
 
 def _refuse(path, why: str):
-    raise TextsqlError(f"{path} is refused: {why}. textsql writes its own files in the shared project folder only as plain "
-                       "files, never through a link, which a collaborator could point at a file of yours. Remove it "
-                       f"(rm {path}) and run again; if you did not put it there, someone with access to the project did.")
+    raise TextsqlError(
+        f"{path} is refused: {why}. textsql writes its own files in the shared project folder only as plain "
+        "files, never through a link, which a collaborator could point at a file of yours. Remove it "
+        f"(rm {path}) and run again; if you did not put it there, someone with access to the project did."
+    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from textsql.errors import TextsqlError
 from textsql.vocabulary import WORD_START
@@ -23,7 +23,9 @@ CHARACTER_PENALTY = 20.0
 FRAGMENT_LENGTHS = (2, 3)
 
 
-def corpus_for_tokenizer(questions: Iterable[dict], tables: Iterable[dict], *, prefix: str = SOURCE_PREFIX) -> Iterator[str]:
+def corpus_for_tokenizer(
+    questions: Iterable[dict], tables: Iterable[dict], *, prefix: str = SOURCE_PREFIX
+) -> Iterator[str]:
     """Texts to train a tokenizer on: prefixed questions, their human-readable SQL, every header (as question+header
     sources list them) and every cell.
 
@@ -38,7 +40,9 @@ def corpus_for_tokenizer(questions: Iterable[dict], tables: Iterable[dict], *, p
         yield from (" ".join(str(cell) for cell in row) for row in table["rows"])
     for question in questions:
         if question["table_id"] not in headers:
-            raise TextsqlError(f"Question {question['question']!r} refers to table {question['table_id']!r}, which is not among the tables passed.")
+            raise TextsqlError(
+                f"Question {question['question']!r} refers to table {question['table_id']!r}, which is not among the tables passed."
+            )
         yield prefix + question["question"]
         yield render_sql(question["sql"], headers[question["table_id"]])
 
@@ -56,7 +60,9 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 4000, extra_ids: 
 
     unit_counts, character_counts = _count_units(texts)
     if not character_counts:
-        raise TextsqlError("The tokenizer needs training text: pass a non-empty list of sentences (see corpus_for_tokenizer).")
+        raise TextsqlError(
+            "The tokenizer needs training text: pass a non-empty list of sentences (see corpus_for_tokenizer)."
+        )
     pieces = _character_pieces(character_counts)
     budget = vocab_size - len(SPECIAL_TOKENS) - 1 - extra_ids - len(pieces)  # 1 for the bare "▁"
     if budget < 0:
@@ -138,13 +144,24 @@ def _added(pieces: dict[str, float], character_counts: Counter) -> int:
     return len(pieces) - 2 * len(character_counts)
 
 
-def build_tiny_t5(tokenizer, *, d_model: int = 64, num_layers: int = 2, num_heads: int = 4, d_ff: int = 256, dropout_rate: float = 0.1, seed: int = 0):
+def build_tiny_t5(
+    tokenizer,
+    *,
+    d_model: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    d_ff: int = 256,
+    dropout_rate: float = 0.1,
+    seed: int = 0,
+):
     """A randomly initialised T5ForConditionalGeneration sized for tests (about 0.5M parameters with the defaults)."""
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
     if d_model % num_heads:
-        raise TextsqlError(f"d_model={d_model} must be a multiple of num_heads={num_heads} (each head gets d_model / num_heads).")
+        raise TextsqlError(
+            f"d_model={d_model} must be a multiple of num_heads={num_heads} (each head gets d_model / num_heads)."
+        )
     config = T5Config(
         vocab_size=len(tokenizer),
         dropout_rate=dropout_rate,
@@ -163,7 +180,9 @@ def build_tiny_t5(tokenizer, *, d_model: int = 64, num_layers: int = 2, num_head
         return T5ForConditionalGeneration(config)
 
 
-def make_tiny_model(out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 4000, extra_ids: int = 100, **model_sizes) -> Path:
+def make_tiny_model(
+    out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 4000, extra_ids: int = 100, **model_sizes
+) -> Path:
     """Train a tokenizer on `texts`, build a tiny T5 for it, and save both into out_dir (loadable with Auto* classes).
 
     `model_sizes` go to build_tiny_t5 (d_model, num_layers, num_heads, d_ff, dropout_rate, seed). Returns out_dir.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from textsql.errors import TextsqlError
 
@@ -62,13 +62,17 @@ def add_characters(tokenizer, characters: Iterable[str], save_dir: str | Path):
     state = json.loads(tokenizer.backend_tokenizer.to_str())
     model = state.get("model", {})
     if model.get("type") != "Unigram":
-        raise TextsqlError(f"Cannot add characters to a {model.get('type')} tokenizer: textsql extends SentencePiece "
-                           "Unigram vocabularies (T5's). Prepare the data with --overlong drop, or use a T5 tokenizer.")
+        raise TextsqlError(
+            f"Cannot add characters to a {model.get('type')} tokenizer: textsql extends SentencePiece "
+            "Unigram vocabularies (T5's). Prepare the data with --overlong drop, or use a T5 tokenizer."
+        )
     vocab = model["vocab"]
     beyond = [t["content"] for t in state.get("added_tokens", []) if t["id"] >= len(vocab)]
     if beyond:
-        raise TextsqlError(f"The tokenizer has added tokens beyond its vocabulary ({', '.join(beyond[:3])}...), where new "
-                           "pieces would go; textsql cannot extend it.")
+        raise TextsqlError(
+            f"The tokenizer has added tokens beyond its vocabulary ({', '.join(beyond[:3])}...), where new "
+            "pieces would go; textsql cannot extend it."
+        )
     lowest = min(score for _, score in vocab) - 1.0
     known = {piece for piece, _ in vocab}
     for character in characters:

@@ -19,11 +19,31 @@ def train_two_steps(config_path: str, output_dir: str) -> None:
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, T5Config, T5ForConditionalGeneration
 
     torch.manual_seed(0)
-    args = Seq2SeqTrainingArguments(output_dir=output_dir, deepspeed=config_path, use_cpu=True, max_steps=2,
-                                    per_device_train_batch_size=2, report_to="none", save_strategy="no",
-                                    disable_tqdm=True, average_tokens_across_devices=False, dataloader_num_workers=0)
-    model = T5ForConditionalGeneration(T5Config(d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=64, vocab_size=100,
-                                                decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+    args = Seq2SeqTrainingArguments(
+        output_dir=output_dir,
+        deepspeed=config_path,
+        use_cpu=True,
+        max_steps=2,
+        per_device_train_batch_size=2,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        average_tokens_across_devices=False,
+        dataloader_num_workers=0,
+    )
+    model = T5ForConditionalGeneration(
+        T5Config(
+            d_model=32,
+            num_layers=1,
+            num_heads=2,
+            d_kv=16,
+            d_ff=64,
+            vocab_size=100,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+    )
     data = [{"input_ids": torch.randint(2, 100, (8,)), "labels": torch.randint(2, 100, (5,))} for _ in range(8)]
     result = Seq2SeqTrainer(model=model, args=args, train_dataset=data).train()
     assert result.global_step == 2, result
@@ -50,7 +70,11 @@ def main(results: str, paths: list[str]) -> int:
                 train_two_steps(path, output_dir)
                 outcome = {"config": path, "ok": True, "error": ""}
             except Exception as error:  # noqa: BLE001 - the failure is the result reported
-                outcome = {"config": path, "ok": False, "error": f"{type(error).__name__}: {' '.join(str(error).split())}"}
+                outcome = {
+                    "config": path,
+                    "ok": False,
+                    "error": f"{type(error).__name__}: {' '.join(str(error).split())}",
+                }
             finally:
                 unset_hf_deepspeed_config()
                 AcceleratorState._reset_state(True)

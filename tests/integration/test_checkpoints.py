@@ -34,11 +34,39 @@ def zero_run(assets, tmp_path_factory):
     """A real run folder of a tiny ZeRO-2 training that saved checkpoint-1 (trained once for this module)."""
     data_dir, model_dir = assets
     root = tmp_path_factory.mktemp("zero-run")
-    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(root / "runs"), "--max_steps", "1",
-            "--per_device_train_batch_size", "8", "--save_strategy", "steps", "--save_steps", "1", "--eval_strategy", "no",
-            "--dataloader_num_workers", "0", "--report_to", "none", "--deepspeed", "zero2"]
-    done = subprocess.run([sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=child_cpu_env(), cwd=root,
-                          timeout=900, check=False)
+    argv = [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(root / "runs"),
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "8",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--eval_strategy",
+        "no",
+        "--dataloader_num_workers",
+        "0",
+        "--report_to",
+        "none",
+        "--deepspeed",
+        "zero2",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "textsql.train", *argv],
+        capture_output=True,
+        text=True,
+        env=child_cpu_env(),
+        cwd=root,
+        timeout=900,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return root / "runs" / RUN, argv
 
@@ -64,8 +92,13 @@ def test_a_real_zero_checkpoint_verifies_and_a_planted_object_is_refused_before_
 
     run, _ = zero_run
     checked = {p.relative_to(run / "checkpoint-1").as_posix() for p in verify_checkpoint(run / "checkpoint-1")}
-    assert checked == {"global_step1/mp_rank_00_model_states.pt", "global_step1/zero_pp_rank_0_mp_rank_00_optim_states.pt",
-                       "rng_state.pth", "scheduler.pt", "training_args.bin"}
+    assert checked == {
+        "global_step1/mp_rank_00_model_states.pt",
+        "global_step1/zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "rng_state.pth",
+        "scheduler.pt",
+        "training_args.bin",
+    }
 
     copy = interrupted_copy(run, tmp_path)
     states = copy / "checkpoint-1" / "global_step1" / "mp_rank_00_model_states.pt"
@@ -100,7 +133,9 @@ def test_a_real_zero_checkpoint_verifies_and_a_planted_object_is_refused_before_
     assert not marker.exists()
 
 
-def test_resume_and_infer_refuse_a_planted_checkpoint_and_nothing_in_it_runs(zero_run, assets, tmp_path, textsql_in_process, monkeypatch):
+def test_resume_and_infer_refuse_a_planted_checkpoint_and_nothing_in_it_runs(
+    zero_run, assets, tmp_path, textsql_in_process, monkeypatch
+):
     import torch
 
     run, argv = zero_run
@@ -109,7 +144,7 @@ def test_resume_and_infer_refuse_a_planted_checkpoint_and_nothing_in_it_runs(zer
     plant(copy / "checkpoint-1" / "global_step1" / "mp_rank_00_model_states.pt", marker)
     monkeypatch.chdir(tmp_path)
     runs_root = argv.index("--runs_root") + 1
-    code, _, err = textsql_in_process(["train", *argv[:runs_root], str(tmp_path / "runs"), *argv[runs_root + 1:]])
+    code, _, err = textsql_in_process(["train", *argv[:runs_root], str(tmp_path / "runs"), *argv[runs_root + 1 :]])
     assert code == 2 and "mp_rank_00_model_states.pt is refused" in err and "Traceback" not in err, err[-3000:]
     assert not marker.exists()
 
@@ -122,7 +157,8 @@ def test_resume_and_infer_refuse_a_planted_checkpoint_and_nothing_in_it_runs(zer
     (model / "model.safetensors").unlink()
     torch.save(dict(weights, planted=Planted(marker)), model / "pytorch_model.bin")
     data_dir, _ = assets
-    code, _, err = textsql_in_process(["infer", "--model_dir", str(model), "--dataset_dir", str(data_dir), "--max_examples", "2",
-                                         "--device", "cpu"])
+    code, _, err = textsql_in_process(
+        ["infer", "--model_dir", str(model), "--dataset_dir", str(data_dir), "--max_examples", "2", "--device", "cpu"]
+    )
     assert code == 2 and "pytorch_model.bin is refused" in err and "GLOBAL exec" in err, err[-3000:]
     assert not marker.exists()

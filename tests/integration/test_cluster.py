@@ -43,7 +43,6 @@ ROOT = os.geteuid() == 0
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-
 def check_rank_arguments(rank: dict, argv: list[str]):
     """A rank trained with exactly the arguments of `argv` (parsed once, on the session), plus what the launch decided
     for every rank: the CPU, fp32 (the Trainer's own precision flags folded in) and the DeepSpeed file every node reads."""
@@ -53,9 +52,13 @@ def check_rank_arguments(rank: dict, argv: list[str]):
     got, given = rank["arguments"], arguments_dict(*parse_arguments(argv))
     assert {k: got[k] for k in decided} == decided
     if given["deepspeed"]:
-        assert Path(got["deepspeed"]).is_absolute() and Path(got["deepspeed"]).stem in (given["deepspeed"], f"node-local-{given['deepspeed']}")
+        assert Path(got["deepspeed"]).is_absolute() and Path(got["deepspeed"]).stem in (
+            given["deepspeed"],
+            f"node-local-{given['deepspeed']}",
+        )
     same = set(given) - set(decided) - {"deepspeed", "save_on_each_node"}
     assert {k: got[k] for k in same} == {k: given[k] for k in same}
+
 
 def leftovers(root: Path) -> list[str]:
     """Processes (other than this one) working in the test's project folder: agents, launchers, ranks."""
@@ -67,7 +70,11 @@ def leftovers(root: Path) -> list[str]:
             cwd = process.cwd()
         except psutil.Error:
             continue
-        if process.pid != os.getpid() and (cwd == str(root) or cwd.startswith(str(root) + os.sep)) and process.status() != psutil.STATUS_ZOMBIE:
+        if (
+            process.pid != os.getpid()
+            and (cwd == str(root) or cwd.startswith(str(root) + os.sep))
+            and process.status() != psutil.STATUS_ZOMBIE
+        ):
             found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:160]}")
     return found
 
@@ -94,7 +101,9 @@ def project(cpu_env, monkeypatch, tmp_path):
     running after."""
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FAULTS), str(STANDIN), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(FAULTS), str(STANDIN), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    )
     monkeypatch.setenv("CML_STANDIN_DIR", str(tmp_path / ".cml-standin"))
     monkeypatch.setenv("CDSW_IP_ADDRESS", NODES[0])
     monkeypatch.syspath_prepend(str(STANDIN))
@@ -122,10 +131,35 @@ def clusters(project):
 
 def cluster_argv(assets, runs_root, *extra, steps=10, logging_steps=5):
     data_dir, model_dir = assets
-    return ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root), "--max_steps", str(steps),
-            "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32", "--learning_rate", "3e-3", "--warmup_steps", "2",
-            "--logging_steps", str(logging_steps), "--eval_strategy", "no", "--save_strategy", "no", "--dataloader_num_workers", "0",
-            "--report_to", "none", *extra]
+    return [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(runs_root),
+        "--max_steps",
+        str(steps),
+        "--per_device_train_batch_size",
+        "16",
+        "--per_device_eval_batch_size",
+        "32",
+        "--learning_rate",
+        "3e-3",
+        "--warmup_steps",
+        "2",
+        "--logging_steps",
+        str(logging_steps),
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--dataloader_num_workers",
+        "0",
+        "--report_to",
+        "none",
+        *extra,
+    ]
 
 
 def check_two_node_run(result, assets, stage, offload, steps=10):
@@ -135,14 +169,21 @@ def check_two_node_run(result, assets, stage, offload, steps=10):
     assert sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
     ranks = result["ranks"]
     for rank in ranks:
-        print(f"rank {rank['rank']} on node {rank['node_address']}: world size {rank['world_size']}, step {rank['global_step']}, "
-              f"final loss {rank['final_loss']:.6f}, train loss {rank['train_loss']:.6f}")
-    assert [(r["rank"], r["node_address"], r["world_size"], r["global_step"]) for r in ranks] == [(0, NODES[0], 2, steps), (1, NODES[1], 2, steps)]
+        print(
+            f"rank {rank['rank']} on node {rank['node_address']}: world size {rank['world_size']}, step {rank['global_step']}, "
+            f"final loss {rank['final_loss']:.6f}, train loss {rank['train_loss']:.6f}"
+        )
+    assert [(r["rank"], r["node_address"], r["world_size"], r["global_step"]) for r in ranks] == [
+        (0, NODES[0], 2, steps),
+        (1, NODES[1], 2, steps),
+    ]
     assert ranks[0]["final_loss"] == pytest.approx(ranks[1]["final_loss"], rel=1e-6)
     assert ranks[0]["train_loss"] == pytest.approx(ranks[1]["train_loss"], rel=1e-6)
     assert ranks[0]["logged_losses"][-1] < ranks[0]["logged_losses"][0]
     assert "Training starts" in (result["launch_dir"] / "rank-0.log").read_text()  # each rank's own log, kept
-    assert (result["launch_dir"] / "rank-1.log").exists() and "[rank 1]" in (result["launch_dir"] / "launch.log").read_text()
+    assert (result["launch_dir"] / "rank-1.log").exists() and "[rank 1]" in (
+        result["launch_dir"] / "launch.log"
+    ).read_text()
     check_model_reloads_and_generates(Path(summary.output_dir), assets[1])
 
 
@@ -158,7 +199,11 @@ def listeners(pids: list[int]) -> list[tuple[int, str, str, int]]:
             continue
         for process in processes:
             try:
-                found += [(process.pid, process.name(), c.laddr.ip, c.laddr.port) for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+                found += [
+                    (process.pid, process.name(), c.laddr.ip, c.laddr.port)
+                    for c in process.net_connections("tcp")
+                    if c.status == psutil.CONN_LISTEN
+                ]
             except psutil.Error:
                 pass
     return found
@@ -179,7 +224,12 @@ def environ_of(pid: int) -> dict[str, str]:
 def files_holding(root: Path, needle: str) -> list[str]:
     found = []
     for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink() and path.stat().st_size < 50_000_000 and needle.encode() in path.read_bytes():
+        if (
+            path.is_file()
+            and not path.is_symlink()
+            and path.stat().st_size < 50_000_000
+            and needle.encode() in path.read_bytes()
+        ):
             found.append(str(path.relative_to(root)))
     return found
 
@@ -221,7 +271,11 @@ def interrupt_soon(delay: float = 0.0) -> None:
 def test_two_nodes_zero2_local_backend(assets, project, clusters, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", CANARY)  # a secret in the session: it must reach no rank, log or file
     monkeypatch.setenv("TEXTSQL_TEST_PASSWORD", CANARY)
-    for name, value in (("NCCL_DEBUG", "WARN"), ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("DS_TEXTSQL_TEST", "reached")):
+    for name, value in (
+        ("NCCL_DEBUG", "WARN"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ("DS_TEXTSQL_TEST", "reached"),
+    ):
         monkeypatch.setenv(name, value)  # a user's tuning and debugging variables: they must reach every rank
     monkeypatch.delenv("OMP_NUM_THREADS")  # textsql chooses: each local node has 1 of this machine's cores
     seen, lines = {}, []
@@ -233,7 +287,9 @@ def test_two_nodes_zero2_local_backend(assets, project, clusters, monkeypatch):
     echo = on_line("Training starts", snapshot)
     cluster = clusters("local", echo=lambda line: (lines.append(line), echo(line)))
     runs = project / "runs $HOME;`id` *"
-    argv = cluster_argv(assets, runs, "--deepspeed", "zero2", "--run_name", "a b;$(touch pwned) `touch pwned2` * 'q' \"q\" é\\")
+    argv = cluster_argv(
+        assets, runs, "--deepspeed", "zero2", "--run_name", "a b;$(touch pwned) `touch pwned2` * 'q' \"q\" é\\"
+    )
     result = cluster.train(argv)
     check_two_node_run(result, assets, stage=2, offload="none")
 
@@ -246,7 +302,11 @@ def test_two_nodes_zero2_local_backend(assets, project, clusters, monkeypatch):
     # The ranks' environment: the allowlist and textsql's choices, no secret, no cluster token.
     assert sorted(seen["environ"]) == [0, 1]
     for env in seen["environ"].values():
-        assert env["NCCL_DEBUG"] == "WARN" and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and env["DS_TEXTSQL_TEST"] == "reached"
+        assert (
+            env["NCCL_DEBUG"] == "WARN"
+            and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+            and env["DS_TEXTSQL_TEST"] == "reached"
+        )
         assert env["DS_ACCELERATOR"] == "cpu" and env["OMP_NUM_THREADS"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo"
         assert "HF_TOKEN" not in env and "TEXTSQL_TEST_PASSWORD" not in env and "TEXTSQL_CLUSTER_TOKEN" not in env
         assert CANARY not in json.dumps(env)
@@ -272,7 +332,10 @@ def test_two_nodes_zero3_offload_cml_backend_against_the_standin(assets, project
     (launch,) = [c for c in standin.calls if c[0] == "launch_workers"]
     assert launch[1:7] == (1, 1, 2, 1, True, False)  # n, cpu, memory, nvidia_gpu, code, no script
     env = launch[7]  # what the pod learns, in its environment only
-    assert env["TEXTSQL_CLUSTER_ADDRESS"] == f"{NODES[0]}:{cluster.coordinator.port}" and len(env["TEXTSQL_CLUSTER_TOKEN"]) == 64
+    assert (
+        env["TEXTSQL_CLUSTER_ADDRESS"] == f"{NODES[0]}:{cluster.coordinator.port}"
+        and len(env["TEXTSQL_CLUSTER_TOKEN"]) == 64
+    )
     assert "HF_TOKEN" not in env and CANARY not in json.dumps(env)
     assert ("await_workers", [cluster.nodes[0].id], False) in [c[:3] for c in standin.calls]
     assert [link.address for link in cluster.links] == list(NODES)
@@ -293,7 +356,10 @@ def gpus() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.skipif(gpus() < 2, reason="needs 2 CUDA GPUs (the CPU path of the same split is test_cluster_units.py::test_each_local_node_gets_its_own_gpus_and_cores)")
+@pytest.mark.skipif(
+    gpus() < 2,
+    reason="needs 2 CUDA GPUs (the CPU path of the same split is test_cluster_units.py::test_each_local_node_gets_its_own_gpus_and_cores)",
+)
 def test_two_local_nodes_on_one_gpu_box_each_use_their_own_gpu(assets, project, clusters, monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR")
     seen = {}
@@ -320,12 +386,18 @@ def step_of(sentence: str) -> int:
 
 
 @pytest.mark.slow
-def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_checkpoint(assets, project, clusters, monkeypatch):
+def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_checkpoint(
+    assets, project, clusters, monkeypatch
+):
     """A rank killed mid-step; another world size refused; a rank killed while saving; the disk full while saving;
     each launch ends within 60 s naming the rank and what the next launch resumes from, and the last one does."""
     runs = project / "runs"
     runs.mkdir()
-    tmpfs = ROOT and shutil.which("mount") and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "textsql-test", str(runs)]).returncode == 0
+    tmpfs = (
+        ROOT
+        and shutil.which("mount")
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "textsql-test", str(runs)]).returncode == 0
+    )
     try:
         argv = cluster_argv(assets, runs, "--save_strategy", "steps", "--save_steps", "4", steps=16, logging_steps=2)
         output_dir = runs / "tiny-t5-none-ws2-bs16-lr0.003-steps16-warmup2"
@@ -336,7 +408,10 @@ def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_
 
         def kill_rank_1():
             deadline = time.monotonic() + 300
-            while not ((output_dir / "checkpoint-4" / "trainer_state.json").exists() and (output_dir / "checkpoint-4" / "rng_state_1.pth").exists()):
+            while not (
+                (output_dir / "checkpoint-4" / "trainer_state.json").exists()
+                and (output_dir / "checkpoint-4" / "rng_state_1.pth").exists()
+            ):
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.05)
@@ -354,16 +429,26 @@ def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_
         message = str(failure.value)
         print(message)
         assert ended - killed["at"] < 60
-        assert message.startswith("Rank 1 on node 1 (127.0.0.2, host ") and "failed first: killed by SIGKILL." in message and "rank-1.log" in message
+        assert (
+            message.startswith("Rank 1 on node 1 (127.0.0.2, host ")
+            and "failed first: killed by SIGKILL." in message
+            and "rank-1.log" in message
+        )
         assert failure.value.failures[0]["pid"] == killed["pid"] and "Then rank 0 on 127.0.0.1" in message
         resume = step_of(failure.value.resume)
-        assert resume >= 4 and f"the next launch resumes from checkpoint-{resume} (the newest checkpoint complete on every node" in message
+        assert (
+            resume >= 4
+            and f"the next launch resumes from checkpoint-{resume} (the newest checkpoint complete on every node"
+            in message
+        )
         assert not cluster.started  # the workers were stopped, too
         wait_until_clean(project)
         assert not (output_dir / "run_summary.json").exists()
 
         # 2. The same run with another world size is refused, naming both sizes (no silent restart from step 0).
-        with pytest.raises(PreflightError, match=r"holds an interrupted run of world size 2, but this launch has world size 1"):
+        with pytest.raises(
+            PreflightError, match=r"holds an interrupted run of world size 2, but this launch has world size 1"
+        ):
             clusters("local", workers=0).train(argv)
 
         # 3. Rank 1 killed while saving the next checkpoint (half its RNG state written).
@@ -374,10 +459,18 @@ def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_
         message = str(failure.value)
         print(message)
         assert time.time() - failure.value.failures[0]["ended_at"] < 60
-        assert message.startswith("Rank 1 on node 1 (127.0.0.2") and "killed by SIGKILL" in message and "textsql test fault: kill while writing" in message
-        assert failure.value.resume == (f"resumes from checkpoint-{resume} (the newest checkpoint complete on every node; checkpoint-{resume + 4} is "
-                                        f"incomplete: rank 1's RNG state (rng_state_1.pth) is cut short)")
-        assert not [p for p in leftovers(project) if "textsql.cluster.node" not in p], "a launcher or rank of the failed launch is left"
+        assert (
+            message.startswith("Rank 1 on node 1 (127.0.0.2")
+            and "killed by SIGKILL" in message
+            and "textsql test fault: kill while writing" in message
+        )
+        assert failure.value.resume == (
+            f"resumes from checkpoint-{resume} (the newest checkpoint complete on every node; checkpoint-{resume + 4} is "
+            f"incomplete: rank 1's RNG state (rng_state_1.pth) is cut short)"
+        )
+        assert not [p for p in leftovers(project) if "textsql.cluster.node" not in p], (
+            "a launcher or rank of the failed launch is left"
+        )
 
         # 4. The disk fills up while rank 0 saves the next checkpoint (a tmpfs with 1 MiB left; a failing writer otherwise).
         if tmpfs:
@@ -392,7 +485,9 @@ def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_
         print(message)
         assert message.startswith("Rank 0 on node 0 (127.0.0.1") and "No space left on device" in message
         assert "(stopped because of it)" in message or len(failure.value.failures) == 1
-        assert failure.value.resume.startswith(f"resumes from checkpoint-{resume} (the newest checkpoint complete on every node; checkpoint-{resume + 4} is incomplete")
+        assert failure.value.resume.startswith(
+            f"resumes from checkpoint-{resume} (the newest checkpoint complete on every node; checkpoint-{resume + 4} is incomplete"
+        )
 
         # 5. Space again: the next launch resumes from the checkpoint it said, the partial ones set aside (never deleted).
         if tmpfs:
@@ -418,38 +513,61 @@ class PrivateRunsBackend(LocalBackend):
 
     def __init__(self, private_dir: Path):
         super().__init__()
-        self.command_prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs textsql-test "$0" && exec "$@"',
-                               str(private_dir)]
+        self.command_prefix = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs textsql-test "$0" && exec "$@"',
+            str(private_dir),
+        ]
 
     def on_node_1(self, *command: str) -> subprocess.CompletedProcess:
         """Run a command in node 1's mount namespace (where its private runs folder is)."""
         pid = self.processes["local-127.0.0.2"].pid
-        return subprocess.run(["nsenter", "-t", str(pid), "-m", "--", *command], capture_output=True, text=True, check=True)
+        return subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "--", *command], capture_output=True, text=True, check=True
+        )
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ROOT or not shutil.which("unshare") or not shutil.which("nsenter"), reason="a private mount namespace for a local worker needs root")
+@pytest.mark.skipif(
+    not ROOT or not shutil.which("unshare") or not shutil.which("nsenter"),
+    reason="a private mount namespace for a local worker needs root",
+)
 def test_without_a_shared_run_folder_every_node_resumes_from_the_same_checkpoint(assets, project, clusters):
     runs = project / "runs"
     runs.mkdir()
     backend = PrivateRunsBackend(runs)
     cluster = clusters(backend)
-    argv = cluster_argv(assets, runs, "--deepspeed", "zero2", "--save_strategy", "steps", "--save_steps", "3", steps=6, logging_steps=3)
+    argv = cluster_argv(
+        assets, runs, "--deepspeed", "zero2", "--save_strategy", "steps", "--save_steps", "3", steps=6, logging_steps=3
+    )
     first = cluster.train(argv)
     assert first["shared_output"] is False and first["ranks"][1]["arguments"]["save_on_each_node"] is True
     run = runs / "tiny-t5-zero2-ws2-bs16-lr0.003-steps6-warmup2"
     shards = run / "checkpoint-6" / "global_step6"
-    assert sorted(backend.on_node_1("ls", str(shards)).stdout.split()) == ["mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
-    assert sorted(p.name for p in shards.iterdir()) == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    assert sorted(backend.on_node_1("ls", str(shards)).stdout.split()) == [
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    assert sorted(p.name for p in shards.iterdir()) == [
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+    ]
     # Node 1 loses the end of its newest shard; the run is made an interrupted one. Node 0's checkpoint-6 is complete,
     # node 1's is not: both nodes must resume from checkpoint-3.
     backend.on_node_1("truncate", "-s", "1000", str(shards / "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
     (run / "run_summary.json").unlink()
-    second = cluster.train(argv[:argv.index("--max_steps") + 1] + ["9"] + argv[argv.index("--max_steps") + 2:])
+    second = cluster.train(argv[: argv.index("--max_steps") + 1] + ["9"] + argv[argv.index("--max_steps") + 2 :])
     assert Path(second["summary"].resumed_from).name == "checkpoint-3"
     assert [r["global_step"] for r in second["ranks"]] == [9, 9]
     assert second["ranks"][0]["final_loss"] == pytest.approx(second["ranks"][1]["final_loss"], rel=1e-6)
-    assert "incomplete-checkpoint-6-" in backend.on_node_1("ls", str(run)).stdout and list(run.glob("incomplete-checkpoint-6-*"))
+    assert "incomplete-checkpoint-6-" in backend.on_node_1("ls", str(run)).stdout and list(
+        run.glob("incomplete-checkpoint-6-*")
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -467,7 +585,9 @@ class UnreachableSessionBackend(LocalBackend):
         return super().launch(n, spec, dict(env, TEXTSQL_CLUSTER_ADDRESS=f"{NODES[0]}:{closed}"), log_dir, placements)
 
 
-def test_workers_that_never_start_never_connect_or_die_at_start_fail_the_start_and_are_stopped(project, clusters, monkeypatch):
+def test_workers_that_never_start_never_connect_or_die_at_start_fail_the_start_and_are_stopped(
+    project, clusters, monkeypatch
+):
     import cml.workers_v1 as standin
 
     monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
@@ -480,14 +600,22 @@ def test_workers_that_never_start_never_connect_or_die_at_start_fail_the_start_a
         clusters(UnreachableSessionBackend(), start_timeout=6)
     message = str(silent.value)
     assert message.startswith("Cluster start failed: local-127.0.0.2 did not connect to the session at 127.0.0.1:")
-    assert "within 6 s (started but published nothing" in message and "cannot reach the session at 127.0.0.1:" in message
+    assert (
+        "within 6 s (started but published nothing" in message and "cannot reach the session at 127.0.0.1:" in message
+    )
 
     crashing = LocalBackend()
-    crashing.command_prefix = [sys.executable, "-c", "import sys; sys.exit('this pod cannot run textsql: no module named textsql')"]
+    crashing.command_prefix = [
+        sys.executable,
+        "-c",
+        "import sys; sys.exit('this pod cannot run textsql: no module named textsql')",
+    ]
     with pytest.raises(TextsqlError) as died:
         clusters(crashing, start_timeout=60)
     message = str(died.value)
-    assert message.startswith("Cluster start failed: node(s) ended before their agent connected: local-127.0.0.2 (127.0.0.2): exited with status 1")
+    assert message.startswith(
+        "Cluster start failed: node(s) ended before their agent connected: local-127.0.0.2 (127.0.0.2): exited with status 1"
+    )
     assert "this pod cannot run textsql" in message
     wait_until_clean(project)
 
@@ -508,7 +636,12 @@ KERNEL = textwrap.dedent("""
 
 def start_kernel(backend: str, argv: list[str]) -> tuple[subprocess.Popen, list[str]]:
     """A stand-in for a notebook kernel: a Python process running the notebook's calls; its output lines collected."""
-    kernel = subprocess.Popen([sys.executable, "-u", "-c", KERNEL, backend, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kernel = subprocess.Popen(
+        [sys.executable, "-u", "-c", KERNEL, backend, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     threading.Thread(target=lambda: [lines.append(line.rstrip()) for line in kernel.stdout], daemon=True).start()
     return kernel, lines
@@ -523,12 +656,16 @@ def wait_for_line(lines: list[str], text: str, process: subprocess.Popen, timeou
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_training_and_again_during_clean_up_stops_everything_and_a_second_launch_is_refused(assets, project, clusters):
+def test_ctrl_c_during_training_and_again_during_clean_up_stops_everything_and_a_second_launch_is_refused(
+    assets, project, clusters
+):
     argv = cluster_argv(assets, project / "runs", steps=100000, logging_steps=50)
     refused, lines = {}, []
 
     def second_launch_then_ctrl_c(line):
-        other = Cluster(LocalBackend(first_worker_address="127.0.0.3"), workers=1, name="second", project_dir=project, echo=print)
+        other = Cluster(
+            LocalBackend(first_worker_address="127.0.0.3"), workers=1, name="second", project_dir=project, echo=print
+        )
         try:
             other.start().train(argv)
         except TextsqlError as error:
@@ -536,7 +673,9 @@ def test_ctrl_c_during_training_and_again_during_clean_up_stops_everything_and_a
         other.stop()
         os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C (the kernel's interrupt) while the ranks train
 
-    cleanup = on_line("interrupted; stopping launch", lambda line: os.kill(os.getpid(), signal.SIGINT))  # again, during the clean-up
+    cleanup = on_line(
+        "interrupted; stopping launch", lambda line: os.kill(os.getpid(), signal.SIGINT)
+    )  # again, during the clean-up
     training = on_line("Training starts", second_launch_then_ctrl_c, cleanup)
     cluster = clusters("local", echo=lambda line: (lines.append(line), training(line)))
     with pytest.raises(KeyboardInterrupt):
@@ -546,7 +685,9 @@ def test_ctrl_c_during_training_and_again_during_clean_up_stops_everything_and_a
     assert "Two launches into one run would overwrite each other's checkpoints" in refused["message"]
     assert any("still stopping the cluster" in line for line in lines) and not cluster.started
     assert wait_until_clean(project) < 60
-    assert Cluster("local", workers=0, project_dir=project, echo=print).start().stop() is None  # the locks are free again
+    assert (
+        Cluster("local", workers=0, project_dir=project, echo=print).start().stop() is None
+    )  # the locks are free again
 
 
 @pytest.mark.slow
@@ -562,12 +703,16 @@ def test_a_kernel_killed_during_training_takes_its_workers_with_it(assets, proje
         assert time.monotonic() - killed < 60
     finally:
         kernel.kill()
-    again = Cluster("local", workers=1, cpu=1, memory=2, project_dir=project, echo=print).start()  # the kernel's locks died with it
+    again = Cluster(
+        "local", workers=1, cpu=1, memory=2, project_dir=project, echo=print
+    ).start()  # the kernel's locks died with it
     again.stop()
 
 
 @pytest.mark.slow
-def test_a_frozen_worker_or_a_killed_agent_ends_the_launch_naming_its_node_with_nothing_left_running(assets, project, clusters):
+def test_a_frozen_worker_or_a_killed_agent_ends_the_launch_naming_its_node_with_nothing_left_running(
+    assets, project, clusters
+):
     """A worker's agent frozen (SIGSTOP: a hung pod, or one cut off from the network) and, in a second launch, killed
     (SIGKILL: a pod that died): each launch ends within 60 s naming node 1 and how it was lost, not rank 0 that only
     lost its peer; when the session says that every process stopped, none is left (the killed agent's launcher and
@@ -598,13 +743,18 @@ def test_a_frozen_worker_or_a_killed_agent_ends_the_launch_naming_its_node_with_
         assert leftovers(project) == []  # gone before the session said so
 
 
-def test_interrupts_while_workers_start_and_a_dead_kernel_s_workers_are_stopped_by_the_next_start(project, clusters, monkeypatch):
+def test_interrupts_while_workers_start_and_a_dead_kernel_s_workers_are_stopped_by_the_next_start(
+    project, clusters, monkeypatch
+):
     import cml.workers_v1 as standin
 
     monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "60")
-    for phase, delay in (("starting node 0's agent", 0.0), ("waiting for 1 worker(s)", 0.5)):  # launching, then waiting for the pods
+    for phase, delay in (
+        ("starting node 0's agent", 0.0),
+        ("waiting for 1 worker(s)", 0.5),
+    ):  # launching, then waiting for the pods
         with pytest.raises(KeyboardInterrupt):
-            clusters("cml", echo=on_line(phase, lambda line: interrupt_soon(delay)))
+            clusters("cml", echo=on_line(phase, lambda line, delay=delay: interrupt_soon(delay)))
         assert {w["status"] for w in standin.list_workers()} <= {"stopped"}
         wait_until_clean(project)
 
@@ -621,11 +771,17 @@ def test_interrupts_while_workers_start_and_a_dead_kernel_s_workers_are_stopped_
     said = []
     cluster = clusters("cml", lines=said)
     (report,) = [line for line in said if "stale worker(s) of an earlier start" in line]
-    assert stale["id"] in report  # (and node 0's agent of that kernel, unless it noticed first that its session is gone)
+    assert (
+        stale["id"] in report
+    )  # (and node 0's agent of that kernel, unless it noticed first that its session is gone)
     assert {w["id"]: w["status"] for w in standin.list_workers()}[stale["id"]] == "stopped"
     # The notebook's start cell run again in the same kernel: the earlier cluster of that name is stopped first.
     again = clusters("cml", lines=said)
-    assert not cluster.started and again.started and any("stopping the earlier cluster 'default' of this kernel" in line for line in said)
+    assert (
+        not cluster.started
+        and again.started
+        and any("stopping the earlier cluster 'default' of this kernel" in line for line in said)
+    )
     again.stop()
     assert [w["status"] for w in standin.list_workers()] == ["stopped"] * len(standin.list_workers())
     wait_until_clean(project)
@@ -652,7 +808,11 @@ LogLevel ERROR
 def user_ssh(tmp_path_factory):
     """The user's own ssh setup (made by the test, outside the project): an sshd on 127.0.0.1 and 127.0.0.2 port
     2222, a client key, known_hosts with both host keys, and an ssh config naming them. Stopped at the end."""
-    missing = [name for name in ("sshd", "ssh", "ssh-keygen", "pdsh") if not (shutil.which(name) or os.access(f"/usr/sbin/{name}", os.X_OK))]
+    missing = [
+        name
+        for name in ("sshd", "ssh", "ssh-keygen", "pdsh")
+        if not (shutil.which(name) or os.access(f"/usr/sbin/{name}", os.X_OK))
+    ]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} (Debian/Ubuntu: apt-get install pdsh openssh-server openssh-client)")
     home = tmp_path_factory.mktemp("user-ssh")
@@ -667,13 +827,31 @@ def user_ssh(tmp_path_factory):
         for address in NODES:
             keygen(home / f"host-{address}")
             sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-            servers.append(subprocess.Popen([sshd, "-D", "-e", "-f", str(home / "sshd_config"), "-o", f"ListenAddress={address}",
-                                             "-o", f"HostKey={home / f'host-{address}'}", "-o", f"AuthorizedKeysFile={home / 'authorized'}"],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            servers.append(
+                subprocess.Popen(
+                    [
+                        sshd,
+                        "-D",
+                        "-e",
+                        "-f",
+                        str(home / "sshd_config"),
+                        "-o",
+                        f"ListenAddress={address}",
+                        "-o",
+                        f"HostKey={home / f'host-{address}'}",
+                        "-o",
+                        f"AuthorizedKeysFile={home / 'authorized'}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             known.append(f"[{address}]:2222 " + " ".join((home / f"host-{address}.pub").read_text().split()[:2]))
         (home / "known_hosts").write_text("\n".join(known) + "\n")
-        (home / "config").write_text(f"Host {' '.join(NODES)}\n  Port 2222\n  IdentityFile {home / 'client'}\n  IdentitiesOnly yes\n"
-                                     f"  UserKnownHostsFile {home / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n")
+        (home / "config").write_text(
+            f"Host {' '.join(NODES)}\n  Port 2222\n  IdentityFile {home / 'client'}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {home / 'known_hosts'}\n  GlobalKnownHostsFile /dev/null\n"
+        )
         deadline = time.monotonic() + 20
         for address in NODES:
             while True:
@@ -695,7 +873,12 @@ class ProcessWatch:
     the environment of the launch's own (DeepSpeed's runner, pdsh, each node's launcher, the ranks),
     looked at twice a second while a launch runs."""
 
-    LAUNCH = ("deepspeed.launcher", "pdsh", "textsql.cluster.rank", "train_main")  # pdsh's ssh inherits pdsh's environment
+    LAUNCH = (
+        "deepspeed.launcher",
+        "pdsh",
+        "textsql.cluster.rank",
+        "train_main",
+    )  # pdsh's ssh inherits pdsh's environment
 
     def __init__(self, project: Path):
         self.project = str(project)
@@ -754,15 +937,25 @@ def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(asse
     argv = cluster_argv(assets, project / "runs", steps=4, logging_steps=2)
     said = []
     with ProcessWatch(project) as watch:
-        result = launch_training(project / "hostfile", argv, ssh_config=user_ssh / "config", echo=lambda line: (said.append(line), print(line)))
+        result = launch_training(
+            project / "hostfile",
+            argv,
+            ssh_config=user_ssh / "config",
+            echo=lambda line: (said.append(line), print(line)),
+        )
     assert "--launcher" in result["command"] and result["command"][result["command"].index("--launcher") + 1] == "pdsh"
     ranks = result["ranks"]
-    assert [(r["rank"], r["node_address"], r["world_size"], r["global_step"]) for r in ranks] == [(0, NODES[0], 2, 4), (1, NODES[1], 2, 4)]
+    assert [(r["rank"], r["node_address"], r["world_size"], r["global_step"]) for r in ranks] == [
+        (0, NODES[0], 2, 4),
+        (1, NODES[1], 2, 4),
+    ]
     assert ranks[0]["final_loss"] == pytest.approx(ranks[1]["final_loss"], rel=1e-6)
     check_rank_arguments(ranks[1], argv)
     assert watch.argv_hits == [] and watch.env_hits == []
-    assert watch.rank_envs and all(env.get("TEXTSQL_PROBE") == "reaches the ranks" and env.get("DS_ACCELERATOR") == "cpu" for env in watch.rank_envs), \
-        [(env.get("TEXTSQL_PROBE"), env.get("DS_ACCELERATOR"), env["COMMAND_SEEN"][:150]) for env in watch.rank_envs]
+    assert watch.rank_envs and all(
+        env.get("TEXTSQL_PROBE") == "reaches the ranks" and env.get("DS_ACCELERATOR") == "cpu"
+        for env in watch.rank_envs
+    ), [(env.get("TEXTSQL_PROBE"), env.get("DS_ACCELERATOR"), env["COMMAND_SEEN"][:150]) for env in watch.rank_envs]
     assert not marker.exists() and any("ignoring " + str(project / ".deepspeed_env") in line for line in said)
     assert CANARY not in "\n".join(said) and files_holding(project, CANARY) == []
     wait_until_clean(project)
@@ -773,9 +966,15 @@ def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(asse
     folder = project / f"w$(touch {planted})"
     folder.mkdir()
     try:
-        with pytest.raises(TextsqlError, match=r"The working folder .* holds characters a shell interprets \(' \$\(\)'\)"):
-            launch_training(project / "hostfile", cluster_argv(assets, project / "runs2", steps=2), ssh_config=user_ssh / "config",
-                            workdir=folder)
+        with pytest.raises(
+            TextsqlError, match=r"The working folder .* holds characters a shell interprets \(' \$\(\)'\)"
+        ):
+            launch_training(
+                project / "hostfile",
+                cluster_argv(assets, project / "runs2", steps=2),
+                ssh_config=user_ssh / "config",
+                workdir=folder,
+            )
         assert not home_marker.exists()
     finally:
         home_marker.unlink(missing_ok=True)
@@ -789,7 +988,10 @@ def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(asse
     with pytest.raises(PreflightError) as refused:
         preflight(project / "hostfile", argv, ssh_config=user_ssh / "config")
     message = str(refused.value)
-    assert "127.0.0.2: ssh refused 127.0.0.2: its host key is not the one in your known_hosts" in message and "127.0.0.1" not in message
+    assert (
+        "127.0.0.2: ssh refused 127.0.0.2: its host key is not the one in your known_hosts" in message
+        and "127.0.0.1" not in message
+    )
     assert key_files(project) == []
 
 
@@ -802,12 +1004,30 @@ def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(asse
 def test_notebook_trains_on_two_local_nodes(assets, project, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", CANARY)
     data_dir, model_dir = assets
-    notebook = execute("train_multi_pod.ipynb", project, {
-        "backend": "local", "workers": 1, "cpu": 1, "memory": 2, "model_id": str(model_dir), "dataset_dir": str(data_dir),
-        "deepspeed": "zero2", "per_device_train_batch_size": 16,
-        "extra_args": {"max_steps": 6, "logging_steps": 3, "eval_strategy": "no", "save_strategy": "no", "dataloader_num_workers": 0},
-    })
+    notebook = execute(
+        "train_multi_pod.ipynb",
+        project,
+        {
+            "backend": "local",
+            "workers": 1,
+            "cpu": 1,
+            "memory": 2,
+            "model_id": str(model_dir),
+            "dataset_dir": str(data_dir),
+            "deepspeed": "zero2",
+            "per_device_train_batch_size": 16,
+            "extra_args": {
+                "max_steps": 6,
+                "logging_steps": 3,
+                "eval_strategy": "no",
+                "save_strategy": "no",
+                "dataloader_num_workers": 0,
+            },
+        },
+    )
     text = outputs_text(notebook)
-    assert "127.0.0.1" in text and "127.0.0.2" in text and "preflight OK" in text and "world size 2 on CPUs (gloo)" in text
+    assert (
+        "127.0.0.1" in text and "127.0.0.2" in text and "preflight OK" in text and "world size 2 on CPUs (gloo)" in text
+    )
     assert "--no_ssh" in text and "[rank 1]" in text and "final_loss" in text and "stopped 1 worker(s)" in text
     assert CANARY not in text and files_holding(project, CANARY) == []

@@ -30,8 +30,17 @@ PRIVATE_KEY_RE = re.compile(re.escape(_PEM) + r" (?:[A-Z0-9]+ )*PRIVATE KEY-----
 # File names of private keys (OpenSSH user keys, host keys; public halves end in .pub and are fine).
 KEY_FILE_RE = re.compile(r"^(?:id_(?:rsa|dsa|ecdsa|ed25519)(?:_sk)?|ssh_host_[a-z0-9]+_key|.+\.key)$")
 CML_LABELS = (
-    "runtime-metadata-version", "editor", "edition", "description", "kernel", "full-version",
-    "short-version", "maintenance-version", "git-hash", "gbn", "cuda-version",
+    "runtime-metadata-version",
+    "editor",
+    "edition",
+    "description",
+    "kernel",
+    "full-version",
+    "short-version",
+    "maintenance-version",
+    "git-hash",
+    "gbn",
+    "cuda-version",
 )
 # ML_RUNTIME_* variables a custom runtime may not override (Cloudera's table): inherited from the base.
 CML_NOT_OVERRIDABLE = ("KERNEL", "METADATA_VERSION", "CUDA_VERSION", "GIT_HASH", "GBN")
@@ -219,7 +228,11 @@ def hadolint_binary() -> str:
 def run_hadolint(path: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [hadolint_binary(), "--no-color", "--config", str(HADOLINT_CONFIG), path],
-        input=stdin, capture_output=True, text=True, timeout=120, cwd=REPO,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
     )
 
 
@@ -270,19 +283,31 @@ BAD_CASES = {
     "keygen at build": ("RUN ssh-keygen -A", "ssh-keygen at build time"),
     "strict off in config": ("RUN echo 'StrictHostKeyChecking no' >> /etc/ssh/ssh_config", "StrictHostKeyChecking no"),
     "strict off option": ("RUN ssh -o StrictHostKeyChecking=no host true", "StrictHostKeyChecking no"),
-    "null known hosts": ("RUN echo 'UserKnownHostsFile /dev/null' >> /etc/ssh/ssh_config", "UserKnownHostsFile /dev/null"),
+    "null known hosts": (
+        "RUN echo 'UserKnownHostsFile /dev/null' >> /etc/ssh/ssh_config",
+        "UserKnownHostsFile /dev/null",
+    ),
     "curl pipe sh": ("RUN curl -fsSL https://example.com/install.sh | sh", "piped into a shell"),
     "wget pipe sudo bash": ("RUN wget -qO- https://example.com/i | sudo -E bash -s --", "piped into a shell"),
     "curl pipe python": ("RUN curl -sS https://bootstrap.pypa.io/get-pip.py | python3", "piped into a shell"),
-    "bash process substitution": ('RUN bash <(curl -s https://example.com/i.sh)', "piped into a shell"),
+    "bash process substitution": ("RUN bash <(curl -s https://example.com/i.sh)", "piped into a shell"),
     "sh command substitution": ('RUN sh -c "$(wget -qO- https://example.com/i.sh)"', "piped into a shell"),
-    "other requirements file": ("COPY requirements-dev.txt /tmp/\nRUN pip install -r /tmp/requirements-dev.txt",
-                                "not the project's requirements.txt"),
-    "requirements from elsewhere": ("COPY vendor/requirements.txt /tmp/r/\nRUN python -m pip install --requirement=/tmp/r/requirements.txt",
-                                    "not the project's requirements.txt"),
-    "requirements by url": ("RUN pip3 install -r https://example.com/requirements.txt", "not the project's requirements.txt"),
-    "unpinned cuda package": ("RUN apt-get install -y --no-install-recommends cuda-nvcc-12-5 libaio-dev",
-                              "CUDA package cuda-nvcc-12-5 is not pinned"),
+    "other requirements file": (
+        "COPY requirements-dev.txt /tmp/\nRUN pip install -r /tmp/requirements-dev.txt",
+        "not the project's requirements.txt",
+    ),
+    "requirements from elsewhere": (
+        "COPY vendor/requirements.txt /tmp/r/\nRUN python -m pip install --requirement=/tmp/r/requirements.txt",
+        "not the project's requirements.txt",
+    ),
+    "requirements by url": (
+        "RUN pip3 install -r https://example.com/requirements.txt",
+        "not the project's requirements.txt",
+    ),
+    "unpinned cuda package": (
+        "RUN apt-get install -y --no-install-recommends cuda-nvcc-12-5 libaio-dev",
+        "CUDA package cuda-nvcc-12-5 is not pinned",
+    ),
 }
 BAD_BASES = {
     "no tag": "FROM ubuntu",
@@ -354,7 +379,8 @@ def test_base_is_a_pinned_cml_cuda_runtime(dockerfile):
     base = _arg_defaults(dockerfile.read_text())["BASE_IMAGE"]
     editor = "jupyterlab" if dockerfile.name.endswith("jupyter") else "workbench"
     assert re.fullmatch(
-        rf"docker\.repository\.cloudera\.com/cloudera/cdsw/ml-runtime-pbj-{editor}-python3\.\d+-cuda:\d{{4}}\.\d\d\.\d+-b\d+", base
+        rf"docker\.repository\.cloudera\.com/cloudera/cdsw/ml-runtime-pbj-{editor}-python3\.\d+-cuda:\d{{4}}\.\d\d\.\d+-b\d+",
+        base,
     ), base
 
 
@@ -370,10 +396,14 @@ def test_cml_runtime_metadata(dockerfile):
     assert env["ML_RUNTIME_EDITOR"] == ("JupyterLab" if dockerfile.name.endswith("jupyter") else "PBJ Workbench")
     maintenance = substitute(env["ML_RUNTIME_MAINTENANCE_VERSION"], args)
     assert maintenance and maintenance.isdigit(), "the maintenance version must be an integer"
-    assert substitute(env["ML_RUNTIME_FULL_VERSION"], args) == substitute("${RUNTIME_SHORT_VERSION}.${RUNTIME_MAINTENANCE_VERSION}", args)
+    assert substitute(env["ML_RUNTIME_FULL_VERSION"], args) == substitute(
+        "${RUNTIME_SHORT_VERSION}.${RUNTIME_MAINTENANCE_VERSION}", args
+    )
     for label in CML_LABELS:
-        variable = "ML_RUNTIME_" + ("METADATA_VERSION" if label == "runtime-metadata-version" else label.upper().replace("-", "_"))
-        assert labels.get(f"com.cloudera.ml.runtime.{label}") == "${%s}" % variable, label
+        variable = "ML_RUNTIME_" + (
+            "METADATA_VERSION" if label == "runtime-metadata-version" else label.upper().replace("-", "_")
+        )
+        assert labels.get(f"com.cloudera.ml.runtime.{label}") == f"${{{variable}}}", label
 
 
 def test_images_differ_only_in_base_and_editor():
@@ -391,13 +421,26 @@ def test_image_has_no_ssh_server_and_builds_portable_cpu_ops(dockerfile):
     copies = {tuple(_copy_parts(args)[0]): _copy_parts(args)[1] for _, k, args in instructions(text) if k == "COPY"}
     runs = [args for _, k, args in instructions(text) if k == "RUN"]
     install = next(r for r in runs if "apt-get install" in r)
-    for package in ("libaio-dev", "pdsh", "openmpi-bin", "openssh-client", "cuda-minimal-build-", "cuda-libraries-dev-", "cuda-nvtx-"):
+    for package in (
+        "libaio-dev",
+        "pdsh",
+        "openmpi-bin",
+        "openssh-client",
+        "cuda-minimal-build-",
+        "cuda-libraries-dev-",
+        "cuda-nvtx-",
+    ):
         assert package in install, package
     assert "openssh-server" not in text and "sshd" not in text.replace("no sshd", "") and "EXPOSE" not in text
     # Pre-built ops are compiled through the wrapper, for CPU_ARCH, and the image check knows the target.
-    assert copies.get(("docker/portable-cxx.sh",)) == "/etc/textsql/portable-cxx.sh" and os.access(PORTABLE_CXX, os.X_OK)
+    assert copies.get(("docker/portable-cxx.sh",)) == "/etc/textsql/portable-cxx.sh" and os.access(
+        PORTABLE_CXX, os.X_OK
+    )
     build = next(r for r in runs if "DS_BUILD_OPS=" in r)
-    assert 'CXX=/etc/textsql/portable-cxx.sh TEXTSQL_CPU_ARCH="${CPU_ARCH}"' in build and 'CPU_ARCH="${CPU_ARCH}" bash /etc/textsql/check_image.sh' in build
+    assert (
+        'CXX=/etc/textsql/portable-cxx.sh TEXTSQL_CPU_ARCH="${CPU_ARCH}"' in build
+        and 'CPU_ARCH="${CPU_ARCH}" bash /etc/textsql/check_image.sh' in build
+    )
     assert _arg_defaults(text)["CPU_ARCH"] == "x86-64-v3"
     # The build context of each Dockerfile admits exactly what it copies.
     ignore = (DOCKER / (dockerfile.name + ".dockerignore")).read_text().splitlines()
@@ -406,7 +449,9 @@ def test_image_has_no_ssh_server_and_builds_portable_cpu_ops(dockerfile):
 
 
 def _macros(*flags: str) -> set[str]:
-    done = subprocess.run([str(PORTABLE_CXX), *flags, "-E", "-dM", "-x", "c++", "/dev/null"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(PORTABLE_CXX), *flags, "-E", "-dM", "-x", "c++", "/dev/null"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define ")}
 
@@ -440,10 +485,16 @@ def test_torch_is_installed_first_and_pinned(dockerfile):
 
 def private_key_files(root: Path) -> list[str]:
     """Files of the repository at `root` (tracked, or new and not ignored) that hold or are named like a private key."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=root, capture_output=True, check=True,
-    ).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     found = []
     for name in filter(None, listed):
         path = root / name
@@ -474,5 +525,7 @@ def test_repository_scan_finds_keys(tmp_path):
     found = private_key_files(tmp_path)
     assert found == ["deploy/bundle.txt (holds a private key)", "id_ed25519 (named like a private key)"], found
     if shutil.which("ssh-keygen"):  # a real key, as ssh-keygen writes it
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "deploy" / "k")], check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "deploy" / "k")], check=True
+        )
         assert "deploy/k (holds a private key)" in private_key_files(tmp_path)

@@ -36,58 +36,92 @@ BUCKET = "zero_optimization.reduce_bucket_size is 5e8 elements: a buffer of 2.0 
 ACCEPTED = {
     "hf_zero2_offload.json": [BUCKET],
     "hf_zero3_offload.json": [],
-    "accelerate_zero2.json": [PRECISION, "gradient_accumulation_steps = 1 (compared with --gradient_accumulation_steps)"],
+    "accelerate_zero2.json": [
+        PRECISION,
+        "gradient_accumulation_steps = 1 (compared with --gradient_accumulation_steps)",
+    ],
     "accelerate_zero3_offload.json": [
-        PRECISION, "gradient_accumulation_steps = 1 (compared with --gradient_accumulation_steps)",
+        PRECISION,
+        "gradient_accumulation_steps = 1 (compared with --gradient_accumulation_steps)",
         'zero_optimization.stage3_gather_16bit_weights_on_model_save: "auto" is filled by accelerate, not from the '
-        "training arguments: with false"],
+        "training arguments: with false",
+    ],
     "accelerate_zeropp.json": [],
     "deepspeed_zero1_tutorial.json": [BUCKET],
     "deepspeed_zero2_tutorial.json": [BUCKET],
     "deepspeed_zero3_infinity_tutorial.json": [],
     "deepspeed_config_json_zero3.json": [
-        PRECISION, "train_batch_size = 32 (compared with world size × --per_device_train_batch_size",
+        PRECISION,
+        "train_batch_size = 32 (compared with world size × --per_device_train_batch_size",
         'zero_optimization.stage3_gather_fp16_weights_on_model_save: deprecated (DeepSpeed: "Config parameter '
-        'stage3_gather_fp16_weights_on_model_save is deprecated use stage3_gather_16bit_weights_on_model_save instead")'],
+        'stage3_gather_fp16_weights_on_model_save is deprecated use stage3_gather_16bit_weights_on_model_save instead")',
+    ],
     "deepspeed_bfloat16.json": [
         "bfloat16: DeepSpeed's old name for the bf16 block. Under the Trainer accelerate always writes a bf16 block",
-        "zero_optimization.reduce_bucket_size is not set, so DeepSpeed uses its default of 5e8"],
+        "zero_optimization.reduce_bucket_size is not set, so DeepSpeed uses its default of 5e8",
+    ],
 }
 # Every refused file: (what textsql says, what the component itself says when the Trainer runs it, or None where the
 # CPU run cannot show it). The second fragment is matched against tests/integration/dsconfig_trainer_probe.py's error.
 REFUSED = {
-    "hf_zero2_snippet_verbatim.json": ("is not valid JSON: Expecting ',' delimiter at line 14, column 9",
-                                       "JSONDecodeError: Expecting ',' delimiter: line 14 column 9"),
+    "hf_zero2_snippet_verbatim.json": (
+        "is not valid JSON: Expecting ',' delimiter at line 14, column 9",
+        "JSONDecodeError: Expecting ',' delimiter: line 14 column 9",
+    ),
     "hf_zero1_snippet.json": ("Either train_batch_size or train_micro_batch_size_per_gpu needs to be provided",) * 2,
     "hf_fp16_snippet.json": ("Please specify the ZeRO optimization config in the DeepSpeed config.",) * 2,
-    "hf_zero3_nvme.json": ("zero_optimization.aio: unknown key here (DeepSpeed rejects it); aio is a top-level block",
-                           "DeepSpeedZeroConfig aio Extra inputs are not permitted"),
-    "hf_apex_amp.json": ("amp: DeepSpeed rejects this block: NVIDIA Apex AMP integration has been removed",
-                         "`amp.enabled` not found in kwargs"),  # accelerate stops on its "auto" before DeepSpeed sees it
+    "hf_zero3_nvme.json": (
+        "zero_optimization.aio: unknown key here (DeepSpeed rejects it); aio is a top-level block",
+        "DeepSpeedZeroConfig aio Extra inputs are not permitted",
+    ),
+    "hf_apex_amp.json": (
+        "amp: DeepSpeed rejects this block: NVIDIA Apex AMP integration has been removed",
+        "`amp.enabled` not found in kwargs",
+    ),  # accelerate stops on its "auto" before DeepSpeed sees it
     "deepspeed_getting_started.json": ("'bool' object has no attribute 'get'",) * 2,
     "deepspeed_communication_options.json": (
         "sparse_gradients: DeepSpeed rejects this block: Sparse compression of dense torch.nn.Embedding gradients has "
-        "been removed", "Sparse compression of dense torch.nn.Embedding gradients has been removed"),
+        "been removed",
+        "Sparse compression of dense torch.nn.Embedding gradients has been removed",
+    ),
     "deepspeed_cpu_offload_legacy.json": ("You are using ZeRO-Offload with a client provided optimizer",) * 2,
-    "deepspeed_grad_hooks.json": ("zero_optimization.grad_hooks: unknown key (DeepSpeed rejects it)",
-                                  "DeepSpeedZeroConfig grad_hooks Extra inputs are not permitted"),
+    "deepspeed_grad_hooks.json": (
+        "zero_optimization.grad_hooks: unknown key (DeepSpeed rejects it)",
+        "DeepSpeedZeroConfig grad_hooks Extra inputs are not permitted",
+    ),
     "deprecated_and_new_name_together.json": (
-        "Cannot provide deprecated parameter 'stage3_gather_fp16_weights_on_model_save' and replacing parameter",) * 2,
+        "Cannot provide deprecated parameter 'stage3_gather_fp16_weights_on_model_save' and replacing parameter",
+    )
+    * 2,
     "auto_nobody_fills.json": ("`zero_optimization.stage3_max_live_parameters` not found in kwargs",) * 2,
     "fp16_dynamic_loss_scale_window_zero.json": (
-        "fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled", None),  # fp16 needs a GPU
+        "fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled",
+        None,
+    ),  # fp16 needs a GPU
 }
 # Accepted files the CPU run cannot train: fp16 (a GPU precision; the first one shows the warned mismatch instead),
 # hard-coded numbers that need other arguments, ZeRO++ quantization (CUDA kernels only).
-NOT_TRAINED_ON_CPU = {"accelerate_zero2.json", "accelerate_zero3_offload.json", "accelerate_zeropp.json", "deepspeed_config_json_zero3.json",
-                      "deepspeed_zero1_tutorial.json"}
+NOT_TRAINED_ON_CPU = {
+    "accelerate_zero2.json",
+    "accelerate_zero3_offload.json",
+    "accelerate_zeropp.json",
+    "deepspeed_config_json_zero3.json",
+    "deepspeed_zero1_tutorial.json",
+}
 # What accelerate fills beyond the Trainer, all in one file: stage, offload device and 16-bit saving from its
 # DeepSpeedPlugin, the two stage3_ buckets at stage 2 from _prepare_deepspeed.
 ACCELERATE_AUTOS = {
-    "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
-    "zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "auto"}, "reduce_bucket_size": "auto",
-                          "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
-                          "stage3_gather_16bit_weights_on_model_save": "auto"},
+    "train_micro_batch_size_per_gpu": "auto",
+    "train_batch_size": "auto",
+    "gradient_accumulation_steps": "auto",
+    "zero_optimization": {
+        "stage": "auto",
+        "offload_optimizer": {"device": "auto"},
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        "stage3_gather_16bit_weights_on_model_save": "auto",
+    },
 }
 
 
@@ -137,9 +171,19 @@ def test_the_trainer_trains_what_is_accepted_and_stops_where_it_is_refused(tmp_p
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     results = tmp_path / "results.jsonl"
-    done = subprocess.run([sys.executable, str(Path(__file__).parent / "dsconfig_trainer_probe.py"), str(results),
-                           *map(str, trained + [mismatch] + stopped)],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).parent / "dsconfig_trainer_probe.py"),
+            str(results),
+            *map(str, trained + [mismatch] + stopped),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     outcomes = {Path(o["config"]).name: o for o in map(json.loads, results.read_text().splitlines())}
     assert len(outcomes) == len(trained) + 1 + len(stopped), done.stdout[-3000:]

@@ -14,17 +14,55 @@ def test_infer_writes_predictions_and_metrics_that_agree(trained_run, cpu_env, t
     run_dir, data_dir = trained_run
     out = tmp_path / "scored"
     done = subprocess.run(
-        [sys.executable, "-m", "textsql.cli", "infer", "--model_dir", str(run_dir), "--dataset_dir", str(data_dir), "--split", "test",
-         "--max_examples", "80", "--batch_size", "32", "--output_dir", str(out), "--show_examples", "2"],
-        capture_output=True, text=True, env=cpu_env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "textsql.cli",
+            "infer",
+            "--model_dir",
+            str(run_dir),
+            "--dataset_dir",
+            str(data_dir),
+            "--split",
+            "test",
+            "--max_examples",
+            "80",
+            "--batch_size",
+            "32",
+            "--output_dir",
+            str(out),
+            "--show_examples",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=cpu_env,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("Test Instruction:") == 2 and "Model Prediction:" in done.stdout and "Expected Answer:" in done.stdout
+    assert (
+        done.stdout.count("Test Instruction:") == 2
+        and "Model Prediction:" in done.stdout
+        and "Expected Answer:" in done.stdout
+    )
     records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     metrics = json.loads((out / "eval_metrics.json").read_text())
     assert len(records) == metrics["examples"] == 80
-    assert {"question", "table_id", "gold_sql", "predicted_sql", "parsed", "parse_error", "exact_match", "logical_form_match", "execution_match",
-            "components", "wrong_parts", "candidate_rank", "decoding_changed"} <= set(records[0])
+    assert {
+        "question",
+        "table_id",
+        "gold_sql",
+        "predicted_sql",
+        "parsed",
+        "parse_error",
+        "exact_match",
+        "logical_form_match",
+        "execution_match",
+        "components",
+        "wrong_parts",
+        "candidate_rank",
+        "decoding_changed",
+    } <= set(records[0])
     mean = lambda key: sum(bool(r[key]) for r in records) / len(records)  # noqa: E731
     assert metrics["exact_match"] == pytest.approx(mean("exact_match"))
     assert metrics["logical_form_accuracy"] == pytest.approx(mean("logical_form_match"))
@@ -32,7 +70,9 @@ def test_infer_writes_predictions_and_metrics_that_agree(trained_run, cpu_env, t
     assert metrics["parse_errors"] == sum(r["parse_error"] is not None for r in records)
     assert sum(group["count"] for group in metrics["by_aggregation"].values()) == 80
     assert sum(group["count"] for group in metrics["by_num_conditions"].values()) == 80
-    assert metrics["queries_per_second"] > 0 and metrics["decoding"]["method"] == "greedy" and metrics["split"] == "test"
+    assert (
+        metrics["queries_per_second"] > 0 and metrics["decoding"]["method"] == "greedy" and metrics["split"] == "test"
+    )
     for name, accuracy in metrics["components"].items():
         assert accuracy == pytest.approx(sum(r["components"][name] for r in records) / len(records))
     assert "parts right: select column" in done.stdout
@@ -51,9 +91,27 @@ def test_typed_questions_with_beam_search(trained_run, cpu_env):
     row = dataset["test"][0]
     assert row["table_id"] in load_tables(data_dir)
     done = subprocess.run(
-        [sys.executable, "-m", "textsql.cli", "infer", "--model_dir", str(run_dir), "--dataset_dir", str(data_dir),
-         "--question", row["question"], "How many rows are there?", "--table_id", row["table_id"], "--num_beams", "3"],
-        capture_output=True, text=True, env=cpu_env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "textsql.cli",
+            "infer",
+            "--model_dir",
+            str(run_dir),
+            "--dataset_dir",
+            str(data_dir),
+            "--question",
+            row["question"],
+            "How many rows are there?",
+            "--table_id",
+            row["table_id"],
+            "--num_beams",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=cpu_env,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.count("Model Prediction: ") == 2 and f"Test Instruction: {row['question']}" in done.stdout
@@ -66,7 +124,10 @@ def test_training_scored_execution_accuracy_at_each_evaluation(trained_run):
     run_dir, _ = trained_run
     summary = json.loads((run_dir / "run_summary.json").read_text())
     assert 0.0 <= summary["execution_accuracy"] <= 1.0
-    assert [h["step"] for h in summary["execution_accuracy_history"]] == [30, 60]  # the evaluation at the last step is the final one
+    assert [h["step"] for h in summary["execution_accuracy_history"]] == [
+        30,
+        60,
+    ]  # the evaluation at the last step is the final one
     (event_dir,) = {p.parent for p in (run_dir / "tensorboard").rglob("events.out.tfevents.*")}
     accumulator = EventAccumulator(str(event_dir))
     accumulator.Reload()
@@ -85,8 +146,9 @@ def test_bad_inference_input_is_one_paragraph(trained_run, textsql_in_process, t
 
 
 @pytest.mark.slow
-def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guided(header_assets, assets, tmp_path, monkeypatch,
-                                                                                 restored_environ):
+def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guided(
+    header_assets, assets, tmp_path, monkeypatch, restored_environ
+):
     """End to end in this process: prep's added '<' reaches the model (embeddings grown), evaluation during training and
     `infer` both read question+header sources, execution-guided decoding says what it changed, and the model refuses
     data in the other format."""
@@ -101,24 +163,72 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
 
     monkeypatch.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
     data_dir, model_dir = header_assets
-    summary = train(*parse_arguments(["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"),
-                     "--max_steps", "40", "--per_device_train_batch_size", "16", "--learning_rate", "3e-3", "--warmup_steps", "4",
-                     "--logging_steps", "10", "--eval_strategy", "steps", "--eval_steps", "40", "--save_strategy", "no",
-                     "--max_eval_samples", "16", "--execution_accuracy_samples", "16", "--execution_accuracy_decoding",
-                     "execution_guided", "--execution_accuracy_num_beams", "3", "--dataloader_num_workers", "0"]))
+    summary = train(
+        *parse_arguments(
+            [
+                "--model_id",
+                str(model_dir),
+                "--dataset_dir",
+                str(data_dir),
+                "--runs_root",
+                str(tmp_path / "runs"),
+                "--max_steps",
+                "40",
+                "--per_device_train_batch_size",
+                "16",
+                "--learning_rate",
+                "3e-3",
+                "--warmup_steps",
+                "4",
+                "--logging_steps",
+                "10",
+                "--eval_strategy",
+                "steps",
+                "--eval_steps",
+                "40",
+                "--save_strategy",
+                "no",
+                "--max_eval_samples",
+                "16",
+                "--execution_accuracy_samples",
+                "16",
+                "--execution_accuracy_decoding",
+                "execution_guided",
+                "--execution_accuracy_num_beams",
+                "3",
+                "--dataloader_num_workers",
+                "0",
+            ]
+        )
+    )
     run_dir = Path(summary.output_dir)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["task_specific_params"]["textsql"]["source_format"] == "question+header"
     assert config["vocab_size"] == len(AutoTokenizer.from_pretrained(run_dir))  # grown for the added '<'
-    assert AutoTokenizer.from_pretrained(run_dir).decode(AutoTokenizer.from_pretrained(run_dir)("a < b")["input_ids"], skip_special_tokens=True) == "a < b"
+    assert (
+        AutoTokenizer.from_pretrained(run_dir).decode(
+            AutoTokenizer.from_pretrained(run_dir)("a < b")["input_ids"], skip_special_tokens=True
+        )
+        == "a < b"
+    )
     assert summary.execution_accuracy is not None
 
     scored = {}
     for decoding, beams in (("greedy", 1), ("execution_guided", 4)):
         out = tmp_path / decoding
-        metrics = run_inference(InferArguments(model_dir=str(run_dir), dataset_dir=str(data_dir), split="test", max_examples=40,
-                                               decoding=decoding, num_beams=beams, output_dir=str(out), show_examples=0),
-                                echo=lambda line: None)
+        metrics = run_inference(
+            InferArguments(
+                model_dir=str(run_dir),
+                dataset_dir=str(data_dir),
+                split="test",
+                max_examples=40,
+                decoding=decoding,
+                num_beams=beams,
+                output_dir=str(out),
+                show_examples=0,
+            ),
+            echo=lambda line: None,
+        )
         records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
         assert metrics["source_format"] == "question+header" and metrics["examples"] == len(records) == 40
         assert metrics["decoding"]["changed"] == sum(r["decoding_changed"] for r in records)
@@ -142,11 +252,23 @@ def test_question_format_model_scores_with_execution_guided_decoding(trained_run
     from textsql.wikisql.sql import executes_plausibly
 
     run_dir, data_dir = trained_run
-    metrics = run_inference(InferArguments(model_dir=str(run_dir), dataset_dir=str(data_dir), split="test", max_examples=40,
-                                           decoding="execution_guided", num_beams=3, output_dir=str(tmp_path), show_examples=0),
-                            echo=lambda line: None)
+    metrics = run_inference(
+        InferArguments(
+            model_dir=str(run_dir),
+            dataset_dir=str(data_dir),
+            split="test",
+            max_examples=40,
+            decoding="execution_guided",
+            num_beams=3,
+            output_dir=str(tmp_path),
+            show_examples=0,
+        ),
+        echo=lambda line: None,
+    )
     records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert metrics["source_format"] == "question" and metrics["decoding"]["label"] == "execution-guided (3 beams)"
     assert metrics["decoding"]["changed"] == sum(r["decoding_changed"] for r in records) and len(records) == 40
     tables = load_tables(data_dir)
-    assert all(r["candidate_rank"] == 0 or executes_plausibly(r["predicted_sql"], tables[r["table_id"]]) for r in records)
+    assert all(
+        r["candidate_rank"] == 0 or executes_plausibly(r["predicted_sql"], tables[r["table_id"]]) for r in records
+    )

@@ -47,8 +47,15 @@ def test_lab_serves_a_notebook_with_a_token_on_loopback_and_stops_cleanly(tmp_pa
     port = free_port("127.0.0.1")
     env = dict(os.environ, HOME=str(project), TMPDIR=str(tmp), CDSW_APP_PORT=str(port), PYTHONUNBUFFERED="1")
     textsql = Path(sys.executable).parent / "textsql"  # the console script bootstrap.sh runs
-    process = subprocess.Popen([str(textsql), "lab"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen(
+        [str(textsql), "lab"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: queue.Queue = queue.Queue()
     output: list[str] = []
     threading.Thread(target=read_lines, args=(process.stdout, lines), daemon=True).start()
@@ -63,13 +70,20 @@ def test_lab_serves_a_notebook_with_a_token_on_loopback_and_stops_cleanly(tmp_pa
         assert int(served_port) == port  # $CDSW_APP_PORT wins, as CML requires
 
         name = "prep_dataset.ipynb"
-        status, body = get(f"http://127.0.0.1:{port}/api/contents/notebooks/{name}", {"Authorization": f"token {token}"})
+        status, body = get(
+            f"http://127.0.0.1:{port}/api/contents/notebooks/{name}", {"Authorization": f"token {token}"}
+        )
         assert status == 200, body
         served, on_disk = json.loads(body), nbformat.read(project / "notebooks" / name, as_version=4)
         assert served["type"] == "notebook"
-        assert [(c["cell_type"], c["source"]) for c in served["content"]["cells"]] == [(c.cell_type, c.source) for c in on_disk.cells]
+        assert [(c["cell_type"], c["source"]) for c in served["content"]["cells"]] == [
+            (c.cell_type, c.source) for c in on_disk.cells
+        ]
         # CML's proxy presents the engine's host name; without the token nothing is served, with a wrong one neither.
-        status, _ = get(f"http://127.0.0.1:{port}/api/contents/notebooks/{name}", {"Authorization": f"token {token}", "Host": "abc123.ml.example.com"})
+        status, _ = get(
+            f"http://127.0.0.1:{port}/api/contents/notebooks/{name}",
+            {"Authorization": f"token {token}", "Host": "abc123.ml.example.com"},
+        )
         assert status == 200
         assert get(f"http://127.0.0.1:{port}/api/contents/notebooks/{name}", {})[0] == 403
         assert get(f"http://127.0.0.1:{port}/api/contents/notebooks/{name}", {"Authorization": "token wrong"})[0] == 403
@@ -94,6 +108,12 @@ def test_lab_serves_a_notebook_with_a_token_on_loopback_and_stops_cleanly(tmp_pa
     assert text.count(token) == 1, text  # printed once; Jupyter's own log shows "token=..."
     leaked = [str(p) for p in project.rglob("*") if p.is_file() and token in p.read_text(errors="replace")]
     assert not leaked, f"the token was written into the project folder: {leaked}"
-    secrets_at_home = [str(p) for name in ("jpserver-*", "jupyter_cookie_secret", "notebook_secret", "nbsignatures.db") for p in project.rglob(name)]
-    assert not secrets_at_home, secrets_at_home  # the runtime files and the notebook-signing key stay out of the home folder
+    secrets_at_home = [
+        str(p)
+        for name in ("jpserver-*", "jupyter_cookie_secret", "notebook_secret", "nbsignatures.db")
+        for p in project.rglob(name)
+    ]
+    assert not secrets_at_home, (
+        secrets_at_home
+    )  # the runtime files and the notebook-signing key stay out of the home folder
     assert list(tmp.iterdir()) == []  # the private runtime folder is removed at exit

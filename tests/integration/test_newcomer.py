@@ -17,9 +17,31 @@ from textsql.train.run import run_dir
 
 def tiny_argv(assets, runs_root, *extra):
     data_dir, model_dir = assets
-    return ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root),
-            "--max_steps", "400", "--per_device_train_batch_size", "8", "--save_strategy", "steps", "--save_steps", "3",
-            "--eval_strategy", "no", "--logging_steps", "1", "--report_to", "none", "--dataloader_num_workers", "0", *extra]
+    return [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(runs_root),
+        "--max_steps",
+        "400",
+        "--per_device_train_batch_size",
+        "8",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "3",
+        "--eval_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        "--report_to",
+        "none",
+        "--dataloader_num_workers",
+        "0",
+        *extra,
+    ]
 
 
 def wait_for(path: Path, process: subprocess.Popen, seconds: float = 300) -> None:
@@ -34,15 +56,24 @@ def wait_for(path: Path, process: subprocess.Popen, seconds: float = 300) -> Non
 def test_ctrl_c_prints_one_line_naming_the_checkpoint_to_resume_from(assets, tmp_path, cpu_env):
     argv = tiny_argv(assets, tmp_path / "runs")
     folder = tmp_path / run_dir(*[parse_arguments(argv)[i] for i in (0, 2)], 1)
-    child = subprocess.Popen([sys.executable, "-m", "textsql", "train", *argv], env=cpu_env, cwd=tmp_path,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "textsql", "train", *argv],
+        env=cpu_env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for(folder / "checkpoint-3" / "trainer_state.json", child)
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=120)
     assert child.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith("textsql train: interrupted; run the same command again to resume from ") and "checkpoint-" in last
+    assert (
+        last.startswith("textsql train: interrupted; run the same command again to resume from ")
+        and "checkpoint-" in last
+    )
 
 
 @pytest.mark.slow
@@ -51,13 +82,22 @@ def test_run_training_interrupted_like_a_notebook_stops_its_ranks_and_says_how_t
     TrainingInterrupted (a TextsqlError) whose message names the checkpoint."""
     argv = tiny_argv(assets, tmp_path / "runs")
     folder = tmp_path / run_dir(*[parse_arguments(argv)[i] for i in (0, 2)], 1)
-    code = ("import sys\nfrom textsql.train import run_training\nfrom textsql.train.arguments import parse_arguments\n"
-            "from textsql.train.run import TrainingInterrupted\n"
-            "try:\n    run_training(*parse_arguments(sys.argv[1:]), echo=lambda line: None)\n"
-            "except TrainingInterrupted as error:\n    print('ONE LINE:', error)\n"
-            "import psutil\nprint('CHILDREN LEFT:', len(psutil.Process().children(recursive=True)))\n")
-    kernel = subprocess.Popen([sys.executable, "-c", code, *argv], env=cpu_env, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    code = (
+        "import sys\nfrom textsql.train import run_training\nfrom textsql.train.arguments import parse_arguments\n"
+        "from textsql.train.run import TrainingInterrupted\n"
+        "try:\n    run_training(*parse_arguments(sys.argv[1:]), echo=lambda line: None)\n"
+        "except TrainingInterrupted as error:\n    print('ONE LINE:', error)\n"
+        "import psutil\nprint('CHILDREN LEFT:', len(psutil.Process().children(recursive=True)))\n"
+    )
+    kernel = subprocess.Popen(
+        [sys.executable, "-c", code, *argv],
+        env=cpu_env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_for(folder / "checkpoint-3" / "trainer_state.json", kernel)
     os.kill(kernel.pid, signal.SIGINT)  # the kernel alone, as Jupyter does
     out, err = kernel.communicate(timeout=120)
@@ -65,8 +105,15 @@ def test_run_training_interrupted_like_a_notebook_stops_its_ranks_and_says_how_t
     assert "CHILDREN LEFT: 0" in out, out
 
 
-@pytest.mark.parametrize("flag,value", [("per_device_train_batch_size", "0"), ("gradient_accumulation_steps", "0"),
-                                        ("max_steps", "0"), ("learning_rate", "0")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("per_device_train_batch_size", "0"),
+        ("gradient_accumulation_steps", "0"),
+        ("max_steps", "0"),
+        ("learning_rate", "0"),
+    ],
+)
 def test_bad_numbers_are_refused_before_anything_starts(assets, tmp_path, monkeypatch, capsys, flag, value):
     monkeypatch.chdir(tmp_path)
     status = main(["train", *tiny_argv(assets, tmp_path / "runs", "--deepspeed", "zero2", f"--{flag}", value)])
@@ -75,7 +122,9 @@ def test_bad_numbers_are_refused_before_anything_starts(assets, tmp_path, monkey
     assert not (tmp_path / "runs").exists(), "a run that never started leaves nothing behind"
 
 
-def test_a_missing_dataset_is_refused_naming_its_absolute_path_and_leaves_nothing(assets, tmp_path, monkeypatch, capsys):
+def test_a_missing_dataset_is_refused_naming_its_absolute_path_and_leaves_nothing(
+    assets, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     argv = tiny_argv(assets, tmp_path / "runs", "--deepspeed", "zero2")
     argv[argv.index("--dataset_dir") + 1] = "data/nowhere"
@@ -94,14 +143,33 @@ def test_experiments_that_differ_in_a_setting_get_their_own_folders():
     assert folder("--learning_rate", "1e-4") == "t5-small-none-ws1-bs32-lr0.0001"
     assert folder("--num_train_epochs", "5") == "t5-small-none-ws1-bs32-ep5"
     assert folder("--learning_rate", "1e-4", "--num_train_epochs", "5") != folder("--learning_rate", "1e-4")
-    assert folder("--logging_steps", "7", "--report_to", "none") == folder(), "how a run is watched is not another experiment"
+    assert folder("--logging_steps", "7", "--report_to", "none") == folder(), (
+        "how a run is watched is not another experiment"
+    )
 
 
 @pytest.mark.slow
-def test_the_demo_says_what_each_step_is_how_to_shorten_it_and_what_comes_next(tmp_path, monkeypatch, textsql_in_process):
+def test_the_demo_says_what_each_step_is_how_to_shorten_it_and_what_comes_next(
+    tmp_path, monkeypatch, textsql_in_process
+):
     monkeypatch.chdir(tmp_path)
-    status, out, err = textsql_in_process(["demo", "--train_tables", "5", "--questions_per_table", "3", "--epochs", "1",
-                                           "--d_model", "32", "--num_layers", "1", "--deepspeed", "none"])
+    status, out, err = textsql_in_process(
+        [
+            "demo",
+            "--train_tables",
+            "5",
+            "--questions_per_table",
+            "3",
+            "--epochs",
+            "1",
+            "--d_model",
+            "32",
+            "--num_layers",
+            "1",
+            "--deepspeed",
+            "none",
+        ]
+    )
     assert status == 0, out[-2000:] + err[-3000:]
     for number in range(1, 5):
         assert f"== [{number}/4] " in out and f"== [{number}/4] done in " in out, out[-3000:]
@@ -115,22 +183,33 @@ def test_in_a_notebook_a_textsql_error_and_an_interrupt_are_one_paragraph(tmp_pa
     from nbclient import NotebookClient
     from nbformat.v4 import new_code_cell, new_notebook
 
-    notebook = new_notebook(cells=[
-        new_code_cell("from textsql.notebook import setup\n\nsetup()"),
-        new_code_cell("from textsql.errors import TextsqlError\n\nraise TextsqlError('the dataset is missing: run textsql prep')"),
-        new_code_cell("raise KeyboardInterrupt"),
-    ])
+    notebook = new_notebook(
+        cells=[
+            new_code_cell("from textsql.notebook import setup\n\nsetup()"),
+            new_code_cell(
+                "from textsql.errors import TextsqlError\n\nraise TextsqlError('the dataset is missing: run textsql prep')"
+            ),
+            new_code_cell("raise KeyboardInterrupt"),
+        ]
+    )
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(notebook, timeout=120, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    for cell, line in ((notebook.cells[1], "textsql: the dataset is missing: run textsql prep"), (notebook.cells[2], "textsql: interrupted.")):
+    NotebookClient(
+        notebook, timeout=120, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    for cell, line in (
+        (notebook.cells[1], "textsql: the dataset is missing: run textsql prep"),
+        (notebook.cells[2], "textsql: interrupted."),
+    ):
         text = "".join(output.get("text", "") + "".join(output.get("traceback", [])) for output in cell.outputs)
         assert text.strip() == line, text
     nbformat.validate(notebook)
 
 
 def test_a_flag_typo_is_answered_with_the_closest_flag_before_torch_is_imported():
-    code = ("import sys\nfrom textsql.cli import main\nstatus = main(['train', '--model_idd', 't5-small'])\n"
-            "print(status, [name for name in ('torch', 'transformers.training_args', 'deepspeed') if name in sys.modules])")
+    code = (
+        "import sys\nfrom textsql.cli import main\nstatus = main(['train', '--model_idd', 't5-small'])\n"
+        "print(status, [name for name in ('torch', 'transformers.training_args', 'deepspeed') if name in sys.modules])"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.stdout.strip() == "2 []", done.stdout + done.stderr[-2000:]
     assert "unrecognized argument --model_idd; did you mean --model_id?" in done.stderr
@@ -142,6 +221,8 @@ def test_every_flag_of_the_training_dataclasses_passes_the_quick_check():
     from textsql.cli.flags import check_flags, train_flags
     from textsql.train.arguments import LEGACY_FLAGS, DataArguments, ModelArguments, TextsqlTrainingArguments
 
-    names = {f.name for kind in (ModelArguments, DataArguments, TextsqlTrainingArguments) for f in fields(kind) if f.init}
+    names = {
+        f.name for kind in (ModelArguments, DataArguments, TextsqlTrainingArguments) for f in fields(kind) if f.init
+    }
     assert names <= train_flags(), sorted(names - train_flags())
     check_flags([f"--{name}" for name in sorted(names)] + list(LEGACY_FLAGS), train_flags(), "train")

@@ -13,7 +13,14 @@ def execute(name: str, tmp_path: Path, parameters: dict) -> dict:
     import papermill
 
     output = tmp_path / f"executed-{name}"
-    papermill.execute_notebook(str(NOTEBOOKS / name), str(output), parameters=parameters, cwd=str(tmp_path), kernel_name="python3", progress_bar=False)
+    papermill.execute_notebook(
+        str(NOTEBOOKS / name),
+        str(output),
+        parameters=parameters,
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+    )
     return nbformat.read(output, as_version=4)
 
 
@@ -33,7 +40,9 @@ def test_notebooks_have_a_parameters_cell_and_a_kernelspec():
         assert notebook.metadata["kernelspec"]["language"] == "python", path.name
         tagged = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
         assert len(tagged) == 1, f"{path.name} needs exactly one parameters cell"
-        assert all(len(c.source.splitlines()) <= 12 for c in notebook.cells if c.cell_type == "code"), f"{path.name}: cells call the package, they stay short"
+        assert all(len(c.source.splitlines()) <= 12 for c in notebook.cells if c.cell_type == "code"), (
+            f"{path.name}: cells call the package, they stay short"
+        )
 
 
 @pytest.mark.slow
@@ -44,15 +53,23 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
     # No model_id: a notebook's default is the demo's tiny T5 when the project has one, which works offline.
     (tmp_path / "textsql-demo").mkdir()
     (tmp_path / "textsql-demo" / "tiny-t5").symlink_to(model_dir)
-    prep = execute("prep_dataset.ipynb", tmp_path, {"source": str(raw_wikisql), "output_dir": "data/wikisql", "max_examples_per_split": 200})
+    prep = execute(
+        "prep_dataset.ipynb",
+        tmp_path,
+        {"source": str(raw_wikisql), "output_dir": "data/wikisql", "max_examples_per_split": 200},
+    )
     assert "p50/p95/p99/max" in outputs_text(prep)
     assert json.loads((tmp_path / "data/wikisql/textsql_data.json").read_text())["examples"]["train"] == 200
 
     train = execute(
         "train_single_pod.ipynb",
         tmp_path,
-        {"dataset_dir": "data/wikisql", "deepspeed": "zero2", "per_device_train_batch_size": 16,
-         "extra_args": {"max_steps": 12, "logging_steps": 4, "eval_strategy": "no", "save_strategy": "no"}},
+        {
+            "dataset_dir": "data/wikisql",
+            "deepspeed": "zero2",
+            "per_device_train_batch_size": 16,
+            "extra_args": {"max_steps": 12, "logging_steps": 4, "eval_strategy": "no", "save_strategy": "no"},
+        },
     )
     text = outputs_text(train)
     assert "--module textsql.train" in text and "strategy       zero2" in text and "peak RSS" in text
@@ -71,10 +88,21 @@ def test_inference_notebook_executes(trained_run, tmp_path, cpu_env, monkeypatch
     from textsql.prep import load_prepared
 
     row = load_prepared(data_dir)[0]["test"][0]
-    notebook = execute("run_inference.ipynb", tmp_path, {"model_dir": str(run_dir), "dataset_dir": str(data_dir), "max_examples": 40,
-                                                         "questions": [row["question"]], "table_id": row["table_id"]})
+    notebook = execute(
+        "run_inference.ipynb",
+        tmp_path,
+        {
+            "model_dir": str(run_dir),
+            "dataset_dir": str(data_dir),
+            "max_examples": 40,
+            "questions": [row["question"]],
+            "table_id": row["table_id"],
+        },
+    )
     text = outputs_text(notebook)
     assert "Expected Answer:" in text and "40 examples (test, greedy)" in text and "by aggregation" in text
     assert "parts right: select column" in text
-    assert any("image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", []))  # the chart
+    assert any(
+        "image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", [])
+    )  # the chart
     assert json.loads((run_dir / "eval_metrics.json").read_text())["examples"] == 40

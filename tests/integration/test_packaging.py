@@ -15,8 +15,18 @@ from textsql.errors import TextsqlError
 
 REPO = Path(__file__).resolve().parents[2]
 # The notebooks extra's packages and the Jupyter machinery under them, hidden from the fresh venv's imports below.
-NOTEBOOKS_EXTRA_MODULES = ("matplotlib", "papermill", "nbclient", "nbformat", "ipykernel", "jupyterlab", "jupyter_server",
-                           "jupyter_client", "jupyter_core", "IPython")
+NOTEBOOKS_EXTRA_MODULES = (
+    "matplotlib",
+    "papermill",
+    "nbclient",
+    "nbformat",
+    "ipykernel",
+    "jupyterlab",
+    "jupyter_server",
+    "jupyter_client",
+    "jupyter_core",
+    "IPython",
+)
 HIDE_THE_EXTRA = """import sys
 
 class WithoutNotebooksExtra:
@@ -37,7 +47,9 @@ def run(argv, cwd, env=None, timeout=180) -> subprocess.CompletedProcess:
 
 def ok(argv, cwd, env=None) -> str:
     result = run(argv, cwd, env)
-    assert result.returncode == 0, f"{' '.join(map(str, argv))} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"{' '.join(map(str, argv))} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    )
     return result.stdout
 
 
@@ -61,7 +73,9 @@ def fresh_venv(folder: Path) -> tuple[Path, Path]:
     python = folder / "bin" / "python"
     site = Path(ok([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], folder).strip())
     (site / "textsql_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    (site / "textsql_test_without_notebooks_extra.py").write_text(HIDE_THE_EXTRA.format(hidden=set(NOTEBOOKS_EXTRA_MODULES)))
+    (site / "textsql_test_without_notebooks_extra.py").write_text(
+        HIDE_THE_EXTRA.format(hidden=set(NOTEBOOKS_EXTRA_MODULES))
+    )
     (site / "textsql_test_without_notebooks_extra.pth").write_text("import textsql_test_without_notebooks_extra\n")
     return python, site
 
@@ -76,7 +90,11 @@ def test_checkout_has_one_dsconfig_folder_that_the_package_reads():
     link = REPO / "textsql" / "shipped_dsconfig"
     assert link.is_symlink() and link.resolve() == (REPO / "dsconfig").resolve()  # a link, not a second copy
     assert DSCONFIG_DIR == (REPO / "dsconfig").resolve()
-    assert set(shipped_configs()) == {p.stem for p in (REPO / "dsconfig").glob("*.json")} >= {"zero1", "zero2", "zero3_offload"}
+    assert (
+        set(shipped_configs())
+        == {p.stem for p in (REPO / "dsconfig").glob("*.json")}
+        >= {"zero1", "zero2", "zero3_offload"}
+    )
     from textsql.strategy.fsdpconfig import FSDPCONFIG_DIR, shipped_fsdp_configs
 
     link = REPO / "textsql" / "shipped_fsdpconfig"
@@ -94,10 +112,12 @@ def test_wheel_and_editable_installs_run_the_core_commands_anywhere_without_the_
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CDSW_APP_PORT")}
     env.update(HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu", PYTHONNOUSERSITE="1")
-    probe = ("import importlib, json, textsql, textsql.strategy.dsconfig as d\n"
-             "def importable(name):\n    try:\n        return bool(importlib.import_module(name))\n    except ImportError:\n        return False\n"
-             "print(json.dumps({'package': textsql.__file__, 'dir': str(d.DSCONFIG_DIR), 'configs': sorted(d.shipped_configs()), "
-             "'matplotlib': importable('matplotlib')}))")
+    probe = (
+        "import importlib, json, textsql, textsql.strategy.dsconfig as d\n"
+        "def importable(name):\n    try:\n        return bool(importlib.import_module(name))\n    except ImportError:\n        return False\n"
+        "print(json.dumps({'package': textsql.__file__, 'dir': str(d.DSCONFIG_DIR), 'configs': sorted(d.shipped_configs()), "
+        "'matplotlib': importable('matplotlib')}))"
+    )
     installed = json.loads(ok([python, "-c", probe], elsewhere, env))
     assert Path(installed["package"]).is_relative_to(site)  # the wheel, not the repository
     assert Path(installed["dir"]).is_relative_to(site) and installed["configs"] == ["zero1", "zero2", "zero3_offload"]
@@ -110,10 +130,15 @@ def test_wheel_and_editable_installs_run_the_core_commands_anywhere_without_the_
     assert "recommendation:" in ok([textsql, "plan"], elsewhere, env)
     assert "--gpu_memory_gb" in ok([textsql, "plan", "--help"], elsewhere, env)
     lab = run([textsql, "lab"], elsewhere, env)
-    assert lab.returncode == 2 and "pip install 'textsql[notebooks]'" in lab.stderr and "Traceback" not in lab.stderr, lab.stderr
+    assert lab.returncode == 2 and "pip install 'textsql[notebooks]'" in lab.stderr and "Traceback" not in lab.stderr, (
+        lab.stderr
+    )
 
     # Editable, as bootstrap.sh installs it: the package reads the checkout's dsconfig/, the folder users edit.
-    ok(pip("--python", python, "install", "--no-deps", "--no-index", "--no-build-isolation", "-q", "-e", source), tmp_path)
+    ok(
+        pip("--python", python, "install", "--no-deps", "--no-index", "--no-build-isolation", "-q", "-e", source),
+        tmp_path,
+    )
     editable = json.loads(ok([python, "-c", probe], elsewhere, env))
     assert Path(editable["package"]).is_relative_to(source) and editable["dir"] == str((source / "dsconfig").resolve())
     assert editable["configs"] == ["zero1", "zero2", "zero3_offload"]
@@ -124,8 +149,11 @@ def test_plots_without_matplotlib_name_the_notebooks_extra(monkeypatch, tmp_path
     from textsql.report import plot_loss_curves, plot_time_and_memory
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets when it is not installed
-    for plot in (lambda: plot_plan({}, tmp_path / "plan.png"), lambda: plot_time_and_memory(None, tmp_path / "t.png"),
-                 lambda: plot_loss_curves([], None, tmp_path / "l.png")):
+    for plot in (
+        lambda: plot_plan({}, tmp_path / "plan.png"),
+        lambda: plot_time_and_memory(None, tmp_path / "t.png"),
+        lambda: plot_loss_curves([], None, tmp_path / "l.png"),
+    ):
         with pytest.raises(TextsqlError, match=r"needs matplotlib.*pip install 'textsql\[notebooks\]'"):
             plot()
     assert not list(tmp_path.iterdir())

@@ -27,7 +27,12 @@ def test_prepared_dataset_is_unpadded_with_masks_and_metadata(assets):
     assert meta["tokenizer"] == str(model_dir) and len(meta["tokenizer_fingerprint"]) == 16
     assert meta["examples"] == {name: len(split) for name, split in dataset.items()}
     report = meta["lengths"]["train"]
-    assert report["source_percentiles"]["p50"] <= report["source_percentiles"]["p99"] <= report["source_percentiles"]["p100"] == max(lengths)
+    assert (
+        report["source_percentiles"]["p50"]
+        <= report["source_percentiles"]["p99"]
+        <= report["source_percentiles"]["p100"]
+        == max(lengths)
+    )
     assert report["source_over_max"] == 0 and report["target_over_max"] == 0
     assert meta["targets_lost_in_tokenization"] == NOTHING_LOST
     assert meta["source_format"] == "question" and meta["added_characters"] == {} and meta["tokenizer_dir"] is None
@@ -40,7 +45,9 @@ def test_targets_the_tokenizer_cannot_produce_are_counted(assets):
     from textsql.wikisql.format import Example
 
     tokenizer = AutoTokenizer.from_pretrained(assets[1])
-    splits = {"train": [Example("q", "SELECT Year FROM table WHERE Points ☃ 3"), Example("q", "SELECT Year FROM table")]}
+    splits = {
+        "train": [Example("q", "SELECT Year FROM table WHERE Points ☃ 3"), Example("q", "SELECT Year FROM table")]
+    }
     lost = characters_lost_in_targets(tokenize_splits(splits, {"train": ["p: q", "p: q"]}, tokenizer), tokenizer)
     assert lost == {"examples": 1, "characters": {"☃": 1}, "column_names_recovered": {"examples": 0, "characters": {}}}
 
@@ -52,7 +59,9 @@ def test_questions_start_with_the_task_prefix(assets):
     dataset, _ = load_prepared(data_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     row = dataset["validation"][0]
-    assert tokenizer.decode(row["input_ids"], skip_special_tokens=True) == "translate English to SQL: " + row["question"]
+    assert (
+        tokenizer.decode(row["input_ids"], skip_special_tokens=True) == "translate English to SQL: " + row["question"]
+    )
     assert tokenizer.decode(row["labels"], skip_special_tokens=True) == row["target"]
 
 
@@ -73,7 +82,14 @@ def test_collator_pads_per_batch_with_minus_100_labels(assets):
 @pytest.mark.parametrize("policy", ["error", "truncate", "drop"])
 def test_overlong_examples_are_never_truncated_silently(assets, raw_wikisql, tmp_path, policy, caplog):
     _, model_dir = assets
-    args = PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(tmp_path / policy), max_source_length=12, max_target_length=12, overlong=policy)
+    args = PrepArguments(
+        source=str(raw_wikisql),
+        model_id=str(model_dir),
+        output_dir=str(tmp_path / policy),
+        max_source_length=12,
+        max_target_length=12,
+        overlong=policy,
+    )
     if policy == "error":
         with pytest.raises(TextsqlError, match=r"train: \d+ questions over 12 tokens.*--overlong truncate"):
             prepare_dataset(args)
@@ -105,18 +121,48 @@ def test_prep_command_end_to_end_and_its_errors(assets, raw_wikisql, tmp_path, c
     _, model_dir = assets
     out = tmp_path / "prepared"
     done = subprocess.run(
-        [sys.executable, "-m", "textsql.cli", "prep", "--source", str(raw_wikisql), "--model_id", str(model_dir), "--output_dir", str(out), "--max_examples_per_split", "50"],
-        capture_output=True, text=True, env=cpu_env, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "textsql.cli",
+            "prep",
+            "--source",
+            str(raw_wikisql),
+            "--model_id",
+            str(model_dir),
+            "--output_dir",
+            str(out),
+            "--max_examples_per_split",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        env=cpu_env,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     assert "p50/p95/p99/max" in done.stdout and "saved 150 examples" in done.stdout
-    assert json.loads((out / "textsql_data.json").read_text())["examples"] == {"train": 50, "validation": 50, "test": 50}
+    assert json.loads((out / "textsql_data.json").read_text())["examples"] == {
+        "train": 50,
+        "validation": 50,
+        "test": 50,
+    }
 
     for argv, message in [
         (["--source", str(tmp_path / "missing" / "wikisql"), "--model_id", str(model_dir)], "does not exist"),
-        (["--source", "generate", "--model_id", "nobody-knows/t5-none", "--output_dir", str(tmp_path / "x")], "HF_HUB_OFFLINE is set"),
+        (
+            ["--source", "generate", "--model_id", "nobody-knows/t5-none", "--output_dir", str(tmp_path / "x")],
+            "HF_HUB_OFFLINE is set",
+        ),
     ]:
-        failed = subprocess.run([sys.executable, "-m", "textsql.cli", "prep", *argv], capture_output=True, text=True, env=cpu_env, timeout=300, cwd=tmp_path)
+        failed = subprocess.run(
+            [sys.executable, "-m", "textsql.cli", "prep", *argv],
+            capture_output=True,
+            text=True,
+            env=cpu_env,
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert failed.returncode == 2
         assert message in failed.stderr and "Traceback" not in failed.stderr
 
@@ -150,9 +196,15 @@ def test_question_plus_header_sources_name_every_column(assets, header_assets):
     for row in dataset["validation"].select(range(5)):
         header = tables[row["table_id"]]["header"]
         assert tokenizer.decode(row["input_ids"], skip_special_tokens=True) == (
-            "translate English to SQL: " + row["question"] + " columns: " + " | ".join(" ".join(h.split()) for h in header))
+            "translate English to SQL: "
+            + row["question"]
+            + " columns: "
+            + " | ".join(" ".join(h.split()) for h in header)
+        )
     plain = load_prepared(assets[0])[1]
     assert meta["source_format"] == "question+header"
-    assert meta["lengths"]["train"]["source_percentiles"]["p50"] > plain["lengths"]["train"]["source_percentiles"]["p50"]
+    assert (
+        meta["lengths"]["train"]["source_percentiles"]["p50"] > plain["lengths"]["train"]["source_percentiles"]["p50"]
+    )
     with pytest.raises(TextsqlError, match="source_format"):
         PrepArguments(source="generate", source_format="question+types")

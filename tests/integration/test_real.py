@@ -40,8 +40,12 @@ def real_prepared(real_files, tmp_path_factory):
     prepared = {}
     for name in T5_FILES:
         model_dir = t5_folder(real_files, name, root / f"t5-{name}")
-        arguments = PrepArguments(source=str(real_files / "wikisql"), model_id=str(model_dir),
-                                  output_dir=str(root / f"data-{name}"), source_format="question+header")
+        arguments = PrepArguments(
+            source=str(real_files / "wikisql"),
+            model_id=str(model_dir),
+            output_dir=str(root / f"data-{name}"),
+            source_format="question+header",
+        )
         prepared[name] = prepare_dataset(arguments)
     return prepared
 
@@ -122,8 +126,13 @@ def test_prep_with_either_t5_file_adds_the_characters_t5_lacks(real_prepared):
     metas = {name: load_prepared(folder)[1] for name, folder in real_prepared.items()}
     datasets = {name: load_prepared(folder)[0] for name, folder in real_prepared.items()}
     spiece, fast = (metas[name] for name in T5_FILES)
-    for key in ("added_characters", "characters_changed_by_normalizer", "targets_lost_in_tokenization", "lengths",
-                "examples"):
+    for key in (
+        "added_characters",
+        "characters_changed_by_normalizer",
+        "targets_lost_in_tokenization",
+        "lengths",
+        "examples",
+    ):
         assert spiece[key] == fast[key], key
     assert spiece["tokenizer_fingerprint"] == fast["tokenizer_fingerprint"]  # the same vocabulary either way
     for split in ("train", "test"):
@@ -135,7 +144,8 @@ def test_prep_with_either_t5_file_adds_the_characters_t5_lacks(real_prepared):
     assert {"<", "^", "~", "⁄", "ā", "š", "大"} <= set(added) and len(added) == 51
     assert set(meta["characters_changed_by_normalizer"]) == {"²", "³", "½"}
     assert meta["targets_lost_in_tokenization"] == {
-        "examples": 2, "characters": {"½": 2},  # two values (Ranma ½): WikiSQL compares values as written
+        "examples": 2,
+        "characters": {"½": 2},  # two values (Ranma ½): WikiSQL compares values as written
         "column_names_recovered": {"examples": 9, "characters": {"²": 8, "³": 1}},
     }
 
@@ -177,10 +187,27 @@ def test_infer_on_a_model_with_the_real_vocabulary(real_prepared, textsql_in_pro
     model_dir = tmp_path / "real-vocab-t5"
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    status, out, err = textsql_in_process(["infer", "--model_dir", str(model_dir), "--dataset_dir", str(data_dir),
-                                           "--split", "test", "--max_examples", "12", "--batch_size", "12",
-                                           "--max_new_tokens", "12", "--show_examples", "1",
-                                           "--output_dir", str(tmp_path / "scored")])
+    status, out, err = textsql_in_process(
+        [
+            "infer",
+            "--model_dir",
+            str(model_dir),
+            "--dataset_dir",
+            str(data_dir),
+            "--split",
+            "test",
+            "--max_examples",
+            "12",
+            "--batch_size",
+            "12",
+            "--max_new_tokens",
+            "12",
+            "--show_examples",
+            "1",
+            "--output_dir",
+            str(tmp_path / "scored"),
+        ]
+    )
     assert status == 0, err
     metrics = json.loads((tmp_path / "scored" / "eval_metrics.json").read_text())
     records = [json.loads(line) for line in (tmp_path / "scored" / "predictions.jsonl").read_text().splitlines()]

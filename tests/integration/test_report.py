@@ -9,10 +9,30 @@ import pytest
 GIB = 1024**3
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "benchmark_report.ipynb"
 EVAL_METRICS = {
-    "split": "test", "examples": 96, "exact_match": 0.25, "logical_form_accuracy": 0.3, "execution_accuracy": 0.375,
-    "parse_errors": 4, "queries_per_second": 50.0, "by_aggregation": {}, "by_num_conditions": {},
-    "components": {"select_column": 0.9, "aggregation": 0.8, "where_number": 0.7, "where_column": 0.6, "where_operator": 0.55, "where_value": 0.4},
-    "decoding": {"method": "execution_guided", "num_beams": 4, "label": "execution-guided (4 beams)", "changed": 3, "changed_share": 0.03},
+    "split": "test",
+    "examples": 96,
+    "exact_match": 0.25,
+    "logical_form_accuracy": 0.3,
+    "execution_accuracy": 0.375,
+    "parse_errors": 4,
+    "queries_per_second": 50.0,
+    "by_aggregation": {},
+    "by_num_conditions": {},
+    "components": {
+        "select_column": 0.9,
+        "aggregation": 0.8,
+        "where_number": 0.7,
+        "where_column": 0.6,
+        "where_operator": 0.55,
+        "where_value": 0.4,
+    },
+    "decoding": {
+        "method": "execution_guided",
+        "num_beams": 4,
+        "label": "execution-guided (4 beams)",
+        "changed": 3,
+        "changed_share": 0.03,
+    },
 }
 
 
@@ -60,19 +80,30 @@ def test_report_rows_match_the_run_summaries(runs_copy, tmp_path, capsys):
         assert row["real_tokens_per_s"] == pytest.approx(summary["real_tokens_per_second"])
         assert row["memory_per_pod_gib"] == pytest.approx(max(m["cpu_peak_rss_bytes"] for m in memory) / GIB)
         assert row["memory_measure"].startswith("CPU peak RSS")  # no GPU here: labelled as such
-        assert pd.isna(row["planned_memory_gib"]) and pd.isna(row["memory_vs_plan"])  # the planner predicts GPU memory only
+        assert pd.isna(row["planned_memory_gib"]) and pd.isna(
+            row["memory_vs_plan"]
+        )  # the planner predicts GPU memory only
         assert row["eval_loss"] == pytest.approx(summary["eval_loss"])
         assert row["precision"] == "fp32"
     assert pd.isna(table.loc[0, "execution_accuracy"])  # no eval_metrics.json for the run without DeepSpeed
-    assert table.loc[1, "execution_accuracy"] == pytest.approx(0.375) and table.loc[1, "accuracy_split"] == "test (96 questions)"
-    assert table.loc[1, "logical_form_accuracy"] == pytest.approx(0.3) and table.loc[1, "decoding"] == "execution-guided (4 beams)"
+    assert (
+        table.loc[1, "execution_accuracy"] == pytest.approx(0.375)
+        and table.loc[1, "accuracy_split"] == "test (96 questions)"
+    )
+    assert (
+        table.loc[1, "logical_form_accuracy"] == pytest.approx(0.3)
+        and table.loc[1, "decoding"] == "execution-guided (4 beams)"
+    )
     assert [table.loc[1, c] for c in ("select_column", "where_column", "where_value")] == [0.9, 0.6, 0.4]
     assert pd.isna(table.loc[0, "where_value"])
 
     markdown = (out / "report.md").read_text()
     assert "| model | technique | nodes | ranks | epochs | duration (s) | samples/s |" in markdown
     assert "| tiny-t5 | zero2 | 1 | 1 |" in markdown and "37.5%" in markdown  # shares as percentages, as everywhere
-    assert "| sel | agg | W# | Wcol | Wop | Wval |" in markdown and "| 90.0% | 80.0% | 70.0% | 60.0% | 55.0% | 40.0% |" in markdown
+    assert (
+        "| sel | agg | W# | Wcol | Wop | Wval |" in markdown
+        and "| 90.0% | 80.0% | 70.0% | 60.0% | 55.0% | 40.0% |" in markdown
+    )
     assert "![time_memory](time_memory.png)" in markdown and "![loss_curves](loss_curves.png)" in markdown
     for png in ("time_memory.png", "loss_curves.png"):
         assert_not_blank(out / png)
@@ -101,8 +132,14 @@ def test_benchmark_report_notebook_executes(runs_copy, tmp_path):
 
     runs_root, summaries = runs_copy
     executed = tmp_path / "executed.ipynb"
-    papermill.execute_notebook(str(NOTEBOOK), str(executed), parameters={"runs_root": str(runs_root), "output_dir": str(tmp_path / "nb-report")},
-                               cwd=str(tmp_path), kernel_name="python3", progress_bar=False)
+    papermill.execute_notebook(
+        str(NOTEBOOK),
+        str(executed),
+        parameters={"runs_root": str(runs_root), "output_dir": str(tmp_path / "nb-report")},
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+    )
     outputs = [o for c in nbformat.read(executed, as_version=4).cells for o in c.get("outputs", [])]
     text = json.dumps(outputs)
     assert all(s["run"] in text for s in summaries.values())
@@ -119,11 +156,22 @@ def fake_summary(run, model, label, hosts, *, gpu_reserved=None, rss=2 * GIB, **
     ranks = [{"rank": i, "host": host, "cpu_peak_rss_bytes": rss + i, "device": "cpu"} for i, host in enumerate(hosts)]
     if gpu_reserved:
         for rank, reserved in zip(ranks, gpu_reserved):
-            rank.update(device="NVIDIA A100-PCIE-40GB", cuda_max_allocated_bytes=reserved // 2, cuda_max_reserved_bytes=reserved)
+            rank.update(
+                device="NVIDIA A100-PCIE-40GB", cuda_max_allocated_bytes=reserved // 2, cuda_max_reserved_bytes=reserved
+            )
     summary = {
-        "run": run, "model_id": model, "world_size": len(hosts), "strategy": {"label": label}, "precision": "bf16",
-        "train_runtime": 742.0, "train_samples_per_second": 227.7, "real_tokens_per_second": 9000.0, "epochs": 3.0,
-        "eval_loss": 0.05, "peak_memory_per_rank": ranks, "tensorboard_dir": f"/home/cdsw/runs/{run}/tensorboard",
+        "run": run,
+        "model_id": model,
+        "world_size": len(hosts),
+        "strategy": {"label": label},
+        "precision": "bf16",
+        "train_runtime": 742.0,
+        "train_samples_per_second": 227.7,
+        "real_tokens_per_second": 9000.0,
+        "epochs": 3.0,
+        "eval_loss": 0.05,
+        "peak_memory_per_rank": ranks,
+        "tensorboard_dir": f"/home/cdsw/runs/{run}/tensorboard",
     }
     summary.update(extra)
     return summary
@@ -144,19 +192,47 @@ def test_nodes_gpu_memory_accuracy_and_order_from_made_up_runs(tmp_path):
     from textsql.report import build_report
 
     root = tmp_path / "runs"
-    write_run(root, fake_summary("t5-large-zero1-ws3-bs32", "/models/t5-large/", "zero1", ["pod-a", "pod-b", "pod-c"],
-                                 gpu_reserved=[13 * GIB, 12 * GIB, 14 * GIB], execution_accuracy=0.5,
-                                 arguments={"data": {"execution_accuracy_samples": 200}},
-                                 memory_check={"comparable": True, "predicted_reserved_bytes": 12.5 * GIB, "ratio": 1.12}))
-    write_run(root, fake_summary("t5-small-zero3_offload-ws4-bs32", "t5-small", "zero3_offload", ["pod-a", "pod-a", "pod-b", "pod-b"],
-                                 gpu_reserved=[3 * GIB, 3 * GIB, 3 * GIB, 5 * GIB], execution_accuracy=0.1), EVAL_METRICS)
-    write_run(root, fake_summary("t5-small-none-ws1-bs32", "t5-small", "none", ["pod-a"], gpu_reserved=[3 * GIB], eval_loss=float("nan")))
+    write_run(
+        root,
+        fake_summary(
+            "t5-large-zero1-ws3-bs32",
+            "/models/t5-large/",
+            "zero1",
+            ["pod-a", "pod-b", "pod-c"],
+            gpu_reserved=[13 * GIB, 12 * GIB, 14 * GIB],
+            execution_accuracy=0.5,
+            arguments={"data": {"execution_accuracy_samples": 200}},
+            memory_check={"comparable": True, "predicted_reserved_bytes": 12.5 * GIB, "ratio": 1.12},
+        ),
+    )
+    write_run(
+        root,
+        fake_summary(
+            "t5-small-zero3_offload-ws4-bs32",
+            "t5-small",
+            "zero3_offload",
+            ["pod-a", "pod-a", "pod-b", "pod-b"],
+            gpu_reserved=[3 * GIB, 3 * GIB, 3 * GIB, 5 * GIB],
+            execution_accuracy=0.1,
+        ),
+        EVAL_METRICS,
+    )
+    write_run(
+        root,
+        fake_summary(
+            "t5-small-none-ws1-bs32", "t5-small", "none", ["pod-a"], gpu_reserved=[3 * GIB], eval_loss=float("nan")
+        ),
+    )
     (root / "broken").mkdir()
     (root / "broken" / "run_summary.json").write_text("{not json")
     report = build_report(root, plots=False)
 
     table = report.table
-    assert list(table["run"]) == ["t5-large-zero1-ws3-bs32", "t5-small-none-ws1-bs32", "t5-small-zero3_offload-ws4-bs32"]
+    assert list(table["run"]) == [
+        "t5-large-zero1-ws3-bs32",
+        "t5-small-none-ws1-bs32",
+        "t5-small-zero3_offload-ws4-bs32",
+    ]
     large, small, offload = (row for _, row in table.iterrows())
     assert large["model"] == "t5-large" and large["nodes"] == 3 and large["memory_per_pod_gib"] == pytest.approx(14.0)
     assert large["memory_measure"].startswith("GPU reserved")
@@ -166,7 +242,12 @@ def test_nodes_gpu_memory_accuracy_and_order_from_made_up_runs(tmp_path):
     assert offload["execution_accuracy"] == 0.375  # eval_metrics.json wins over the summary's in-training value
     assert small["nodes"] == 1 and pd.isna(small["eval_loss"]) and pd.isna(small["execution_accuracy"])
     assert len(report.skipped) == 1 and "broken" in report.skipped[0]
-    assert "| t5-small | none | 1 | 1 | 3.00 | 742.0 | 227.7 | 9,000 | 3.00 | GPU reserved (max over ranks) |" + " – |" * 13 + " bf16 |" in report.markdown
+    assert (
+        "| t5-small | none | 1 | 1 | 3.00 | 742.0 | 227.7 | 9,000 | 3.00 | GPU reserved (max over ranks) |"
+        + " – |" * 13
+        + " bf16 |"
+        in report.markdown
+    )
     assert report.files["csv"] == root / "report" / "report.csv" and not report.plots
 
 
@@ -190,7 +271,9 @@ def test_throughput_bench_recipes_differ_only_as_documented(assets, tmp_path):
 
     from textsql.hub import load_tokenizer
 
-    spec = importlib.util.spec_from_file_location("train_throughput", Path(__file__).resolve().parents[2] / "bench" / "train_throughput.py")
+    spec = importlib.util.spec_from_file_location(
+        "train_throughput", Path(__file__).resolve().parents[2] / "bench" / "train_throughput.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     data_dir, model_dir = assets
@@ -201,12 +284,25 @@ def test_throughput_bench_recipes_differ_only_as_documented(assets, tmp_path):
         model = bench.build_model("cpu-small", tokenizer, seed=0)
         trainer, collator = bench.make_trainer(recipe, model, tokenizer, subset, 2, 32, str(tmp_path / recipe))
         batches[recipe] = next(iter(trainer.get_train_dataloader()))
-        assert trainer.args.bf16 is False and trainer.args.optim.value == "adamw_torch"  # no GPU: same precision and optimizer
+        assert (
+            trainer.args.bf16 is False and trainer.args.optim.value == "adamw_torch"
+        )  # no GPU: same precision and optimizer
     walkthrough, textsql = batches["walkthrough"], batches["textsql"]
-    assert "attention_mask" not in walkthrough and walkthrough["input_ids"].shape == walkthrough["labels"].shape == (32, 96)
-    assert (walkthrough["labels"] == tokenizer.pad_token_id).any() and not (walkthrough["labels"] == -100).any()  # padding in the loss
-    assert textsql["input_ids"].shape[1] < 96 and (textsql["labels"] == -100).any() and (textsql["attention_mask"] == 0).any()
+    assert "attention_mask" not in walkthrough and walkthrough["input_ids"].shape == walkthrough["labels"].shape == (
+        32,
+        96,
+    )
+    assert (walkthrough["labels"] == tokenizer.pad_token_id).any() and not (
+        walkthrough["labels"] == -100
+    ).any()  # padding in the loss
+    assert (
+        textsql["input_ids"].shape[1] < 96
+        and (textsql["labels"] == -100).any()
+        and (textsql["attention_mask"] == 0).any()
+    )
     real = sum(len(ids) for ids in subset["input_ids"])
     assert sum(int(b["attention_mask"].sum()) for b in trainer.get_train_dataloader()) == real
     flops = bench.t5_training_flops(bench.build_model("t5-small", tokenizer, 0).config, 96, 96)
-    assert 0.4 < flops / (6 * 60.5e6 * 192) < 0.8  # ~half of 6·N·tokens: each T5 weight sees either the source or the target
+    assert (
+        0.4 < flops / (6 * 60.5e6 * 192) < 0.8
+    )  # ~half of 6·N·tokens: each T5 weight sees either the source or the target

@@ -31,8 +31,20 @@ def chromium(*args, user_data_dir: Path, timeout: int = 120) -> subprocess.Compl
     browser = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
     if browser is None:
         pytest.fail(INSTALL_HINT)
-    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-               "--disable-component-update", "--disable-sync", f"--user-data-dir={user_data_dir}", "--window-size=1400,900", *args]
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={user_data_dir}",
+        "--window-size=1400,900",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
@@ -44,8 +56,13 @@ def server(two_tiny_runs, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "CDSW_APP_PORT"}
     log = tmp_path_factory.mktemp("tensorboard") / "server.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "textsql", "tensorboard", "--runs_root", str(runs_root), "--port", str(port)],
-                                   stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "textsql", "tensorboard", "--runs_root", str(runs_root), "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     expected = {f"{s['run']}/tensorboard" for s in summaries.values()}
     deadline = time.monotonic() + 90
@@ -86,7 +103,9 @@ def test_both_runs_loss_scalars_through_the_http_api(server):
         assert steps == sorted(steps) and steps[-1] == summary["global_step"] == 12
         assert points[0][2] == pytest.approx(summary["first_logged_loss"], abs=1e-3)
         assert points[-1][2] == pytest.approx(summary["last_logged_loss"], abs=1e-3)
-        evaluations = get_json(f"{base}/data/plugin/scalars/scalars?" + urllib.parse.urlencode({"run": run, "tag": "eval/loss"}))
+        evaluations = get_json(
+            f"{base}/data/plugin/scalars/scalars?" + urllib.parse.urlencode({"run": run, "tag": "eval/loss"})
+        )
         assert evaluations[-1][2] == pytest.approx(summary["eval_loss"], abs=1e-3)
 
 
@@ -103,13 +122,19 @@ def test_page_renders_both_runs_in_headless_chromium(server, tmp_path):
     base, _, summaries = server
     runs = [f"{s['run']}/tensorboard" for s in summaries.values()]
     # The Time Series dashboard is plain DOM: its runs table lists the runs.
-    dom = chromium("--virtual-time-budget=10000", "--dump-dom", f"{base}/#timeseries", user_data_dir=tmp_path / "profile-dom")
+    dom = chromium(
+        "--virtual-time-budget=10000", "--dump-dom", f"{base}/#timeseries", user_data_dir=tmp_path / "profile-dom"
+    )
     assert dom.returncode == 0, dom.stderr[-3000:]
     assert all(run in dom.stdout for run in runs), "the rendered page does not list both runs"
     # The Scalars dashboard draws the loss curves as SVG, which headless Chromium renders without a GPU.
     screenshot = tmp_path / "tensorboard.png"
-    shot = chromium("--virtual-time-budget=20000", f"--screenshot={screenshot}", f"{base}/#scalars&tagFilter=loss&_smoothingWeight=0",
-                    user_data_dir=tmp_path / "profile-shot")
+    shot = chromium(
+        "--virtual-time-budget=20000",
+        f"--screenshot={screenshot}",
+        f"{base}/#scalars&tagFilter=loss&_smoothingWeight=0",
+        user_data_dir=tmp_path / "profile-shot",
+    )
     assert shot.returncode == 0 and screenshot.is_file(), shot.stderr[-3000:]
     pixels = imread(screenshot)
     assert pixels.shape[:2] == (900, 1400) and pixels[..., :3].var() > 0.01, "the screenshot is blank"
@@ -125,8 +150,14 @@ def test_stopping_the_app_ends_tensorboard_and_its_data_server(two_tiny_runs, tm
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "CDSW_APP_PORT"}
     env["CDSW_APP_PORT"] = str(port)  # the CML way: no --port, the application port from the environment
-    process = subprocess.Popen([sys.executable, str(REPO / "scripts" / "tensorboard_app.py"), "--runs_root", str(runs_root)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "tensorboard_app.py"), "--runs_root", str(runs_root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -159,5 +190,10 @@ def test_port_resolution_prefers_cml_application_port():
     with pytest.raises(ValueError, match="not a port number"):
         resolve_port(None, {"CDSW_APP_PORT": "eighty"})
     flags = tensorboard_flags("runs", 8100, extra=["--reload_interval", "30"])
-    assert flags[:2] == ["--logdir", str(Path("runs").resolve())] and flags[2:6] == ["--host", "127.0.0.1", "--port", "8100"]
+    assert flags[:2] == ["--logdir", str(Path("runs").resolve())] and flags[2:6] == [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8100",
+    ]
     assert flags[-2:] == ["--reload_interval", "30"]

@@ -10,25 +10,73 @@ from pathlib import Path
 import pytest
 
 SUMMARY_KEYS = {
-    "run", "output_dir", "model_id", "parameters", "world_size", "strategy", "precision", "train_runtime",
-    "train_samples_per_second", "real_tokens", "real_tokens_per_second", "global_step", "train_loss", "eval_loss",
-    "peak_memory_per_rank", "arguments", "versions", "tensorboard_dir",
+    "run",
+    "output_dir",
+    "model_id",
+    "parameters",
+    "world_size",
+    "strategy",
+    "precision",
+    "train_runtime",
+    "train_samples_per_second",
+    "real_tokens",
+    "real_tokens_per_second",
+    "global_step",
+    "train_loss",
+    "eval_loss",
+    "peak_memory_per_rank",
+    "arguments",
+    "versions",
+    "tensorboard_dir",
 }
 
 
 def train_argv(assets, runs_root, *extra, steps=40):
     data_dir, model_dir = assets
     return [
-        "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root),
-        "--max_steps", str(steps), "--per_device_train_batch_size", "16", "--per_device_eval_batch_size", "32",
-        "--learning_rate", "3e-3", "--warmup_steps", "5", "--logging_steps", "5",
-        "--eval_strategy", "steps", "--eval_steps", "20", "--save_strategy", "steps", "--save_steps", "20",
-        "--max_eval_samples", "64", "--dataloader_num_workers", "0", *extra,
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(runs_root),
+        "--max_steps",
+        str(steps),
+        "--per_device_train_batch_size",
+        "16",
+        "--per_device_eval_batch_size",
+        "32",
+        "--learning_rate",
+        "3e-3",
+        "--warmup_steps",
+        "5",
+        "--logging_steps",
+        "5",
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        "20",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "20",
+        "--max_eval_samples",
+        "64",
+        "--dataloader_num_workers",
+        "0",
+        *extra,
     ]
 
 
 def run_train(argv, env, cwd, timeout=900):
-    return subprocess.run([sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "textsql.train", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+    )
 
 
 def scalar_tags(event_dir: Path) -> set[str]:
@@ -76,13 +124,17 @@ def check_saved_in_float32(output_dir: Path):
     assert {str(t.dtype) for t in weights.values()} == {"torch.float32"}
     assert json.loads((output_dir / "config.json").read_text())["dtype"] == "float32"
     low_bits = [bool((t.view(torch.int32) & 0xFFFF).any()) for t in weights.values()]
-    assert all(low_bits), "weights a bf16 value can hold exactly: saved from the bf16 module, not the fp32 master weights"
+    assert all(low_bits), (
+        "weights a bf16 value can hold exactly: saved from the bf16 module, not the fp32 master weights"
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("label,dsconfig,stage,offload,precision", STRATEGIES, ids=[s[0] for s in STRATEGIES])
 def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, dsconfig, stage, offload, precision):
-    argv = train_argv(assets, tmp_path / "runs", "--precision", precision) + (["--deepspeed", dsconfig] if dsconfig else [])
+    argv = train_argv(assets, tmp_path / "runs", "--precision", precision) + (
+        ["--deepspeed", dsconfig] if dsconfig else []
+    )
     done = run_train(argv, cpu_env, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     output_dir = tmp_path / "runs" / f"tiny-t5-{label}-ws1-bs16-lr0.003-steps40-{precision}-warmup5"
@@ -92,7 +144,11 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
     assert summary["strategy"]["offload_optimizer"] == offload and summary["strategy"]["offload_param"] == offload
     assert summary["world_size"] == 1 and summary["precision"] == precision and summary["global_step"] == 40
     assert summary["device"] == "cpu" and summary["tf32"] is False and summary["saved_dtype"] == "float32"
-    assert summary["train_runtime"] > 0 and summary["train_samples_per_second"] > 0 and summary["real_tokens_per_second"] > 0
+    assert (
+        summary["train_runtime"] > 0
+        and summary["train_samples_per_second"] > 0
+        and summary["real_tokens_per_second"] > 0
+    )
     assert summary["eval_loss"] is not None and summary["train_loss"] > 0
     assert summary["last_logged_loss"] < 0.8 * summary["first_logged_loss"], "the loss did not go down"
     (memory,) = summary["peak_memory_per_rank"]
@@ -101,7 +157,13 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
     if dsconfig:
         assert summary["deepspeed_config"]["zero_optimization"]["stage"] == stage
         assert summary["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 16  # "auto" filled by the Trainer
-    assert {"train/loss", "eval/loss", "train/learning_rate", "train/samples_per_second", "train/real_tokens_per_second"} <= scalar_tags(output_dir / "tensorboard")
+    assert {
+        "train/loss",
+        "eval/loss",
+        "train/learning_rate",
+        "train/samples_per_second",
+        "train/real_tokens_per_second",
+    } <= scalar_tags(output_dir / "tensorboard")
     check_model_reloads_and_generates(output_dir, assets[1])
     check_saved_in_float32(output_dir)
     assert "Traceback" not in done.stderr
@@ -123,13 +185,17 @@ def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, 
     monkeypatch.chdir(tmp_path)
     lines = []
     # Execution accuracy at evaluation: under ZeRO-3 both ranks must generate together (synced_gpus).
-    argv = train_argv(assets, tmp_path / "runs", "--deepspeed", "zero3_offload", "--execution_accuracy_samples", "16", steps=20)
+    argv = train_argv(
+        assets, tmp_path / "runs", "--deepspeed", "zero3_offload", "--execution_accuracy_samples", "16", steps=20
+    )
     summary = run_training(*parse_arguments(argv), num_gpus=2, echo=lines.append)
     assert lines[0].startswith("$ ") and "--num_gpus 2 --module textsql.train" in lines[0]
     assert summary.world_size == 2 and summary.run == "tiny-t5-zero3_offload-ws2-bs16-lr0.003-steps20-warmup5"
     assert sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
     assert summary.deepspeed_config["train_batch_size"] == 32
-    assert 0.0 <= summary.execution_accuracy <= 1.0 and [h["step"] for h in summary.execution_accuracy_history] == [20]  # scored once at the last step
+    assert 0.0 <= summary.execution_accuracy <= 1.0 and [h["step"] for h in summary.execution_accuracy_history] == [
+        20
+    ]  # scored once at the last step
     assert summary.last_logged_loss < summary.first_logged_loss
     check_model_reloads_and_generates(Path(summary.output_dir), assets[1])
 
@@ -156,10 +222,18 @@ def test_a_finished_rank_leaves_its_process_group_before_exit():
 def test_interrupted_run_resumes_and_a_finished_one_is_kept(assets, tmp_path, cpu_env):
     argv = train_argv(assets, tmp_path / "runs", "--save_steps", "10", "--eval_steps", "30", steps=30)
     output_dir = tmp_path / "runs" / "tiny-t5-none-ws1-bs16-lr0.003-steps30-warmup5"
-    child = subprocess.Popen([sys.executable, "-m", "textsql.train", *argv], env=cpu_env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "textsql.train", *argv],
+        env=cpu_env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not (output_dir / "checkpoint-10" / "trainer_state.json").exists():
-        assert child.poll() is None and time.monotonic() < deadline, "training ended or stalled before its first checkpoint"
+        assert child.poll() is None and time.monotonic() < deadline, (
+            "training ended or stalled before its first checkpoint"
+        )
         time.sleep(0.2)
     time.sleep(0.5)  # let the checkpoint finish writing its last files
     child.send_signal(signal.SIGKILL)
@@ -185,8 +259,20 @@ def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     data_dir, model_dir = assets
-    base = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--outputdir", str(tmp_path / "out"), "--epochs", "2",
-            "--per_device_train_batch_size", "8", "--per_device_eval_batch_size", "4"]
+    base = [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--outputdir",
+        str(tmp_path / "out"),
+        "--epochs",
+        "2",
+        "--per_device_train_batch_size",
+        "8",
+        "--per_device_eval_batch_size",
+        "4",
+    ]
     model, data, training = parse_arguments(base + ["--gradient_checkpointing", "False"])
     assert training.activation_checkpointing is False  # the walkthrough's type=bool turned this ON
     assert training.output_dir == str(tmp_path / "out") and training.num_train_epochs == 2
@@ -206,7 +292,9 @@ def test_fp16_on_t5_is_refused_with_the_reason(assets, tmp_path):
     from textsql.train.arguments import parse_arguments
     from textsql.train.run import set_up_run
 
-    model, _, training = parse_arguments(["--model_id", "t5-small", "--precision", "fp16", "--output_dir", str(tmp_path / "o")])
+    model, _, training = parse_arguments(
+        ["--model_id", "t5-small", "--precision", "fp16", "--output_dir", str(tmp_path / "o")]
+    )
     with pytest.raises(TextsqlError, match="fp16 is refused for T5.*overflow"):
         set_up_run(model, training)
 
@@ -226,15 +314,46 @@ def write(path: Path, text: str) -> Path:
         ("unknown_model", "HF_HUB_OFFLINE is set"),
     ],
 )
-def test_bad_input_gets_one_paragraph_and_no_traceback(assets, tmp_path, monkeypatch, textsql_in_process, case, message):
+def test_bad_input_gets_one_paragraph_and_no_traceback(
+    assets, tmp_path, monkeypatch, textsql_in_process, case, message
+):
     data_dir, model_dir = assets
-    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs"), "--max_steps", "2", "--per_device_train_batch_size", "16"]
+    argv = [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(tmp_path / "runs"),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "16",
+    ]
     if case == "bad_json":
-        argv += ["--deepspeed", str(write(tmp_path / "bad.json", '{\n  "zero_optimization": {\n    "stage": 2,,\n  }\n}\n'))]
+        argv += [
+            "--deepspeed",
+            str(write(tmp_path / "bad.json", '{\n  "zero_optimization": {\n    "stage": 2,,\n  }\n}\n')),
+        ]
     elif case == "unknown_key":
-        argv += ["--deepspeed", str(write(tmp_path / "typo.json", json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5e7}})))]
+        argv += [
+            "--deepspeed",
+            str(
+                write(
+                    tmp_path / "typo.json", json.dumps({"zero_optimization": {"stage": 2, "reduce_bucket_sise": 5e7}})
+                )
+            ),
+        ]
     elif case == "batch_mismatch":
-        argv += ["--deepspeed", str(write(tmp_path / "mismatch.json", json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}})))]
+        argv += [
+            "--deepspeed",
+            str(
+                write(
+                    tmp_path / "mismatch.json",
+                    json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}),
+                )
+            ),
+        ]
     elif case == "missing_dataset":
         argv[3] = str(tmp_path / "no-such-dataset")
     elif case == "unknown_model":
@@ -251,20 +370,44 @@ def test_arguments_are_dataclasses_from_a_command_line_or_a_recipe_and_travel_as
     from textsql.train.arguments import TextsqlTrainingArguments, arguments_dict, arguments_from_dict, parse_arguments
 
     data_dir, model_dir = assets
-    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--epochs", "2", "--deepspeed", "zero2", "--report_to", "none",
-            "--hub_token", "hf_secret_canary"]
+    argv = [
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--epochs",
+        "2",
+        "--deepspeed",
+        "zero2",
+        "--report_to",
+        "none",
+        "--hub_token",
+        "hf_secret_canary",
+    ]
     model, data, training = parse_arguments(argv)
-    assert (model.model_id, data.dataset_dir, training.num_train_epochs, training.deepspeed) == (str(model_dir), str(data_dir), 2, "zero2")
+    assert (model.model_id, data.dataset_dir, training.num_train_epochs, training.deepspeed) == (
+        str(model_dir),
+        str(data_dir),
+        2,
+        "zero2",
+    )
     assert training.learning_rate == 3e-4 and training.save_total_limit == 2  # textsql's defaults, as field defaults
     values = arguments_dict(model, data, training)
-    assert values["hub_token"] is None and "hf_secret_canary" not in json.dumps(values)  # never travels, never lands in files
+    assert values["hub_token"] is None and "hf_secret_canary" not in json.dumps(
+        values
+    )  # never travels, never lands in files
     again = arguments_from_dict(json.loads(json.dumps(values)))
     assert arguments_dict(*again) == values
 
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"model_id: {model_dir}\ndataset_dir: {data_dir}\nnum_train_epochs: 2\ndeepspeed: zero2\nreport_to: none\n")
+    recipe.write_text(
+        f"model_id: {model_dir}\ndataset_dir: {data_dir}\nnum_train_epochs: 2\ndeepspeed: zero2\nreport_to: none\n"
+    )
     from_yaml = arguments_dict(*parse_arguments([str(recipe)]))
-    assert all(from_yaml[key] == values[key] for key in ("model_id", "dataset_dir", "num_train_epochs", "deepspeed", "report_to", "learning_rate"))
+    assert all(
+        from_yaml[key] == values[key]
+        for key in ("model_id", "dataset_dir", "num_train_epochs", "deepspeed", "report_to", "learning_rate")
+    )
     (tmp_path / "recipe.json").write_text(json.dumps(values))
     assert arguments_dict(*parse_arguments([str(tmp_path / "recipe.json")])) == values
     # what each rank of `deepspeed --module textsql.train recipe.json` gets

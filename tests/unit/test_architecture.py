@@ -17,8 +17,13 @@ BIN = Path(sys.executable).parent
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """import-linter's verdict on the package under `root` (its pyproject.toml holds the contract)."""
-    return subprocess.run([str(BIN / "lint-imports"), "--no-cache"], cwd=root, capture_output=True, text=True,
-                          env={"PATH": str(BIN), "PYTHONPATH": str(root)})
+    return subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PATH": str(BIN), "PYTHONPATH": str(root)},
+    )
 
 
 def test_layers_contract_is_kept():
@@ -117,14 +122,22 @@ def test_textsql_imports_sit_at_the_top_of_modules():
 
 
 def test_ruff_lint_is_clean():
-    done = subprocess.run([str(BIN / "ruff"), "check", "--no-cache", "textsql", "tests", "bench", "scripts"], cwd=REPO,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [str(BIN / "ruff"), "check", "--no-cache", "textsql", "tests", "bench", "scripts"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_ruff_format_is_clean():
-    done = subprocess.run([str(BIN / "ruff"), "format", "--check", "--no-cache", "textsql", "tests", "bench", "scripts"],
-                          cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [str(BIN / "ruff"), "format", "--check", "--no-cache", "textsql", "tests", "bench", "scripts"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -139,4 +152,5 @@ def test_regenerating_the_notebooks_changes_nothing(tmp_path):
     assert generated == sorted(p.name for p in (REPO / "notebooks").glob("*.ipynb")), "every notebook is generated"
     for name in generated:
         assert (tmp_path / name).read_text() == (REPO / "notebooks" / name).read_text(), (
-            f"notebooks/{name} differs from what scripts/make_notebooks.py writes: edit the script and run it")
+            f"notebooks/{name} differs from what scripts/make_notebooks.py writes: edit the script and run it"
+        )

@@ -23,9 +23,15 @@ USER_ERRORS = [
     (["prep", "--source", "generate", "--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
     (["prep", "--source", "generate", "--source_format", "bogus"], "--source_format must be one of"),
     (["infer"], "the following arguments are required: --model_dir"),
-    (["infer", "--model_dir", "m", "--batch_size", "0"], "--batch_size, --num_beams and --max_new_tokens must be at least 1"),
+    (
+        ["infer", "--model_dir", "m", "--batch_size", "0"],
+        "--batch_size, --num_beams and --max_new_tokens must be at least 1",
+    ),
     (["infer", "--model_dir", "m", "--dataset_dir", "no-such-data"], "is not a prepared textsql dataset"),
-    (["prep", "--source", "/nonexistent", "--model_id", "no-such-model"], "'/nonexistent' does not exist"),  # the data first
+    (
+        ["prep", "--source", "/nonexistent", "--model_id", "no-such-model"],
+        "'/nonexistent' does not exist",
+    ),  # the data first
     (["train", "--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be at least 1, not 0"),
     (["check-config"], "the following arguments are required: FILE"),
     (["check-config", "nope.json"], "'nope.json' is neither a JSON file nor a shipped strategy"),
@@ -55,7 +61,9 @@ def run(argv: list[str]) -> tuple[int | str, str]:
         return "crashed", traceback.format_exc()
 
 
-@pytest.mark.parametrize("argv,fragment", USER_ERRORS, ids=lambda value: " ".join(value) if isinstance(value, list) else None)
+@pytest.mark.parametrize(
+    "argv,fragment", USER_ERRORS, ids=lambda value: " ".join(value) if isinstance(value, list) else None
+)
 def test_user_error_exits_2_with_one_paragraph(argv, fragment, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -70,10 +78,23 @@ def test_user_error_exits_2_with_one_paragraph(argv, fragment, tmp_path, monkeyp
     assert "\n\n" not in err, f"more than one paragraph:\n{err}"
 
 
-@pytest.mark.parametrize("value,offline", [
-    ("1", True), ("true", True), ("TRUE", True), ("yes", True), ("on", True),
-    ("0", False), ("false", False), ("False", False), ("no", False), ("off", False), ("", False), (None, False),
-])
+@pytest.mark.parametrize(
+    "value,offline",
+    [
+        ("1", True),
+        ("true", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("on", True),
+        ("0", False),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("off", False),
+        ("", False),
+        (None, False),
+    ],
+)
 def test_hub_offline_reads_hf_hub_offline_as_huggingface_hub_does(value, offline, monkeypatch):
     if value is None:
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -89,12 +110,16 @@ def test_offline_hint_follows_hub_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "false")  # online: no download hint, whatever the variable's spelling
     assert "HF_HUB_OFFLINE is set" not in _dataset_load_message("someone/copy", error)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert "`hf download someone/copy --repo-type dataset --local-dir data/copy`" in _dataset_load_message("someone/copy", error)
+    assert "`hf download someone/copy --repo-type dataset --local-dir data/copy`" in _dataset_load_message(
+        "someone/copy", error
+    )
 
 
 def test_download_command_is_the_current_cli():
-    assert download_command("t5-small", "config.json", local_dir="models/t5-small") == \
-        "hf download t5-small config.json --local-dir models/t5-small"
+    assert (
+        download_command("t5-small", "config.json", local_dir="models/t5-small")
+        == "hf download t5-small config.json --local-dir models/t5-small"
+    )
 
 
 def test_one_reader_of_hf_hub_offline_and_no_removed_cli_anywhere():
@@ -102,9 +127,20 @@ def test_one_reader_of_hf_hub_offline_and_no_removed_cli_anywhere():
     reads = re.compile(r"""environ(\.get)?\s*[\[(]\s*["']HF_HUB_OFFLINE""")
     readers = [p.relative_to(REPO) for p in (REPO / "textsql").rglob("*.py") if reads.search(p.read_text())]
     assert readers == [Path("textsql/hub.py")], readers
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.split("\n")  # the project's files: not .venv, not build output
-    files = [REPO / name for name in tracked if name and (REPO / name).is_file() and not (REPO / name).is_symlink()
-             and Path(name).suffix in (".py", ".md", ".ipynb", ".sh", ".txt", ".toml", ".yaml", ".yml", ".json", "")]
+    tracked = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")  # the project's files: not .venv, not build output
+    files = [
+        REPO / name
+        for name in tracked
+        if name
+        and (REPO / name).is_file()
+        and not (REPO / name).is_symlink()
+        and Path(name).suffix in (".py", ".md", ".ipynb", ".sh", ".txt", ".toml", ".yaml", ".yml", ".json", "")
+    ]
     removed = "huggingface" + "-cli"
     assert [p.relative_to(REPO) for p in files if removed in p.read_text(errors="ignore")] == []

@@ -96,7 +96,10 @@ def test_each_rank_gets_its_share_of_the_cores():
 def test_a_users_cuda_visible_devices_is_respected_by_the_launcher():
     four = node(A100_40GB, 4)
     assert launcher_device_args(4, four, None) == ["--num_gpus", "4"]
-    assert launcher_device_args(2, node(A100_40GB, 2), "2,5") == ["--include", "localhost:2,5"]  # not --num_gpus: it would delete it
+    assert launcher_device_args(2, node(A100_40GB, 2), "2,5") == [
+        "--include",
+        "localhost:2,5",
+    ]  # not --num_gpus: it would delete it
     assert launcher_device_args(1, node(A100_40GB, 2), "2,5") == ["--include", "localhost:2"]
     assert launcher_device_args(2, NO_GPU, None) == ["--num_gpus", "2"]
 
@@ -146,16 +149,27 @@ def flag(settings: dict, name: str) -> str:
     return str(settings[name])
 
 
-@pytest.mark.parametrize("gpu,bf16,tf32", [(A100_40GB, "True", "True"), (H100_SXM, "True", "True"), (V100, "False", "False"), (T4, "False", "False")])
+@pytest.mark.parametrize(
+    "gpu,bf16,tf32",
+    [(A100_40GB, "True", "True"), (H100_SXM, "True", "True"), (V100, "False", "False"), (T4, "False", "False")],
+)
 def test_train_asks_the_trainer_for_what_the_gpu_has(assets, tmp_path, monkeypatch, gpu, bf16, tf32):
     plan = plan_for(node(gpu), assets, tmp_path, monkeypatch)
     assert plan.accelerator == "cuda" and plan.trainer_settings["use_cpu"] is False
-    assert (flag(plan.trainer_settings, "bf16"), flag(plan.trainer_settings, "tf32"), flag(plan.trainer_settings, "fp16")) == (bf16, tf32, "False")
+    assert (
+        flag(plan.trainer_settings, "bf16"),
+        flag(plan.trainer_settings, "tf32"),
+        flag(plan.trainer_settings, "fp16"),
+    ) == (bf16, tf32, "False")
 
 
 def test_train_on_no_gpu_and_the_trainers_own_flags(assets, tmp_path, monkeypatch):
     plan = plan_for(NO_GPU, assets, tmp_path, monkeypatch)
-    assert plan.accelerator == "cpu" and flag(plan.trainer_settings, "use_cpu") == "True" and flag(plan.trainer_settings, "tf32") == "False"
+    assert (
+        plan.accelerator == "cpu"
+        and flag(plan.trainer_settings, "use_cpu") == "True"
+        and flag(plan.trainer_settings, "tf32") == "False"
+    )
     assert os.environ["DS_ACCELERATOR"] == "cpu"  # decided here, before DeepSpeed is imported
     with pytest.raises(TextsqlError, match="fp16 is refused for T5"):
         plan_for(node(A100_40GB), assets, tmp_path, monkeypatch, "--fp16", "True")
@@ -180,9 +194,16 @@ def test_one_rank_per_gpu_through_the_launcher_by_default(monkeypatch):
     command = training_command(Path("args.json"), 4, four, uses_deepspeed=False)
     assert command[1] == "--master_port" and command[2].isdigit()  # a free port: two trainings on one pod never collide
     assert command[3:] == ["--num_gpus", "4", "--module", "textsql.train", "args.json"]
-    assert training_command(Path("args.json"), 1, four, uses_deepspeed=False)[1:] == ["-m", "textsql.train", "args.json"]
+    assert training_command(Path("args.json"), 1, four, uses_deepspeed=False)[1:] == [
+        "-m",
+        "textsql.train",
+        "args.json",
+    ]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
-    assert training_command(Path("a.json"), 2, node(A100_40GB, 2), uses_deepspeed=True)[3:5] == ["--include", "localhost:1,3"]
+    assert training_command(Path("a.json"), 2, node(A100_40GB, 2), uses_deepspeed=True)[3:5] == [
+        "--include",
+        "localhost:1,3",
+    ]
     env = child_environment(4, four)
     assert env["OMP_NUM_THREADS"] == "8" and "DS_ACCELERATOR" not in env
     assert env[STARTED_BY_TEXTSQL] == "4"
@@ -211,8 +232,14 @@ def test_textsql_train_starts_ranks_only_when_it_is_not_one(monkeypatch):
     four = node(A100_40GB, 4)
     assert launches_ranks(TextsqlTrainingArguments(), four) == 4
     assert launches_ranks(TextsqlTrainingArguments(num_gpus=2), four) == 2
-    assert launches_ranks(TextsqlTrainingArguments(num_gpus=1), four) == 0  # one rank: trains in this process, on one GPU
-    assert launches_ranks(TextsqlTrainingArguments(), node(A100_40GB, 1)) == launches_ranks(TextsqlTrainingArguments(), NO_GPU) == 0
+    assert (
+        launches_ranks(TextsqlTrainingArguments(num_gpus=1), four) == 0
+    )  # one rank: trains in this process, on one GPU
+    assert (
+        launches_ranks(TextsqlTrainingArguments(), node(A100_40GB, 1))
+        == launches_ranks(TextsqlTrainingArguments(), NO_GPU)
+        == 0
+    )
     monkeypatch.setenv(STARTED_BY_TEXTSQL, "1")
     assert launches_ranks(TextsqlTrainingArguments(), four) == 0  # run_training started this process: never again
     monkeypatch.delenv(STARTED_BY_TEXTSQL)

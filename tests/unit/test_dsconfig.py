@@ -22,12 +22,27 @@ from textsql.strategy.dsconfig import (
 
 SHIPPED = ["zero1", "zero2", "zero3_offload"]
 EXPECTED = {
-    "zero1": {"strategy": "zero1", "zero_stage": 1, "offload_optimizer": "none", "offload_param": "none",
-              "label": "zero1"},
-    "zero2": {"strategy": "zero2", "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none",
-              "label": "zero2"},
-    "zero3_offload": {"strategy": "zero3", "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu",
-                      "label": "zero3_offload"},
+    "zero1": {
+        "strategy": "zero1",
+        "zero_stage": 1,
+        "offload_optimizer": "none",
+        "offload_param": "none",
+        "label": "zero1",
+    },
+    "zero2": {
+        "strategy": "zero2",
+        "zero_stage": 2,
+        "offload_optimizer": "none",
+        "offload_param": "none",
+        "label": "zero2",
+    },
+    "zero3_offload": {
+        "strategy": "zero3",
+        "zero_stage": 3,
+        "offload_optimizer": "cpu",
+        "offload_param": "cpu",
+        "label": "zero3_offload",
+    },
 }
 BATCH, ACCUM, CLIP = 4, 2, 0.5
 
@@ -36,8 +51,17 @@ BATCH, ACCUM, CLIP = 4, 2, 0.5
 def tiny_t5():
     from transformers import T5Config, T5ForConditionalGeneration
 
-    config = T5Config(d_model=32, num_layers=1, num_heads=2, d_kv=16, d_ff=64, vocab_size=100,
-                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config = T5Config(
+        d_model=32,
+        num_layers=1,
+        num_heads=2,
+        d_kv=16,
+        d_ff=64,
+        vocab_size=100,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     return T5ForConditionalGeneration(config)
 
 
@@ -46,8 +70,14 @@ def fill_like_trainer(cfg, model, output_dir, spy=None):
     from transformers import Seq2SeqTrainingArguments
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig, unset_hf_deepspeed_config
 
-    args = Seq2SeqTrainingArguments(output_dir=str(output_dir), use_cpu=True, per_device_train_batch_size=BATCH,
-                                    gradient_accumulation_steps=ACCUM, max_grad_norm=CLIP, report_to="none")
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(output_dir),
+        use_cpu=True,
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=ACCUM,
+        max_grad_norm=CLIP,
+        report_to="none",
+    )
     hf_config = HfTrainerDeepSpeedConfig(cfg)  # built after the model: a ZeRO-3 config would wrap model creation
     try:
         if spy is not None:
@@ -162,8 +192,14 @@ def test_zero2_overlaps_communication():
 @pytest.mark.parametrize("name", SHIPPED)
 def test_profiler_and_monitor_blocks_are_present_and_off(name, tmp_path):
     cfg = load_dsconfig(shipped_configs()[name])
-    assert cfg["flops_profiler"] == {"enabled": False, "profile_step": cfg["flops_profiler"]["profile_step"],
-                                     "module_depth": -1, "top_modules": 1, "detailed": True, "output_file": None}
+    assert cfg["flops_profiler"] == {
+        "enabled": False,
+        "profile_step": cfg["flops_profiler"]["profile_step"],
+        "module_depth": -1,
+        "top_modules": 1,
+        "detailed": True,
+        "output_file": None,
+    }
     assert cfg["tensorboard"]["enabled"] is False and cfg["tensorboard"]["output_path"] == ""
     cfg["flops_profiler"]["enabled"] = True  # the one-word edit a user makes
     cfg["tensorboard"]["enabled"] = True
@@ -176,10 +212,16 @@ def test_describe_strategy_of_shipped_configs(name):
 
 
 def test_describe_strategy_without_deepspeed_and_nvme():
-    assert describe_strategy(None) == {"strategy": "none", "zero_stage": None, "offload_optimizer": "none",
-                                       "offload_param": "none", "label": "none"}
-    nvme = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"},
-                                  "offload_param": {"device": "cpu"}}}
+    assert describe_strategy(None) == {
+        "strategy": "none",
+        "zero_stage": None,
+        "offload_optimizer": "none",
+        "offload_param": "none",
+        "label": "none",
+    }
+    nvme = {
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "cpu"}}
+    }
     info = describe_strategy(nvme)
     assert info["label"] == "zero2_nvme" and info["offload_param"] == "none"  # param offload needs stage 3
 
@@ -200,8 +242,10 @@ def test_resolve_for_run_points_outputs_into_run_folder(tmp_path):
 
 
 def test_resolve_for_run_keeps_explicit_locations(tmp_path):
-    cfg = {"flops_profiler": {"enabled": True, "output_file": "/elsewhere/p.txt"},
-           "tensorboard": {"enabled": True, "output_path": "/elsewhere/tb"}}
+    cfg = {
+        "flops_profiler": {"enabled": True, "output_file": "/elsewhere/p.txt"},
+        "tensorboard": {"enabled": True, "output_path": "/elsewhere/tb"},
+    }
     assert resolve_for_run(cfg, tmp_path) == cfg
 
 
@@ -209,14 +253,25 @@ def test_resolve_for_run_keeps_explicit_locations(tmp_path):
 
 
 def test_auto_list_matches_what_the_trainer_fills(tiny_t5, tmp_path):
-    cfg = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
-           "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
-           "optimizer": {"type": "AdamW", "params": {k: "auto" for k in ("lr", "betas", "eps", "weight_decay")}},
-           "scheduler": {"type": "WarmupDecayLR", "params": {k: "auto" for k in (
-               "warmup_min_lr", "warmup_max_lr", "total_num_steps", "warmup_num_steps")}},
-           "fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"},
-           "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-                                 "stage3_param_persistence_threshold": "auto"}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "optimizer": {"type": "AdamW", "params": {k: "auto" for k in ("lr", "betas", "eps", "weight_decay")}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {k: "auto" for k in ("warmup_min_lr", "warmup_max_lr", "total_num_steps", "warmup_num_steps")},
+        },
+        "fp16": {"enabled": "auto"},
+        "bf16": {"enabled": "auto"},
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+        },
+    }
     assert sorted(auto_paths(cfg)) == sorted(dsconfig_rules.HF_AUTO_PLACEHOLDERS)
     assert load_dsconfig(write(tmp_path, cfg)) == cfg
     touched = set()
@@ -227,8 +282,17 @@ def test_auto_list_matches_what_the_trainer_fills(tiny_t5, tmp_path):
 
 def test_top_level_keys_come_from_deepspeed():
     keys = dsconfig_rules.top_level_keys()
-    assert {"zero_optimization", "train_batch_size", "flops_profiler", "tensorboard", "bf16", "optimizer",
-            "steps_per_print", "wall_clock_breakdown", "activation_checkpointing"} <= keys
+    assert {
+        "zero_optimization",
+        "train_batch_size",
+        "flops_profiler",
+        "tensorboard",
+        "bf16",
+        "optimizer",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "activation_checkpointing",
+    } <= keys
     assert "nebula" not in keys and "amp" not in keys  # removed features: DeepSpeed rejects them
 
 
@@ -250,7 +314,11 @@ def test_missing_file(tmp_path):
 
 
 def test_misspelt_zero_optimization_is_named_with_the_right_key(tmp_path):
-    cfg = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "zero_optimisation": {"stage": 2}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "zero_optimisation": {"stage": 2},
+    }
     message = problems_of(tmp_path, cfg)
     assert '"zero_optimisation", which DeepSpeed does not know: did you mean zero_optimization?' in message
 
@@ -278,14 +346,17 @@ def test_unknown_key_in_profiler_block_warns(tmp_path):
     # DeepSpeed reads the profiler block key by key and ignores the rest: the run goes on, without the setting.
     cfg = zero2()
     cfg["flops_profiler"]["profile_stepp"] = 3
-    assert ("flops_profiler.profile_stepp: unknown key; did you mean profile_step? DeepSpeed ignores it"
-            in warnings_of(tmp_path, cfg))
+    assert "flops_profiler.profile_stepp: unknown key; did you mean profile_step? DeepSpeed ignores it" in warnings_of(
+        tmp_path, cfg
+    )
 
 
 def test_unknown_top_level_key_with_a_value_warns(tmp_path):
     cfg = zero2()
     cfg["steps_per_prnt"] = 10  # DeepSpeed ignores unknown top-level keys; "auto" under one would stop accelerate
-    assert "steps_per_prnt: unknown key; did you mean steps_per_print? DeepSpeed ignores it" in warnings_of(tmp_path, cfg)
+    assert "steps_per_prnt: unknown key; did you mean steps_per_print? DeepSpeed ignores it" in warnings_of(
+        tmp_path, cfg
+    )
 
 
 def test_removed_deepspeed_feature_is_reported_with_deepspeeds_reason(tmp_path):
@@ -300,19 +371,24 @@ def test_bad_stage(tmp_path, stage):
     assert f"zero_optimization.stage: must be one of 0, 1, 2, 3; got {stage!r}" in message
 
 
-@pytest.mark.parametrize("key, value, expected", [
-    ("overlap_comm", "maybe", "zero_optimization.overlap_comm: must be true or false"),
-    ("allgather_bucket_size", "big", "zero_optimization.allgather_bucket_size: input should be a valid integer"),
-    ("allgather_bucket_size", -5, "zero_optimization.allgather_bucket_size: input should be greater than or equal"),
-])
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("overlap_comm", "maybe", "zero_optimization.overlap_comm: must be true or false"),
+        ("allgather_bucket_size", "big", "zero_optimization.allgather_bucket_size: input should be a valid integer"),
+        ("allgather_bucket_size", -5, "zero_optimization.allgather_bucket_size: input should be greater than or equal"),
+    ],
+)
 def test_wrong_type_or_value_in_zero_block(tmp_path, key, value, expected):
     assert expected in problems_of(tmp_path, zero2(**{key: value}))
 
 
 def test_quoted_boolean_that_deepspeed_reads_warns(tmp_path):
     cfg = zero2(contiguous_gradients="false")  # pydantic reads "false" as false: it runs
-    assert ('zero_optimization.contiguous_gradients: \'false\' is not a JSON boolean; DeepSpeed reads it as false'
-            in warnings_of(tmp_path, cfg))
+    assert (
+        "zero_optimization.contiguous_gradients: 'false' is not a JSON boolean; DeepSpeed reads it as false"
+        in warnings_of(tmp_path, cfg)
+    )
 
 
 def test_wrong_top_level_types(tmp_path):
@@ -341,8 +417,7 @@ def test_auto_where_the_trainer_does_not_fill_it(tmp_path):
 def test_stage3_auto_keys_below_stage3_warn(tmp_path):
     # accelerate fills these "auto" at every stage (the Trainer only at stage 3), and DeepSpeed ignores them below 3.
     found = warnings_of(tmp_path, zero2(stage3_prefetch_bucket_size="auto"))
-    assert ("zero_optimization.stage3_prefetch_bucket_size: used only by ZeRO stage 3 (this file has stage 2)"
-            in found)
+    assert "zero_optimization.stage3_prefetch_bucket_size: used only by ZeRO stage 3 (this file has stage 2)" in found
 
 
 def test_all_problems_are_reported_together_and_numbered(tmp_path):
@@ -355,8 +430,11 @@ def test_all_problems_are_reported_together_and_numbered(tmp_path):
 
 def test_duplicate_keys_warn(tmp_path):
     # JSON keeps the last value and the Trainer runs with it: a warning, not a refusal.
-    path = write(tmp_path, '{"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}, '
-                           '"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": "auto"}')
+    path = write(
+        tmp_path,
+        '{"zero_optimization": {"stage": 1, "reduce_bucket_size": "auto"}, '
+        '"train_micro_batch_size_per_gpu": 4, "train_micro_batch_size_per_gpu": "auto"}',
+    )
     with pytest.warns(DsConfigWarning, match="train_micro_batch_size_per_gpu: duplicate key; JSON keeps only the last"):
         assert load_dsconfig(path)["train_micro_batch_size_per_gpu"] == "auto"
 
@@ -390,7 +468,10 @@ def test_unset_zero1_bucket_warns_about_deepspeeds_default(tmp_path):
 
 
 def test_allgather_bucket_is_no_buffer_and_does_not_warn(tmp_path):
-    cfg = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto", "allgather_bucket_size": 5e8}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "zero_optimization": {"stage": 1, "reduce_bucket_size": "auto", "allgather_bucket_size": 5e8},
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("error", DsConfigWarning)
         load_dsconfig(write(tmp_path, cfg))
@@ -417,8 +498,12 @@ def test_batch_settings_all_auto_pass():
 
 
 def test_batch_settings_that_agree_pass():
-    cfg = {"train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 2, "train_batch_size": 192,
-           "gradient_clipping": 1.0}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 32,
+        "gradient_accumulation_steps": 2,
+        "train_batch_size": 192,
+        "gradient_clipping": 1.0,
+    }
     check_batch_settings(cfg, **batch_args(gradient_accumulation_steps=2))
 
 
@@ -493,7 +578,10 @@ def test_resolve_dsconfig_path_takes_files_and_shipped_names(tmp_path):
     own = tmp_path / "mine.json"
     own.write_text("{}")
     assert resolve_dsconfig_path(str(own)) == own
-    with pytest.raises(TextsqlError, match=r"--dsconfig 'zero9' is neither a JSON file nor a shipped strategy \(zero1, zero2, zero3_offload\)"):
+    with pytest.raises(
+        TextsqlError,
+        match=r"--dsconfig 'zero9' is neither a JSON file nor a shipped strategy \(zero1, zero2, zero3_offload\)",
+    ):
         resolve_dsconfig_path("zero9", flag="--dsconfig")
     with pytest.raises(TextsqlError, match="--deepspeed '.*missing.json' is neither"):
         resolve_dsconfig_path(str(tmp_path / "missing.json"))
@@ -530,7 +618,9 @@ def test_trainer_compares_exactly_the_listed_values(tiny_t5, tmp_path):
     cfg["zero_optimization"]["stage"] = 3
     with pytest.raises(ValueError) as info:
         fill_like_trainer(cfg, tiny_t5, tmp_path)
-    compared = {line.split("=")[0].removeprefix("- ds ") for line in str(info.value).splitlines() if line.startswith("- ds ")}
+    compared = {
+        line.split("=")[0].removeprefix("- ds ") for line in str(info.value).splitlines() if line.startswith("- ds ")
+    }
     assert compared == set(dsconfig_rules.TRAINER_COMPARES)
 
 
@@ -556,8 +646,9 @@ def test_precision_written_as_a_value_warns_and_a_quoted_one_is_refused(tmp_path
 def test_fp16_values_checked_only_when_fp16_is_on_warn_under_auto(tmp_path):
     cfg = zero2()
     cfg["fp16"].update(loss_scale=0, loss_scale_window=0)
-    assert ("fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled" in warnings_of(tmp_path, cfg)
-            and "a run in fp16 stops on it" in warnings_of(tmp_path, cfg))
+    assert "fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled" in warnings_of(
+        tmp_path, cfg
+    ) and "a run in fp16 stops on it" in warnings_of(tmp_path, cfg)
 
 
 def test_accelerate_fills_stage_and_offload_device(tmp_path, monkeypatch):
@@ -588,12 +679,14 @@ def test_deepspeeds_second_name_for_a_setting(tmp_path):
     cfg = json.loads(shipped_configs()["zero3_offload"].read_text())
     zero = cfg["zero_optimization"]
     zero["max_live_parameters"] = zero.pop("stage3_max_live_parameters")
-    assert ("zero_optimization.max_live_parameters: DeepSpeed also accepts this name for stage3_max_live_parameters, "
-            "but the Trainer, accelerate and textsql's planner read only stage3_max_live_parameters") in warnings_of(tmp_path, cfg)
+    assert (
+        "zero_optimization.max_live_parameters: DeepSpeed also accepts this name for stage3_max_live_parameters, "
+        "but the Trainer, accelerate and textsql's planner read only stage3_max_live_parameters"
+    ) in warnings_of(tmp_path, cfg)
     zero["stage3_max_live_parameters"] = 1e8
     assert "given twice, as max_live_parameters and as stage3_max_live_parameters" in problems_of(tmp_path, cfg)
     del zero["stage3_max_live_parameters"]
     zero["prefetch_bucket_size"] = zero.pop("stage3_prefetch_bucket_size")  # "auto" under the second name
     message = problems_of(tmp_path, cfg)
-    assert "zero_optimization.prefetch_bucket_size: \"auto\" is not allowed here" in message
+    assert 'zero_optimization.prefetch_bucket_size: "auto" is not allowed here' in message
     assert "only under DeepSpeed's other name for this setting, stage3_prefetch_bucket_size" in message

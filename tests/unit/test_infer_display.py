@@ -10,8 +10,14 @@ def test_a_word_repeated_many_times_is_shown_once_with_its_count():
 
 def test_the_example_line_is_short_and_the_record_keeps_the_text():
     sql = "SELECT " + " ".join(["Week"] * 130)
-    record = {"question": "Which week?", "predicted_sql": sql, "gold_sql": "SELECT Week FROM table", "parse_error": None,
-              "execution_match": False, "wrong_parts": ["select column"]}
+    record = {
+        "question": "Which week?",
+        "predicted_sql": sql,
+        "gold_sql": "SELECT Week FROM table",
+        "parse_error": None,
+        "execution_match": False,
+        "wrong_parts": ["select column"],
+    }
     text = format_example(record)
     assert "Week … (×130)" in text and len(text) < 200
     assert record["predicted_sql"] == sql

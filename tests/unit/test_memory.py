@@ -30,8 +30,14 @@ WALKTHROUGH = [
 WALKTHROUGH_ZERO1 = {
     "train_micro_batch_size_per_gpu": "auto",
     "gradient_accumulation_steps": "auto",
-    "zero_optimization": {"stage": 1, "allgather_partitions": True, "allgather_bucket_size": 5e8,
-                          "reduce_scatter": True, "reduce_bucket_size": 5e8, "contiguous_gradients": True},
+    "zero_optimization": {
+        "stage": 1,
+        "allgather_partitions": True,
+        "allgather_bucket_size": 5e8,
+        "reduce_scatter": True,
+        "reduce_bucket_size": 5e8,
+        "contiguous_gradients": True,
+    },
 }
 
 
@@ -93,7 +99,9 @@ def test_zero2_model_states_equal_deepspeed_estimator(name, nodes, gpus_per_node
 
     shape = resolve_model(name)
     cpu, gpu = estimate_zero2_model_states_mem_needs(shape.parameters, gpus_per_node, nodes, offload, 1.5)
-    ours = model_states(shape.parameters, shape.largest_layer_parameters, 2, offload, False, gpus_per_node, nodes, "bf16")
+    ours = model_states(
+        shape.parameters, shape.largest_layer_parameters, 2, offload, False, gpus_per_node, nodes, "bf16"
+    )
     assert ours["parameters"] + ours["gradients"] + ours["optimizer_states"] == gpu
     assert ours["cpu_model_states"] == cpu
 
@@ -106,10 +114,25 @@ def test_zero3_model_states_equal_deepspeed_estimator(name, nodes, gpus_per_node
 
     shape = resolve_model(name)
     cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
-        shape.parameters, shape.largest_layer_parameters, gpus_per_node, nodes, offload_optimizer, offload_param,
-        True, 1.5)
-    ours = model_states(shape.parameters, shape.largest_layer_parameters, 3, offload_optimizer, offload_param,
-                        gpus_per_node, nodes, "bf16")
+        shape.parameters,
+        shape.largest_layer_parameters,
+        gpus_per_node,
+        nodes,
+        offload_optimizer,
+        offload_param,
+        True,
+        1.5,
+    )
+    ours = model_states(
+        shape.parameters,
+        shape.largest_layer_parameters,
+        3,
+        offload_optimizer,
+        offload_param,
+        gpus_per_node,
+        nodes,
+        "bf16",
+    )
     assert ours["parameters"] + ours["gradients"] + ours["optimizer_states"] == gpu
     assert ours["cpu_model_states"] == cpu
 
@@ -121,7 +144,9 @@ def test_plan_model_states_equal_estimator_and_design_figure():
     result = plan(model="t5-3b", gpus_per_node=8, precision="bf16")
     row = result["strategies"]["zero3"]
     shape = resolve_model("t5-3b")
-    _, gpu, _ = estimate_zero3_model_states_mem_needs(shape.parameters, shape.largest_layer_parameters, 8, 1, False, False)
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(
+        shape.parameters, shape.largest_layer_parameters, 8, 1, False, False
+    )
     assert row["model_states_bytes"] == gpu
     assert round(gpu / GIB, 2) == 6.10
 
@@ -144,8 +169,16 @@ def walkthrough_ratios(tmp_path, checkpointing):
     zero1 = write_json(tmp_path / "walkthrough_zero1.json", WALKTHROUGH_ZERO1)
     rows = []
     for model, strategy, pods, measured in WALKTHROUGH:
-        result = plan(model=model, nodes=pods, precision="fp32", per_device_train_batch_size=32, max_source_length=96,
-                      max_target_length=96, gradient_checkpointing=checkpointing, dsconfig=zero1)
+        result = plan(
+            model=model,
+            nodes=pods,
+            precision="fp32",
+            per_device_train_batch_size=32,
+            max_source_length=96,
+            max_target_length=96,
+            gradient_checkpointing=checkpointing,
+            dsconfig=zero1,
+        )
         predicted = result["strategies"][strategy]["gpu_total_gb"]
         rows.append((model, strategy, pods, measured, predicted, predicted / measured))
     return rows
@@ -157,7 +190,9 @@ def test_walkthrough_figures_within_25_percent(tmp_path, capsys):
     with capsys.disabled():
         print("\nmodel     technique pods measured GB predicted GB  error")
         for model, strategy, pods, measured, predicted, ratio in rows:
-            print(f"{model:<9} {strategy:<9} {pods:>4} {measured:>11.1f} {predicted:>12.2f} {100 * (ratio - 1):>+6.1f}%")
+            print(
+                f"{model:<9} {strategy:<9} {pods:>4} {measured:>11.1f} {predicted:>12.2f} {100 * (ratio - 1):>+6.1f}%"
+            )
     for model, strategy, pods, measured, predicted, ratio in rows:
         assert 0.75 <= ratio <= 1.25, (model, strategy, pods, measured, predicted)
 
@@ -175,14 +210,19 @@ def test_walkthrough_figures_rule_out_checkpointing_off(tmp_path):
 
 def test_dsconfig_bucket_sizes_change_the_bucket_term(tmp_path):
     def zero(stage, size, **extra):
-        return {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": stage, "reduce_bucket_size": size, **extra}}
+        return {
+            "train_micro_batch_size_per_gpu": "auto",
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": size, **extra},
+        }
 
     big = plan(model="t5-small", dsconfig=write_json(tmp_path / "big.json", zero(2, 5e8, overlap_comm=True)))
     small = plan(model="t5-small", dsconfig=write_json(tmp_path / "small.json", zero(2, 5e7, overlap_comm=True)))
     # bf16. Stage 1/2 with overlap_comm: two reduce buffers. Stage 3: the reduce bucket and reduce_scatter_coalesced's
     # concatenated copy of it.
     for strategy, buffers in (("zero1", 2), ("zero2", 2), ("zero3", 2)):
-        difference = big["strategies"][strategy]["gpu_bytes"]["buckets"] - small["strategies"][strategy]["gpu_bytes"]["buckets"]
+        difference = (
+            big["strategies"][strategy]["gpu_bytes"]["buckets"] - small["strategies"][strategy]["gpu_bytes"]["buckets"]
+        )
         assert difference == buffers * (5e8 - 5e7) * 2, strategy
         assert big["strategies"][strategy]["gpu_total_bytes"] > small["strategies"][strategy]["gpu_total_bytes"]
     assert big["zero_settings"]["reduce_bucket_size"] == 5e8
@@ -192,8 +232,12 @@ def test_shipped_settings_use_the_trainers_auto_fill():
     result = plan(model="t5-large")  # no dsconfig: the shipped files, reduce_bucket_size "auto" = d_model**2
     assert result["strategies"]["zero1"]["buckets_detail"]["reduce"] == 1024 * 1024 * 2
     assert result["strategies"]["zero2"]["buckets_detail"]["reduce"] == 2 * 1024 * 1024 * 2  # overlap_comm true
-    assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_prefetch_bucket_size"] == int(0.9 * 1024 * 1024)
-    assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_param_persistence_threshold"] == 10 * 1024
+    assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_prefetch_bucket_size"] == int(
+        0.9 * 1024 * 1024
+    )
+    assert (
+        result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_param_persistence_threshold"] == 10 * 1024
+    )
 
 
 def test_shipped_dsconfig_name_is_accepted():
@@ -212,8 +256,13 @@ def test_zero3_replay_equals_deepspeeds_coordinator(cpu_env, tmp_path):
     """Real DeepSpeed ZeRO-3 on the CPU (a tiny T5, 3 steps per setting): after every fetch of a training step, its
     PartitionedParameterCoordinator holds exactly as many gathered elements as the planner's replay says."""
     output = tmp_path / "sweep.json"
-    done = subprocess.run([sys.executable, str(BENCH), "--coordinator_sweep", "--output", str(output)], capture_output=True,
-                          text=True, env=cpu_env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--coordinator_sweep", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        env=cpu_env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     results = json.loads(output.read_text())["results"]
     assert len(results) == 6
@@ -242,16 +291,30 @@ def test_plan_vs_measured_bench_runs_the_planners_strategies(tmp_path):
     assert set(configs) == set(DEEPSPEED_STRATEGIES)
     for name, path in configs.items():
         strategy = describe_strategy(load_dsconfig(path) if path else None)
-        layout = (strategy["zero_stage"] or 0, strategy["offload_optimizer"] != "none", strategy["offload_param"] != "none")
+        layout = (
+            strategy["zero_stage"] or 0,
+            strategy["offload_optimizer"] != "none",
+            strategy["offload_param"] != "none",
+        )
         assert layout == memory.STRATEGY_LAYOUT[name], name
-    run = {"shape": "t5-large", "precision": "bf16", "batch": 32, "strategy": "zero3_offload", "ratio_reserved": 1.08,
-           "measured": {"cuda_max_reserved_bytes": 14 * GIB}, "predicted": {"reserved_bytes": 13 * GIB},
-           "reserved_over_allocated": 1.12, "zero3_gathered_elements": {"coordinator": 737542144, "planner": 737542144}}
+    run = {
+        "shape": "t5-large",
+        "precision": "bf16",
+        "batch": 32,
+        "strategy": "zero3_offload",
+        "ratio_reserved": 1.08,
+        "measured": {"cuda_max_reserved_bytes": 14 * GIB},
+        "predicted": {"reserved_bytes": 13 * GIB},
+        "reserved_over_allocated": 1.12,
+        "zero3_gathered_elements": {"coordinator": 737542144, "planner": 737542144},
+    }
     table = bench.markdown_table([{"runs": [run, {**run, "strategy": "none", "failed": True, "out_of_memory": True}]}])
     assert "| t5-large | bf16 | 32 | zero3_offload | 14.00 | 13.00 | 1.08 | 1.12 | 737.54M / 737.54M |" in table
     assert "| none | out of memory |" in table
     calibration = bench.calibration([{**run, "comparable": True, "device_used_beyond_reserved_bytes": GIB // 2}])
-    assert calibration["reserved_over_allocated"] == 1.12 and calibration["device_used_beyond_reserved_bytes"] == GIB // 2
+    assert (
+        calibration["reserved_over_allocated"] == 1.12 and calibration["device_used_beyond_reserved_bytes"] == GIB // 2
+    )
 
 
 def residency(shape, prefetch=None, max_live=10**9, max_reuse=10**9, threshold=None, checkpointing=False):
@@ -268,7 +331,9 @@ def test_zero3_residency_responds_to_live_and_reuse_settings_as_deepspeed():
     L = shape.largest_layer_parameters
     # Without prefetching, max_live_parameters changes nothing and a longer reuse distance keeps more.
     assert len({residency(shape, prefetch=0, max_live=live) for live in (0, 10**8, 10**9, 4 * 10**9)}) == 1
-    by_reuse = [residency(shape, prefetch=0, max_reuse=reuse) for reuse in (0, 10**8, 5 * 10**8, 10**9, 2 * 10**9, 6 * 10**9)]
+    by_reuse = [
+        residency(shape, prefetch=0, max_reuse=reuse) for reuse in (0, 10**8, 5 * 10**8, 10**9, 2 * 10**9, 6 * 10**9)
+    ]
     assert by_reuse == sorted(by_reuse) and by_reuse[2] < by_reuse[3] < by_reuse[4] < by_reuse[5]
     assert by_reuse[0] < 3 * L  # no reuse: about one layer group at a time
     # With prefetching (the Trainer's bucket), the gathered parameters grow up to about max_live_parameters.
@@ -294,9 +359,19 @@ def test_zero3_offload_row_holds_gathered_parameters_in_the_training_dtype(tmp_p
     assert bf16["weight_copies_detail"]["gathered"] == 2 * gathered - 2 * shape.largest_layer_parameters
     assert fp32["weight_copies_detail"]["gathered"] == 4 * gathered - 4 * shape.largest_layer_parameters
     assert bf16["gpu_gb"]["weight_copies"] > 10 * bf16["model_states_bytes"] / GIB
-    smaller = write_json(tmp_path / "live.json", {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {
-        "stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"},
-        "stage3_max_live_parameters": 1e8, "stage3_max_reuse_distance": 1e8}})
+    smaller = write_json(
+        tmp_path / "live.json",
+        {
+            "train_micro_batch_size_per_gpu": "auto",
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu"},
+                "offload_param": {"device": "cpu"},
+                "stage3_max_live_parameters": 1e8,
+                "stage3_max_reuse_distance": 1e8,
+            },
+        },
+    )
     lean = plan(model="t5-3b", dsconfig=smaller)["strategies"]["zero3_offload"]
     assert lean["gpu_bytes"]["weight_copies"] < bf16["gpu_bytes"]["weight_copies"] / 4
 
@@ -392,14 +467,20 @@ def test_cli_table_and_json(capsys):
     assert data["recommendation"]["strategy"] == "none"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--model", "t5-large", "--nodes", "0"], "--nodes must be a whole number of at least 1"),
-    (["--model", "someone/unknown-model"], "Unknown model 'someone/unknown-model'"),
-    (["--model", "t5-11b", "--gpu_memory_gb", "16", "--per_device_train_batch_size", "64"], "fits under no strategy"),
-    (["--model", "t5-11b", "--gpu_memory_gb", "4"], "not even with a batch of 1"),
-    (["--model", "t5-small", "--precision", "fp8"], "--precision must be one of"),
-    (["--model", "t5-small", "--dsconfig", "missing.json"], "neither a JSON file nor a shipped strategy"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "t5-large", "--nodes", "0"], "--nodes must be a whole number of at least 1"),
+        (["--model", "someone/unknown-model"], "Unknown model 'someone/unknown-model'"),
+        (
+            ["--model", "t5-11b", "--gpu_memory_gb", "16", "--per_device_train_batch_size", "64"],
+            "fits under no strategy",
+        ),
+        (["--model", "t5-11b", "--gpu_memory_gb", "4"], "not even with a batch of 1"),
+        (["--model", "t5-small", "--precision", "fp8"], "--precision must be one of"),
+        (["--model", "t5-small", "--dsconfig", "missing.json"], "neither a JSON file nor a shipped strategy"),
+    ],
+)
 def test_cli_bad_input_is_a_message_not_a_traceback(offline, capsys, argv, message):
     assert plan_cli(argv) == 2
     captured = capsys.readouterr()
@@ -422,10 +503,20 @@ def run_summary(tmp_path, ranks, **overrides):
     data_dir = tmp_path / "data"
     data_dir.mkdir(exist_ok=True)
     lengths = {"train": {"source_percentiles": {"p100": 90}, "target_percentiles": {"p100": 41}}}
-    (data_dir / "textsql_data.json").write_text(json.dumps({"lengths": lengths, "max_source_length": 512, "max_target_length": 256}))
+    (data_dir / "textsql_data.json").write_text(
+        json.dumps({"lengths": lengths, "max_source_length": 512, "max_target_length": 256})
+    )
     summary = {
-        "model_id": "t5-small", "world_size": len(ranks), "precision": "bf16",
-        "strategy": {"strategy": "zero2", "zero_stage": 2, "offload_optimizer": "none", "offload_param": "none", "label": "zero2"},
+        "model_id": "t5-small",
+        "world_size": len(ranks),
+        "precision": "bf16",
+        "strategy": {
+            "strategy": "zero2",
+            "zero_stage": 2,
+            "offload_optimizer": "none",
+            "offload_param": "none",
+            "label": "zero2",
+        },
         "peak_memory_per_rank": ranks,
         "dataset": {"dir": str(data_dir)},
         "arguments": {"training": {"per_device_train_batch_size": 32, "gradient_checkpointing": False}},
@@ -436,9 +527,17 @@ def run_summary(tmp_path, ranks, **overrides):
 
 
 def test_compare_with_gpu_run(tmp_path):
-    ranks = [{"rank": r, "host": f"pod{r}", "device": "NVIDIA A100", "cpu_peak_rss_bytes": 5 * GIB,
-              "cuda_max_allocated_bytes": int((2.5 + r / 10) * GIB), "cuda_max_reserved_bytes": int((3 + r / 10) * GIB)}
-             for r in range(2)]
+    ranks = [
+        {
+            "rank": r,
+            "host": f"pod{r}",
+            "device": "NVIDIA A100",
+            "cpu_peak_rss_bytes": 5 * GIB,
+            "cuda_max_allocated_bytes": int((2.5 + r / 10) * GIB),
+            "cuda_max_reserved_bytes": int((3 + r / 10) * GIB),
+        }
+        for r in range(2)
+    ]
     result = compare_with_run(run_summary(tmp_path, ranks))
     assert result["comparable"] is True
     assert result["nodes"] == 2 and result["world_size"] == 2
@@ -475,10 +574,23 @@ def test_compare_says_what_a_summary_lacks(tmp_path):
 
 def test_compare_with_a_zero3_run_predicts_the_gathered_parameters(tmp_path):
     ranks = [{"rank": 0, "host": "pod0", "cuda_max_allocated_bytes": GIB, "cuda_max_reserved_bytes": GIB}]
-    strategy = {"strategy": "zero3", "zero_stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu", "label": "zero3_offload"}
-    zero = {"stage": 3, "stage3_max_live_parameters": 10**9, "stage3_max_reuse_distance": 10**9,
-            "stage3_prefetch_bucket_size": 235929, "stage3_param_persistence_threshold": 5120}
-    result = compare_with_run(run_summary(tmp_path, ranks, strategy=strategy, deepspeed_config={"zero_optimization": zero}))
+    strategy = {
+        "strategy": "zero3",
+        "zero_stage": 3,
+        "offload_optimizer": "cpu",
+        "offload_param": "cpu",
+        "label": "zero3_offload",
+    }
+    zero = {
+        "stage": 3,
+        "stage3_max_live_parameters": 10**9,
+        "stage3_max_reuse_distance": 10**9,
+        "stage3_prefetch_bucket_size": 235929,
+        "stage3_param_persistence_threshold": 5120,
+    }
+    result = compare_with_run(
+        run_summary(tmp_path, ranks, strategy=strategy, deepspeed_config={"zero_optimization": zero})
+    )
     shape = resolve_model("t5-small")
     assert result["predicted_zero3_gathered_elements"] == shape.parameters - shape.persistent_parameters(5120)
 
@@ -506,25 +618,42 @@ def test_lora_trainable_parameters_are_r_times_in_plus_out_of_each_adapted_layer
 
     from textsql.adapters import LoraArguments, apply_lora, parameter_counts
 
-    model = T5ForConditionalGeneration(T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300))
+    model = T5ForConditionalGeneration(
+        T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300)
+    )
     for targets, expected in (("qv", 6144), ("all", 22528)):
-        wrapped = apply_lora(T5ForConditionalGeneration(model.config), LoraArguments(lora=True, lora_rank=4, lora_targets=targets), [])
+        wrapped = apply_lora(
+            T5ForConditionalGeneration(model.config), LoraArguments(lora=True, lora_rank=4, lora_targets=targets), []
+        )
         assert parameter_counts(wrapped)[0] == expected
 
 
 def test_lora_model_states_keep_the_frozen_base_and_train_states_for_the_adapter_only():
     P, T, L = 1_000_000, 10_000, 50_000
     assert memory.lora_model_states(P, T, L, 0, False, False, 1, 1, "bf16") == {
-        "parameters": 4 * (P + T), "gradients": 4 * T, "optimizer_states": 8 * T, "cpu_model_states": int(P * 4 * 1.5)}
+        "parameters": 4 * (P + T),
+        "gradients": 4 * T,
+        "optimizer_states": 8 * T,
+        "cpu_model_states": int(P * 4 * 1.5),
+    }
     zero2 = memory.lora_model_states(P, T, L, 2, False, False, 1, 1, "bf16")
     assert (zero2["parameters"], zero2["gradients"], zero2["optimizer_states"]) == (2 * (P + T), 6 * T, 12 * T)
     zero2_two = memory.lora_model_states(P, T, L, 2, False, False, 2, 1, "bf16")
-    assert (zero2_two["parameters"], zero2_two["gradients"], zero2_two["optimizer_states"]) == (2 * (P + T), 3 * T, 6 * T)
+    assert (zero2_two["parameters"], zero2_two["gradients"], zero2_two["optimizer_states"]) == (
+        2 * (P + T),
+        3 * T,
+        6 * T,
+    )
     zero3 = memory.lora_model_states(P, T, L, 3, False, False, 2, 1, "bf16")
     assert (zero3["parameters"], zero3["gradients"], zero3["optimizer_states"]) == ((P + T) + 2 * L, 2 * T, 6 * T)
     # offload: the GPU holds the gathered layer; the host the base's 16-bit partitions and all of the adapter's states
     offload = memory.lora_model_states(P, T, L, 3, True, True, 1, 1, "bf16")
-    assert offload == {"parameters": 2 * L, "gradients": 0, "optimizer_states": 0, "cpu_model_states": int((2 * P + 18 * T) * 1.5)}
+    assert offload == {
+        "parameters": 2 * L,
+        "gradients": 0,
+        "optimizer_states": 0,
+        "cpu_model_states": int((2 * P + 18 * T) * 1.5),
+    }
     full = memory.model_states(P, L, 3, True, True, 1, 1, "bf16")
     assert full["parameters"] == offload["parameters"] and full["cpu_model_states"] == int(18 * P * 1.5)
 
@@ -535,7 +664,9 @@ def test_lora_activations_add_the_adapters_input_and_hidden_state_per_adapted_la
     # 5 source and 3 target tokens. Encoder block: q, v on 10 source tokens; decoder block: self q, v and cross q on
     # 6 target tokens, cross v on 10 source tokens.
     encoder_block, decoder_block = 2 * 10 * 200, 3 * 6 * 200 + 10 * 200
-    assert memory.lora_activation_bytes(lora, 2, 5, 3, "bf16", False, small_shape) == 2 * encoder_block + 2 * decoder_block
+    assert (
+        memory.lora_activation_bytes(lora, 2, 5, 3, "bf16", False, small_shape) == 2 * encoder_block + 2 * decoder_block
+    )
     assert memory.lora_activation_bytes(lora, 2, 5, 3, "bf16", True, small_shape) == encoder_block + decoder_block
 
 

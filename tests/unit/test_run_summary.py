@@ -11,12 +11,37 @@ from textsql.run_summary import SCHEMA_VERSION, RunSummary, format_summary, read
 
 
 def a_summary(tmp_path) -> RunSummary:
-    return RunSummary(run="tiny-t5-zero2-ws2-bs16", output_dir=str(tmp_path), model_id="t5-small", parameters=60_500_000, world_size=2,
-                      strategy={"label": "zero2", "zero_stage": 2}, precision="bf16", tf32=True, device="cuda", train_runtime=12.5,
-                      train_samples_per_second=100.0, real_tokens_per_second=3000.0, global_step=40, epochs=1.0, train_loss=1.5,
-                      eval_loss=1.25, first_logged_loss=9.0, last_logged_loss=1.2,
-                      peak_memory_per_rank=[{"rank": r, "host": f"pod{r}", "device": "NVIDIA A100", "cpu_peak_rss_bytes": 2**31,
-                                             "cuda_max_allocated_bytes": 2**32, "cuda_max_reserved_bytes": 2**33} for r in range(2)])
+    return RunSummary(
+        run="tiny-t5-zero2-ws2-bs16",
+        output_dir=str(tmp_path),
+        model_id="t5-small",
+        parameters=60_500_000,
+        world_size=2,
+        strategy={"label": "zero2", "zero_stage": 2},
+        precision="bf16",
+        tf32=True,
+        device="cuda",
+        train_runtime=12.5,
+        train_samples_per_second=100.0,
+        real_tokens_per_second=3000.0,
+        global_step=40,
+        epochs=1.0,
+        train_loss=1.5,
+        eval_loss=1.25,
+        first_logged_loss=9.0,
+        last_logged_loss=1.2,
+        peak_memory_per_rank=[
+            {
+                "rank": r,
+                "host": f"pod{r}",
+                "device": "NVIDIA A100",
+                "cpu_peak_rss_bytes": 2**31,
+                "cuda_max_allocated_bytes": 2**32,
+                "cuda_max_reserved_bytes": 2**33,
+            }
+            for r in range(2)
+        ],
+    )
 
 
 def test_a_summary_round_trips_and_keeps_fields_it_does_not_know(tmp_path):
@@ -73,7 +98,11 @@ def test_a_version_1_summary_reads_as_full_fine_tuning_and_a_lora_run_says_what_
     old = read_summary(tmp_path)
     assert old.trainable_parameters == old.parameters == 60_500_000 and old.lora is None and old.extras == {}
     lora = a_summary(tmp_path)
-    lora.strategy = {"label": "zero2", "zero_stage": 2, "lora": {"rank": 8, "alpha": 16.0, "dropout": 0.05, "targets": "qv"}}
+    lora.strategy = {
+        "label": "zero2",
+        "zero_stage": 2,
+        "lora": {"rank": 8, "alpha": 16.0, "dropout": 0.05, "targets": "qv"},
+    }
     lora.trainable_parameters = 294_912
     write_summary(lora, tmp_path)
     again = read_summary(tmp_path)

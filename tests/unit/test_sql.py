@@ -24,17 +24,60 @@ from textsql.wikisql.synthetic import generate_split
 
 # Names that collide with keywords, prefix one another, or hold AND; none is "<aggregation> <another name>".
 ADVERSARIAL_NAMES = (
-    "Points", "Points for", "Points for and against", "Order", "Max", "Count of votes", "Select", "From",
-    "Where it happened", "A AND B", "AND", "Table", "Min.", "Sum (total)", "Total W–L", "Year", "Team", "Team name",
-    "# of seats won", "Result",
+    "Points",
+    "Points for",
+    "Points for and against",
+    "Order",
+    "Max",
+    "Count of votes",
+    "Select",
+    "From",
+    "Where it happened",
+    "A AND B",
+    "AND",
+    "Table",
+    "Min.",
+    "Sum (total)",
+    "Total W–L",
+    "Year",
+    "Team",
+    "Team name",
+    "# of seats won",
+    "Result",
 )
 NAME_WORDS = ("Alpha", "Points", "for", "Year", "AND", "Where", "Team", "W–L", "No.", "(km)", "Select", "From")
 VALUE_WORDS = (
-    "Won", "won", "AND", "and", "=", ">", "<", ">=", "1995", "3.5", "-2", "Points", "Year", "x", "1,234", "O'Brien",
-    "Rock", "Roll", "FROM", "table", "WHERE", "Select", "Max", "A", "B", "Team name",
+    "Won",
+    "won",
+    "AND",
+    "and",
+    "=",
+    ">",
+    "<",
+    ">=",
+    "1995",
+    "3.5",
+    "-2",
+    "Points",
+    "Year",
+    "x",
+    "1,234",
+    "O'Brien",
+    "Rock",
+    "Roll",
+    "FROM",
+    "table",
+    "WHERE",
+    "Select",
+    "Max",
+    "A",
+    "B",
+    "Team name",
 )
 
-header_names = st.one_of(st.sampled_from(ADVERSARIAL_NAMES), st.lists(st.sampled_from(NAME_WORDS), min_size=1, max_size=3).map(" ".join))
+header_names = st.one_of(
+    st.sampled_from(ADVERSARIAL_NAMES), st.lists(st.sampled_from(NAME_WORDS), min_size=1, max_size=3).map(" ".join)
+)
 headers = st.lists(header_names, min_size=1, max_size=8, unique_by=lambda name: " ".join(name.lower().split()))
 values = st.one_of(
     st.lists(st.sampled_from(VALUE_WORDS), min_size=1, max_size=5).map(" ".join),
@@ -100,9 +143,15 @@ HEADER = ["Points", "Points for", "Year", "Count of votes", "Max", "A AND B", "W
 
 
 def test_case_and_spacing_tolerance():
-    assert parse_sql("select count  points FOR from table where YEAR = 1995", HEADER) == {"sel": 1, "agg": 3, "conds": [[2, 0, "1995"]]}
+    assert parse_sql("select count  points FOR from table where YEAR = 1995", HEADER) == {
+        "sel": 1,
+        "agg": 3,
+        "conds": [[2, 0, "1995"]],
+    }
     assert parse_sql("SELECT Pointsfor FROM table WHERE Year=1995 AND Total W – L >3", HEADER) == {
-        "sel": 1, "agg": 0, "conds": [[2, 0, "1995"], [8, 1, "3"]]
+        "sel": 1,
+        "agg": 0,
+        "conds": [[2, 0, "1995"], [8, 1, "3"]],
     }
     assert parse_sql("  SELECT   MAX  Max FROM   table  ", HEADER) == {"sel": 4, "agg": 1, "conds": []}
     # The header's own spacing may differ from the output's.
@@ -113,35 +162,51 @@ def test_longest_column_names_and_keywords_inside_names():
     assert parse_sql("SELECT Max FROM table", HEADER) == {"sel": 4, "agg": 0, "conds": []}
     assert parse_sql("SELECT COUNT Count of votes FROM table", HEADER) == {"sel": 3, "agg": 3, "conds": []}
     assert parse_sql("SELECT From FROM table WHERE Where it happened = Rock AND Roll", HEADER) == {
-        "sel": 7, "agg": 0, "conds": [[6, 0, "Rock AND Roll"]]
+        "sel": 7,
+        "agg": 0,
+        "conds": [[6, 0, "Rock AND Roll"]],
     }
-    assert parse_sql("SELECT Points FROM table WHERE A AND B = x AND y AND Points for < 3 AND Year > 1,990", HEADER) == {
-        "sel": 0, "agg": 0, "conds": [[5, 0, "x AND y"], [1, 2, "3"], [2, 1, "1,990"]]
-    }
+    assert parse_sql(
+        "SELECT Points FROM table WHERE A AND B = x AND y AND Points for < 3 AND Year > 1,990", HEADER
+    ) == {"sel": 0, "agg": 0, "conds": [[5, 0, "x AND y"], [1, 2, "3"], [2, 1, "1,990"]]}
 
 
 def test_values_ending_in_and_before_another_condition():
     assert parse_sql("SELECT Points FROM table WHERE Points = Won AND AND Year = 0", HEADER) == {
-        "sel": 0, "agg": 0, "conds": [[0, 0, "Won AND"], [2, 0, "0"]]
+        "sel": 0,
+        "agg": 0,
+        "conds": [[0, 0, "Won AND"], [2, 0, "0"]],
     }
 
 
 def test_longest_condition_column_wins_when_both_readings_parse():
-    assert parse_sql("SELECT W FROM table WHERE W > L = 3", ["W", "W > L"]) == {"sel": 0, "agg": 0, "conds": [[1, 0, "3"]]}
+    assert parse_sql("SELECT W FROM table WHERE W > L = 3", ["W", "W > L"]) == {
+        "sel": 0,
+        "agg": 0,
+        "conds": [[1, 0, "3"]],
+    }
 
 
 def test_repeated_column_name_maps_to_its_first_column():
-    assert parse_sql("SELECT Points FROM table WHERE Points = 3", ["Year", "Points", "Points"]) == {"sel": 1, "agg": 0, "conds": [[1, 0, "3"]]}
+    assert parse_sql("SELECT Points FROM table WHERE Points = 3", ["Year", "Points", "Points"]) == {
+        "sel": 1,
+        "agg": 0,
+        "conds": [[1, 0, "3"]],
+    }
 
 
 def test_column_names_match_as_the_t5_tokenizer_writes_them():
     # T5's normalizer (NFKC) gives back "Area (km²)" as "Area (km2)" and "½" as "1⁄2"; values stay as written.
     header = ["Area (km²)", "Density (pop/km²)", "Length (1½ mi)", "Title"]
     assert parse_sql("SELECT Area (km2) FROM table WHERE Density (pop/km2) = 137.61", header) == {
-        "sel": 0, "agg": 0, "conds": [[1, 0, "137.61"]]
+        "sel": 0,
+        "agg": 0,
+        "conds": [[1, 0, "137.61"]],
     }
     assert parse_sql("SELECT MAX Length (11⁄2 mi) FROM table WHERE Title = Ranma 1⁄2", header) == {
-        "sel": 2, "agg": 1, "conds": [[3, 0, "Ranma 1⁄2"]]
+        "sel": 2,
+        "agg": 1,
+        "conds": [[3, 0, "Ranma 1⁄2"]],
     }
     lenient = parse_sql("select area(km2) from table where density(pop/km²)=5", header)
     assert lenient["conds"] == [[1, 0, "5"]]
@@ -157,8 +222,10 @@ TREKS = {
     "id": "1-1430913-1",
     "header": ["Name Of Place", "Height from Sea Level In Meters", "Nearby Town", "Trekking Route", "Category"],
     "types": ["text"] * 5,
-    "rows": [["Valley of Flowers", "3000M to 4500M", "Govind Gath", "19km", "Picturesque and Trekking Route"],
-             ["Auli Bugyal", "3300M to 4500M", "Joshi Math", "5km", "Trekking and winter sports"]],
+    "rows": [
+        ["Valley of Flowers", "3000M to 4500M", "Govind Gath", "19km", "Picturesque and Trekking Route"],
+        ["Auli Bugyal", "3300M to 4500M", "Joshi Math", "5km", "Trekking and winter sports"],
+    ],
 }
 TREKS_GOLD = "SELECT Height from Sea Level In Meters FROM table WHERE Category = Picturesque and Trekking Route"
 
@@ -176,8 +243,9 @@ def test_the_only_complete_reading_is_taken_when_its_value_is_in_the_cells():
         parse_sql(TREKS_GOLD, TREKS["header"])
     # A last value ending in "and <column>" that no cell holds is still output cut off mid-condition.
     with pytest.raises(SQLParseError, match="operator"):
-        parse_sql("SELECT Nearby Town FROM table WHERE Category = Picturesque and Nearby Town", TREKS["header"],
-                  TREKS["rows"])
+        parse_sql(
+            "SELECT Nearby Town FROM table WHERE Category = Picturesque and Nearby Town", TREKS["header"], TREKS["rows"]
+        )
 
 
 def test_cells_decide_between_two_complete_readings():
@@ -205,8 +273,12 @@ def test_exact_gold_text_scores_as_the_gold_even_where_it_reads_otherwise():
     # The gold value is in no cell (WikiSQL has such questions), so the text alone reads as two conditions, or as cut
     # off; the prediction that is the gold's exact text is still the gold query.
     gold = {"sel": 2, "agg": 0, "conds": [[0, 0, "Tom AND Year = 1995"]]}
-    table = {"id": "shows", "header": ["Show", "Year", "Network"], "types": ["text", "real", "text"],
-             "rows": [["Tom", 1995, "NBC"]]}
+    table = {
+        "id": "shows",
+        "header": ["Show", "Year", "Network"],
+        "types": ["text", "real", "text"],
+        "rows": [["Tom", 1995, "NBC"]],
+    }
     text = render_sql(gold, table["header"])
     assert parse_sql(text, table["header"], table["rows"]) != gold
     scored = score_prediction(text, text, gold, table)
@@ -416,18 +488,35 @@ H = METRIC_TABLE["header"]
 MIX = [
     ({"sel": 0, "agg": 0, "conds": [[3, 0, 1995]]}, "SELECT Player FROM table WHERE Year = 1995"),
     ({"sel": 0, "agg": 3, "conds": [[1, 0, "Won"]]}, "SELECT COUNT Player FROM table WHERE Result = Won"),
-    ({"sel": 2, "agg": 1, "conds": [[4, 0, "Reds"], [1, 0, "Won"]]}, "SELECT MAX Points FROM table WHERE Team = Reds AND Result = Won"),
-    ({"sel": 0, "agg": 0, "conds": [[1, 0, "Won"], [4, 0, "Reds"]]}, "SELECT Player FROM table WHERE Team = reds AND Result = Won"),
+    (
+        {"sel": 2, "agg": 1, "conds": [[4, 0, "Reds"], [1, 0, "Won"]]},
+        "SELECT MAX Points FROM table WHERE Team = Reds AND Result = Won",
+    ),
+    (
+        {"sel": 0, "agg": 0, "conds": [[1, 0, "Won"], [4, 0, "Reds"]]},
+        "SELECT Player FROM table WHERE Team = reds AND Result = Won",
+    ),
     ({"sel": 0, "agg": 0, "conds": [[3, 0, 1996]]}, "SELECT Player FROM table WHERE Points = 20"),
     ({"sel": 2, "agg": 4, "conds": []}, "SELECT SUM Points FROM table WHERE Year > 1990"),
     ({"sel": 2, "agg": 2, "conds": [[1, 0, "Lost"]]}, "SELECT MAX Points FROM table WHERE Result = Lost"),
     ({"sel": 2, "agg": 5, "conds": [[4, 0, "Reds"]]}, "SELECT AVG Score FROM table"),
     ({"sel": 4, "agg": 0, "conds": [[0, 0, "Ann"], [3, 0, 1995], [2, 0, 10], [1, 0, "Won"]]}, ""),
-    ({"sel": 0, "agg": 0, "conds": [[4, 0, "Reds"], [1, 0, "Won"], [3, 1, 1995]]}, "SELECT Player FROM table WHERE Team = Reds"),
+    (
+        {"sel": 0, "agg": 0, "conds": [[4, 0, "Reds"], [1, 0, "Won"], [3, 1, 1995]]},
+        "SELECT Player FROM table WHERE Team = Reds",
+    ),
 ]
 EXPECTED = [  # exact, logical form, execution
-    (True, True, True), (True, True, True), (True, True, True), (False, True, True), (False, False, True),
-    (False, False, True), (False, False, False), (False, False, False), (False, False, False), (False, False, False),
+    (True, True, True),
+    (True, True, True),
+    (True, True, True),
+    (False, True, True),
+    (False, False, True),
+    (False, False, True),
+    (False, False, False),
+    (False, False, False),
+    (False, False, False),
+    (False, False, False),
 ]
 
 
@@ -452,8 +541,12 @@ def test_aggregate_metrics_on_a_known_mix():
     assert metrics["execution_accuracy"] == pytest.approx(0.6)
     assert metrics["parse_errors"] == 2
     assert metrics["components"] == {
-        "select_column": pytest.approx(0.8), "aggregation": pytest.approx(0.7), "where_number": pytest.approx(0.6),
-        "where_column": pytest.approx(0.5), "where_operator": pytest.approx(0.6), "where_value": pytest.approx(0.5),
+        "select_column": pytest.approx(0.8),
+        "aggregation": pytest.approx(0.7),
+        "where_number": pytest.approx(0.6),
+        "where_column": pytest.approx(0.5),
+        "where_operator": pytest.approx(0.6),
+        "where_value": pytest.approx(0.5),
     }
 
     def row(group):
@@ -486,8 +579,12 @@ def test_logical_form_is_wikisql_query_eq():
     # Order-insensitive, values compared as str(value).lower(): "1995" equals 1995, "1995.0" does not.
     assert same_logical_form({"sel": 0, "agg": 0, "conds": [[1, 0, "WON"], [3, 0, "1995"]]}, gold)
     assert not same_logical_form({"sel": 0, "agg": 0, "conds": [[1, 0, "won"], [3, 0, "1995.0"]]}, gold)
-    assert same_logical_form({"sel": 0, "agg": 0, "conds": [[3, 0, 2003.0]]}, {"sel": 0, "agg": 0, "conds": [[3, 0, "2003.0"]]})
-    assert not same_logical_form({"sel": 0, "agg": 0, "conds": [[3, 0, 2003]]}, {"sel": 0, "agg": 0, "conds": [[3, 0, 2003.0]]})
+    assert same_logical_form(
+        {"sel": 0, "agg": 0, "conds": [[3, 0, 2003.0]]}, {"sel": 0, "agg": 0, "conds": [[3, 0, "2003.0"]]}
+    )
+    assert not same_logical_form(
+        {"sel": 0, "agg": 0, "conds": [[3, 0, 2003]]}, {"sel": 0, "agg": 0, "conds": [[3, 0, 2003.0]]}
+    )
     assert not same_logical_form({"sel": 0, "agg": 0, "conds": [[1, 0, "won"], [3, 0, "1996"]]}, gold)
     assert not same_logical_form({"sel": 0, "agg": 3, "conds": gold["conds"]}, gold)
     assert not same_logical_form({"sel": 0, "agg": 0, "conds": gold["conds"][:1]}, gold)
@@ -535,12 +632,21 @@ def test_gold_query_is_parsed_from_the_gold_text_when_missing():
 
 def test_exact_match_collapses_whitespace_only():
     gold = {"sel": 0, "agg": 0, "conds": [[3, 0, 1995]]}
-    assert score_prediction(" SELECT  Player FROM table WHERE Year = 1995 ", "SELECT Player FROM table WHERE Year = 1995", gold, METRIC_TABLE)["exact_match"]
-    assert not score_prediction("select Player FROM table WHERE Year = 1995", "SELECT Player FROM table WHERE Year = 1995", gold, METRIC_TABLE)["exact_match"]
+    assert score_prediction(
+        " SELECT  Player FROM table WHERE Year = 1995 ",
+        "SELECT Player FROM table WHERE Year = 1995",
+        gold,
+        METRIC_TABLE,
+    )["exact_match"]
+    assert not score_prediction(
+        "select Player FROM table WHERE Year = 1995", "SELECT Player FROM table WHERE Year = 1995", gold, METRIC_TABLE
+    )["exact_match"]
 
 
 def test_a_failing_gold_query_makes_execution_wrong_not_a_crash():
-    scored = score_prediction("SELECT Player FROM table", "SELECT Player FROM table", {"sel": 9, "agg": 0, "conds": []}, METRIC_TABLE)
+    scored = score_prediction(
+        "SELECT Player FROM table", "SELECT Player FROM table", {"sel": 9, "agg": 0, "conds": []}, METRIC_TABLE
+    )
     assert not scored["execution_match"] and scored["execution_error"].startswith("gold query")
 
 

@@ -34,7 +34,9 @@ def _holds(cell, op, value):
 
 
 def test_writes_the_release_layout(tmp_path):
-    out = generate_wikisql(tmp_path / "wikisql", train_tables=12, dev_tables=4, test_tables=3, questions_per_table=5, seed=3)
+    out = generate_wikisql(
+        tmp_path / "wikisql", train_tables=12, dev_tables=4, test_tables=3, questions_per_table=5, seed=3
+    )
     assert out == tmp_path / "wikisql"
     for split, num_tables in (("train", 12), ("dev", 4), ("test", 3)):
         questions, tables = read_jsonl(out / f"{split}.jsonl"), read_jsonl(out / f"{split}.tables.jsonl")
@@ -178,7 +180,10 @@ def test_questions_come_from_many_templates(train_split):
     lower_mentions = sum(
         1
         for q in questions
-        if any(h.lower() != h and h.lower() in q["question"] and h not in q["question"] for h in tables[q["table_id"]]["header"])
+        if any(
+            h.lower() != h and h.lower() in q["question"] and h not in q["question"]
+            for h in tables[q["table_id"]]["header"]
+        )
     )
     assert lower_mentions > 0.05 * len(questions)
 

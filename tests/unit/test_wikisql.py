@@ -13,7 +13,10 @@ HEADER = ["Player", "No.", "Total W–L", "Doubles W–L", "Years in Toronto"]
 
 
 def test_render_matches_the_hugging_face_loader():
-    assert render_sql({"sel": 2, "agg": 3, "conds": [[3, 0, "11–11"]]}, HEADER) == "SELECT COUNT Total W–L FROM table WHERE Doubles W–L = 11–11"
+    assert (
+        render_sql({"sel": 2, "agg": 3, "conds": [[3, 0, "11–11"]]}, HEADER)
+        == "SELECT COUNT Total W–L FROM table WHERE Doubles W–L = 11–11"
+    )
     # agg 0 renders as an empty string and the double space collapses; no conditions, no WHERE.
     assert render_sql({"sel": 0, "agg": 0, "conds": []}, HEADER) == "SELECT Player FROM table"
     assert render_sql({"sel": 1, "agg": 5, "conds": [[1, 1, 3.5], [0, 0, "Art  Long"]]}, HEADER) == (
@@ -51,12 +54,24 @@ def test_hub_format_folder_with_the_loader_features(raw_wikisql, tmp_path):
     rows = []
     for e in data.splits["train"][:20]:
         table = data.tables[e.table_id]
-        conds = {"column_index": [c[0] for c in e.sql["conds"]], "operator_index": [c[1] for c in e.sql["conds"]], "condition": [str(c[2]) for c in e.sql["conds"]]}
-        rows.append({
-            "phase": 1, "question": e.question,
-            "table": {"id": table["id"], "header": table["header"], "types": table["types"], "rows": [[str(c) for c in r] for r in table["rows"]]},
-            "sql": {"human_readable": e.target, "sel": e.sql["sel"], "agg": e.sql["agg"], "conds": conds},
-        })
+        conds = {
+            "column_index": [c[0] for c in e.sql["conds"]],
+            "operator_index": [c[1] for c in e.sql["conds"]],
+            "condition": [str(c[2]) for c in e.sql["conds"]],
+        }
+        rows.append(
+            {
+                "phase": 1,
+                "question": e.question,
+                "table": {
+                    "id": table["id"],
+                    "header": table["header"],
+                    "types": table["types"],
+                    "rows": [[str(c) for c in r] for r in table["rows"]],
+                },
+                "sql": {"human_readable": e.target, "sel": e.sql["sel"], "agg": e.sql["agg"], "conds": conds},
+            }
+        )
     folder = tmp_path / "hub-copy"
     (folder / "data").mkdir(parents=True)
     Dataset.from_list(rows).to_parquet(str(folder / "data" / "train-00000-of-00001.parquet"))
@@ -71,7 +86,9 @@ def test_instruction_style_hub_copy(tmp_path):
 
     folder = tmp_path / "plain"
     (folder / "data").mkdir(parents=True)
-    Dataset.from_list([{"instruction": "x", "input": "How many wins?", "output": "SELECT COUNT  Wins FROM table"}]).to_parquet(str(folder / "data" / "train.parquet"))
+    Dataset.from_list(
+        [{"instruction": "x", "input": "How many wins?", "output": "SELECT COUNT  Wins FROM table"}]
+    ).to_parquet(str(folder / "data" / "train.parquet"))
     (example,) = load_wikisql(str(folder)).splits["train"]
     assert (example.question, example.target, example.sql) == ("How many wins?", "SELECT COUNT Wins FROM table", None)
 
@@ -90,12 +107,19 @@ def test_offline_unknown_hub_dataset_says_what_to_download(monkeypatch, tmp_path
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(TextsqlError, match="HF_HUB_OFFLINE is set.*`hf download someone/wikisql-copy --repo-type dataset --local-dir data/wikisql-copy`"):
+    with pytest.raises(
+        TextsqlError,
+        match="HF_HUB_OFFLINE is set.*`hf download someone/wikisql-copy --repo-type dataset --local-dir data/wikisql-copy`",
+    ):
         load_wikisql("someone/wikisql-copy")
 
 
 def test_question_pointing_at_a_missing_table(tmp_path):
-    (tmp_path / "train.jsonl").write_text(json.dumps({"phase": 1, "table_id": "t9", "question": "q", "sql": {"sel": 0, "agg": 0, "conds": []}}) + "\n")
-    (tmp_path / "train.tables.jsonl").write_text(json.dumps({"id": "t1", "header": ["a"], "types": ["text"], "rows": [["x"]]}) + "\n")
+    (tmp_path / "train.jsonl").write_text(
+        json.dumps({"phase": 1, "table_id": "t9", "question": "q", "sql": {"sel": 0, "agg": 0, "conds": []}}) + "\n"
+    )
+    (tmp_path / "train.tables.jsonl").write_text(
+        json.dumps({"id": "t1", "header": ["a"], "types": ["text"], "rows": [["x"]]}) + "\n"
+    )
     with pytest.raises(TextsqlError, match="line 1: table id 't9'"):
         load_wikisql(str(tmp_path))

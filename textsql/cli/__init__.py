@@ -61,8 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not argv or argv[0] not in COMMANDS:
         problem = f"unknown command '{argv[0]}'" if argv else "a command is needed"
-        print(f"{USAGE.splitlines()[0]}\ntextsql: error: {problem}; choose one of {', '.join(COMMANDS)} "
-              "(`textsql --help` says what each does).", file=sys.stderr)
+        print(
+            f"{USAGE.splitlines()[0]}\ntextsql: error: {problem}; choose one of {', '.join(COMMANDS)} "
+            "(`textsql --help` says what each does).",
+            file=sys.stderr,
+        )
         return 2
     try:
         return run_command(argv[0], argv[1:])

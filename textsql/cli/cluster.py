@@ -25,25 +25,46 @@ from textsql.train.arguments import parse_arguments
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"textsql cluster {command}", epilog="Training arguments (those of `textsql train`) follow `--`.")
+    parser = argparse.ArgumentParser(
+        prog=f"textsql cluster {command}", epilog="Training arguments (those of `textsql train`) follow `--`."
+    )
     if command in ("train", "preflight"):
         parser.add_argument("--backend", choices=("cml", "local"), default="cml")
         parser.add_argument("--workers", type=int, default=1, help="worker nodes besides this one (node 0)")
         parser.add_argument("--cpu", type=float, default=4, help="CPUs per worker pod")
         parser.add_argument("--memory", type=float, default=16, help="GiB per worker pod")
-        parser.add_argument("--nvidia_gpu", type=int, default=1, help="GPUs per worker (= ranks per worker; 0: one CPU rank)")
-        parser.add_argument("--session_slots", type=int, default=None, help="ranks on node 0 (default: one per GPU it sees, one on a CPU)")
+        parser.add_argument(
+            "--nvidia_gpu", type=int, default=1, help="GPUs per worker (= ranks per worker; 0: one CPU rank)"
+        )
+        parser.add_argument(
+            "--session_slots",
+            type=int,
+            default=None,
+            help="ranks on node 0 (default: one per GPU it sees, one on a CPU)",
+        )
         parser.add_argument("--project_dir", default=".")
-        parser.add_argument("--name", default="default", help="the cluster's name (one cluster of a name per project at a time)")
-        parser.add_argument("--start_timeout", type=float, default=600, help="seconds to wait for the workers to start and connect")
+        parser.add_argument(
+            "--name", default="default", help="the cluster's name (one cluster of a name per project at a time)"
+        )
+        parser.add_argument(
+            "--start_timeout", type=float, default=600, help="seconds to wait for the workers to start and connect"
+        )
     if command in ("launch", "preflight"):
-        parser.add_argument("--hostfile", required=command == "launch", help="your nodes (preflight: check them instead of starting workers)")
-        parser.add_argument("--ssh_config", default=None, help="your ssh client config (default: ssh's own, ~/.ssh/config); host keys are always checked")
+        parser.add_argument(
+            "--hostfile",
+            required=command == "launch",
+            help="your nodes (preflight: check them instead of starting workers)",
+        )
+        parser.add_argument(
+            "--ssh_config",
+            default=None,
+            help="your ssh client config (default: ssh's own, ~/.ssh/config); host keys are always checked",
+        )
     return parser
 
 
@@ -60,8 +81,10 @@ def cluster_cli(argv: list[str]) -> int:
         print(f"{rest[0]}: OK, {len(hosts)} nodes, {sum(h.slots for h in hosts)} ranks (rank 0 on {hosts[0].address})")
         return 0
     if command not in ("train", "launch", "preflight"):
-        raise TextsqlError(f"unknown cluster command '{command}': use train, launch, preflight or check-hostfile "
-                           "(`textsql cluster --help` shows them).")
+        raise TextsqlError(
+            f"unknown cluster command '{command}': use train, launch, preflight or check-hostfile "
+            "(`textsql cluster --help` shows them)."
+        )
     own, train_argv = _split(rest)
     args = _parser(command).parse_args(own)
     arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
@@ -71,8 +94,17 @@ def cluster_cli(argv: list[str]) -> int:
         preflight(args.hostfile, arguments, ssh_config=args.ssh_config)
         return 0
     else:
-        with Cluster(args.backend, workers=args.workers, cpu=args.cpu, memory=args.memory, nvidia_gpu=args.nvidia_gpu,
-                     session_slots=args.session_slots, project_dir=args.project_dir, name=args.name, start_timeout=args.start_timeout) as cluster:
+        with Cluster(
+            args.backend,
+            workers=args.workers,
+            cpu=args.cpu,
+            memory=args.memory,
+            nvidia_gpu=args.nvidia_gpu,
+            session_slots=args.session_slots,
+            project_dir=args.project_dir,
+            name=args.name,
+            start_timeout=args.start_timeout,
+        ) as cluster:
             if command == "preflight":
                 cluster.preflight(*arguments)
                 return 0

@@ -18,14 +18,18 @@ def demo_command(argv: list[str]) -> int:
     print(format_summary(result.summary))
     print(f"mean real tokens per example: {result.mean_real_tokens_per_example:.1f}")
     test, baseline = result.test_metrics, result.baseline_metrics
-    print(f"test split: execution {test['execution_accuracy']:.1%}, logical form {test['logical_form_accuracy']:.1%}, "
-          f"exact match {test['exact_match']:.1%}  (trivial baseline: execution {baseline['execution_accuracy']:.1%})")
+    print(
+        f"test split: execution {test['execution_accuracy']:.1%}, logical form {test['logical_form_accuracy']:.1%}, "
+        f"exact match {test['exact_match']:.1%}  (trivial baseline: execution {baseline['execution_accuracy']:.1%})"
+    )
     print(format_components(test["components"]))
     print(DEMO_ACCURACY_NOTE)
     print(f"full summary: {result.summary.output_dir}/{SUMMARY_FILE}")
     runs_root = Path(result.summary.output_dir).parent
-    print("\nnext:\n"
-          f"  textsql tensorboard --runs_root {runs_root}    # the losses, in a browser (127.0.0.1)\n"
-          "  the README's quick start                     # prep, check-config, plan, train, infer, report on this data\n"
-          "  bash scripts/bootstrap.sh lab                # the same steps as notebooks, in JupyterLab")
+    print(
+        "\nnext:\n"
+        f"  textsql tensorboard --runs_root {runs_root}    # the losses, in a browser (127.0.0.1)\n"
+        "  the README's quick start                     # prep, check-config, plan, train, infer, report on this data\n"
+        "  bash scripts/bootstrap.sh lab                # the same steps as notebooks, in JupyterLab"
+    )
     return 0

@@ -30,7 +30,11 @@ def dataclass_fields(package: str, relative: str, classes: tuple[str, ...]) -> f
     names = set()
     for node in ast.parse(_package_file(package, relative).read_text(encoding="utf-8")).body:
         if isinstance(node, ast.ClassDef) and node.name in classes:
-            names |= {item.target.id for item in node.body if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)}
+            names |= {
+                item.target.id
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
         elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "LEGACY_FLAGS" for t in node.targets):
             names |= {key.removeprefix("--") for key in ast.literal_eval(node.value)}
     return frozenset(names)
@@ -38,7 +42,9 @@ def dataclass_fields(package: str, relative: str, classes: tuple[str, ...]) -> f
 
 def train_flags() -> frozenset[str]:
     """Every `--name` `textsql train` accepts (the launcher's --local_rank too)."""
-    return frozenset().union(*(dataclass_fields(*source) for source in TRAIN_ARGUMENT_SOURCES), {"local_rank", "help", "h"})
+    return frozenset().union(
+        *(dataclass_fields(*source) for source in TRAIN_ARGUMENT_SOURCES), {"local_rank", "help", "h"}
+    )
 
 
 def check_flags(argv: list[str], known: frozenset[str], command: str) -> None:

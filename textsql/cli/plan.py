@@ -26,7 +26,11 @@ def plan_cli(argv) -> int:
     for warning in caught:
         if issubclass(warning.category, DsConfigWarning):
             print(f"textsql plan: warning: {args.dsconfig}: {warning.message}", file=sys.stderr)
-    print(json.dumps(_public(plan), indent=2) if args.json else format_plan(plan, with_problem=False, with_assumptions=args.assumptions))
+    print(
+        json.dumps(_public(plan), indent=2)
+        if args.json
+        else format_plan(plan, with_problem=False, with_assumptions=args.assumptions)
+    )
     if plan["recommendation"] is None:
         print(f"textsql plan: {plan['problem']}", file=sys.stderr)
         return 2

@@ -17,7 +17,11 @@ def report_cli(argv: list[str]) -> int:
         "(Markdown + CSV) with PNG plots of time, memory and loss curves.",
     )
     parser.add_argument("--runs_root", default="runs", help="Root of the runs (default: runs).")
-    parser.add_argument("--output_dir", default=None, help="Where to write report.md, report.csv and the PNGs (default: <runs_root>/report).")
+    parser.add_argument(
+        "--output_dir",
+        default=None,
+        help="Where to write report.md, report.csv and the PNGs (default: <runs_root>/report).",
+    )
     parser.add_argument("--no_plots", action="store_true", help="Write only the table.")
     args = parser.parse_args(argv)
     try:

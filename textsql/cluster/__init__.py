@@ -30,10 +30,18 @@ loads only what it needs.
 from importlib import import_module
 
 _WHERE = {
-    "Host": "hostfile", "HostfileError": "hostfile", "parse_hostfile": "hostfile", "read_hostfile": "hostfile", "write_hostfile": "hostfile",
-    "LaunchFailed": "launch", "PreflightError": "launch",
-    "launch_training": "pdsh", "preflight": "pdsh",
-    "Cluster": "workers", "CmlBackend": "workers", "LocalBackend": "workers",
+    "Host": "hostfile",
+    "HostfileError": "hostfile",
+    "parse_hostfile": "hostfile",
+    "read_hostfile": "hostfile",
+    "write_hostfile": "hostfile",
+    "LaunchFailed": "launch",
+    "PreflightError": "launch",
+    "launch_training": "pdsh",
+    "preflight": "pdsh",
+    "Cluster": "workers",
+    "CmlBackend": "workers",
+    "LocalBackend": "workers",
 }
 __all__ = sorted(_WHERE)
 

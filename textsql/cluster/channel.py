@@ -79,7 +79,7 @@ class Channel:
                 if end > self.max_line:
                     raise ChannelClosed("message too long")
                 line = bytes(self._buffer[:end])
-                del self._buffer[:end + 1]
+                del self._buffer[: end + 1]
                 return self._open(line)
             if len(self._buffer) > self.max_line:
                 raise ChannelClosed("message too long")
@@ -104,8 +104,9 @@ class Channel:
         if self._receive_key is not None:
             mac, _, line = line.partition(b" ")
             if not hmac.compare_digest(mac, _frame_mac(self._receive_key, self._received, line)):
-                raise ChannelClosed("a message failed authentication (injected, replayed, reordered or altered on the "
-                                    "way)")
+                raise ChannelClosed(
+                    "a message failed authentication (injected, replayed, reordered or altered on the way)"
+                )
             self._received += 1
         try:
             message = json.loads(line)
@@ -139,8 +140,10 @@ def _frame_mac(key: bytes, number: int, body: bytes) -> bytes:
 def _keys(token: str, session_nonce: str, agent_nonce: str) -> tuple[bytes, bytes]:
     """(the session's sending key, the agent's sending key) of one connection: both nonces are fresh, so a message
     of another connection, or of the other direction, never verifies."""
-    return tuple(bytes.fromhex(_mac(token, PROTOCOL, "key", sender, session_nonce, agent_nonce))
-                 for sender in ("session", "agent"))
+    return tuple(
+        bytes.fromhex(_mac(token, PROTOCOL, "key", sender, session_nonce, agent_nonce))
+        for sender in ("session", "agent")
+    )
 
 
 def _field(message: dict, name: str, pattern: re.Pattern) -> str | None:
@@ -166,8 +169,13 @@ def server_handshake(sock: socket.socket, token: str, timeout: float = HANDSHAKE
         channel.send(protocol=PROTOCOL, nonce=nonce)
         hello = _expect(channel, deadline)
         node, theirs, proof = hello.get("node"), _field(hello, "nonce", NONCE), _field(hello, "proof", MAC)
-        if (hello.get("protocol") != PROTOCOL or not isinstance(node, dict) or not isinstance(node.get("address"), str)
-                or theirs is None or proof is None):
+        if (
+            hello.get("protocol") != PROTOCOL
+            or not isinstance(node, dict)
+            or not isinstance(node.get("address"), str)
+            or theirs is None
+            or proof is None
+        ):
             raise HandshakeFailed("malformed hello")
         if not hmac.compare_digest(proof, _mac(token, "agent", nonce, theirs, json.dumps(node, sort_keys=True))):
             channel.send(error="not a node of this cluster (wrong token): stop")
@@ -199,7 +207,12 @@ def client_handshake(sock: socket.socket, token: str, node: dict, timeout: float
         if theirs is None:
             raise HandshakeFailed("the other side sent a malformed challenge")
         nonce = secrets.token_hex(16)
-        channel.send(protocol=PROTOCOL, nonce=nonce, node=node, proof=_mac(token, "agent", theirs, nonce, json.dumps(node, sort_keys=True)))
+        channel.send(
+            protocol=PROTOCOL,
+            nonce=nonce,
+            node=node,
+            proof=_mac(token, "agent", theirs, nonce, json.dumps(node, sort_keys=True)),
+        )
         answer = _expect(channel, deadline)
         if "error" in answer:
             raise HandshakeFailed(str(answer["error"])[:200])

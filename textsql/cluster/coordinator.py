@@ -147,11 +147,15 @@ class Refusals:
             if self._since is None or not (force or time.monotonic() - self._since >= self.period):
                 return None
             count = sum(self._reasons.values())
-            reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(self._reasons.items(), key=lambda item: -item[1]))
+            reasons = ", ".join(
+                f"{n} {reason}" for reason, n in sorted(self._reasons.items(), key=lambda item: -item[1])
+            )
             peers = sorted(self._peers)
             more = f" and {len(peers) - 5} more" if len(peers) > 5 else ""
-            line = (f"textsql: refused {count} connection(s) to the control port that did not prove this cluster's "
-                    f"token ({reasons}), from {', '.join(peers[:5])}{more}")
+            line = (
+                f"textsql: refused {count} connection(s) to the control port that did not prove this cluster's "
+                f"token ({reasons}), from {', '.join(peers[:5])}{more}"
+            )
             self._reasons, self._peers, self._since = {}, set(), None
             return line
 
@@ -160,9 +164,17 @@ class Coordinator:
     """Listens on node 0's address (an ephemeral port) for the agents of this cluster start. `silence_seconds`: an
     agent not heard from for this long is lost (it is frozen, or cut off); the agents get the same bound."""
 
-    def __init__(self, address: str, token: str, echo=print, *, silence_seconds: float = SILENCE_SECONDS,
-                 handshake_seconds: float = HANDSHAKE_SECONDS, max_pending: int = MAX_PENDING,
-                 refusal_summary_seconds: float = REFUSAL_SUMMARY_SECONDS):
+    def __init__(
+        self,
+        address: str,
+        token: str,
+        echo=print,
+        *,
+        silence_seconds: float = SILENCE_SECONDS,
+        handshake_seconds: float = HANDSHAKE_SECONDS,
+        max_pending: int = MAX_PENDING,
+        refusal_summary_seconds: float = REFUSAL_SUMMARY_SECONDS,
+    ):
         self.token, self.echo = token, echo
         self.silence_seconds, self.handshake_seconds, self.max_pending = silence_seconds, handshake_seconds, max_pending
         self.refusals = Refusals(refusal_summary_seconds)
@@ -170,7 +182,9 @@ class Coordinator:
         self.links: list[NodeLink] = []
         self._joined = threading.Condition()
         self._closed = threading.Event()
-        self._pending: dict[socket.socket, None] = {}  # handshakes in progress, oldest first (dropped first to make room)
+        self._pending: dict[
+            socket.socket, None
+        ] = {}  # handshakes in progress, oldest first (dropped first to make room)
         self._pending_lock = threading.Lock()
         self._handshakes: set[threading.Thread] = set()  # every handshake thread still running (dropped ones too)
         self.server = socket.create_server((address, 0))
@@ -190,13 +204,17 @@ class Coordinator:
                     return
                 failures += 1
                 if failures == 1:
-                    self.echo(f"textsql: the control port cannot accept connections ({error}); it keeps trying, with a "
-                              f"pause of up to {ACCEPT_BACKOFF_SECONDS[1]:.0f} s (out of file descriptors? see `ulimit -n`)")
+                    self.echo(
+                        f"textsql: the control port cannot accept connections ({error}); it keeps trying, with a "
+                        f"pause of up to {ACCEPT_BACKOFF_SECONDS[1]:.0f} s (out of file descriptors? see `ulimit -n`)"
+                    )
                 self._closed.wait(pause)
                 pause = min(pause * 2, ACCEPT_BACKOFF_SECONDS[1])
                 continue
             if failures:
-                self.echo(f"textsql: the control port accepts connections again (after {failures} failed accept() calls)")
+                self.echo(
+                    f"textsql: the control port accepts connections again (after {failures} failed accept() calls)"
+                )
                 failures, pause = 0, ACCEPT_BACKOFF_SECONDS[0]
             with self._pending_lock:
                 while len(self._pending) >= self.max_pending:
@@ -222,8 +240,13 @@ class Coordinator:
             with self._pending_lock:
                 dropped = sock not in self._pending
                 self._pending.pop(sock, None)
-            reason = ("dropped: too many handshakes at once" if dropped
-                      else "the cluster stopped during the handshake" if self._closed.is_set() else _reason(error))
+            reason = (
+                "dropped: too many handshakes at once"
+                if dropped
+                else "the cluster stopped during the handshake"
+                if self._closed.is_set()
+                else _reason(error)
+            )
             self.refusals.note(str(peer[0]), reason)
             sock.close()
             return
@@ -248,8 +271,10 @@ class Coordinator:
                     continue
                 silent = now - link.last_heard
                 if silent > self.silence_seconds:
-                    link.lose(f"silent for {silent:.0f} s (no heartbeat: frozen, or cut off from the session)",
-                              since=time.time() - silent)
+                    link.lose(
+                        f"silent for {silent:.0f} s (no heartbeat: frozen, or cut off from the session)",
+                        since=time.time() - silent,
+                    )
                 else:
                     link.send(op="ping")
             line = self.refusals.summary()

@@ -17,12 +17,30 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 
 # Variables a user sets to tune or debug a run; they reach every rank on every node.
-FORWARDED = frozenset({
-    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "TORCH_DISTRIBUTED_DEBUG", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_CPP_LOG_LEVEL",
-    "TORCH_EXTENSIONS_DIR", "CUDA_LAUNCH_BLOCKING", "CUDA_HOME", "CUDA_DEVICE_ORDER", "LD_LIBRARY_PATH", "VIRTUAL_ENV",
-    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONWARNINGS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
-    "TRANSFORMERS_OFFLINE", "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_CACHE",
-})
+FORWARDED = frozenset(
+    {
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+        "TORCH_DISTRIBUTED_DEBUG",
+        "TORCH_SHOW_CPP_STACKTRACES",
+        "TORCH_CPP_LOG_LEVEL",
+        "TORCH_EXTENSIONS_DIR",
+        "CUDA_LAUNCH_BLOCKING",
+        "CUDA_HOME",
+        "CUDA_DEVICE_ORDER",
+        "LD_LIBRARY_PATH",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "PYTHONWARNINGS",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM",
+        "TRANSFORMERS_OFFLINE",
+        "TRANSFORMERS_VERBOSITY",
+        "TRANSFORMERS_CACHE",
+    }
+)
 FORWARDED_PREFIXES = ("TORCH_NCCL_", "NCCL_", "GLOO_", "DS_", "HF_", "TEXTSQL_")
 # What a node's own login environment contributes to the processes the node agent starts (never the agent's secrets).
 SYSTEM = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "HOSTNAME"})
@@ -30,7 +48,10 @@ SYSTEM_PREFIXES = ("LC_",)
 # A name that looks like it holds a credential is never forwarded and never printed, whatever the lists above say:
 # TOKEN (not TOKENIZERS_...), SECRET, PASSW(ORD), PASSPHRASE, CREDENTIAL, PRIVATE, AUTH, COOKIE anywhere in it, KEY at the end of a word
 # (HF_KEY, APIKEY, AWS_ACCESS_KEY_ID), and PWD, PASS, PAT as a word of it (TEXTSQL_DB_PWD, DB_PASS, GITHUB_PAT).
-SECRET = re.compile(r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|KEYS?(?:_|$)|(?:^|_)(?:PWD|PASS|PAT)(?:_|$)", re.IGNORECASE)
+SECRET = re.compile(
+    r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|KEYS?(?:_|$)|(?:^|_)(?:PWD|PASS|PAT)(?:_|$)",
+    re.IGNORECASE,
+)
 # Nor is a value holding a URL with credentials in it (scheme://user:password@host, scheme://token@host).
 URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE)
 
@@ -41,14 +62,20 @@ def is_secret(name: str, value: str = "") -> bool:
 
 def forwarded(environ=os.environ) -> dict[str, str]:
     """The allowlisted, non-secret variables of `environ`: what the user set for the ranks."""
-    return {name: value for name, value in environ.items()
-            if (name in FORWARDED or name.startswith(FORWARDED_PREFIXES)) and not is_secret(name, value)}
+    return {
+        name: value
+        for name, value in environ.items()
+        if (name in FORWARDED or name.startswith(FORWARDED_PREFIXES)) and not is_secret(name, value)
+    }
 
 
 def system(environ=os.environ) -> dict[str, str]:
     """A node's own basics (PATH with this Python's folder first, HOME, locale, ...), without secrets."""
-    env = {name: value for name, value in environ.items()
-           if (name in SYSTEM or name.startswith(SYSTEM_PREFIXES)) and not is_secret(name, value)}
+    env = {
+        name: value
+        for name, value in environ.items()
+        if (name in SYSTEM or name.startswith(SYSTEM_PREFIXES)) and not is_secret(name, value)
+    }
     path = [str(Path(sys.executable).parent), *environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)]
     env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path if p))
     return env
@@ -82,9 +109,11 @@ def private_folder(*parts: str) -> Path:
     elif info.st_mode & 0o022:
         problem = f"others can write into it (mode {stat.S_IMODE(info.st_mode):o})"
     if problem:
-        raise TextsqlError(f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
-                           f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
-                           "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write.")
+        raise TextsqlError(
+            f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
+            f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
+            "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write."
+        )
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
     folder = root.joinpath(*parts)
@@ -120,8 +149,10 @@ def load_rank_env(launch_id: str, node_rank: int) -> dict[str, str]:
         with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise TextsqlError(f"{path} is missing: the session writes it on every node before the launch starts "
-                           "(textsql.cluster.node prepare). Launch again from the session.") from None
+        raise TextsqlError(
+            f"{path} is missing: the session writes it on every node before the launch starts "
+            "(textsql.cluster.node prepare). Launch again from the session."
+        ) from None
 
 
 def interface_of(address: str) -> str | None:
@@ -141,4 +172,3 @@ def interface_of(address: str) -> str | None:
             if ip & mask == target & mask:
                 return name
     return None
-

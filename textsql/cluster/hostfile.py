@@ -79,13 +79,19 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
             continue
         # str.isdigit() is True for other scripts' digits too (e.g. '١'), which int() and DeepSpeed's \d accept.
         if not (slots_text.isascii() and slots_text.isdigit()):
-            problems.append(f"{where}: slots must be a whole number of GPUs in ASCII digits (at least 1), not '{slots_text}'")
+            problems.append(
+                f"{where}: slots must be a whole number of GPUs in ASCII digits (at least 1), not '{slots_text}'"
+            )
             continue
         if int(slots_text) < 1:
-            problems.append(f"{where}: slots must be at least 1 (a node with no GPU runs no rank); remove the line instead")
+            problems.append(
+                f"{where}: slots must be at least 1 (a node with no GPU runs no rank); remove the line instead"
+            )
             continue
         if address.lower() in seen:
-            problems.append(f"{where}: duplicate host {address}, already on line {seen[address.lower()]}; each node appears once")
+            problems.append(
+                f"{where}: duplicate host {address}, already on line {seen[address.lower()]}; each node appears once"
+            )
             continue
         seen[address.lower()] = number
         hosts.append(Host(address, int(slots_text)))
@@ -112,7 +118,9 @@ def check_addresses(hosts: list[Host], resolver=resolve) -> None:
     for host in hosts:
         addresses = resolver(host.address)
         if not addresses:
-            problems.append(f"{host.address} does not resolve to an IPv4 address here; fix the name (or /etc/hosts, DNS) or use its IP address")
+            problems.append(
+                f"{host.address} does not resolve to an IPv4 address here; fix the name (or /etc/hosts, DNS) or use its IP address"
+            )
             continue
         for ip in sorted(addresses):
             if ip in owner and owner[ip] != host.address:
@@ -126,7 +134,9 @@ def check_addresses(hosts: list[Host], resolver=resolve) -> None:
 def read_hostfile(path) -> list[Host]:
     path = Path(path)
     if not path.is_file():
-        raise HostfileError(f"Hostfile {path} does not exist. Write one line per node, {FORMAT} (see hostfile.example).")
+        raise HostfileError(
+            f"Hostfile {path} does not exist. Write one line per node, {FORMAT} (see hostfile.example)."
+        )
     return parse_hostfile(path.read_text(encoding="utf-8", errors="replace"), str(path))
 
 

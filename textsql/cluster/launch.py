@@ -31,7 +31,9 @@ RANK_LINE = re.compile(r"^(?P<host>[^\s]+): \[rank (?P<rank>\d+)\] (?P<text>.*)$
 AFTERMATH = re.compile(
     r"Connection (?:closed|reset) by (?:remote )?peer|remote process exited|ncclRemoteError|NCCL communicator was aborted|"
     r"Broken pipe|Socket Timeout|DistNetworkError|recvBytes failed|Read error|gloo::EnforceNotMet|timed out|"
-    r"failed to recv|Connection refused", re.IGNORECASE)
+    r"failed to recv|Connection refused",
+    re.IGNORECASE,
+)
 STOP_WAIT_SECONDS = 35  # agents SIGKILL what SIGTERM did not end after 10 s; a node silent longer than this is lost
 NOT_STOPPED = "lost: did not stop"  # a node that did not report its launcher's end after the stop (not a cause)
 
@@ -97,7 +99,11 @@ def decide(nodes: list[NodeFacts], model, training) -> Decision:
         threads_per_rank,
     )
 
-    broken = [f"{n.address}: torch cannot see its GPUs: {n.facts['devices_error']}" for n in nodes if "devices_error" in n.facts]
+    broken = [
+        f"{n.address}: torch cannot see its GPUs: {n.facts['devices_error']}"
+        for n in nodes
+        if "devices_error" in n.facts
+    ]
     if broken:
         raise PreflightError("Preflight found problems:\n" + "\n".join(f"  {p}" for p in broken))
     devices = {n.address: NodeDevices.from_dict(n.facts["devices"]) for n in nodes}
@@ -113,17 +119,32 @@ def decide(nodes: list[NodeFacts], model, training) -> Decision:
         gpu_ranks = {n.address: ranks_per_node(n.ranks, devices[n.address]) for n in nodes}
         accelerator = check_nodes_agree(devices, gpu_ranks)
     cpu_only = NodeDevices()
-    ranks = {n.address: ranks_per_node(n.ranks, devices[n.address] if accelerator == "cuda" else cpu_only) for n in nodes}
-    precision = resolve_precision(precision_from_trainer_flags(training.precision, training.bf16, training.fp16), model.model_id,
-                                  all_gpus(devices) if accelerator == "cuda" else (), force_fp16=training.force_fp16)
+    ranks = {
+        n.address: ranks_per_node(n.ranks, devices[n.address] if accelerator == "cuda" else cpu_only) for n in nodes
+    }
+    precision = resolve_precision(
+        precision_from_trainer_flags(training.precision, training.bf16, training.fp16),
+        model.model_id,
+        all_gpus(devices) if accelerator == "cuda" else (),
+        force_fp16=training.force_fp16,
+    )
     return Decision(
-        hosts=[Host(n.address, ranks[n.address]) for n in nodes], accelerator=accelerator, precision=precision,
+        hosts=[Host(n.address, ranks[n.address]) for n in nodes],
+        accelerator=accelerator,
+        precision=precision,
         threads={n.address: threads_per_rank(devices[n.address], ranks[n.address]) for n in nodes},
-        gpu_ids={n.address: node_gpu_ids(ranks[n.address], devices[n.address], n.facts.get("visible_devices")) if accelerator == "cuda" else None
-                 for n in nodes})
+        gpu_ids={
+            n.address: node_gpu_ids(ranks[n.address], devices[n.address], n.facts.get("visible_devices"))
+            if accelerator == "cuda"
+            else None
+            for n in nodes
+        },
+    )
 
 
-def rank_environments(decision: Decision, nodes: list[NodeFacts], environ, log_dir: Path) -> tuple[dict, dict[str, dict]]:
+def rank_environments(
+    decision: Decision, nodes: list[NodeFacts], environ, log_dir: Path
+) -> tuple[dict, dict[str, dict]]:
     """(what every rank gets, what each node's ranks get besides, by node rank). The user's allowlisted variables win
     over textsql's choices; secrets never go."""
     from textsql.cluster.environment import forwarded
@@ -185,25 +206,51 @@ class LaunchPlan:
         """The DeepSpeed hostfile text and the launcher's device arguments (--include when GPUs are not 0..n-1)."""
         from textsql.strategy.devices import multi_node_launcher_args
 
-        entries, args = multi_node_launcher_args([(h.address, h.slots, self.decision.gpu_ids[h.address]) for h in self.hosts])
+        entries, args = multi_node_launcher_args(
+            [(h.address, h.slots, self.decision.gpu_ids[h.address]) for h in self.hosts]
+        )
         return "".join(f"{address} slots={slots}\n" for address, slots in entries), args
 
     def spec(self) -> str:
         from textsql.cluster.node import encode
 
-        return encode({"arguments": self.arguments, "log_dir": str(self.log_dir)})  # the ranks' environment: see prepare_requests
+        return encode(
+            {"arguments": self.arguments, "log_dir": str(self.log_dir)}
+        )  # the ranks' environment: see prepare_requests
 
     def deepspeed_command(self, executable: str, extra: list[str]) -> list[str]:
         """DeepSpeed's runner, its arguments from `extra` (--no_ssh --node_rank i, or --launcher pdsh), then the rank
         program with the launch id and the spec: every training argument inside the spec, exactly."""
         _, device_args = self.launcher_hosts()
-        return [executable, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", str(self.hostfile), *extra, "--master_addr", self.master_addr,
-                "--master_port", str(self.master_port), "--log_level", "warning", *device_args, "--module", "textsql.cluster.rank",
-                f"{LAUNCH_FLAG}{self.launch_id}", f"{SPEC_FLAG}{self.spec()}"]
+        return [
+            executable,
+            "-u",
+            "-m",
+            "deepspeed.launcher.runner",
+            "--hostfile",
+            str(self.hostfile),
+            *extra,
+            "--master_addr",
+            self.master_addr,
+            "--master_port",
+            str(self.master_port),
+            "--log_level",
+            "warning",
+            *device_args,
+            "--module",
+            "textsql.cluster.rank",
+            f"{LAUNCH_FLAG}{self.launch_id}",
+            f"{SPEC_FLAG}{self.spec()}",
+        ]
 
     def record(self) -> dict:
-        return {"launch": self.launch_id, "world_size": self.decision.world_size, "nodes": [h.line() for h in self.hosts],
-                "zero_stage": self.zero_stage, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        return {
+            "launch": self.launch_id,
+            "world_size": self.decision.world_size,
+            "nodes": [h.line() for h in self.hosts],
+            "zero_stage": self.zero_stage,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
 
     def prepare_requests(self) -> dict[str, dict]:
         """What each node does before its launcher starts (see textsql.cluster.node.prepare)."""
@@ -214,10 +261,17 @@ class LaunchPlan:
         newer = [name for name in self.resume.set_aside if int(CHECKPOINT.match(name)[1]) > chosen]
         requests = {}
         for index, node in enumerate(self.nodes):
-            request = {"launch_id": self.launch_id, "mkdirs": [str(self.log_dir)], "files": dict(self.node_files, **{str(self.hostfile): hostfile}),
-                       "node_rank": index, "rank_env": dict(self.env, **self.node_env[str(index)])}
+            request = {
+                "launch_id": self.launch_id,
+                "mkdirs": [str(self.log_dir)],
+                "files": dict(self.node_files, **{str(self.hostfile): hostfile}),
+                "node_rank": index,
+                "rank_env": dict(self.env, **self.node_env[str(index)]),
+            }
             if index == 0 or not self.shared_output:
-                request.update(run_dir=str(self.run_dir), set_aside=newer, resume=self.resume.checkpoint, record=self.record())
+                request.update(
+                    run_dir=str(self.run_dir), set_aside=newer, resume=self.resume.checkpoint, record=self.record()
+                )
             extensions = self.node_env[str(index)].get("TORCH_EXTENSIONS_DIR")
             if extensions:
                 request["clear_stale_locks_in"] = extensions
@@ -231,12 +285,18 @@ class LaunchPlan:
         lines = [f"{'node':<5}{'address':<17}{'ranks':<7}{'threads':<9}{'GPUs':<8}devices"]
         for index, node in enumerate(self.nodes):
             ids = d.gpu_ids[node.address]
-            lines.append(f"{index:<5}{node.address:<17}{d.hosts[index].slots:<7}{self.node_env[str(index)].get('OMP_NUM_THREADS', self.env.get('OMP_NUM_THREADS', '-')):<9}"
-                         f"{','.join(map(str, ids)) if ids else '-':<8}{NodeDevices.from_dict(node.facts['devices']).describe()}")
-        lines.append(f"world size {d.world_size} on {'GPUs (NCCL)' if d.accelerator == 'cuda' else 'CPUs (gloo)'}, precision {d.precision.name} "
-                     f"({d.precision.reason}), TF32 {'on' if d.precision.tf32 else 'off'}")
-        lines.append(f"run folder {self.run_dir} ({'shared by every node' if self.shared_output else 'NOT shared: each node saves its own checkpoints'}); "
-                     f"the launch {self.resume.sentence()}")
+            lines.append(
+                f"{index:<5}{node.address:<17}{d.hosts[index].slots:<7}{self.node_env[str(index)].get('OMP_NUM_THREADS', self.env.get('OMP_NUM_THREADS', '-')):<9}"
+                f"{','.join(map(str, ids)) if ids else '-':<8}{NodeDevices.from_dict(node.facts['devices']).describe()}"
+            )
+        lines.append(
+            f"world size {d.world_size} on {'GPUs (NCCL)' if d.accelerator == 'cuda' else 'CPUs (gloo)'}, precision {d.precision.name} "
+            f"({d.precision.reason}), TF32 {'on' if d.precision.tf32 else 'off'}"
+        )
+        lines.append(
+            f"run folder {self.run_dir} ({'shared by every node' if self.shared_output else 'NOT shared: each node saves its own checkpoints'}); "
+            f"the launch {self.resume.sentence()}"
+        )
         return "\n".join(lines)
 
 
@@ -249,15 +309,25 @@ def _dsconfig_file(training, workdir: Path) -> tuple[Path | None, dict | None]:
     if not name:
         return None, None
     if isinstance(name, dict):
-        raise PreflightError("Pass the DeepSpeed config of a multi-node launch as a file (or a shipped name), not a dict: "
-                             "every node reads the same file.")
+        raise PreflightError(
+            "Pass the DeepSpeed config of a multi-node launch as a file (or a shipped name), not a dict: "
+            "every node reads the same file."
+        )
     candidate = absolute_in(workdir, name)
     path = absolute_in(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else name)))
     return path, load_dsconfig(path)  # raises with every problem of the file
 
 
-def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_root: Path, environ=os.environ,
-                launch_id: str | None = None) -> LaunchPlan:
+def plan_launch(
+    nodes: list[NodeFacts],
+    arguments,
+    ask,
+    *,
+    workdir: Path,
+    log_root: Path,
+    environ=os.environ,
+    launch_id: str | None = None,
+) -> LaunchPlan:
     """Decide, probe every node for this run, and plan it; raises PreflightError listing every problem by node.
     `arguments`: textsql.train's three argument dataclasses, or a command line (parsed once, here).
     `ask(op, {address: request})` asks every node at once and returns {address: answer}."""
@@ -278,7 +348,9 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     decision = decide(nodes, model, training)
     dsconfig, dsconfig_content = _dsconfig_file(training, workdir)
     strategy = describe_strategy(dsconfig_content)
-    if training.fsdp_config:  # FSDP2: a shipped name or a file every node reads (hybrid: sharded in a pod, replicated across)
+    if (
+        training.fsdp_config
+    ):  # FSDP2: a shipped name or a file every node reads (hybrid: sharded in a pod, replicated across)
         from textsql.strategy.fsdpconfig import describe_fsdp_strategy
         from textsql.train.run import load_fsdp_strategy
 
@@ -293,9 +365,12 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     dataset = absolute_in(workdir, data.dataset_dir)
     model_dir = absolute_in(workdir, model.model_id)
     model_dir = model_dir if model_dir.exists() else None
-    request = {"dirs": [str(workdir), str(dataset)] + ([str(model_dir)] if model_dir else []),
-               "files": [str(p) for p in (dsconfig,) if p] + ([str(model_dir / "config.json")] if model_dir else []),
-               "shared_marker": {"path": str(marker), "digest": hashlib.sha256(marker_text.encode()).hexdigest()}, "run_dir": str(run_dir)}
+    request = {
+        "dirs": [str(workdir), str(dataset)] + ([str(model_dir)] if model_dir else []),
+        "files": [str(p) for p in (dsconfig,) if p] + ([str(model_dir / "config.json")] if model_dir else []),
+        "shared_marker": {"path": str(marker), "digest": hashlib.sha256(marker_text.encode()).hexdigest()},
+        "run_dir": str(run_dir),
+    }
     try:
         probes = ask("probe", {n.address: request for n in nodes})
     finally:
@@ -307,8 +382,10 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     head = probes[nodes[0].address]
     overwrite = training.overwrite
     if head.get("finished") and not overwrite:
-        raise PreflightError(f"{run_dir} holds a finished run (run_summary.json is there). Pass --overwrite True to train again in it, "
-                             "or choose another --output_dir / --runs_root.")
+        raise PreflightError(
+            f"{run_dir} holds a finished run (run_summary.json is there). Pass --overwrite True to train again in it, "
+            "or choose another --output_dir / --runs_root."
+        )
     world = decision.world_size
     if overwrite:
         from textsql.cluster.runs import ResumePlan
@@ -317,9 +394,11 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
     else:
         if not training.output_dir:
             for size, folder in sorted(interrupted_siblings(run_dir, world).items()):
-                raise PreflightError(f"{folder} holds an interrupted run of world size {size}, but this launch has world size {world} (and would "
-                                     f"start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume it; or, to start "
-                                     "afresh at this size, move that folder away or pass another --runs_root / --output_dir.")
+                raise PreflightError(
+                    f"{folder} holds an interrupted run of world size {size}, but this launch has world size {world} (and would "
+                    f"start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume it; or, to start "
+                    "afresh at this size, move that folder away or pass another --runs_root / --output_dir."
+                )
         if shared:
             views, ranks_by_view = {nodes[0].address: head["checkpoints"]}, {nodes[0].address: list(range(world))}
         else:
@@ -327,12 +406,19 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
             ranks_by_view = {n.address: ranks_of(decision.hosts, n.address) for n in nodes}
         try:
             recorded = recorded_world_size(head.get("record"), run_dir)
-            resume = choose_checkpoint(views, ranks_by_view, world, zero_stage, recorded_world_size=recorded, run_dir=run_dir)
+            resume = choose_checkpoint(
+                views, ranks_by_view, world, zero_stage, recorded_world_size=recorded, run_dir=run_dir
+            )
         except TextsqlError as error:
             raise PreflightError(str(error)) from None
     # Decided here once for every rank: the device, the precision (the Trainer's own flags folded into it), the files.
-    decided = {"accelerator": decision.accelerator, "precision": decision.precision.name, "bf16": False, "fp16": False,
-               "deepspeed": str(dsconfig) if dsconfig else None}
+    decided = {
+        "accelerator": decision.accelerator,
+        "precision": decision.precision.name,
+        "bf16": False,
+        "fp16": False,
+        "deepspeed": str(dsconfig) if dsconfig else None,
+    }
     node_files = {}
     if not shared:
         decided["save_on_each_node"] = True
@@ -344,8 +430,23 @@ def plan_launch(nodes: list[NodeFacts], arguments, ask, *, workdir: Path, log_ro
             decided["deepspeed"] = str(local)
     rank_arguments = dict(arguments_dict(model, data, training), **decided)
     common, per_node = rank_environments(decision, nodes, environ, log_dir)
-    return LaunchPlan(launch_id, nodes, decision, workdir, log_dir, run_dir, shared, resume, zero_stage, rank_arguments, common, per_node,
-                      free_port(nodes[0].address), node_files, probes)
+    return LaunchPlan(
+        launch_id,
+        nodes,
+        decision,
+        workdir,
+        log_dir,
+        run_dir,
+        shared,
+        resume,
+        zero_stage,
+        rank_arguments,
+        common,
+        per_node,
+        free_port(nodes[0].address),
+        node_files,
+        probes,
+    )
 
 
 def probe_problems(nodes: list[NodeFacts], probes: dict[str, dict], *, workdir: Path, dataset: Path) -> list[str]:
@@ -357,14 +458,24 @@ def probe_problems(nodes: list[NodeFacts], probes: dict[str, dict], *, workdir: 
         where = node.address + (" (node 0)" if index == 0 else "")
         if index:
             if facts["python"] != reference["python"]:
-                problems.append(f"{where}: Python {facts['python']}, but node 0 ({nodes[0].address}) has {reference['python']}")
+                problems.append(
+                    f"{where}: Python {facts['python']}, but node 0 ({nodes[0].address}) has {reference['python']}"
+                )
             for name, have in facts["versions"].items():
                 want = reference["versions"].get(name)
                 if have != want:
-                    problems.append(f"{where}: {name} {have or 'is not installed'}, but node 0 ({nodes[0].address}) has {want}")
+                    problems.append(
+                        f"{where}: {name} {have or 'is not installed'}, but node 0 ({nodes[0].address}) has {want}"
+                    )
         for path, is_dir in probe.get("dirs", {}).items():
             if not is_dir:
-                what = "working folder" if path == str(workdir) else "dataset folder" if path == str(dataset) else "model folder"
+                what = (
+                    "working folder"
+                    if path == str(workdir)
+                    else "dataset folder"
+                    if path == str(dataset)
+                    else "model folder"
+                )
                 problems.append(f"{where}: the {what} {path} does not exist there")
         for path, digest in probe.get("files", {}).items():
             want = (probes.get(nodes[0].address) or {}).get("files", {}).get(path)
@@ -444,9 +555,14 @@ def _failure_defaults(record: dict) -> dict:
     """A failure report with every field the error message reads, of the type it reads."""
     tail = record.get("tail")
     ended = record.get("ended_at")
-    return dict(record, how=str(record.get("how") or "failed"), host=str(record.get("host") or "?"),
-                log=str(record.get("log") or "?"), tail=[str(t) for t in tail] if isinstance(tail, list) else [],
-                ended_at=ended if type(ended) in (int, float) else None)
+    return dict(
+        record,
+        how=str(record.get("how") or "failed"),
+        host=str(record.get("host") or "?"),
+        log=str(record.get("log") or "?"),
+        tail=[str(t) for t in tail] if isinstance(tail, list) else [],
+        ended_at=ended if type(ended) in (int, float) else None,
+    )
 
 
 def describe_loss(reason: str) -> str:
@@ -468,7 +584,9 @@ def first_failure(failures: list[dict]) -> dict:
     return min(pool, key=lambda f: f.get("ended_at") or float("inf"))
 
 
-def failure_message(monitor: LaunchMonitor, hosts: list[Host], launch_dir: Path, resume: str | None) -> tuple[str, list[dict]]:
+def failure_message(
+    monitor: LaunchMonitor, hosts: list[Host], launch_dir: Path, resume: str | None
+) -> tuple[str, list[dict]]:
     """The error a failed launch raises, and the rank records with the first failing rank first. A node whose agent
     vanished or fell silent before any rank failed on its own is named first: its peers' failures only followed."""
     failures = list(monitor.failures)
@@ -482,37 +600,53 @@ def failure_message(monitor: LaunchMonitor, hosts: list[Host], launch_dir: Path,
         lines = []
         for address in lost_first:
             on_host = [r for r, (h, _) in layout.items() if h == address]
-            lines.append(f"Node {node_of.get(address, '?')} ({address}, rank(s) {', '.join(map(str, on_host))}) was lost first: "
-                         f"{describe_loss(str(monitor.node_exits[address]).removeprefix('lost: '))}.")
+            lines.append(
+                f"Node {node_of.get(address, '?')} ({address}, rank(s) {', '.join(map(str, on_host))}) was lost first: "
+                f"{describe_loss(str(monitor.node_exits[address]).removeprefix('lost: '))}."
+            )
             for rank in on_host:
                 lines += [f"  rank {rank} | {t}" for t in monitor.tails.get(rank, [])[-10:]]
         failures.sort(key=lambda f: f.get("ended_at") or float("inf"))
         for other in failures:
-            lines.append(f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']}"
-                         f"{' (stopped because of it)' if secondary(other) else ''} (log {other['log']}).")
+            lines.append(
+                f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']}"
+                f"{' (stopped because of it)' if secondary(other) else ''} (log {other['log']})."
+            )
         lost_nodes = ", ".join(f"node {node_of.get(a, '?')}" for a in lost_first)
-        stopped = (f"Every process of the launch was stopped on every node that still answered; those of {lost_nodes} end "
-                   "with its agent (a guard stops them when the agent dies; the agent stops them when it no longer hears "
-                   "the session; stopping the workers, the default, ends it).")
+        stopped = (
+            f"Every process of the launch was stopped on every node that still answered; those of {lost_nodes} end "
+            "with its agent (a guard stops them when the agent dies; the agent stops them when it no longer hears "
+            "the session; stopping the workers, the default, ends it)."
+        )
     elif failures:
         first = first_failure(failures)
         failures.remove(first)
         failures.sort(key=lambda f: f.get("ended_at") or float("inf"))
         failures.insert(0, first)
         address = first.get("node_address") or first["host"]
-        lines = [f"Rank {first['rank']} on node {node_of.get(address, '?')} ({address}, host {first['host']}) failed first: {first['how']}.",
-                 f"Its log: {first['log']} (on that node). Last lines:"]
+        lines = [
+            f"Rank {first['rank']} on node {node_of.get(address, '?')} ({address}, host {first['host']}) failed first: {first['how']}.",
+            f"Its log: {first['log']} (on that node). Last lines:",
+        ]
         lines += [f"  | {t}" for t in first["tail"]]
         for other in failures[1:]:
-            lines.append(f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']}"
-                         f"{' (stopped because of it)' if secondary(other) else ''} (log {other['log']}).")
+            lines.append(
+                f"Then rank {other['rank']} on {other.get('node_address') or other['host']}: {other['how']}"
+                f"{' (stopped because of it)' if secondary(other) else ''} (log {other['log']})."
+            )
     else:
         bad = {a: c for a, c in monitor.node_exits.items() if c != 0} or monitor.node_exits
         lines = []
         for address, code in bad.items():
             on_host = [r for r, (h, _) in layout.items() if h == address]
-            what = f"was lost ({str(code).removeprefix('lost: ')})" if str(code).startswith("lost") else f"ended with exit status {code}"
-            lines.append(f"Node {node_of.get(address, '?')} ({address}, rank(s) {', '.join(map(str, on_host))}): its launcher {what} without a rank report.")
+            what = (
+                f"was lost ({str(code).removeprefix('lost: ')})"
+                if str(code).startswith("lost")
+                else f"ended with exit status {code}"
+            )
+            lines.append(
+                f"Node {node_of.get(address, '?')} ({address}, rank(s) {', '.join(map(str, on_host))}): its launcher {what} without a rank report."
+            )
             for rank in on_host:
                 lines += [f"  rank {rank} | {t}" for t in monitor.tails.get(rank, [])[-10:]]
         if not lines:
@@ -532,8 +666,12 @@ def resume_sentence(plan: LaunchPlan, ask) -> str:
         probes = ask("probe", {n.address: {"run_dir": str(plan.run_dir)} for n in nodes})
         world = plan.decision.world_size
         views = {n.address: probes[n.address]["checkpoints"] for n in nodes}
-        ranks = {n.address: list(range(world)) if plan.shared_output else ranks_of(plan.hosts, n.address) for n in nodes}
-        return choose_checkpoint(views, ranks, world, plan.zero_stage, recorded_world_size=world, run_dir=plan.run_dir).sentence()
+        ranks = {
+            n.address: list(range(world)) if plan.shared_output else ranks_of(plan.hosts, n.address) for n in nodes
+        }
+        return choose_checkpoint(
+            views, ranks, world, plan.zero_stage, recorded_world_size=world, run_dir=plan.run_dir
+        ).sentence()
     except TextsqlError as error:
         return f"cannot tell which checkpoint it resumes from: {error}"
 
@@ -558,7 +696,9 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
     ask("prepare", plan.prepare_requests())
     commands = {}
     for index, link in enumerate(links):
-        commands[link.address] = plan.deepspeed_command(link.facts["executable"], ["--no_ssh", "--node_rank", str(index)])
+        commands[link.address] = plan.deepspeed_command(
+            link.facts["executable"], ["--no_ssh", "--node_rank", str(index)]
+        )
     echo("node 0: " + _shown(commands[links[0].address]))
     echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
     echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
@@ -570,8 +710,9 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
         try:
             for index, link in enumerate(links):
                 env = dict(plan.env, **plan.node_env[str(index)])
-                answer = link.ask("run", command=commands[link.address], env=env, cwd=str(plan.workdir),
-                                  launch_id=plan.launch_id)
+                answer = link.ask(
+                    "run", command=commands[link.address], env=env, cwd=str(plan.workdir), launch_id=plan.launch_id
+                )
                 link.launcher = (answer.get("pid"), plan.launch_id) if isinstance(answer, dict) else None
                 started.append(link)
             while running:
@@ -593,7 +734,11 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
                         else:
                             monitor.node_ended(link.address, f"lost: {message.get('reason')}", at=message.get("at"))
                 now = time.monotonic()
-                if stopping_since is None and monitor.failed_at is not None and now - monitor.failed_at >= grace_seconds:
+                if (
+                    stopping_since is None
+                    and monitor.failed_at is not None
+                    and now - monitor.failed_at >= grace_seconds
+                ):
                     echo(f"textsql: a rank failed or a node was lost; stopping launch {plan.launch_id} on every node")
                     stopping_since = _stop_all(links)
                 if stopping_since is not None and now - stopping_since > STOP_WAIT_SECONDS:
@@ -637,8 +782,14 @@ def launch_result(plan: LaunchPlan, monitor: LaunchMonitor, command: list[str]) 
     from textsql.run_summary import read_summary
 
     summary = read_summary(monitor.summary_path)
-    return {"summary": summary, "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)], "launch_dir": plan.log_dir, "command": command,
-            "shared_output": plan.shared_output, "plan": plan}
+    return {
+        "summary": summary,
+        "ranks": [monitor.ranks[r] for r in sorted(monitor.ranks)],
+        "launch_dir": plan.log_dir,
+        "command": command,
+        "shared_output": plan.shared_output,
+        "plan": plan,
+    }
 
 
 def _shown(command: list[str]) -> str:

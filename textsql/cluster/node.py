@@ -32,7 +32,12 @@ from textsql.errors import TextsqlError
 from textsql.sharedfiles import read_unlinked, replace_file
 from textsql.strategy.devices import local_devices
 
-ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = "TEXTSQL_CLUSTER_ADDRESS", "TEXTSQL_CLUSTER_TOKEN", "TEXTSQL_NODE_ADDRESS", "TEXTSQL_WORKER_ID"
+ADDRESS_ENV, TOKEN_ENV, NODE_ENV, WORKER_ENV = (
+    "TEXTSQL_CLUSTER_ADDRESS",
+    "TEXTSQL_CLUSTER_TOKEN",
+    "TEXTSQL_NODE_ADDRESS",
+    "TEXTSQL_WORKER_ID",
+)
 CONNECT_TIMEOUT_ENV = "TEXTSQL_CLUSTER_CONNECT_TIMEOUT"
 ANSWER = "textsql-node: "
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL for what is left of the launcher's process group
@@ -65,10 +70,17 @@ def describe_node(address: str) -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    facts = {"address": address, "hostname": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0],
-             "executable": sys.executable, "textsql_path": str(Path(__file__).resolve().parent.parent),
-             "versions": {name: version(name) for name in ("textsql", "deepspeed", "torch", "transformers")},
-             "interface": interface_of(address), "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    facts = {
+        "address": address,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "textsql_path": str(Path(__file__).resolve().parent.parent),
+        "versions": {name: version(name) for name in ("textsql", "deepspeed", "torch", "transformers")},
+        "interface": interface_of(address),
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
     try:
         facts["local_extensions_dir"] = node_local_extensions_dir()
     except TextsqlError as error:  # the session refuses the launch, naming this node, unless the user set a folder
@@ -93,7 +105,10 @@ def probe(request: dict) -> dict:
     the run folder's checkpoints and launch record."""
     from textsql.cluster.runs import RECORD, list_checkpoints
 
-    result = {"dirs": {p: os.path.isdir(p) for p in request.get("dirs", [])}, "files": {p: _digest(p) for p in request.get("files", [])}}
+    result = {
+        "dirs": {p: os.path.isdir(p) for p in request.get("dirs", [])},
+        "files": {p: _digest(p) for p in request.get("files", [])},
+    }
     marker = request.get("shared_marker")
     if marker:
         result["shared_output"] = _digest(marker["path"]) == marker["digest"]
@@ -161,8 +176,14 @@ def _log(message: str) -> None:
 
 
 class Agent:
-    def __init__(self, session: tuple[str, int], token: str, address: str, worker_id: str,
-                 silence_seconds: float = SILENCE_SECONDS):
+    def __init__(
+        self,
+        session: tuple[str, int],
+        token: str,
+        address: str,
+        worker_id: str,
+        silence_seconds: float = SILENCE_SECONDS,
+    ):
         self.session, self.token, self.address, self.worker_id = session, token, address, worker_id
         self.silence_seconds = silence_seconds
         self.channel = None
@@ -183,20 +204,26 @@ class Agent:
                 sock = socket.create_connection(self.session, timeout=10)
                 sock.settimeout(None)
                 self.channel = client_handshake(sock, self.token, hello)
-                _log(f"connected to the session at {self.session[0]}:{self.session[1]} as {self.address} ({self.worker_id})")
+                _log(
+                    f"connected to the session at {self.session[0]}:{self.session[1]} as {self.address} ({self.worker_id})"
+                )
                 return
             except HandshakeDropped as error:  # a session busy with other handshakes drops the oldest: try again
                 sock.close()
                 problem = f"the handshake did not finish: {error}"
             except HandshakeFailed as error:
-                raise SystemExit(f"textsql node agent: the session at {self.session[0]}:{self.session[1]} refused this node: {error}")
+                raise SystemExit(
+                    f"textsql node agent: the session at {self.session[0]}:{self.session[1]} refused this node: {error}"
+                ) from None
             except OSError as error:
                 if sock is not None:
                     sock.close()
                 problem = str(error)
             if self.signalled or time.monotonic() > deadline:
-                raise SystemExit(f"textsql node agent: cannot reach the session at {self.session[0]}:{self.session[1]} "
-                                 f"({problem}); gave up after {timeout:.0f} s") from None
+                raise SystemExit(
+                    f"textsql node agent: cannot reach the session at {self.session[0]}:{self.session[1]} "
+                    f"({problem}); gave up after {timeout:.0f} s"
+                ) from None
             if not complained:
                 _log(f"cannot reach the session at {self.session[0]}:{self.session[1]} ({problem}); retrying")
                 complained = True
@@ -216,7 +243,9 @@ class Agent:
                 message = self.channel.receive(timeout=1)
                 if message is None:
                     if time.monotonic() - last > self.silence_seconds:
-                        _log(f"the session has been silent for {self.silence_seconds:.0f} s: it is gone, or cut off; stopping")
+                        _log(
+                            f"the session has been silent for {self.silence_seconds:.0f} s: it is gone, or cut off; stopping"
+                        )
                         return 3
                     continue
                 last = time.monotonic()
@@ -272,8 +301,17 @@ class Agent:
         # The guard leads the launcher's own process group; started from this (the main) thread, whose end is the
         # agent's, so that the parent-death signal reaches it when the agent dies.
         command = [sys.executable, "-m", "textsql.cluster.node", "guard", str(os.getpid()), "--", *message["command"]]
-        self.launcher = subprocess.Popen(command, cwd=message["cwd"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        self.launcher = subprocess.Popen(
+            command,
+            cwd=message["cwd"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
         threading.Thread(target=self._pump, args=(self.launcher, self.launch_id), daemon=True).start()
 
     def _pump(self, launcher: subprocess.Popen, launch_id: str | None) -> None:
@@ -337,7 +375,7 @@ def group_members(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(b")") + 2:].split()  # state, ppid, pgrp, ... (the name before may hold anything)
+        fields = stat[stat.rindex(b")") + 2 :].split()  # state, ppid, pgrp, ... (the name before may hold anything)
         if fields[0] != b"Z" and int(fields[2]) == pgid:
             members.append(int(name))
     return members
@@ -385,7 +423,9 @@ def run_agent() -> int:
     target, token = os.environ.get(ADDRESS_ENV, ""), os.environ.get(TOKEN_ENV, "")
     address = os.environ.get(NODE_ENV) or os.environ.get("CDSW_IP_ADDRESS")
     if not (target and token and address):
-        _log(f"{ADDRESS_ENV}, {TOKEN_ENV} and {NODE_ENV} (or CDSW_IP_ADDRESS) must be set: the session sets them when it starts the agent")
+        _log(
+            f"{ADDRESS_ENV}, {TOKEN_ENV} and {NODE_ENV} (or CDSW_IP_ADDRESS) must be set: the session sets them when it starts the agent"
+        )
         return 2
     host, _, port = target.rpartition(":")
     try:

@@ -39,8 +39,18 @@ from textsql.cluster.rank import LAUNCH_FLAG
 from textsql.errors import TextsqlError
 from textsql.sharedfiles import open_unlinked
 
-SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
-               "-o", "ServerAliveCountMax=3")
+SSH_OPTIONS = (
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "StrictHostKeyChecking=yes",
+    "-o",
+    "ConnectTimeout=10",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+)
 # What DeepSpeed's pdsh runner leaves unquoted in the remote shell command (it wraps anything else in double quotes,
 # inside which a shell still expands $(...) and `...`; the working folder and the interpreter it does not quote at all).
 SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+")
@@ -51,14 +61,18 @@ def find_program(name: str, package: str) -> str:
     for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
-    raise TextsqlError(f"`{name}` is not installed on this machine. Install the {package} package (Debian/Ubuntu: apt-get install {package}).")
+    raise TextsqlError(
+        f"`{name}` is not installed on this machine. Install the {package} package (Debian/Ubuntu: apt-get install {package})."
+    )
 
 
 def ssh_options(ssh_config: Path | None) -> list[str]:
     return (["-F", str(ssh_config)] if ssh_config else []) + list(SSH_OPTIONS)
 
 
-def run_ssh(host: str, command: str, ssh_config: Path | None, *, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
+def run_ssh(
+    host: str, command: str, ssh_config: Path | None, *, timeout: float = 120, stdin: str | None = None
+) -> subprocess.CompletedProcess:
     """`command` on `host` over ssh; `stdin`: what the command reads (requests travel there, not in argv)."""
     argv = [find_program("ssh", "openssh-client"), *ssh_options(ssh_config), host, command]
     try:
@@ -74,8 +88,10 @@ def explain_ssh_failure(host: str, stderr: str) -> str:
     text = stderr.strip()
     last = text.splitlines()[-1] if text else "no message"
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in text or "Host key verification failed" in text:
-        return (f"ssh refused {host}: its host key is not the one in your known_hosts (host key verification failed). If the machine "
-                "was reinstalled, check its new key out of band and update known_hosts; otherwise another machine answers at that address.")
+        return (
+            f"ssh refused {host}: its host key is not the one in your known_hosts (host key verification failed). If the machine "
+            "was reinstalled, check its new key out of band and update known_hosts; otherwise another machine answers at that address."
+        )
     if "Connection refused" in text:
         return f"nothing accepts ssh on {host} (connection refused): is its sshd running, on the port your ssh config names?"
     if "timed out" in text or "No route to host" in text:
@@ -88,20 +104,30 @@ def explain_ssh_failure(host: str, stderr: str) -> str:
 def ask_over_ssh(op: str, payloads: dict[str, dict], ssh_config: Path | None, workdir: Path) -> dict[str, dict]:
     """`python -m textsql.cluster.node OP <request>` on every host at once; raises PreflightError naming each failure."""
     env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    prefix = f"cd {shlex.quote(str(workdir))} && " + (f"env PYTHONPATH={shlex.quote(env['PYTHONPATH'])} " if env else "")
+    prefix = f"cd {shlex.quote(str(workdir))} && " + (
+        f"env PYTHONPATH={shlex.quote(env['PYTHONPATH'])} " if env else ""
+    )
 
     def one(item):
         host, request = item
         # the request on stdin: it holds the ranks' environment, which must not be in any argv on the node
-        done = run_ssh(host, prefix + " ".join(shlex.quote(a) for a in (sys.executable, "-m", "textsql.cluster.node", op, "-")), ssh_config,
-                       stdin=encode(request) + "\n")
+        done = run_ssh(
+            host,
+            prefix + " ".join(shlex.quote(a) for a in (sys.executable, "-m", "textsql.cluster.node", op, "-")),
+            ssh_config,
+            stdin=encode(request) + "\n",
+        )
         found = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
         if found:
             return host, json.loads(found[-1].removeprefix(ANSWER)), None
         if done.returncode == 255:
             return host, None, explain_ssh_failure(host, done.stderr)
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return host, None, f"{sys.executable} -m textsql.cluster.node does not run there (exit status {done.returncode}): {tail}"
+        return (
+            host,
+            None,
+            f"{sys.executable} -m textsql.cluster.node does not run there (exit status {done.returncode}): {tail}",
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(payloads)))) as pool:
         results = list(pool.map(one, payloads.items()))
@@ -117,7 +143,9 @@ def plan_user_managed(hosts: list[Host], arguments, *, ssh_config: Path | None =
     ask = lambda op, payloads: ask_over_ssh(op, payloads, ssh_config, workdir)  # noqa: E731
     facts = ask("describe", {h.address: {"address": h.address} for h in hosts})
     nodes = [NodeFacts(h.address, facts[h.address], h.slots) for h in hosts]
-    plan = plan_launch(nodes, arguments, ask, workdir=workdir, log_root=Path(log_root or workdir / ".textsql" / "launches"))
+    plan = plan_launch(
+        nodes, arguments, ask, workdir=workdir, log_root=Path(log_root or workdir / ".textsql" / "launches")
+    )
     return plan, ask
 
 
@@ -133,12 +161,16 @@ def check_shell_safe(what: str, value: str) -> None:
     """Refuse what DeepSpeed's pdsh runner would put into the remote shell command unquoted or merely double-quoted."""
     if not SHELL_SAFE.fullmatch(value):
         bad = "".join(sorted({c for c in value if not SHELL_SAFE.fullmatch(c)}))
-        raise TextsqlError(f"{what} {value!r} holds characters a shell interprets ({bad!r}). DeepSpeed's pdsh launcher runs every node's "
-                           "launcher through a remote shell with it in the command, unquoted, so it could run commands on every node. "
-                           "Use a path of letters, digits and @%+=:,./-_ only (rename or move the folder), or launch from another one.")
+        raise TextsqlError(
+            f"{what} {value!r} holds characters a shell interprets ({bad!r}). DeepSpeed's pdsh launcher runs every node's "
+            "launcher through a remote shell with it in the command, unquoted, so it could run commands on every node. "
+            "Use a path of letters, digits and @%+=:,./-_ only (rename or move the folder), or launch from another one."
+        )
 
 
-def runner_environment(ssh_config: Path | None, rank_env: dict[str, str], echo=print, workdir: Path | None = None) -> dict[str, str]:
+def runner_environment(
+    ssh_config: Path | None, rank_env: dict[str, str], echo=print, workdir: Path | None = None
+) -> dict[str, str]:
     """The environment of DeepSpeed's runner for a pdsh launch. The runner copies every variable named MLFLOW*,
     PYTHON* or NCCL*, and each line of a .deepspeed_env file, into the remote shell command: into pdsh's argv (readable by
     every user of the machine) and through a shell on every node. So it gets this machine's basics, the ssh options,
@@ -151,19 +183,31 @@ def runner_environment(ssh_config: Path | None, rank_env: dict[str, str], echo=p
     if os.environ.get("PYTHONPATH"):
         check_shell_safe("PYTHONPATH", os.environ["PYTHONPATH"])
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-    if os.environ.get("SSH_AUTH_SOCK"):  # pdsh's ssh reaches the user's ssh agent (a socket path; the runner exports no SSH_*)
+    if os.environ.get(
+        "SSH_AUTH_SOCK"
+    ):  # pdsh's ssh reaches the user's ssh agent (a socket path; the runner exports no SSH_*)
         env["SSH_AUTH_SOCK"] = os.environ["SSH_AUTH_SOCK"]
     if "DS_ACCELERATOR" in rank_env:
         env["DS_ACCELERATOR"] = rank_env["DS_ACCELERATOR"]
     for folder in dict.fromkeys(p for p in (Path.home(), workdir) if p):
         if (folder / ".deepspeed_env").exists():
-            echo(f"textsql: ignoring {folder / '.deepspeed_env'}: the ranks get the allowlisted variables of this session "
-                 "(docs/multi-pod.md), never a file's lines through a remote shell")
+            echo(
+                f"textsql: ignoring {folder / '.deepspeed_env'}: the ranks get the allowlisted variables of this session "
+                "(docs/multi-pod.md), never a file's lines through a remote shell"
+            )
     return env
 
 
-def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, workdir=None, log_root=None, echo=print,
-                    grace_seconds: float = 5) -> dict:
+def launch_training(
+    hostfile,
+    arguments,
+    *,
+    ssh_config: Path | None = None,
+    workdir=None,
+    log_root=None,
+    echo=print,
+    grace_seconds: float = 5,
+) -> dict:
     """Preflight over ssh, then `deepspeed --launcher pdsh ...`, streaming every rank's output through `echo`.
 
     Returns {"summary", "ranks", "launch_dir", "command", "shared_output", "plan"}. Raises LaunchFailed naming the rank
@@ -176,7 +220,9 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
     check_shell_safe("The working folder", str(Path(workdir or os.getcwd()).absolute()))
     check_shell_safe("The Python interpreter", sys.executable)
     ssh_config = Path(ssh_config).absolute() if ssh_config else None
-    plan, ask = plan_user_managed(read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir, log_root=log_root)
+    plan, ask = plan_user_managed(
+        read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir, log_root=log_root
+    )
     echo(plan.describe())
     with run_lock(plan.run_dir, plan.launch_id):
         plan.log_dir.mkdir(parents=True, exist_ok=True)
@@ -187,8 +233,17 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
         echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
         monitor = LaunchMonitor()
         lines: queue.Queue = queue.Queue()
-        process = subprocess.Popen(command, cwd=plan.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, errors="replace", start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            cwd=plan.workdir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
         threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
         stopped = False
         try:
@@ -201,7 +256,11 @@ def launch_training(hostfile, arguments, *, ssh_config: Path | None = None, work
                             monitor.node_ended(lost["host"], int(lost["code"]))
                         else:
                             monitor.feed(line)
-                    if not stopped and monitor.failed_at is not None and time.monotonic() - monitor.failed_at >= grace_seconds:
+                    if (
+                        not stopped
+                        and monitor.failed_at is not None
+                        and time.monotonic() - monitor.failed_at >= grace_seconds
+                    ):
                         echo(f"textsql: a rank failed; stopping launch {plan.launch_id} on every node")
                         _stop(process, plan.hosts, ssh_config, plan.launch_id)
                         stopped = True
@@ -239,7 +298,11 @@ def _next_line(lines: queue.Queue) -> str | None:
 def _signal_launch(hosts: list[Host], ssh_config: Path | None, launch_id: str, command: str) -> list[int]:
     pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        return list(pool.map(lambda h: run_ssh(h.address, f"{command} -f -- {pattern}", ssh_config, timeout=20).returncode, hosts))
+        return list(
+            pool.map(
+                lambda h: run_ssh(h.address, f"{command} -f -- {pattern}", ssh_config, timeout=20).returncode, hosts
+            )
+        )
 
 
 def _stop(process: subprocess.Popen, hosts: list[Host], ssh_config: Path | None, launch_id: str) -> None:

@@ -48,7 +48,9 @@ def read_spec(argv: list[str]) -> dict:
 
     words = [a for a in argv if a.startswith(SPEC_FLAG)]
     if len(words) != 1:
-        raise SystemExit(f"textsql.cluster.rank: expected one {SPEC_FLAG}... argument (it is written by the session's launch)")
+        raise SystemExit(
+            f"textsql.cluster.rank: expected one {SPEC_FLAG}... argument (it is written by the session's launch)"
+        )
     return decode(words[0].removeprefix(SPEC_FLAG))
 
 
@@ -64,7 +66,9 @@ def rank_environment(launch_id: str, environ=os.environ) -> dict[str, str]:
 def launch_id_of(argv: list[str]) -> str:
     words = [a.removeprefix(LAUNCH_FLAG) for a in argv if a.startswith(LAUNCH_FLAG)]
     if len(words) != 1:
-        raise SystemExit(f"textsql.cluster.rank: expected one {LAUNCH_FLAG}... argument (it is written by the session's launch)")
+        raise SystemExit(
+            f"textsql.cluster.rank: expected one {LAUNCH_FLAG}... argument (it is written by the session's launch)"
+        )
     return words[0]
 
 
@@ -79,12 +83,26 @@ def supervise(argv: list[str]) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"rank-{rank}.log"
     spec_word = next(a for a in argv if a.startswith(SPEC_FLAG))
-    command = [sys.executable, "-u", "-c", "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())", spec_word]
+    command = [
+        sys.executable,
+        "-u",
+        "-c",
+        "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())",
+        spec_word,
+    ]
     prefix = f"[rank {rank}] "
     tail: list[str] = []
     with open_unlinked(log_path, "a", buffering=1) as log:
-        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                 errors="replace", preexec_fn=_set_parent_death_signal)
+        child = subprocess.Popen(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            preexec_fn=_set_parent_death_signal,
+        )
         replace_file(log_dir / f"rank-{rank}.pid", f"{child.pid}\n")
         signalled = []
 
@@ -102,9 +120,19 @@ def supervise(argv: list[str]) -> int:
         reader.join(timeout=5)
     if code != 0:
         how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        record = {"rank": rank, "local_rank": int(env.get("LOCAL_RANK", "0")), "node_rank": int(env.get("CROSS_RANK", "0")),
-                  "host": socket.gethostname(), "pid": child.pid, "code": code, "how": how, "ended_at": ended,
-                  "told_to_stop": bool(signalled), "log": str(log_path.absolute()), "tail": tail[-15:]}
+        record = {
+            "rank": rank,
+            "local_rank": int(env.get("LOCAL_RANK", "0")),
+            "node_rank": int(env.get("CROSS_RANK", "0")),
+            "host": socket.gethostname(),
+            "pid": child.pid,
+            "code": code,
+            "how": how,
+            "ended_at": ended,
+            "told_to_stop": bool(signalled),
+            "log": str(log_path.absolute()),
+            "tail": tail[-15:],
+        }
         print(prefix + RANK_EXIT_MARKER + json.dumps(record), flush=True)
         return 1
     return 0
@@ -138,8 +166,12 @@ def train_main() -> int:
             for key in ("train_loss", "eval_loss"):
                 if key in logs:
                     seen[key] = logs[key]
-            seen.update(global_step=state.global_step, world_size=args.world_size, process_index=args.process_index,
-                        output_dir=args.output_dir)
+            seen.update(
+                global_step=state.global_step,
+                world_size=args.world_size,
+                process_index=args.process_index,
+                output_dir=args.output_dir,
+            )
 
     trainer.DEFAULT_CALLBACKS.append(RankRecorder)  # every Trainer built in this process gets it
     arguments = read_spec(sys.argv[1:])["arguments"]
@@ -150,12 +182,21 @@ def train_main() -> int:
         return 2
     code = train_and_report(*parsed)
     if code == 0:
-        summary = {"rank": int(os.environ.get("RANK", "0")), "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "host": socket.gethostname(),
-                   "world_size": seen.get("world_size"),
-                   "process_index": seen.get("process_index"), "global_step": seen.get("global_step"),
-                   "final_loss": seen["losses"][-1] if seen["losses"] else None, "train_loss": seen.get("train_loss"),
-                   "eval_loss": seen.get("eval_loss"), "logged_losses": seen["losses"], "output_dir": seen.get("output_dir"),
-                   "arguments": arguments, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+        summary = {
+            "rank": int(os.environ.get("RANK", "0")),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+            "host": socket.gethostname(),
+            "world_size": seen.get("world_size"),
+            "process_index": seen.get("process_index"),
+            "global_step": seen.get("global_step"),
+            "final_loss": seen["losses"][-1] if seen["losses"] else None,
+            "train_loss": seen.get("train_loss"),
+            "eval_loss": seen.get("eval_loss"),
+            "logged_losses": seen["losses"],
+            "output_dir": seen.get("output_dir"),
+            "arguments": arguments,
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        }
         print(RANK_SUMMARY_MARKER + json.dumps(summary), flush=True)
     end_distributed(code == 0)
     return code

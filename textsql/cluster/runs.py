@@ -103,7 +103,11 @@ class FileLock:
             raise
         self.file.seek(0)
         self.file.truncate()
-        self.file.write(json.dumps(dict(owner, host=socket.gethostname(), pid=os.getpid(), since=time.strftime("%Y-%m-%d %H:%M:%S"))))
+        self.file.write(
+            json.dumps(
+                dict(owner, host=socket.gethostname(), pid=os.getpid(), since=time.strftime("%Y-%m-%d %H:%M:%S"))
+            )
+        )
         self.file.flush()
 
     def release(self) -> None:
@@ -124,16 +128,21 @@ def _read_owner(path: Path) -> str:
     try:
         owner = json.loads(read_unlinked(path))
         return f"process {int(owner['pid'])} on {str(owner['host'])[:100]} since {str(owner['since'])[:40]}" + (
-            f" (launch {str(owner['launch'])[:60]})" if owner.get("launch") else "")
+            f" (launch {str(owner['launch'])[:60]})" if owner.get("launch") else ""
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, TextsqlError):
         return "another process"
 
 
 def run_lock(run_dir: Path, launch_id: str) -> FileLock:
     """Held by the session for the whole launch: a second launch into the same run folder is refused."""
-    return FileLock(run_dir.parent / f".{run_dir.name}.textsql-lock", f"The run folder {run_dir}",
-                    "Two launches into one run would overwrite each other's checkpoints: wait for it to end (or stop it), "
-                    "or give this launch another --output_dir / --runs_root.", {"launch": launch_id})
+    return FileLock(
+        run_dir.parent / f".{run_dir.name}.textsql-lock",
+        f"The run folder {run_dir}",
+        "Two launches into one run would overwrite each other's checkpoints: wait for it to end (or stop it), "
+        "or give this launch another --output_dir / --runs_root.",
+        {"launch": launch_id},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -182,7 +191,9 @@ def list_checkpoints(run_dir: Path) -> dict[str, dict[str, bool]]:
     return found
 
 
-def missing_parts(files: dict[str, bool], step: int, ranks: list[int], world_size: int, zero_stage: int | None, whole_run: bool) -> list[str]:
+def missing_parts(
+    files: dict[str, bool], step: int, ranks: list[int], world_size: int, zero_stage: int | None, whole_run: bool
+) -> list[str]:
     """What checkpoint-<step> lacks, in one node's view, for `ranks` to resume from it (empty: nothing).
 
     `whole_run`: this view should hold the run-wide files too (trainer_state.json, model or model states). DeepSpeed
@@ -203,7 +214,9 @@ def missing_parts(files: dict[str, bool], step: int, ranks: list[int], world_siz
         need("rng_state.pth" if world_size == 1 else f"rng_state_{rank}.pth", f"rank {rank}'s RNG state")
     if zero_stage is None:
         if whole_run:
-            weights = [n for n in files if n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")]
+            weights = [
+                n for n in files if n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+            ]
             if not weights:
                 missing.append("the model weights (model.safetensors) are missing")
             for name in weights:
@@ -251,10 +264,15 @@ class ResumePlan:
     views: list[str] = field(default_factory=list)  # the nodes whose folders were looked at
 
     def sentence(self) -> str:
-        why = "; ".join(f"{name} is incomplete: {', '.join(reasons[:3])}" for name, reasons in sorted(self.set_aside.items(), key=_step_of, reverse=True))
+        why = "; ".join(
+            f"{name} is incomplete: {', '.join(reasons[:3])}"
+            for name, reasons in sorted(self.set_aside.items(), key=_step_of, reverse=True)
+        )
         if self.checkpoint is None:
             return "starts from step 0 (no checkpoint is complete on every node" + (f"; {why})" if why else ")")
-        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node" + (f"; {why})" if why else ")")
+        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node" + (
+            f"; {why})" if why else ")"
+        )
 
 
 def _step_of(item) -> int:
@@ -274,9 +292,11 @@ def recorded_world_size(record, run_dir: Path) -> int | None:
     if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
         return size
     what = record if isinstance(record, str) else f"no world size in it ({json.dumps(record)[:120]})"
-    raise TextsqlError(f"{Path(run_dir) / RECORD} is not a launch record textsql wrote: {what}. It says how many ranks wrote the run's "
-                       "checkpoints. If the run is yours, remove the file (the checkpoints' own file names then tell the world size) "
-                       "and launch again; if you did not change it, someone with access to the project did.")
+    raise TextsqlError(
+        f"{Path(run_dir) / RECORD} is not a launch record textsql wrote: {what}. It says how many ranks wrote the run's "
+        "checkpoints. If the run is yours, remove the file (the checkpoints' own file names then tell the world size) "
+        "and launch again; if you did not change it, someone with access to the project did."
+    )
 
 
 def saved_world_size(views: dict[str, dict[str, dict[str, bool]]], recorded: int | None) -> int | None:
@@ -296,8 +316,15 @@ def saved_world_size(views: dict[str, dict[str, dict[str, bool]]], recorded: int
     return max(max(ranks) + 1, 2 if several else 1)
 
 
-def choose_checkpoint(views: dict[str, dict[str, dict[str, bool]]], ranks_by_view: dict[str, list[int]], world_size: int,
-                      zero_stage: int | None, *, recorded_world_size: int | None = None, run_dir: Path | str = "the run folder") -> ResumePlan:
+def choose_checkpoint(
+    views: dict[str, dict[str, dict[str, bool]]],
+    ranks_by_view: dict[str, list[int]],
+    world_size: int,
+    zero_stage: int | None,
+    *,
+    recorded_world_size: int | None = None,
+    run_dir: Path | str = "the run folder",
+) -> ResumePlan:
     """The newest checkpoint that every view can resume from.
 
     `views`: node address -> its list_checkpoints() of the run folder: one view (node 0's, ranks_by_view = every
@@ -314,7 +341,8 @@ def choose_checkpoint(views: dict[str, dict[str, dict[str, bool]]], ranks_by_vie
         raise TextsqlError(
             f"{run_dir} holds checkpoints of a run with world size {saved} ({', '.join(names[:3])}), but this launch has world size "
             f"{world_size}. DeepSpeed cannot load a checkpoint into another number of ranks. Launch again with {saved} rank(s) to "
-            "resume it, or choose another --output_dir / --runs_root to start a new run.")
+            "resume it, or choose another --output_dir / --runs_root to start a new run."
+        )
     plan = ResumePlan(None, views=list(views))
     complete_on: dict[str, list[str]] = {address: [] for address in views}
     for name in names:
@@ -334,7 +362,9 @@ def choose_checkpoint(views: dict[str, dict[str, dict[str, bool]]], ranks_by_vie
         plan.set_aside[name] = reasons
     if len(views) > 1 and any(complete_on.values()):
         have = "; ".join(f"{address}: {', '.join(found) or 'none'}" for address, found in complete_on.items())
-        raise TextsqlError(f"The nodes do not share the run folder {run_dir}, and no checkpoint is complete on all of them ({have}). "
-                           "Resuming would start the nodes from different steps. Copy one complete checkpoint to every node, or move "
-                           "the run folder away on every node to start again from step 0.")
+        raise TextsqlError(
+            f"The nodes do not share the run folder {run_dir}, and no checkpoint is complete on all of them ({have}). "
+            "Resuming would start the nodes from different steps. Copy one complete checkpoint to every node, or move "
+            "the run folder away on every node to start again from step 0."
+        )
     return plan

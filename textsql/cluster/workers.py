@@ -22,7 +22,7 @@ from textsql.sharedfiles import open_unlinked, read_unlinked, replace_file
 
 AGENT_CODE = "import sys\nfrom textsql.cluster.node import main\nsys.exit(main(['agent']))\n"
 AGENT_MODULE = "textsql.cluster.node"
-_STARTED: dict[str, "Cluster"] = {}  # this process's started clusters, by folder
+_STARTED: dict[str, Cluster] = {}  # this process's started clusters, by folder
 
 
 @dataclass
@@ -48,13 +48,22 @@ class WorkerSpec:
         return max(1, self.nvidia_gpu)
 
 
-def start_agent(env: dict[str, str], log: Path, *, cpus: list[int] | None = None, prefix: list[str] | None = None) -> subprocess.Popen:
+def start_agent(
+    env: dict[str, str], log: Path, *, cpus: list[int] | None = None, prefix: list[str] | None = None
+) -> subprocess.Popen:
     """A node agent as a local process in its own session (a notebook interrupt does not reach it), output in `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [*(prefix or []), sys.executable, "-m", AGENT_MODULE, "agent"]
     with open_unlinked(log, "a", binary=True) as out:
-        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        return subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
 
 
 def stop_processes(processes: list[subprocess.Popen], timeout: float = 20) -> None:
@@ -116,8 +125,13 @@ def stop_stale_processes(records: list[dict]) -> list[str]:
     for record in records:
         try:
             process = psutil.Process(record["pid"])
-            if (process.uids().real != os.getuid() or os.getpgid(process.pid) != process.pid or abs(process.create_time() - record["created"]) > 1
-                    or AGENT_MODULE not in " ".join(process.cmdline()) or process.environ().get(WORKER_ENV) != record["id"]):
+            if (
+                process.uids().real != os.getuid()
+                or os.getpgid(process.pid) != process.pid
+                or abs(process.create_time() - record["created"]) > 1
+                or AGENT_MODULE not in " ".join(process.cmdline())
+                or process.environ().get(WORKER_ENV) != record["id"]
+            ):
                 continue
             os.killpg(process.pid, signal.SIGTERM)
             try:
@@ -142,9 +156,11 @@ def read_state(path: Path) -> dict:
     else:
         problem = _state_problem(state)
     if problem:
-        raise TextsqlError(f"{path} is not a cluster state textsql wrote: {problem}. It lists the node agents of the last start, so that the "
-                           "next start stops any left running. Remove it (check first that no agent of an earlier start still runs: "
-                           f"`pgrep -af {AGENT_MODULE}`) and start again; if you did not change it, someone with access to the project did.")
+        raise TextsqlError(
+            f"{path} is not a cluster state textsql wrote: {problem}. It lists the node agents of the last start, so that the "
+            "next start stops any left running. Remove it (check first that no agent of an earlier start still runs: "
+            f"`pgrep -af {AGENT_MODULE}`) and start again; if you did not change it, someone with access to the project did."
+        )
     return state
 
 
@@ -198,7 +214,9 @@ class LocalBackend:
         cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(ranks_per_node))
         return [{"env": {"CUDA_VISIBLE_DEVICES": g} if g is not None else {}, "cpus": c} for g, c in zip(gpus, cores)]
 
-    def launch(self, n: int, spec: WorkerSpec, env: dict[str, str], log_dir: Path, placements: list[dict]) -> list[Worker]:
+    def launch(
+        self, n: int, spec: WorkerSpec, env: dict[str, str], log_dir: Path, placements: list[dict]
+    ) -> list[Worker]:
         from textsql.cluster.node import NODE_ENV, WORKER_ENV
 
         prefix, last = self.first.rsplit(".", 1)
@@ -211,7 +229,9 @@ class LocalBackend:
             node_env.update(env)
             node_env.update(placements[i]["env"])
             node_env.update({NODE_ENV: address, WORKER_ENV: worker.id})
-            process = start_agent(node_env, self.logs[worker.id], cpus=placements[i]["cpus"], prefix=self.command_prefix)
+            process = start_agent(
+                node_env, self.logs[worker.id], cpus=placements[i]["cpus"], prefix=self.command_prefix
+            )
             self.processes[worker.id] = process
             worker.pid, worker.created = process.pid, _created(process.pid)
             workers.append(worker)
@@ -250,30 +270,44 @@ class CmlBackend:
             try:
                 import cml.workers_v1 as module
             except ImportError:
-                raise TextsqlError("The CML backend needs `cml.workers_v1`, which exists only inside a CML session. "
-                                   "Use backend='local' on any other machine.") from None
+                raise TextsqlError(
+                    "The CML backend needs `cml.workers_v1`, which exists only inside a CML session. "
+                    "Use backend='local' on any other machine."
+                ) from None
         self.cml = module
 
     def session_address(self) -> str:
         address = os.environ.get("CDSW_IP_ADDRESS")
         if not address:
-            raise TextsqlError("CDSW_IP_ADDRESS is not set: the CML backend runs inside a CML session (its address is node 0).")
+            raise TextsqlError(
+                "CDSW_IP_ADDRESS is not set: the CML backend runs inside a CML session (its address is node 0)."
+            )
         return address
 
     def placements(self, ranks_per_node: list[int]) -> list[dict]:
         return [{"env": {}, "cpus": None} for _ in ranks_per_node]  # each pod has its own devices
 
-    def launch(self, n: int, spec: WorkerSpec, env: dict[str, str], log_dir: Path, placements: list[dict]) -> list[Worker]:
-        launched = self.cml.launch_workers(n=n, cpu=spec.cpu, memory=spec.memory, nvidia_gpu=spec.nvidia_gpu, code=AGENT_CODE, env=env)
+    def launch(
+        self, n: int, spec: WorkerSpec, env: dict[str, str], log_dir: Path, placements: list[dict]
+    ) -> list[Worker]:
+        launched = self.cml.launch_workers(
+            n=n, cpu=spec.cpu, memory=spec.memory, nvidia_gpu=spec.nvidia_gpu, code=AGENT_CODE, env=env
+        )
         return [Worker(id=w["id"]) for w in launched]
 
     def await_running(self, workers: list[Worker], timeout: float) -> None:
-        result = self.cml.await_workers([w.id for w in workers], wait_for_completion=False, timeout_seconds=int(timeout))
+        result = self.cml.await_workers(
+            [w.id for w in workers], wait_for_completion=False, timeout_seconds=int(timeout)
+        )
         failures = result.get("failures") or []
         if failures:
-            details = "; ".join(f"{f.get('id')}: {f.get('status', '?')} {f.get('message', '') or ''}".strip() for f in failures)
-            raise TextsqlError(f"{len(failures)} of {len(workers)} CML worker(s) did not start within {timeout:.0f} s: {details}. "
-                               "Check the workers' resources (cpu, memory, nvidia_gpu) against what the cluster has free.")
+            details = "; ".join(
+                f"{f.get('id')}: {f.get('status', '?')} {f.get('message', '') or ''}".strip() for f in failures
+            )
+            raise TextsqlError(
+                f"{len(failures)} of {len(workers)} CML worker(s) did not start within {timeout:.0f} s: {details}. "
+                "Check the workers' resources (cpu, memory, nvidia_gpu) against what the cluster has free."
+            )
 
     def addresses(self) -> dict[str, str]:
         return {w.get("id"): w.get("ip_address") for w in self.cml.list_workers()}
@@ -293,7 +327,11 @@ class CmlBackend:
 
     def stop_stale(self, records: list[dict]) -> list[str]:
         ids = {r["id"] for r in records}
-        running = [w["id"] for w in self.cml.list_workers() if w.get("id") in ids and w.get("status") in ("scheduling", "running")]
+        running = [
+            w["id"]
+            for w in self.cml.list_workers()
+            if w.get("id") in ids and w.get("status") in ("scheduling", "running")
+        ]
         if running:
             self.cml.stop_workers(*running)
         return running
@@ -313,10 +351,10 @@ def make_backend(backend) -> LocalBackend | CmlBackend:
 class Cluster:
     """Node 0 (this session) plus `workers` worker nodes, each running a node agent connected to this session.
 
-        with Cluster("cml", workers=2, nvidia_gpu=1) as cluster:   # or Cluster("local", workers=1)
-            print(cluster.describe())
-            cluster.preflight(model_args, data_args, training_args)   # or one command line: cluster.train(argv)
-            result = cluster.train(model_args, data_args, training_args)
+    with Cluster("cml", workers=2, nvidia_gpu=1) as cluster:   # or Cluster("local", workers=1)
+        print(cluster.describe())
+        cluster.preflight(model_args, data_args, training_args)   # or one command line: cluster.train(argv)
+        result = cluster.train(model_args, data_args, training_args)
     """
 
     backend: object = "local"
@@ -350,7 +388,7 @@ class Cluster:
         return self.dir / "workers.json"
 
     # -- life cycle ---------------------------------------------------------------------------------------------------
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         from textsql.cluster.coordinator import Coordinator
         from textsql.cluster.environment import forwarded
         from textsql.cluster.node import ADDRESS_ENV, NODE_ENV, TOKEN_ENV, WORKER_ENV
@@ -363,8 +401,12 @@ class Cluster:
             self.echo(f"stopping the earlier cluster '{self.name}' of this kernel (its cell ran again)")
             earlier.stop()
         self.session = self.backend.session_address()
-        self.lock = FileLock(self.dir / "cluster.lock", f"Cluster '{self.name}' of {self.project_dir}",
-                             "Stop it there (cluster.stop(), or end that session), or give this one another name (Cluster(name=...)).", {})
+        self.lock = FileLock(
+            self.dir / "cluster.lock",
+            f"Cluster '{self.name}' of {self.project_dir}",
+            "Stop it there (cluster.stop(), or end that session), or give this one another name (Cluster(name=...)).",
+            {},
+        )
         self.started = True
         _STARTED[str(self.dir)] = self
         atexit.register(self.stop)
@@ -373,8 +415,14 @@ class Cluster:
             self.start_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
             token = secrets.token_hex(32)
             self.coordinator = Coordinator(self.session, token, self.echo, silence_seconds=self.silence_seconds)
-            env = dict(forwarded(os.environ), **{ADDRESS_ENV: f"{self.session}:{self.coordinator.port}", TOKEN_ENV: token,
-                                                 SILENCE_ENV: str(self.silence_seconds)})
+            env = dict(
+                forwarded(os.environ),
+                **{
+                    ADDRESS_ENV: f"{self.session}:{self.coordinator.port}",
+                    TOKEN_ENV: token,
+                    SILENCE_ENV: str(self.silence_seconds),
+                },
+            )
             ranks = [self.session_slots or 1] + [self.spec.ranks] * self.workers
             placements = self.backend.placements(ranks)
             logs = self.dir / "logs"
@@ -384,9 +432,13 @@ class Cluster:
             node0_env.update(env)
             node0_env.update(placements[0]["env"])
             node0_env.update({NODE_ENV: self.session, WORKER_ENV: node0_id})
-            with interrupts_deferred(self.echo, "starting the agents"):  # what is started is recorded, so that it can be stopped
+            with interrupts_deferred(
+                self.echo, "starting the agents"
+            ):  # what is started is recorded, so that it can be stopped
                 self.node0 = Worker(id=node0_id, address=self.session)
-                self._node0_process = start_agent(node0_env, logs / f"node0-{self.session}.log", cpus=placements[0]["cpus"])
+                self._node0_process = start_agent(
+                    node0_env, logs / f"node0-{self.session}.log", cpus=placements[0]["cpus"]
+                )
                 self.node0.pid, self.node0.created = self._node0_process.pid, _created(self._node0_process.pid)
                 self._save_state()
                 if self.workers:
@@ -410,20 +462,29 @@ class Cluster:
             dead = []
             if self._node0_process.poll() is not None:
                 dead.append(f"node 0's agent ({self.session}): exited with status {self._node0_process.returncode}")
-            dead += [f"{w.id}" + (f" ({w.address})" if w.address else "") + f": {why}" for w in self.nodes if (why := self.backend.failed(w))]
+            dead += [
+                f"{w.id}" + (f" ({w.address})" if w.address else "") + f": {why}"
+                for w in self.nodes
+                if (why := self.backend.failed(w))
+            ]
             if dead:
                 tails = "\n".join(filter(None, [self._node0_tail()] + [self.backend.log_tail(w) for w in self.nodes]))
-                raise TextsqlError(f"Cluster start failed: node(s) ended before their agent connected: {'; '.join(dead)}.\n{tails}")
+                raise TextsqlError(
+                    f"Cluster start failed: node(s) ended before their agent connected: {'; '.join(dead)}.\n{tails}"
+                )
 
         try:
             self.coordinator.wait_for(len(expected), self.start_timeout, check)
         except TimeoutError:
-            joined = {link.worker_id for link in self.coordinator.links} | {link.address for link in self.coordinator.links}
+            joined = {link.worker_id for link in self.coordinator.links} | {
+                link.address for link in self.coordinator.links
+            }
             missing = [w for w in expected if w.id not in joined and w.address not in joined]
             tails = "\n".join(filter(None, [self.backend.log_tail(w) for w in missing if w is not self.node0]))
             raise TextsqlError(
                 f"Cluster start failed: {', '.join(w.id for w in missing)} did not connect to the session at {self.session}:{self.coordinator.port} "
-                f"within {self.start_timeout:.0f} s (started but published nothing: it cannot reach the session, or it started too late).\n{tails}") from None
+                f"within {self.start_timeout:.0f} s (started but published nothing: it cannot reach the session, or it started too late).\n{tails}"
+            ) from None
         by_id = {link.worker_id: link for link in self.coordinator.links}
         addresses = self.backend.addresses() if hasattr(self.backend, "addresses") else {}
         by_address = {link.address: link for link in self.coordinator.links}
@@ -431,8 +492,10 @@ class Cluster:
         for worker in expected:
             link = by_id.get(worker.id) or by_address.get(worker.address or addresses.get(worker.id))
             if link is None:
-                raise TextsqlError(f"Cluster start failed: no agent answered for {worker.id}; the connected agents are "
-                                   f"{', '.join(f'{l.worker_id} ({l.address})' for l in self.coordinator.links)}.")
+                raise TextsqlError(
+                    f"Cluster start failed: no agent answered for {worker.id}; the connected agents are "
+                    f"{', '.join(f'{link.worker_id} ({link.address})' for link in self.coordinator.links)}."
+                )
             worker.address = link.address
             ordered.append(link)
         return ordered
@@ -445,7 +508,12 @@ class Cluster:
         """Which agents this start runs, so that a later start (after a kernel restart) can stop any left over."""
         records = [{"id": w.id, "pid": w.pid, "created": w.created} for w in [self.node0] + self.nodes if w is not None]
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(self.state_file, json.dumps({"backend": self.backend.name, "start": getattr(self, "start_id", None), "workers": records}, indent=2))
+        replace_file(
+            self.state_file,
+            json.dumps(
+                {"backend": self.backend.name, "start": getattr(self, "start_id", None), "workers": records}, indent=2
+            ),
+        )
 
     def _stop_stale(self) -> None:
         state = read_state(self.state_file)
@@ -454,9 +522,13 @@ class Cluster:
             return
         stopped = stop_stale_processes([r for r in records if r.get("pid")])
         if state.get("backend") == self.backend.name and hasattr(self.backend, "stop_stale"):
-            stopped += [i for i in self.backend.stop_stale([r for r in records if not r.get("pid")]) if i not in stopped]
+            stopped += [
+                i for i in self.backend.stop_stale([r for r in records if not r.get("pid")]) if i not in stopped
+            ]
         if stopped:
-            self.echo(f"stopped {len(stopped)} stale worker(s) of an earlier start ({state.get('start')}): {', '.join(stopped)}")
+            self.echo(
+                f"stopped {len(stopped)} stale worker(s) of an earlier start ({state.get('start')}): {', '.join(stopped)}"
+            )
         self._clear_state()
 
     def stop(self) -> None:
@@ -479,7 +551,9 @@ class Cluster:
                 # Launchers on this machine (node 0's; every node's in the local backend) are gone before we say so,
                 # also those of an agent that was killed or frozen.
                 local = self.links if isinstance(self.backend, LocalBackend) else self.links[:1]
-                stop_launch_groups([link.launcher for link in local if getattr(link, "launcher", None) and link.launcher[0]])
+                stop_launch_groups(
+                    [link.launcher for link in local if getattr(link, "launcher", None) and link.launcher[0]]
+                )
                 self._clear_state()
             finally:
                 if self.lock is not None:
@@ -489,7 +563,7 @@ class Cluster:
     def _clear_state(self) -> None:
         replace_file(self.state_file, json.dumps({"backend": self.backend.name, "start": None, "workers": []}))
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -515,7 +589,9 @@ class Cluster:
 
         if not self.started:
             raise TextsqlError("The cluster is not started (cluster.start()).")
-        return plan_launch(self._node_facts(), _arguments(arguments), self._ask, workdir=Path.cwd(), log_root=self.dir / "launches")
+        return plan_launch(
+            self._node_facts(), _arguments(arguments), self._ask, workdir=Path.cwd(), log_root=self.dir / "launches"
+        )
 
     def preflight(self, *arguments):
         """Check every node for this training and show what the launch would do; raises PreflightError."""
@@ -538,7 +614,9 @@ class Cluster:
             plan = self.plan(*arguments)
             self.echo(plan.describe())
             with run_lock(plan.run_dir, plan.launch_id):
-                return run_on_agents(self.links, plan, events=self.coordinator.events, echo=self.echo, grace_seconds=grace_seconds)
+                return run_on_agents(
+                    self.links, plan, events=self.coordinator.events, echo=self.echo, grace_seconds=grace_seconds
+                )
         except BaseException:
             if stop_on_failure:
                 self.stop()
@@ -550,12 +628,16 @@ class Cluster:
         lines = [f"{'node':<6}{'address':<18}{'worker':<30}devices"]
         for i, link in enumerate(self.links):
             worker = "this session" if i == 0 else f"{self.backend.name} {link.worker_id}"
-            devices = NodeDevices.from_dict(link.facts["devices"]).describe() if "devices" in link.facts else link.facts.get("devices_error")
+            devices = (
+                NodeDevices.from_dict(link.facts["devices"]).describe()
+                if "devices" in link.facts
+                else link.facts.get("devices_error")
+            )
             lines.append(f"{i:<6}{link.address:<18}{worker:<30}{devices}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"Cluster({self.backend.name}, nodes={[l.address for l in self.links] if self.started else 'not started'})"
+        return f"Cluster({self.backend.name}, nodes={[link.address for link in self.links] if self.started else 'not started'})"
 
 
 def _arguments(arguments: tuple):

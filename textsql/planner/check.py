@@ -21,7 +21,9 @@ from textsql.run_summary import RunSummary
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def compare_with_run(summary: RunSummary, max_source_length: int | None = None, max_target_length: int | None = None) -> dict:
+def compare_with_run(
+    summary: RunSummary, max_source_length: int | None = None, max_target_length: int | None = None
+) -> dict:
     """Predict the peak memory of a finished run (run_summary.json) and compare it with what was measured.
 
     ratio = measured / predicted, comparing torch's peak reserved memory on the busiest rank with the predicted total
@@ -40,26 +42,38 @@ def compare_with_run(summary: RunSummary, max_source_length: int | None = None, 
     ranks = summary.peak_memory_per_rank
     on_gpu = [r for r in ranks if "cuda_max_reserved_bytes" in r]
     result = {
-        "strategy": run["strategy"], "precision": run["setup"].precision, "world_size": run["setup"].gpus,
-        "nodes": run["setup"].nodes, "per_device_train_batch_size": run["batch"],
-        "lengths": [run["setup"].source_length, run["setup"].target_length], "lengths_from": run["lengths_from"],
+        "strategy": run["strategy"],
+        "precision": run["setup"].precision,
+        "world_size": run["setup"].gpus,
+        "nodes": run["setup"].nodes,
+        "per_device_train_batch_size": run["batch"],
+        "lengths": [run["setup"].source_length, run["setup"].target_length],
+        "lengths_from": run["lengths_from"],
         "gradient_checkpointing": run["setup"].gradient_checkpointing,
-        "predicted_gpu_total_bytes": row["gpu_total_bytes"], "predicted_reserved_bytes": row["torch_reserved_bytes"],
+        "predicted_gpu_total_bytes": row["gpu_total_bytes"],
+        "predicted_reserved_bytes": row["torch_reserved_bytes"],
         "predicted_allocated_bytes": row["torch_allocated_bytes"],
         "predicted_gpu_gb": {k: round(v / GIB, 3) for k, v in row["gpu_bytes"].items()},
         "predicted_zero3_gathered_elements": (row["zero3_residency"] or {}).get("gathered"),
     }
     if not on_gpu:
         rss = max((r.get("cpu_peak_rss_bytes", 0) for r in ranks), default=0)
-        return result | {"comparable": False, "measured_cpu_peak_rss_bytes": rss, "ratio": None,
-                         "reason": "This run trained on the CPU: the prediction is of GPU memory, the measurement is the "
-                                   "process's peak resident memory (Python, torch, the data and the model together), so "
-                                   "no ratio is given. Runs on GPUs are compared."}
+        return result | {
+            "comparable": False,
+            "measured_cpu_peak_rss_bytes": rss,
+            "ratio": None,
+            "reason": "This run trained on the CPU: the prediction is of GPU memory, the measurement is the "
+            "process's peak resident memory (Python, torch, the data and the model together), so "
+            "no ratio is given. Runs on GPUs are compared.",
+        }
     busiest = max(on_gpu, key=lambda r: r["cuda_max_reserved_bytes"])
     reserved, allocated = busiest["cuda_max_reserved_bytes"], busiest["cuda_max_allocated_bytes"]
     return result | {
-        "comparable": True, "reason": None, "measured_rank": busiest.get("rank"),
-        "measured_reserved_bytes": reserved, "measured_allocated_bytes": allocated,
+        "comparable": True,
+        "reason": None,
+        "measured_rank": busiest.get("rank"),
+        "measured_reserved_bytes": reserved,
+        "measured_allocated_bytes": allocated,
         "ratio": round(reserved / row["torch_reserved_bytes"], 3),
         "ratio_allocated": round(allocated / row["torch_allocated_bytes"], 3),
     }
@@ -70,27 +84,51 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
         training = summary.arguments["training"]
         batch = int(training["per_device_train_batch_size"])
     except (KeyError, TypeError, ValueError) as error:
-        raise TextsqlError(f"The run summary lacks {error} needed to predict its memory; it must be a "
-                           f"run_summary.json written by textsql train.") from None
+        raise TextsqlError(
+            f"The run summary lacks {error} needed to predict its memory; it must be a "
+            f"run_summary.json written by textsql train."
+        ) from None
     strategy, world, model, precision = summary.strategy, int(summary.world_size), summary.model_id, summary.precision
     hosts = {r.get("host") for r in summary.peak_memory_per_rank} - {None}
     nodes = len(hosts) if hosts and world % len(hosts) == 0 else 1
     stage = int(strategy.get("zero_stage") or 0)
-    layout = (stage, strategy.get("offload_optimizer", "none") != "none", strategy.get("offload_param", "none") != "none")
+    layout = (
+        stage,
+        strategy.get("offload_optimizer", "none") != "none",
+        strategy.get("offload_param", "none") != "none",
+    )
     checkpointing = bool(training.get("activation_checkpointing") or training.get("gradient_checkpointing"))
     on_gpu = any("cuda_max_reserved_bytes" in r for r in summary.peak_memory_per_rank)
     lengths, lengths_from = _run_lengths(summary, max_source_length, max_target_length, pad_multiple=8 if on_gpu else 1)
     settings = zero_settings(summary.deepspeed_config)
     lora = strategy.get("lora") or {}  # a LoRA run is predicted as one
-    setup = Setup(nodes, world // nodes, lengths[0], lengths[1], precision if precision in PRECISIONS else "fp32",
-                  checkpointing, tuple(sorted(settings.items())), lora_rank=int(lora.get("rank") or 0),
-                  lora_targets=lora.get("targets", "qv"))
+    setup = Setup(
+        nodes,
+        world // nodes,
+        lengths[0],
+        lengths[1],
+        precision if precision in PRECISIONS else "fp32",
+        checkpointing,
+        tuple(sorted(settings.items())),
+        lora_rank=int(lora.get("rank") or 0),
+        lora_targets=lora.get("targets", "qv"),
+    )
     fsdp_layout = None
     if strategy.get("strategy") == "fsdp":
-        fsdp_layout = (bool(strategy.get("reshard_after_forward", True)), strategy.get("offload_param", "none") != "none",
-                       bool(strategy.get("hybrid_shard")))
-    return {"model": model, "setup": setup, "layout": layout, "fsdp_layout": fsdp_layout, "batch": batch,
-            "strategy": strategy.get("label", "none"), "lengths_from": lengths_from}
+        fsdp_layout = (
+            bool(strategy.get("reshard_after_forward", True)),
+            strategy.get("offload_param", "none") != "none",
+            bool(strategy.get("hybrid_shard")),
+        )
+    return {
+        "model": model,
+        "setup": setup,
+        "layout": layout,
+        "fsdp_layout": fsdp_layout,
+        "batch": batch,
+        "strategy": strategy.get("label", "none"),
+        "lengths_from": lengths_from,
+    }
 
 
 def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: int):
@@ -106,8 +144,10 @@ def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: in
         source = min(train["source_percentiles"]["p100"], meta.get("max_source_length") or math.inf)
         target = min(train["target_percentiles"]["p100"], meta.get("max_target_length") or math.inf)
     except (OSError, KeyError, TypeError, ValueError):
-        raise TextsqlError(f"The longest sequences of the run are unknown: '{path}' (written by textsql prep) cannot be "
-                           f"read. Pass max_source_length and max_target_length.") from None
+        raise TextsqlError(
+            f"The longest sequences of the run are unknown: '{path}' (written by textsql prep) cannot be "
+            f"read. Pass max_source_length and max_target_length."
+        ) from None
 
     def pad(n):
         return int(math.ceil(n / pad_multiple) * pad_multiple)

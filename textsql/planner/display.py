@@ -7,8 +7,15 @@ import textwrap
 from textsql.extras import require_notebooks_extra
 from textsql.planner.memory import COMPONENTS
 
-COLUMN_TITLES = {"parameters": "params", "gradients": "grads", "optimizer_states": "optim", "weight_copies": "copies",
-                 "activations": "activ", "buckets": "buckets", "overhead": "overhead"}
+COLUMN_TITLES = {
+    "parameters": "params",
+    "gradients": "grads",
+    "optimizer_states": "optim",
+    "weight_copies": "copies",
+    "activations": "activ",
+    "buckets": "buckets",
+    "overhead": "overhead",
+}
 
 
 def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = True) -> str:
@@ -30,34 +37,45 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
     lines += _rows(plan["strategies"])
     lora = plan.get("lora")
     if lora:
-        lines.append(f"with LoRA r={lora['rank']} on {lora['targets']} ({lora['adapted_layers']} layers, "
-                     f"{lora['trainable_parameters'] / 1e6:.2f}M trainable parameters, "
-                     f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)")
+        lines.append(
+            f"with LoRA r={lora['rank']} on {lora['targets']} ({lora['adapted_layers']} layers, "
+            f"{lora['trainable_parameters'] / 1e6:.2f}M trainable parameters, "
+            f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)"
+        )
         lines += _rows(lora["strategies"])
-    lines.append(f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
-                 f"memory; tight = fits only without the safety margin)")
+    lines.append(
+        f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
+        f"memory; tight = fits only without the safety margin)"
+    )
     lines.append("")
     rec = plan["recommendation"]
     if rec is None:
         lines.append("recommendation: nothing fits." + (f" {plan['problem']}" if with_problem else ""))
     else:
         what = f"LoRA under {rec['strategy']}" if rec.get("lora") else strategy_words(rec["strategy"])
-        lines.append(f"recommendation: {what} with batch {rec['per_device_train_batch_size']} per GPU "
-                     f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
-                     f"{rec['largest_per_device_train_batch_size']}." + (f" Why: {rec['reason']}." if rec.get("lora") else ""))
+        lines.append(
+            f"recommendation: {what} with batch {rec['per_device_train_batch_size']} per GPU "
+            f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
+            f"{rec['largest_per_device_train_batch_size']}." + (f" Why: {rec['reason']}." if rec.get("lora") else "")
+        )
         if rec.get("alternative"):
             lines.append(f"alternative: {rec['alternative']}.")
     if lora:
         if not rec or not rec.get("lora"):
             best = lora.get("recommendation")
-            lines.append("LoRA: fits under no strategy either." if best is None else
-                         f"LoRA: fastest fitting strategy {best['strategy']} ({best['predicted_gpu_gb']:.1f} GB), largest "
-                         f"batch {best['largest_per_device_train_batch_size']}.")
+            lines.append(
+                "LoRA: fits under no strategy either."
+                if best is None
+                else f"LoRA: fastest fitting strategy {best['strategy']} ({best['predicted_gpu_gb']:.1f} GB), largest "
+                f"batch {best['largest_per_device_train_batch_size']}."
+            )
         lines.append(textwrap.fill(f"LoRA with offload: {lora['offload_note']}", width=118, subsequent_indent="  "))
     if with_assumptions:
         lines += ["", "assumptions:"]
-        lines += [textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-                  for text in plan["assumptions"]]
+        lines += [
+            textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+            for text in plan["assumptions"]
+        ]
     else:
         lines.append(f"({len(plan['assumptions'])} assumptions behind these numbers: `textsql plan ... --assumptions`)")
     return "\n".join(lines)
@@ -71,18 +89,34 @@ def strategy_words(name: str) -> str:
 def _rows(strategies: dict) -> list[str]:
     lines = []
     for name, row in strategies.items():
-        fits = "yes" if row["fits_with_margin"] else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
-        lines.append(f"{name:<15}" + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
-                     + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}")
+        fits = (
+            "yes"
+            if row["fits_with_margin"]
+            else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
+        )
+        lines.append(
+            f"{name:<15}"
+            + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
+            + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}"
+        )
     return lines
 
 
 def _zero3_line(residency: dict) -> str:
-    used = {k.removeprefix("stage3_"): f"{v:.3g}".replace("e+0", "e").replace("e+", "e") for k, v in residency["settings"].items()}
-    how = ("an upper bound: no module trace" if residency["source"].startswith("upper bound")
-           else "DeepSpeed's coordinator replayed")
-    return (f"ZeRO-3     {residency['gathered'] / 1e6:.1f}M parameters gathered at the peak ({how}: "
-            + ", ".join(f"{k} {v}" for k, v in used.items()) + ")")
+    used = {
+        k.removeprefix("stage3_"): f"{v:.3g}".replace("e+0", "e").replace("e+", "e")
+        for k, v in residency["settings"].items()
+    }
+    how = (
+        "an upper bound: no module trace"
+        if residency["source"].startswith("upper bound")
+        else "DeepSpeed's coordinator replayed"
+    )
+    return (
+        f"ZeRO-3     {residency['gathered'] / 1e6:.1f}M parameters gathered at the peak ({how}: "
+        + ", ".join(f"{k} {v}" for k, v in used.items())
+        + ")"
+    )
 
 
 def plot_plan(plan: dict, path=None):
@@ -101,9 +135,16 @@ def plot_plan(plan: dict, path=None):
         ax.bar(names, heights, bottom=bottoms, label=component.replace("_", " "))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     inputs = plan["inputs"]
-    ax.axhline(inputs["gpu_memory_gb"], color="black", linewidth=1, label=f"GPU memory ({inputs['gpu_memory_gb']:g} GB)")
-    ax.axhline(inputs["gpu_memory_gb"] * (1 - inputs["safety_margin"]), color="black", linestyle="--", linewidth=1,
-               label=f"with {inputs['safety_margin']:.0%} margin")
+    ax.axhline(
+        inputs["gpu_memory_gb"], color="black", linewidth=1, label=f"GPU memory ({inputs['gpu_memory_gb']:g} GB)"
+    )
+    ax.axhline(
+        inputs["gpu_memory_gb"] * (1 - inputs["safety_margin"]),
+        color="black",
+        linestyle="--",
+        linewidth=1,
+        label=f"with {inputs['safety_margin']:.0%} margin",
+    )
     rec = plan["recommendation"]
     title = f"{plan['model']['name']}, {inputs['nodes']} x {inputs['gpus_per_node']} GPU, batch {inputs['per_device_train_batch_size']}, {inputs['precision']}"
     ax.set_title(title + (f": {rec['strategy']} recommended" if rec else ": nothing fits"))

@@ -22,7 +22,9 @@ from textsql.planner.zero3_trace import (
 from textsql.strategy.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
 from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_LAYOUT, STRATEGIES, STRATEGY_LAYOUT
 
-GIB = 2**30  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
+GIB = (
+    2**30
+)  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 # parameters + gradients + optimizer_states are the model states (DeepSpeed's estimators); weight_copies are the parameter
@@ -146,29 +148,56 @@ class PlanArguments:
 
     model: str = field(
         default="t5-small",
-        metadata={"help": "t5-small, t5-base, t5-large, t5-3b or t5-11b (built-in shapes, nothing is downloaded), a local "
-                  "model folder with config.json, or a hub name already in the local Hugging Face cache."})
+        metadata={
+            "help": "t5-small, t5-base, t5-large, t5-3b or t5-11b (built-in shapes, nothing is downloaded), a local "
+            "model folder with config.json, or a hub name already in the local Hugging Face cache."
+        },
+    )
     nodes: int = field(default=1, metadata={"help": "Pods (nodes) training together."})
     gpus_per_node: int = field(default=1, metadata={"help": "GPUs in each pod."})
-    gpu_memory_gb: float = field(default=40.0, metadata={"help": "Memory of one GPU in GB (2**30 bytes; an A100-40GB has 40)."})
+    gpu_memory_gb: float = field(
+        default=40.0, metadata={"help": "Memory of one GPU in GB (2**30 bytes; an A100-40GB has 40)."}
+    )
     per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch per GPU."})
-    max_source_length: int = field(default=96, metadata={"help": "Longest question in a batch, in tokens (batches are padded to their longest)."})
+    max_source_length: int = field(
+        default=96, metadata={"help": "Longest question in a batch, in tokens (batches are padded to their longest)."}
+    )
     max_target_length: int = field(default=96, metadata={"help": "Longest SQL target in a batch, in tokens."})
     precision: str = field(default="bf16", metadata={"help": "fp32, bf16 or fp16 (bf16 on Ampere and newer GPUs)."})
-    gradient_checkpointing: bool = field(default=False, metadata={"help": "Recompute activations in the backward pass (less memory, about 30 percent slower)."})
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute activations in the backward pass (less memory, about 30 percent slower)."},
+    )
     dsconfig: str | None = field(
         default=None,
-        metadata={"help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3_offload): bucket and sub-group "
-                  "sizes and the stage3_* settings (max live parameters, max reuse distance, prefetch bucket, "
-                  "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."})
-    cpu_memory_gb: float | None = field(default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."})
-    safety_margin: float = field(default=0.1, metadata={"help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."})
-    lora: bool = field(default=False, metadata={"help": "Also plan LoRA (textsql train --lora True) under every strategy, and "
-                                                 "recommend it where full fine-tuning does not fit or needs more pods."})
+        metadata={
+            "help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3_offload): bucket and sub-group "
+            "sizes and the stage3_* settings (max live parameters, max reuse distance, prefetch bucket, "
+            "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."
+        },
+    )
+    cpu_memory_gb: float | None = field(
+        default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."}
+    )
+    safety_margin: float = field(
+        default=0.1,
+        metadata={
+            "help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."
+        },
+    )
+    lora: bool = field(
+        default=False,
+        metadata={
+            "help": "Also plan LoRA (textsql train --lora True) under every strategy, and "
+            "recommend it where full fine-tuning does not fit or needs more pods."
+        },
+    )
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank r (as textsql train --lora_rank)."})
     lora_targets: str = field(default="qv", metadata={"help": "qv or all (as textsql train --lora_targets)."})
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
-    assumptions: bool = field(default=False, metadata={"help": "Print the assumptions behind the numbers under the table."})
+    assumptions: bool = field(
+        default=False, metadata={"help": "Print the assumptions behind the numbers under the table."}
+    )
 
     def __post_init__(self):
         if not str(self.model).strip():
@@ -183,10 +212,14 @@ class PlanArguments:
             raise TextsqlError(f"--cpu_memory_gb must be positive (or left out), not {self.cpu_memory_gb!r}.")
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
-        LoraArguments(lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets)  # the same checks as training
+        LoraArguments(
+            lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets
+        )  # the same checks as training
         if not 0 <= self.safety_margin < 1:
-            raise TextsqlError(f"--safety_margin is a fraction of memory kept free, from 0 to below 1 (e.g. 0.1), "
-                               f"not {self.safety_margin!r}.")
+            raise TextsqlError(
+                f"--safety_margin is a fraction of memory kept free, from 0 to below 1 (e.g. 0.1), "
+                f"not {self.safety_margin!r}."
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -241,14 +274,18 @@ def _config_from_folder(folder: Path):
     from transformers import AutoConfig
 
     if not (folder / "config.json").is_file():
-        raise TextsqlError(f"'{folder}' is a folder without config.json, so it is not a model folder. Pass the folder "
-                           f"written by save_pretrained (only its config.json is read), or a built-in name: "
-                           f"{', '.join(T5_SHAPES)}.")
+        raise TextsqlError(
+            f"'{folder}' is a folder without config.json, so it is not a model folder. Pass the folder "
+            f"written by save_pretrained (only its config.json is read), or a built-in name: "
+            f"{', '.join(T5_SHAPES)}."
+        )
     try:
         return AutoConfig.from_pretrained(str(folder))
     except (OSError, ValueError) as error:
-        raise TextsqlError(f"'{folder / 'config.json'}' cannot be read as a model config ({_first_line(error)}). "
-                           f"Write it again with save_pretrained, or pass a built-in name: {', '.join(T5_SHAPES)}.") from None
+        raise TextsqlError(
+            f"'{folder / 'config.json'}' cannot be read as a model config ({_first_line(error)}). "
+            f"Write it again with save_pretrained, or pass a built-in name: {', '.join(T5_SHAPES)}."
+        ) from None
 
 
 def _config_from_hub(name: str):
@@ -257,29 +294,46 @@ def _config_from_hub(name: str):
     try:
         return AutoConfig.from_pretrained(name, local_files_only=hub_offline())  # the env is read now, not at import
     except (OSError, ValueError) as error:
-        where = ("HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache" if hub_offline()
-                 else f"it could not be fetched from the hub ({_first_line(error)})")
+        where = (
+            "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+            if hub_offline()
+            else f"it could not be fetched from the hub ({_first_line(error)})"
+        )
         local = f"models/{name.split('/')[-1]}"
         raise TextsqlError(
             f"Unknown model '{name}': it is not one of the built-in shapes ({', '.join(T5_SHAPES)}), not a local "
             f"folder, and {where}. Only its config.json is needed: on a machine with internet access run "
             f"`{download_command(name, 'config.json', local_dir=local)}`, copy '{local}' into the project "
-            f"and pass --model {local}.") from None
+            f"and pass --model {local}."
+        ) from None
 
 
 def _shape_from_config(config, name: str, source: str) -> ModelShape:
     model_type = getattr(config, "model_type", "?")
     if model_type not in T5_MODEL_TYPES:
-        raise TextsqlError(f"'{name}' is a {model_type} model; the planner knows the T5 family only "
-                           f"({', '.join(T5_MODEL_TYPES)}: t5, flan-t5, mt5, umt5), whose activations it models layer by "
-                           f"layer. Pass one of those.")
+        raise TextsqlError(
+            f"'{name}' is a {model_type} model; the planner knows the T5 family only "
+            f"({', '.join(T5_MODEL_TYPES)}: t5, flan-t5, mt5, umt5), whose activations it models layer by "
+            f"layer. Pass one of those."
+        )
     inspected = _inspect_model(config.to_json_string())
     return ModelShape(
-        name=name, source=source, d_model=config.d_model, d_ff=config.d_ff, num_layers=config.num_layers,
-        num_decoder_layers=config.num_decoder_layers or config.num_layers, num_heads=config.num_heads,
-        d_kv=config.d_kv, vocab_size=config.vocab_size, gated=bool(getattr(config, "is_gated_act", False)),
-        parameters=sum(inspected["sizes"]), largest_layer_parameters=inspected["largest_layer"],
-        matmul_parameters=inspected["matmul"], parameter_sizes=inspected["sizes"], module_trace=inspected["trace"])
+        name=name,
+        source=source,
+        d_model=config.d_model,
+        d_ff=config.d_ff,
+        num_layers=config.num_layers,
+        num_decoder_layers=config.num_decoder_layers or config.num_layers,
+        num_heads=config.num_heads,
+        d_kv=config.d_kv,
+        vocab_size=config.vocab_size,
+        gated=bool(getattr(config, "is_gated_act", False)),
+        parameters=sum(inspected["sizes"]),
+        largest_layer_parameters=inspected["largest_layer"],
+        matmul_parameters=inspected["matmul"],
+        parameter_sizes=inspected["sizes"],
+        module_trace=inspected["trace"],
+    )
 
 
 @contextmanager
@@ -313,7 +367,9 @@ def _inspect_model(config_json: str) -> dict:
         model = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model(model_type, **config_dict))
     parameters = list(model.parameters())  # yields a tied weight once, in DeepSpeed's ds_id order
     index = {id(p): i for i, p in enumerate(parameters)}
-    linear = {index[id(p)] for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
+    linear = {
+        index[id(p)] for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)
+    }
     # The hooks' order depends on the modules, not on their widths: record it on a narrow copy on the CPU, where a
     # step takes a fraction of a second (meta tensors run Python reference kernels).
     narrow = AutoConfig.for_model(model_type, **{**config_dict, **NARROW_WIDTHS})
@@ -371,8 +427,16 @@ def _overlap_comm(settings: dict, stage: int) -> bool:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def model_states(total_params: int, largest_layer_params: int, stage: int, offload_optimizer: bool, offload_param: bool,
-                 num_gpus_per_node: int, num_nodes: int, precision: str = "bf16") -> dict:
+def model_states(
+    total_params: int,
+    largest_layer_params: int,
+    stage: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    num_gpus_per_node: int,
+    num_nodes: int,
+    precision: str = "bf16",
+) -> dict:
     """GPU bytes of parameters, gradients and optimizer states per GPU, and host bytes per node for model states.
 
     In bf16/fp16 the three GPU terms add up to exactly DeepSpeed's estimate_zero2_model_states_mem_needs (stage 2)
@@ -416,12 +480,23 @@ def model_states(total_params: int, largest_layer_params: int, stage: int, offlo
 
 
 def _states(parameters, gradients, optimizer_states, cpu) -> dict:
-    return {"parameters": int(parameters), "gradients": int(gradients), "optimizer_states": int(optimizer_states),
-            "cpu_model_states": int(cpu)}
+    return {
+        "parameters": int(parameters),
+        "gradients": int(gradients),
+        "optimizer_states": int(optimizer_states),
+        "cpu_model_states": int(cpu),
+    }
 
 
-def activation_bytes(shape: ModelShape, batch: int, source_length: int, target_length: int, precision: str,
-                     gradient_checkpointing: bool, autocast: bool) -> dict:
+def activation_bytes(
+    shape: ModelShape,
+    batch: int,
+    source_length: int,
+    target_length: int,
+    precision: str,
+    gradient_checkpointing: bool,
+    autocast: bool,
+) -> dict:
     """Peak bytes of activations (everything saved for the backward pass) of one training step of a T5 model.
 
     Counted per token from the tensors HF's T5 saves: q/k/v and the attention output; the attention scores' fp32
@@ -443,8 +518,10 @@ def activation_bytes(shape: ModelShape, batch: int, source_length: int, target_l
     self_attention = norm + 4 * inner * e + d
     cross_attention = norm + 2 * inner * e + d  # its keys and values are counted per source token below
     encoder_layer = b * src * (self_attention + feed_forward + s.num_heads * src * score)
-    decoder_layer = (b * tgt * (self_attention + cross_attention + feed_forward + s.num_heads * (tgt + src) * score)
-                     + b * src * 2 * inner * e)
+    decoder_layer = (
+        b * tgt * (self_attention + cross_attention + feed_forward + s.num_heads * (tgt + src) * score)
+        + b * src * 2 * inner * e
+    )
     # Embedding dropout, final layer norm and dropout of each stack; the decoder's scaled output feeds the lm head.
     stack_ends = b * src * (2 * d * (1 + e) + norm) + b * tgt * (2 * d * (1 + e) + norm + d * e)
     position_bias = b * s.num_heads * (src * src + tgt * tgt + tgt * src) * e  # bias + mask, one per attention kind
@@ -457,12 +534,24 @@ def activation_bytes(shape: ModelShape, batch: int, source_length: int, target_l
         layers = s.num_layers * encoder_layer + s.num_decoder_layers * decoder_layer
         transient = loss
     total = layers + transient + stack_ends + position_bias + gradient_flow
-    return {"layers": int(layers), "transient": int(transient), "other": int(stack_ends + position_bias + gradient_flow),
-            "loss_peak": int(loss), "total": int(total)}
+    return {
+        "layers": int(layers),
+        "transient": int(transient),
+        "other": int(stack_ends + position_bias + gradient_flow),
+        "loss_peak": int(loss),
+        "total": int(total),
+    }
 
 
-def bucket_bytes(shape: ModelShape, settings: dict, stage: int, offload_optimizer: bool, precision: str, gpus: int,
-                 trainable: int | None = None) -> dict:
+def bucket_bytes(
+    shape: ModelShape,
+    settings: dict,
+    stage: int,
+    offload_optimizer: bool,
+    precision: str,
+    gpus: int,
+    trainable: int | None = None,
+) -> dict:
     """GPU bytes of gradient and communication buffers: DDP's buckets without DeepSpeed; DeepSpeed's reduce buffers,
     offload staging buffers and (ZeRO-3) the reduce-scatter copy and the fp32 gradient of the optimizer's sub-group.
     `trainable`: the parameters with gradients when fewer than all (LoRA); buffers for gradients shrink to them."""
@@ -510,15 +599,32 @@ def lora_layers(shape: ModelShape, rank: int, targets: str) -> dict:
         layers += [(f"{stack} feed-forward {n}", count, d, f, tokens) for n in wi]
         layers.append((f"{stack} feed-forward wo", count, f, d, tokens))
     # cross-attention: queries from the decoder, keys and values from the encoder's output
-    layers += [("decoder cross-attention q", dec, d, inner, "target"), ("decoder cross-attention k", dec, d, inner, "source"),
-               ("decoder cross-attention v", dec, d, inner, "source"), ("decoder cross-attention o", dec, inner, d, "target")]
+    layers += [
+        ("decoder cross-attention q", dec, d, inner, "target"),
+        ("decoder cross-attention k", dec, d, inner, "source"),
+        ("decoder cross-attention v", dec, d, inner, "source"),
+        ("decoder cross-attention o", dec, inner, d, "target"),
+    ]
     chosen = [layer for layer in layers if layer[0].rsplit(" ", 1)[1] in LORA_TARGETS[targets]]
-    return {"rank": rank, "targets": targets, "layers": chosen,
-            "trainable": sum(count * rank * (n_in + n_out) for _, count, n_in, n_out, _ in chosen)}
+    return {
+        "rank": rank,
+        "targets": targets,
+        "layers": chosen,
+        "trainable": sum(count * rank * (n_in + n_out) for _, count, n_in, n_out, _ in chosen),
+    }
 
 
-def lora_model_states(total_params: int, trainable: int, largest_layer_params: int, stage: int, offload_optimizer: bool,
-                      offload_param: bool, num_gpus_per_node: int, num_nodes: int, precision: str = "bf16") -> dict:
+def lora_model_states(
+    total_params: int,
+    trainable: int,
+    largest_layer_params: int,
+    stage: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    num_gpus_per_node: int,
+    num_nodes: int,
+    precision: str = "bf16",
+) -> dict:
     """model_states for LoRA: the frozen base (P) held in the training dtype under DeepSpeed (fp32 without: textsql
     loads it so), partitioned under ZeRO-3; gradients, fp32 master weights and Adam moments for the T trainable
     parameters only, with DeepSpeed's per-parameter bytes of each stage."""
@@ -549,8 +655,15 @@ def lora_model_states(total_params: int, trainable: int, largest_layer_params: i
     raise ValueError(f"ZeRO stage {stage}")
 
 
-def lora_activation_bytes(lora: dict, batch: int, source_length: int, target_length: int, precision: str,
-                          gradient_checkpointing: bool, shape: ModelShape) -> int:
+def lora_activation_bytes(
+    lora: dict,
+    batch: int,
+    source_length: int,
+    target_length: int,
+    precision: str,
+    gradient_checkpointing: bool,
+    shape: ModelShape,
+) -> int:
     """LoRA's activations beyond the model's: per adapted layer and token, its input after dropout (and the 1-byte
     mask) and the r-wide output of A. With gradient checkpointing, those of one encoder and one decoder block."""
     e = 4 if precision == "fp32" else 2
@@ -573,33 +686,59 @@ def weight_copy_bytes(shape: ModelShape, stage: int, precision: str, residency: 
         return {}
     low = 4 if precision == "fp32" else 2
     in_model_states = low * shape.largest_layer_parameters  # DeepSpeed's estimator already counts the largest layer
-    return {"gathered": max(0, residency["gathered"] * low - in_model_states), "persistent": residency["persistent"] * low}
+    return {
+        "gathered": max(0, residency["gathered"] * low - in_model_states),
+        "persistent": residency["persistent"] * low,
+    }
 
 
 @lru_cache(maxsize=256)
-def zero3_residency(shape: ModelShape, persistence_threshold: int, prefetch_bucket_size: int, max_live_parameters: int,
-                    max_reuse_distance: int, gradient_checkpointing: bool) -> dict:
+def zero3_residency(
+    shape: ModelShape,
+    persistence_threshold: int,
+    prefetch_bucket_size: int,
+    max_live_parameters: int,
+    max_reuse_distance: int,
+    gradient_checkpointing: bool,
+) -> dict:
     """Elements ZeRO-3 holds gathered on each GPU at its peak: the coordinator's gathered parameters, plus the
     persistent ones (always gathered, on every GPU)."""
     persistent = frozenset(i for i, n in enumerate(shape.parameter_sizes) if n <= persistence_threshold)
     persistent_elements = shape.persistent_parameters(persistence_threshold)
     if shape.module_trace is None:  # no module trace: every parameter, an upper bound
-        return {"gathered": shape.parameters - persistent_elements, "persistent": persistent_elements,
-                "source": "upper bound (no module trace)"}
+        return {
+            "gathered": shape.parameters - persistent_elements,
+            "persistent": persistent_elements,
+            "source": "upper bound (no module trace)",
+        }
     events, module_parameters = zero3_step_events(shape.module_trace, persistent, gradient_checkpointing)
-    replay = simulate_parameter_coordinator(shape.parameter_sizes, events, module_parameters, persistent,
-                                            prefetch_bucket_size, max_live_parameters, max_reuse_distance)
-    return {"gathered": replay["peak_gathered"], "persistent": persistent_elements,
-            "source": "replay of DeepSpeed's PartitionedParameterCoordinator on the model's module trace"}
+    replay = simulate_parameter_coordinator(
+        shape.parameter_sizes,
+        events,
+        module_parameters,
+        persistent,
+        prefetch_bucket_size,
+        max_live_parameters,
+        max_reuse_distance,
+    )
+    return {
+        "gathered": replay["peak_gathered"],
+        "persistent": persistent_elements,
+        "source": "replay of DeepSpeed's PartitionedParameterCoordinator on the model's module trace",
+    }
 
 
 def zero3_residency_for(shape: ModelShape, settings: dict, gradient_checkpointing: bool) -> dict:
     """zero3_residency with the dsconfig's stage-3 settings ("auto" as the Trainer fills it), and the settings used."""
     auto_bucket = shape.d_model * shape.d_model
-    used = {"stage3_param_persistence_threshold": _filled(settings["stage3_param_persistence_threshold"], 10 * shape.d_model),
-            "stage3_prefetch_bucket_size": _filled(settings["stage3_prefetch_bucket_size"], 0.9 * auto_bucket),
-            "stage3_max_live_parameters": _filled(settings["stage3_max_live_parameters"], 0),
-            "stage3_max_reuse_distance": _filled(settings["stage3_max_reuse_distance"], 0)}
+    used = {
+        "stage3_param_persistence_threshold": _filled(
+            settings["stage3_param_persistence_threshold"], 10 * shape.d_model
+        ),
+        "stage3_prefetch_bucket_size": _filled(settings["stage3_prefetch_bucket_size"], 0.9 * auto_bucket),
+        "stage3_max_live_parameters": _filled(settings["stage3_max_live_parameters"], 0),
+        "stage3_max_reuse_distance": _filled(settings["stage3_max_reuse_distance"], 0),
+    }
     return zero3_residency(shape, *used.values(), gradient_checkpointing) | {"settings": used}
 
 
@@ -622,43 +761,93 @@ class Setup:
         return self.nodes * self.gpus_per_node
 
 
-def predict(shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool, offload_param: bool, batch: int) -> dict:
+def predict(
+    shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool, offload_param: bool, batch: int
+) -> dict:
     """Bytes per GPU by component (and their total), host bytes per node, for one strategy and batch (LoRA when
     setup.lora_rank is set)."""
     settings = dict(setup.settings)
     lora = lora_layers(shape, setup.lora_rank, setup.lora_targets) if setup.lora_rank else None
     if lora is None:
-        states = model_states(shape.parameters, shape.largest_layer_parameters, stage, offload_optimizer, offload_param,
-                              setup.gpus_per_node, setup.nodes, setup.precision)
+        states = model_states(
+            shape.parameters,
+            shape.largest_layer_parameters,
+            stage,
+            offload_optimizer,
+            offload_param,
+            setup.gpus_per_node,
+            setup.nodes,
+            setup.precision,
+        )
     else:
-        states = lora_model_states(shape.parameters, lora["trainable"], shape.largest_layer_parameters, stage,
-                                   offload_optimizer, offload_param, setup.gpus_per_node, setup.nodes, setup.precision)
-    activations = activation_bytes(shape, batch, setup.source_length, setup.target_length, setup.precision,
-                                   setup.gradient_checkpointing, autocast=stage == 0 and setup.precision != "fp32")
+        states = lora_model_states(
+            shape.parameters,
+            lora["trainable"],
+            shape.largest_layer_parameters,
+            stage,
+            offload_optimizer,
+            offload_param,
+            setup.gpus_per_node,
+            setup.nodes,
+            setup.precision,
+        )
+    activations = activation_bytes(
+        shape,
+        batch,
+        setup.source_length,
+        setup.target_length,
+        setup.precision,
+        setup.gradient_checkpointing,
+        autocast=stage == 0 and setup.precision != "fp32",
+    )
     if lora is not None:
-        activations["lora"] = lora_activation_bytes(lora, batch, setup.source_length, setup.target_length,
-                                                    setup.precision, setup.gradient_checkpointing, shape)
+        activations["lora"] = lora_activation_bytes(
+            lora, batch, setup.source_length, setup.target_length, setup.precision, setup.gradient_checkpointing, shape
+        )
         activations["total"] += activations["lora"]
-    buckets = bucket_bytes(shape, settings, stage, offload_optimizer, setup.precision, setup.gpus,
-                           trainable=None if lora is None else lora["trainable"])
+    buckets = bucket_bytes(
+        shape,
+        settings,
+        stage,
+        offload_optimizer,
+        setup.precision,
+        setup.gpus,
+        trainable=None if lora is None else lora["trainable"],
+    )
     residency = zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None
     copies = weight_copy_bytes(shape, stage, setup.precision, residency)
-    gpu = {"parameters": states["parameters"], "gradients": states["gradients"],
-           "optimizer_states": states["optimizer_states"], "weight_copies": sum(copies.values()),
-           "activations": activations["total"], "buckets": sum(buckets.values())}
+    gpu = {
+        "parameters": states["parameters"],
+        "gradients": states["gradients"],
+        "optimizer_states": states["optimizer_states"],
+        "weight_copies": sum(copies.values()),
+        "activations": activations["total"],
+        "buckets": sum(buckets.values()),
+    }
     allocated = sum(gpu.values())
     unseen_by_torch = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if setup.gpus > 1 else 0)
     gpu["overhead"] = int(ALLOCATOR_OVERHEAD_FRACTION * allocated) + unseen_by_torch
     total = sum(gpu.values())
     cpu = int(states["cpu_model_states"] + CPU_RUNTIME_BYTES_PER_RANK * setup.gpus_per_node)
-    return {"gpu_bytes": gpu, "gpu_total_bytes": total, "torch_allocated_bytes": allocated,
-            "torch_reserved_bytes": total - unseen_by_torch, "model_states_bytes": states["parameters"] + states["gradients"] + states["optimizer_states"],
-            "activations_detail": activations, "buckets_detail": buckets, "weight_copies_detail": copies,
-            "zero3_residency": residency,
-            "overhead_detail": {"allocator": gpu["overhead"] - unseen_by_torch, "cuda_context": CUDA_CONTEXT_BYTES,
-                                "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES},
-            "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": states["cpu_model_states"],
-            "trainable_parameters": shape.parameters if lora is None else lora["trainable"]}
+    return {
+        "gpu_bytes": gpu,
+        "gpu_total_bytes": total,
+        "torch_allocated_bytes": allocated,
+        "torch_reserved_bytes": total - unseen_by_torch,
+        "model_states_bytes": states["parameters"] + states["gradients"] + states["optimizer_states"],
+        "activations_detail": activations,
+        "buckets_detail": buckets,
+        "weight_copies_detail": copies,
+        "zero3_residency": residency,
+        "overhead_detail": {
+            "allocator": gpu["overhead"] - unseen_by_torch,
+            "cuda_context": CUDA_CONTEXT_BYTES,
+            "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES,
+        },
+        "cpu_per_node_bytes": cpu,
+        "cpu_model_states_bytes": states["cpu_model_states"],
+        "trainable_parameters": shape.parameters if lora is None else lora["trainable"],
+    }
 
 
 def fsdp_units(shape: ModelShape) -> dict:
@@ -669,11 +858,17 @@ def fsdp_units(shape: ModelShape) -> dict:
     encoder_block = 4 * d * inner + d + feed_forward
     decoder_block = 8 * d * inner + 2 * d + feed_forward
     blocks = shape.num_layers * encoder_block + shape.num_decoder_layers * decoder_block
-    return {"encoder_block": encoder_block, "decoder_block": decoder_block, "blocks": blocks,
-            "embeddings": max(0, shape.parameters - blocks)}
+    return {
+        "encoder_block": encoder_block,
+        "decoder_block": decoder_block,
+        "blocks": blocks,
+        "embeddings": max(0, shape.parameters - blocks),
+    }
 
 
-def predict_fsdp(shape: ModelShape, setup: Setup, reshard_after_forward: bool, offload: bool, hybrid: bool, batch: int) -> dict:
+def predict_fsdp(
+    shape: ModelShape, setup: Setup, reshard_after_forward: bool, offload: bool, hybrid: bool, batch: int
+) -> dict:
     """Bytes per GPU by component (and their total), host bytes per node, under FSDP2: the model states sharded in fp32
     over the GPUs (one pod's with hybrid sharding), and the gathered units in the compute dtype."""
     P = shape.parameters
@@ -682,31 +877,57 @@ def predict_fsdp(shape: ModelShape, setup: Setup, reshard_after_forward: bool, o
     units = fsdp_units(shape)
     block = max(units["encoder_block"], units["decoder_block"])
     largest_unit = max(block, units["embeddings"])
-    sharded = {"parameters": math.ceil(4 * P / shards), "gradients": math.ceil(4 * P / shards),
-               "optimizer_states": math.ceil(8 * P / shards)}
+    sharded = {
+        "parameters": math.ceil(4 * P / shards),
+        "gradients": math.ceil(4 * P / shards),
+        "optimizer_states": math.ceil(8 * P / shards),
+    }
     gathered_blocks = 2 * block if reshard_after_forward else units["blocks"]
     copies = {"embeddings": low * units["embeddings"], "blocks": low * gathered_blocks}
     buckets = {"unsharded_gradient": low * largest_unit, "reduce_scatter_fp32": 4 * largest_unit}
-    activations = activation_bytes(shape, batch, setup.source_length, setup.target_length, setup.precision,
-                                   setup.gradient_checkpointing, autocast=False)
+    activations = activation_bytes(
+        shape,
+        batch,
+        setup.source_length,
+        setup.target_length,
+        setup.precision,
+        setup.gradient_checkpointing,
+        autocast=False,
+    )
     load_cpu = P * 4 * setup.gpus_per_node * ADDITIONAL_BUFFER_FACTOR  # every rank loads the fp32 checkpoint first
     cpu_states = load_cpu + (16 * P * setup.gpus_per_node / shards if offload else 0)
-    gpu = {"parameters": 0 if offload else sharded["parameters"], "gradients": 0 if offload else sharded["gradients"],
-           "optimizer_states": 0 if offload else sharded["optimizer_states"], "weight_copies": sum(copies.values()),
-           "activations": activations["total"], "buckets": sum(buckets.values())}
+    gpu = {
+        "parameters": 0 if offload else sharded["parameters"],
+        "gradients": 0 if offload else sharded["gradients"],
+        "optimizer_states": 0 if offload else sharded["optimizer_states"],
+        "weight_copies": sum(copies.values()),
+        "activations": activations["total"],
+        "buckets": sum(buckets.values()),
+    }
     allocated = sum(gpu.values())
     unseen_by_torch = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if setup.gpus > 1 else 0)
     gpu["overhead"] = int(ALLOCATOR_OVERHEAD_FRACTION * allocated) + unseen_by_torch
     total = sum(gpu.values())
     cpu = int(cpu_states + CPU_RUNTIME_BYTES_PER_RANK * setup.gpus_per_node)
-    return {"gpu_bytes": gpu, "gpu_total_bytes": total, "torch_allocated_bytes": allocated,
-            "torch_reserved_bytes": total - unseen_by_torch,
-            "model_states_bytes": gpu["parameters"] + gpu["gradients"] + gpu["optimizer_states"],
-            "activations_detail": activations, "buckets_detail": buckets, "weight_copies_detail": copies,
-            "zero3_residency": None, "fsdp_units": units | {"sharded_over": shards},
-            "overhead_detail": {"allocator": gpu["overhead"] - unseen_by_torch, "cuda_context": CUDA_CONTEXT_BYTES,
-                                "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES},
-            "cpu_per_node_bytes": cpu, "cpu_model_states_bytes": int(cpu_states)}
+    return {
+        "gpu_bytes": gpu,
+        "gpu_total_bytes": total,
+        "torch_allocated_bytes": allocated,
+        "torch_reserved_bytes": total - unseen_by_torch,
+        "model_states_bytes": gpu["parameters"] + gpu["gradients"] + gpu["optimizer_states"],
+        "activations_detail": activations,
+        "buckets_detail": buckets,
+        "weight_copies_detail": copies,
+        "zero3_residency": None,
+        "fsdp_units": units | {"sharded_over": shards},
+        "overhead_detail": {
+            "allocator": gpu["overhead"] - unseen_by_torch,
+            "cuda_context": CUDA_CONTEXT_BYTES,
+            "nccl": unseen_by_torch - CUDA_CONTEXT_BYTES,
+        },
+        "cpu_per_node_bytes": cpu,
+        "cpu_model_states_bytes": int(cpu_states),
+    }
 
 
 def predict_strategy(shape: ModelShape, setup: Setup, strategy: str, batch: int) -> dict:
@@ -726,8 +947,15 @@ def plan_memory(args: PlanArguments) -> dict:
     shape = resolve_model(args.model)
     dsconfig = read_dsconfig(args.dsconfig) if args.dsconfig else None
     settings = zero_settings(dsconfig)
-    setup = Setup(args.nodes, args.gpus_per_node, args.max_source_length, args.max_target_length, args.precision,
-                  args.gradient_checkpointing, tuple(sorted(settings.items())))
+    setup = Setup(
+        args.nodes,
+        args.gpus_per_node,
+        args.max_source_length,
+        args.max_target_length,
+        args.precision,
+        args.gradient_checkpointing,
+        tuple(sorted(settings.items())),
+    )
     limits = _limits(args)
     strategies = {}
     for name in STRATEGIES:
@@ -759,14 +987,23 @@ def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, 
     for name in DEEPSPEED_STRATEGIES:  # LoRA is modelled on the ZeRO strategies (and plain DDP); not yet under FSDP
         row = predict(shape, lora_setup, *STRATEGY_LAYOUT[name], args.per_device_train_batch_size)
         rows[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
-    plan["lora"] = {"rank": args.lora_rank, "targets": args.lora_targets, "trainable_parameters": layers["trainable"],
-                    "adapted_layers": sum(count for _, count, *_ in layers["layers"]), "strategies": rows}
+    plan["lora"] = {
+        "rank": args.lora_rank,
+        "targets": args.lora_targets,
+        "trainable_parameters": layers["trainable"],
+        "adapted_layers": sum(count for _, count, *_ in layers["layers"]),
+        "strategies": rows,
+    }
     plan["assumptions"] = plan["assumptions"] + LORA_ASSUMPTIONS
     offload = [n for n in DEEPSPEED_STRATEGIES if STRATEGY_LAYOUT[n][1]]
-    plan["lora"]["offload_note"] = "; ".join(
-        f"{n}: GPU {plan['strategies'][n]['gpu_total_gb']:.1f} -> {rows[n]['gpu_total_gb']:.1f} GB, host "
-        f"{plan['strategies'][n]['cpu_per_node_gb']:.1f} -> {rows[n]['cpu_per_node_gb']:.1f} GB per pod" for n in offload
-    ) + ": with CPU offload the optimizer states live in host memory, so LoRA's saving is there."
+    plan["lora"]["offload_note"] = (
+        "; ".join(
+            f"{n}: GPU {plan['strategies'][n]['gpu_total_gb']:.1f} -> {rows[n]['gpu_total_gb']:.1f} GB, host "
+            f"{plan['strategies'][n]['cpu_per_node_gb']:.1f} -> {rows[n]['cpu_per_node_gb']:.1f} GB per pod"
+            for n in offload
+        )
+        + ": with CPU offload the optimizer states live in host memory, so LoRA's saving is there."
+    )
     full = plan["recommendation"]
     fitting = [n for n in DEEPSPEED_STRATEGIES if rows[n]["fits_with_margin"]]
     if not fitting:
@@ -774,27 +1011,39 @@ def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, 
         return
     name = fitting[0]
     lora_recommendation = {
-        "strategy": name, "lora": True, "lora_rank": args.lora_rank, "lora_targets": args.lora_targets,
+        "strategy": name,
+        "lora": True,
+        "lora_rank": args.lora_rank,
+        "lora_targets": args.lora_targets,
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "largest_per_device_train_batch_size": largest_batch(shape, lora_setup, name, limits),
-        "predicted_gpu_gb": rows[name]["gpu_total_gb"]}
+        "predicted_gpu_gb": rows[name]["gpu_total_gb"],
+    }
     plan["lora"]["recommendation"] = lora_recommendation
     if full is None:
         pods = pods_for_full_fine_tuning(shape, setup, args, limits)
         needs = f"; full fine-tuning would need {pods} pods of {args.gpus_per_node} GPU(s)" if pods else ""
-        plan["recommendation"] = dict(lora_recommendation, reason=(
-            f"full fine-tuning fits under no strategy on {args.nodes} pod(s){needs}. LoRA (r={args.lora_rank}, "
-            f"{args.lora_targets}) under {name} fits in {1 - args.safety_margin:.0%} of {args.gpu_memory_gb:g} GB: "
-            f"textsql train --lora True --lora_rank {args.lora_rank} --lora_targets {args.lora_targets}"
-            + ("" if name == "none" else f" --deepspeed {name}")))
+        plan["recommendation"] = dict(
+            lora_recommendation,
+            reason=(
+                f"full fine-tuning fits under no strategy on {args.nodes} pod(s){needs}. LoRA (r={args.lora_rank}, "
+                f"{args.lora_targets}) under {name} fits in {1 - args.safety_margin:.0%} of {args.gpu_memory_gb:g} GB: "
+                f"textsql train --lora True --lora_rank {args.lora_rank} --lora_targets {args.lora_targets}"
+                + ("" if name == "none" else f" --deepspeed {name}")
+            ),
+        )
         plan["problem"] = None
     elif STRATEGIES.index(name) < STRATEGIES.index(full["strategy"]):
         # full fine-tuning fits only under a slower strategy (the model spread over the GPUs, or offloaded to the host)
-        full["alternative"] = (f"LoRA (r={args.lora_rank}, {args.lora_targets}) fits under {name}, a faster strategy, "
-                               f"on each GPU alone ({rows[name]['gpu_total_gb']:.1f} GB)")
+        full["alternative"] = (
+            f"LoRA (r={args.lora_rank}, {args.lora_targets}) fits under {name}, a faster strategy, "
+            f"on each GPU alone ({rows[name]['gpu_total_gb']:.1f} GB)"
+        )
 
 
-def pods_for_full_fine_tuning(shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, most: int = 64) -> int | None:
+def pods_for_full_fine_tuning(
+    shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, most: int = 64
+) -> int | None:
     """The fewest pods (up to `most`) on which some strategy fits full fine-tuning at this batch; None if none."""
     from dataclasses import replace
 
@@ -807,8 +1056,10 @@ def pods_for_full_fine_tuning(shape: ModelShape, setup: Setup, args: PlanArgumen
 
 def _limits(args: PlanArguments) -> dict:
     keep = 1 - args.safety_margin
-    return {"gpu": args.gpu_memory_gb * GIB * keep,
-            "cpu": None if args.cpu_memory_gb is None else args.cpu_memory_gb * GIB * keep}
+    return {
+        "gpu": args.gpu_memory_gb * GIB * keep,
+        "cpu": None if args.cpu_memory_gb is None else args.cpu_memory_gb * GIB * keep,
+    }
 
 
 def _fits(row: dict, limits: dict) -> bool:
@@ -832,16 +1083,21 @@ def _recommend(shape, setup, args, strategies, limits):
     for name in STRATEGIES:
         if strategies[name]["fits_with_margin"]:
             largest = largest_batch(shape, setup, name, limits)
-            return {"strategy": name, "per_device_train_batch_size": args.per_device_train_batch_size,
-                    "largest_per_device_train_batch_size": largest,
-                    "predicted_gpu_gb": strategies[name]["gpu_total_gb"],
-                    "reason": f"{name} is the fastest strategy whose prediction fits in {1 - args.safety_margin:.0%} of "
-                              f"{args.gpu_memory_gb:g} GB" + (f" (and of {args.cpu_memory_gb:g} GB host memory)" if args.cpu_memory_gb else "")}, None
+            return {
+                "strategy": name,
+                "per_device_train_batch_size": args.per_device_train_batch_size,
+                "largest_per_device_train_batch_size": largest,
+                "predicted_gpu_gb": strategies[name]["gpu_total_gb"],
+                "reason": f"{name} is the fastest strategy whose prediction fits in {1 - args.safety_margin:.0%} of "
+                f"{args.gpu_memory_gb:g} GB"
+                + (f" (and of {args.cpu_memory_gb:g} GB host memory)" if args.cpu_memory_gb else ""),
+            }, None
     return None, _no_fit_message(shape, setup, args, strategies, limits)
 
 
 def largest_batch(shape: ModelShape, setup: Setup, strategy: str, limits: dict) -> int:
     """The largest per-device batch (up to 4096) whose prediction fits the limits under `strategy`; 0 if none."""
+
     def fits(batch):
         return _fits(predict_strategy(shape, setup, strategy, batch), limits)
 
@@ -871,19 +1127,25 @@ def _no_fit_message(shape, setup, args, strategies, limits) -> str:
     for name in STRATEGIES:
         batch = largest_batch(shape, setup, name, limits)
         if batch:
-            return (f"A per-device batch of {args.per_device_train_batch_size} fits under no strategy for {shape.name} on "
-                    f"{args.nodes} x {args.gpus_per_node} GPU(s): the smallest prediction is "
-                    f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB "
-                    f"allowed ({allowed}). The fastest strategy that fits at all is {name} with a batch of at most "
-                    f"{batch}: pass --per_device_train_batch_size {batch} and raise --gradient_accumulation_steps to keep "
-                    f"the effective batch, or use {', or '.join(fixes)}.")
+            return (
+                f"A per-device batch of {args.per_device_train_batch_size} fits under no strategy for {shape.name} on "
+                f"{args.nodes} x {args.gpus_per_node} GPU(s): the smallest prediction is "
+                f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB "
+                f"allowed ({allowed}). The fastest strategy that fits at all is {name} with a batch of at most "
+                f"{batch}: pass --per_device_train_batch_size {batch} and raise --gradient_accumulation_steps to keep "
+                f"the effective batch, or use {', or '.join(fixes)}."
+            )
     cpu_note = ""
     if args.cpu_memory_gb is not None and not strategies[smallest]["fits_cpu"]:
-        cpu_note = f" The host memory also falls short ({strategies[smallest]['cpu_per_node_gb']:.1f} GB per node needed)."
-    return (f"{shape.name} fits under no strategy on {args.nodes} x {args.gpus_per_node} GPU(s) of {args.gpu_memory_gb:g} GB, "
-            f"not even with a batch of 1: the smallest prediction at batch {args.per_device_train_batch_size} is "
-            f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB allowed "
-            f"({allowed}).{cpu_note} Use {', or '.join(fixes)}.")
+        cpu_note = (
+            f" The host memory also falls short ({strategies[smallest]['cpu_per_node_gb']:.1f} GB per node needed)."
+        )
+    return (
+        f"{shape.name} fits under no strategy on {args.nodes} x {args.gpus_per_node} GPU(s) of {args.gpu_memory_gb:g} GB, "
+        f"not even with a batch of 1: the smallest prediction at batch {args.per_device_train_batch_size} is "
+        f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB allowed "
+        f"({allowed}).{cpu_note} Use {', or '.join(fixes)}."
+    )
 
 
 def _dsconfig_label(dsconfig) -> str | None:

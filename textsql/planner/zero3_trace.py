@@ -13,10 +13,14 @@ class ModuleTrace:
     Compared by identity: one trace per model config (_inspect_model is cached), so hashing a plan input stays cheap.
     """
 
-    module_parameters: tuple  # per module (model.modules() order): indexes of its own parameters (model.parameters() order)
+    module_parameters: (
+        tuple  # per module (model.modules() order): indexes of its own parameters (model.parameters() order)
+    )
     external: tuple  # (module, parameter): a parameter the module's code reads while no module holding it runs
     step: tuple  # (module, is_fetch) for the forward and backward pass, in time order
-    checkpointed_step: tuple  # the same with gradient checkpointing (every checkpointed layer recomputed in the backward)
+    checkpointed_step: (
+        tuple  # the same with gradient checkpointing (every checkpointed layer recomputed in the backward)
+    )
 
 
 # Widths of the narrow copy whose training step gives the module trace (same layers, same parameters, tiny tensors).
@@ -128,8 +132,12 @@ def record_module_trace(model) -> ModuleTrace | None:
             m._parameters = parameters
         for handle in handles:
             handle.remove()
-    return ModuleTrace(module_parameters=tuple(tuple(sorted(o)) for o in own), external=tuple(external), step=plain,
-                       checkpointed_step=checkpointed)
+    return ModuleTrace(
+        module_parameters=tuple(tuple(sorted(o)) for o in own),
+        external=tuple(external),
+        step=plain,
+        checkpointed_step=checkpointed,
+    )
 
 
 def zero3_step_events(trace: ModuleTrace, persistent, gradient_checkpointing: bool) -> tuple[tuple, list]:
@@ -146,8 +154,15 @@ def zero3_step_events(trace: ModuleTrace, persistent, gradient_checkpointing: bo
     return events, [tuple(sorted(p)) for p in module_parameters]
 
 
-def simulate_parameter_coordinator(sizes, events, module_parameters, persistent, prefetch_bucket_size: int,
-                                   max_live_parameters: int, max_reuse_distance: int) -> dict:
+def simulate_parameter_coordinator(
+    sizes,
+    events,
+    module_parameters,
+    persistent,
+    prefetch_bucket_size: int,
+    max_live_parameters: int,
+    max_reuse_distance: int,
+) -> dict:
     """Replay one training step (after the first, which records the trace) of DeepSpeed 0.19.8's ZeRO-3
     PartitionedParameterCoordinator (deepspeed/runtime/zero/partitioned_param_coordinator.py): the parameter elements
     it holds gathered after every fetch (its __n_available_params, persistent parameters not counted) as `timeline`,
@@ -184,7 +199,7 @@ def simulate_parameter_coordinator(sizes, events, module_parameters, persistent,
         return at < len(uses[p]) and uses[p][at] <= last
 
     queue = deque((p, step) for step, module in enumerate(order) for p in module_parameters[module])
-    most_recent = defaultdict(lambda: -10**10)
+    most_recent = defaultdict(lambda: -(10**10))
     active = defaultdict(set)
     gathered: set = set()
     live = peak = peak_step = step = 0
@@ -219,8 +234,7 @@ def simulate_parameter_coordinator(sizes, events, module_parameters, persistent,
         else:
             for p in params:
                 active[p].discard(module)
-                if (p in gathered and not active[p] and most_recent[p] <= step
-                        and not reused_soon(p, step)):
+                if p in gathered and not active[p] and most_recent[p] <= step and not reused_soon(p, step):
                     gathered.discard(p)
                     live -= sizes[p]
     return {"peak_gathered": peak, "peak_step": peak_step, "steps": len(order), "timeline": timeline}

@@ -25,7 +25,9 @@ DEFAULT_PORT = 8888
 RUNTIME_DIR_VARIABLE = "JUPYTER_RUNTIME_DIR"
 
 
-def lab_config(root_dir: Path, port: int, token: str, private_dir: str, *, behind_cml_proxy: bool, host: str = DEFAULT_HOST):
+def lab_config(
+    root_dir: Path, port: int, token: str, private_dir: str, *, behind_cml_proxy: bool, host: str = DEFAULT_HOST
+):
     """The Jupyter server's settings, as a traitlets Config; private_dir takes the secrets Jupyter writes to files."""
     from traitlets.config import Config
 
@@ -78,10 +80,16 @@ def serve_lab(root_dir: str | Path, port: int, *, behind_cml_proxy: bool = False
     root = Path(root_dir).resolve()
     token = secrets.token_urlsafe(32)
     with private_runtime_dir() as runtime_dir:
-        server = LabApp.initialize_server(argv=[], config=lab_config(root, port, token, runtime_dir, behind_cml_proxy=behind_cml_proxy))
+        server = LabApp.initialize_server(
+            argv=[], config=lab_config(root, port, token, runtime_dir, behind_cml_proxy=behind_cml_proxy)
+        )
         # Queued after the server's own bind: printed once the port is really served (with --port 0, the one picked).
-        server.io_loop.add_callback(lambda: print(
-            f"textsql lab: JupyterLab on {lab_url(root, server.port, token)}\n"
-            "textsql lab: the token is printed only here (a new one each start); Ctrl-C stops the server", flush=True))
+        server.io_loop.add_callback(
+            lambda: print(
+                f"textsql lab: JupyterLab on {lab_url(root, server.port, token)}\n"
+                "textsql lab: the token is printed only here (a new one each start); Ctrl-C stops the server",
+                flush=True,
+            )
+        )
         server.start()
     return 0

@@ -31,7 +31,9 @@ def resolve_port(port: int | None, environ=os.environ, default: int = DEFAULT_PO
     return (port if port is not None else default), None
 
 
-def tensorboard_flags(runs_root: str | Path, port: int, host: str = DEFAULT_HOST, extra: list[str] | None = None) -> list[str]:
+def tensorboard_flags(
+    runs_root: str | Path, port: int, host: str = DEFAULT_HOST, extra: list[str] | None = None
+) -> list[str]:
     """TensorBoard's own command-line flags for serving runs_root (its argv without the program name)."""
     return ["--logdir", str(Path(runs_root).resolve()), "--host", host, "--port", str(port), *(extra or [])]
 

@@ -59,16 +59,22 @@ class NodeDevices:
         return f"{len(self.gpus)} x {' + '.join(names)}, {self.cpu_cores} CPU cores"
 
     def as_dict(self) -> dict:
-        return {"gpus": [{"name": g.name, "capability": list(g.capability), "memory_bytes": g.memory_bytes} for g in self.gpus],
-                "cpu_cores": self.cpu_cores}
+        return {
+            "gpus": [
+                {"name": g.name, "capability": list(g.capability), "memory_bytes": g.memory_bytes} for g in self.gpus
+            ],
+            "cpu_cores": self.cpu_cores,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "NodeDevices":
-        gpus = tuple(Gpu(g["name"], tuple(g["capability"]), int(g.get("memory_bytes", 0))) for g in data.get("gpus", ()))
+    def from_dict(cls, data: dict) -> NodeDevices:
+        gpus = tuple(
+            Gpu(g["name"], tuple(g["capability"]), int(g.get("memory_bytes", 0))) for g in data.get("gpus", ())
+        )
         return cls(gpus=gpus, cpu_cores=int(data.get("cpu_cores", 1)))
 
     @classmethod
-    def local(cls) -> "NodeDevices":
+    def local(cls) -> NodeDevices:
         """This machine's GPUs as torch sees them (CUDA_VISIBLE_DEVICES respected) and the cores this process may use."""
         import torch
 
@@ -94,9 +100,17 @@ def local_devices(isolated: bool | None = None) -> NodeDevices:
 
     if not (Path("/dev/nvidiactl").exists() if isolated is None else isolated):
         return NodeDevices.local()
-    done = subprocess.run([sys.executable, "-c", "import json; from textsql.strategy.devices import NodeDevices; "
-                           f"print({DEVICES_ANSWER!r} + json.dumps(NodeDevices.local().as_dict()))"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import json; from textsql.strategy.devices import NodeDevices; "
+            f"print({DEVICES_ANSWER!r} + json.dumps(NodeDevices.local().as_dict()))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     found = [line for line in done.stdout.splitlines() if line.startswith(DEVICES_ANSWER)]
     if not found:
         raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
@@ -122,7 +136,11 @@ def choose_accelerator(requested: str, devices: NodeDevices) -> str:
     if requested == "cuda" and not devices.gpus:
         raise TextsqlError(
             "GPUs were asked for (--accelerator cuda), but this process sees none: torch.cuda.is_available() is False"
-            + (f" with CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}" if "CUDA_VISIBLE_DEVICES" in os.environ else "")
+            + (
+                f" with CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}"
+                if "CUDA_VISIBLE_DEVICES" in os.environ
+                else ""
+            )
             + ". Check the pod's GPU request (nvidia_gpu) and the driver (nvidia-smi), or pass --accelerator cpu to train on the CPU."
         )
     if requested == "auto":
@@ -135,7 +153,9 @@ def use_accelerator(accelerator: str, environ=os.environ) -> None:
     if accelerator == "cpu":
         environ["DS_ACCELERATOR"] = "cpu"
     elif environ.get("DS_ACCELERATOR") == "cpu":
-        raise TextsqlError("DS_ACCELERATOR=cpu is set, but this process trains on the GPU. Unset DS_ACCELERATOR, or pass --accelerator cpu.")
+        raise TextsqlError(
+            "DS_ACCELERATOR=cpu is set, but this process trains on the GPU. Unset DS_ACCELERATOR, or pass --accelerator cpu."
+        )
 
 
 def prepare_deepspeed_import(environ=os.environ) -> None:
@@ -156,8 +176,10 @@ def ranks_per_node(requested: int | None, devices: NodeDevices) -> int:
     if requested < 1:
         raise TextsqlError(f"The number of processes per node must be at least 1, not {requested}.")
     if available and requested > available:
-        raise TextsqlError(f"{requested} processes per node were asked for, but this node has {available} GPU(s) visible "
-                           f"({devices.describe()}). Ask for at most {available}, or make more GPUs visible.")
+        raise TextsqlError(
+            f"{requested} processes per node were asked for, but this node has {available} GPU(s) visible "
+            f"({devices.describe()}). Ask for at most {available}, or make more GPUs visible."
+        )
     return requested
 
 
@@ -195,7 +217,9 @@ class PrecisionChoice:
         return {"bf16": self.name == "bf16", "fp16": self.name == "fp16", "tf32": self.tf32}
 
 
-def resolve_precision(requested: str, model_id: str, gpus: tuple[Gpu, ...] | list[Gpu], *, force_fp16: bool = False) -> PrecisionChoice:
+def resolve_precision(
+    requested: str, model_id: str, gpus: tuple[Gpu, ...] | list[Gpu], *, force_fp16: bool = False
+) -> PrecisionChoice:
     """The precision for a run on these GPUs (every GPU of every node; none on a CPU).
 
     auto: bf16 where every GPU has native bf16 (Ampere and newer), fp32 otherwise (V100, T4, the CPU). TF32 is used
@@ -236,7 +260,9 @@ def precision_from_trainer_flags(precision: str, bf16: bool | None, fp16: bool |
     """Fold the Trainer's own --bf16/--fp16 flags into --precision, so that both go through `resolve_precision`."""
     flagged = [name for name, on in (("bf16", bf16), ("fp16", fp16)) if on]
     if len(flagged) > 1:
-        raise TextsqlError("--bf16 True and --fp16 True were both given; pass one --precision (bf16, fp32 or fp16) instead.")
+        raise TextsqlError(
+            "--bf16 True and --fp16 True were both given; pass one --precision (bf16, fp32 or fp16) instead."
+        )
     if not flagged:
         return precision
     if precision not in ("auto", flagged[0]):
@@ -271,10 +297,14 @@ def check_nodes_agree(nodes: dict[str, NodeDevices], slots: dict[str, int] | Non
     for name in names[1:]:
         a, b = nodes[first], nodes[name]
         if bool(a.gpus) != bool(b.gpus):
-            problems.append(f"{name} has {b.describe()}, but node 0 ({first}) has {a.describe()}: every node must have GPUs, or none")
+            problems.append(
+                f"{name} has {b.describe()}, but node 0 ({first}) has {a.describe()}: every node must have GPUs, or none"
+            )
         elif a.gpus and _bf16_kinds(a) != _bf16_kinds(b):
-            problems.append(f"{name} has {b.describe()}, but node 0 ({first}) has {a.describe()}: native bf16 on some GPUs and not on "
-                            "others, so no one precision suits every rank")
+            problems.append(
+                f"{name} has {b.describe()}, but node 0 ({first}) has {a.describe()}: native bf16 on some GPUs and not on "
+                "others, so no one precision suits every rank"
+            )
     for name, node in nodes.items():
         wanted = (slots or {}).get(name, 0)
         if node.gpus and wanted > len(node.gpus):
@@ -357,8 +387,10 @@ def visible_gpu_ids(visible_devices: str | None, count: int) -> list[int]:
         return list(range(count))
     ids = [part.strip() for part in visible_devices.split(",") if part.strip()]
     if not all(part.isascii() and part.isdigit() for part in ids):
-        raise TextsqlError(f"CUDA_VISIBLE_DEVICES={visible_devices!r} names GPUs by UUID; DeepSpeed's launcher needs their indices "
-                           "(e.g. CUDA_VISIBLE_DEVICES=0,1). Use `nvidia-smi -L` to find them.")
+        raise TextsqlError(
+            f"CUDA_VISIBLE_DEVICES={visible_devices!r} names GPUs by UUID; DeepSpeed's launcher needs their indices "
+            "(e.g. CUDA_VISIBLE_DEVICES=0,1). Use `nvidia-smi -L` to find them."
+        )
     return [int(part) for part in ids]
 
 
@@ -393,11 +425,13 @@ def split_local_gpus(ranks_per_node: list[int], devices: NodeDevices, visible_de
         return [None] * len(ranks_per_node)
     ids = visible_gpu_ids(visible_devices, len(devices.gpus))
     if sum(ranks_per_node) > len(ids):
-        raise TextsqlError(f"{len(ranks_per_node)} local nodes with {'+'.join(map(str, ranks_per_node))} ranks need {sum(ranks_per_node)} GPUs, "
-                           f"but this machine has {len(ids)} visible ({devices.describe()}). Use fewer workers or fewer GPUs per worker.")
+        raise TextsqlError(
+            f"{len(ranks_per_node)} local nodes with {'+'.join(map(str, ranks_per_node))} ranks need {sum(ranks_per_node)} GPUs, "
+            f"but this machine has {len(ids)} visible ({devices.describe()}). Use fewer workers or fewer GPUs per worker."
+        )
     shares, start = [], 0
     for ranks in ranks_per_node:
-        shares.append(",".join(map(str, ids[start:start + ranks])))
+        shares.append(",".join(map(str, ids[start : start + ranks])))
         start += ranks
     return shares
 
@@ -411,4 +445,4 @@ def split_local_cores(cores: list[int], nodes: int) -> list[list[int]]:
     if len(cores) < nodes:
         return [[cores[i % len(cores)]] for i in range(nodes)]
     size = len(cores) // nodes
-    return [cores[i * size:(i + 1) * size] for i in range(nodes)]
+    return [cores[i * size : (i + 1) * size] for i in range(nodes)]

@@ -50,8 +50,9 @@ def load_dsconfig(path) -> dict:
     return cfg
 
 
-def check_batch_settings(cfg, *, per_device_train_batch_size, gradient_accumulation_steps, world_size, max_grad_norm,
-                         source=None) -> None:
+def check_batch_settings(
+    cfg, *, per_device_train_batch_size, gradient_accumulation_steps, world_size, max_grad_norm, source=None
+) -> None:
     """Raise TextsqlError when numbers in the DeepSpeed config contradict the training arguments.
 
     The Trainer does the same comparison, but only after the model is loaded and with a terse message.
@@ -59,9 +60,11 @@ def check_batch_settings(cfg, *, per_device_train_batch_size, gradient_accumulat
     expected = {
         "train_micro_batch_size_per_gpu": (per_device_train_batch_size, "--per_device_train_batch_size"),
         "gradient_accumulation_steps": (gradient_accumulation_steps, "--gradient_accumulation_steps"),
-        "train_batch_size": (per_device_train_batch_size * gradient_accumulation_steps * world_size,
-                             f"per_device_train_batch_size × gradient_accumulation_steps × world size "
-                             f"({per_device_train_batch_size} × {gradient_accumulation_steps} × {world_size})"),
+        "train_batch_size": (
+            per_device_train_batch_size * gradient_accumulation_steps * world_size,
+            f"per_device_train_batch_size × gradient_accumulation_steps × world size "
+            f"({per_device_train_batch_size} × {gradient_accumulation_steps} × {world_size})",
+        ),
         "gradient_clipping": (max_grad_norm, "--max_grad_norm"),
     }
     where = f"the DeepSpeed config {source}" if source else "the DeepSpeed config"
@@ -74,7 +77,8 @@ def check_batch_settings(cfg, *, per_device_train_batch_size, gradient_accumulat
         raise TextsqlError(
             f"The DeepSpeed config contradicts the training arguments: {'; '.join(clashes)}. "
             f'Set these keys to "auto" in the JSON file so that the Trainer fills them from the training '
-            f"arguments, or make the numbers agree.")
+            f"arguments, or make the numbers agree."
+        )
 
 
 def describe_strategy(cfg) -> dict:
@@ -83,8 +87,13 @@ def describe_strategy(cfg) -> dict:
     A stage or offload device left "auto" is read as accelerate fills it (from ACCELERATE_* variables, else its default).
     """
     if cfg is None:
-        return {"strategy": "none", "zero_stage": None, "offload_optimizer": "none", "offload_param": "none",
-                "label": "none"}
+        return {
+            "strategy": "none",
+            "zero_stage": None,
+            "offload_optimizer": "none",
+            "offload_param": "none",
+            "label": "none",
+        }
     zero = cfg.get("zero_optimization") or {}
     if isinstance(zero, dict) and any(_value_at(cfg, path) == "auto" for path in ACCELERATE_PLUGIN_AUTO):
         zero = _accelerate_plugin(cfg).deepspeed_config["zero_optimization"]
@@ -97,8 +106,13 @@ def describe_strategy(cfg) -> dict:
         label += "_nvme"
     elif "cpu" in devices:
         label += "_offload"
-    return {"strategy": f"zero{stage}" if stage else "none", "zero_stage": stage,
-            "offload_optimizer": offload_optimizer, "offload_param": offload_param, "label": label}
+    return {
+        "strategy": f"zero{stage}" if stage else "none",
+        "zero_stage": stage,
+        "offload_optimizer": offload_optimizer,
+        "offload_param": offload_param,
+        "label": label,
+    }
 
 
 def resolve_for_run(cfg, run_dir) -> dict:
@@ -125,7 +139,8 @@ def shipped_configs() -> dict[str, Path]:
             f"The folder of shipped DeepSpeed configs, {DSCONFIG_DIR}, does not exist: in a checkout, "
             f"textsql/shipped_dsconfig must be the symbolic link to dsconfig/ that git stores (check out with "
             f"`git config core.symlinks true`), then reinstall with `pip install .`; or pass the path of your own "
-            f"DeepSpeed JSON file instead.")
+            f"DeepSpeed JSON file instead."
+        )
     return {p.stem: p for p in sorted(DSCONFIG_DIR.glob("*.json"))}
 
 
@@ -137,8 +152,10 @@ def resolve_dsconfig_path(name_or_path, flag: str = "--deepspeed") -> Path:
     shipped = shipped_configs()
     if str(name_or_path) in shipped:
         return shipped[str(name_or_path)]
-    raise TextsqlError(f"{flag} '{name_or_path}' is neither a JSON file nor a shipped strategy ({', '.join(shipped)}): "
-                       "there is no such file. Pass the path of your DeepSpeed JSON file, or a shipped name.")
+    raise TextsqlError(
+        f"{flag} '{name_or_path}' is neither a JSON file nor a shipped strategy ({', '.join(shipped)}): "
+        "there is no such file. Pass the path of your DeepSpeed JSON file, or a shipped name."
+    )
 
 
 def describe_config(cfg) -> str:

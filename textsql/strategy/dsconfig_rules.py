@@ -15,7 +15,7 @@ import json
 import logging
 import typing
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from textsql.errors import TextsqlError
@@ -120,7 +120,8 @@ def _read_json(path: Path, review: _Review) -> dict:
     if not path.is_file():
         raise TextsqlError(
             f"DeepSpeed config {path} does not exist. Pass the path of a JSON file, for example one of the "
-            f"shipped configs in {DSCONFIG_DIR}.")
+            f"shipped configs in {DSCONFIG_DIR}."
+        )
     text = path.read_text(encoding="utf-8")
     duplicates = []
 
@@ -134,10 +135,12 @@ def _read_json(path: Path, review: _Review) -> dict:
     except json.JSONDecodeError as exc:
         raise TextsqlError(_json_error(path, exc)) from None
     if not isinstance(cfg, dict):
-        raise TextsqlError(f"DeepSpeed config {path} must hold one JSON object ({{...}}), "
-                           f"not a {type(cfg).__name__}.")
-    review.warnings += [f"{key}: duplicate key; JSON keeps only the last value (the one the Trainer and DeepSpeed "
-                        f"read), so delete the other one" for key in duplicates]
+        raise TextsqlError(f"DeepSpeed config {path} must hold one JSON object ({{...}}), not a {type(cfg).__name__}.")
+    review.warnings += [
+        f"{key}: duplicate key; JSON keeps only the last value (the one the Trainer and DeepSpeed "
+        f"read), so delete the other one"
+        for key in duplicates
+    ]
     return cfg
 
 
@@ -148,11 +151,13 @@ def _json_error(path, exc: json.JSONDecodeError) -> str:
         if number <= len(lines):
             shown.append(f"  {number:4d} | {lines[number - 1]}")
     shown.append("         " + " " * (exc.colno - 1) + "^")
-    return (f"DeepSpeed config {path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}:\n"
-            + "\n".join(shown)
-            + "\nThe Trainer reads the file with Python's json module (DeepSpeed's own reader is more lenient): JSON "
-              "allows no comments and no trailing commas, needs a comma between entries and double quotes around "
-              "keys and strings.")
+    return (
+        f"DeepSpeed config {path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}:\n"
+        + "\n".join(shown)
+        + "\nThe Trainer reads the file with Python's json module (DeepSpeed's own reader is more lenient): JSON "
+        "allows no comments and no trailing commas, needs a comma between entries and double quotes around "
+        "keys and strings."
+    )
 
 
 def _import_deepspeed():
@@ -160,15 +165,19 @@ def _import_deepspeed():
     try:
         import deepspeed  # noqa: F401  (slow: imported only when a config is checked)
     except ImportError as exc:
-        raise TextsqlError(f"Checking a DeepSpeed config needs the deepspeed package, which does not import "
-                           f"({exc}). Install it with `pip install deepspeed`.") from None
+        raise TextsqlError(
+            f"Checking a DeepSpeed config needs the deepspeed package, which does not import "
+            f"({exc}). Install it with `pip install deepspeed`."
+        ) from None
 
 
 def _problem_paragraph(path, problems) -> str:
     count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
     items = "\n".join(f"  {i}. {p}" for i, p in enumerate(problems, 1))
-    return (f"DeepSpeed config {path} has {count} that would stop the training:\n{items}\n"
-            f"Fix the file and check it again with `textsql check-config {path}`.")
+    return (
+        f"DeepSpeed config {path} has {count} that would stop the training:\n{items}\n"
+        f"Fix the file and check it again with `textsql check-config {path}`."
+    )
 
 
 def _review_config(cfg, review: _Review) -> None:
@@ -195,22 +204,33 @@ def _check_frame(cfg, review: _Review) -> bool:
     framed = isinstance(zero, dict)
     if zero is None:
         misspelt = [key for key in cfg if difflib.get_close_matches(str(key), ["zero_optimization"], n=1, cutoff=0.75)]
-        fix = (f'the file has "{misspelt[0]}", which DeepSpeed does not know: did you mean zero_optimization? Rename it'
-               if misspelt else 'add "zero_optimization": {"stage": N}, N from 0 (no ZeRO) to 3')
+        fix = (
+            f'the file has "{misspelt[0]}", which DeepSpeed does not know: did you mean zero_optimization? Rename it'
+            if misspelt
+            else 'add "zero_optimization": {"stage": N}, N from 0 (no ZeRO) to 3'
+        )
         review.problems.append(
             'zero_optimization: missing. The Trainer stops without it (accelerate: "Please specify the ZeRO '
-            f'optimization config in the DeepSpeed config."); {fix}')
+            f'optimization config in the DeepSpeed config."); {fix}'
+        )
     elif not framed:
-        old_form = (' DeepSpeed still reads its old boolean form (true meaning stage 1), but the Trainer does not: '
-                    'accelerate reads zero_optimization.stage from it and stops ("\'bool\' object has no attribute '
-                    '\'get\'").' if isinstance(zero, bool) else "")
-        review.problems.append(f'zero_optimization: must be an object {{...}}; got {json.dumps(zero)}.{old_form} '
-                               f'Write "zero_optimization": {{"stage": {1 if zero is True else 0}}}')
+        old_form = (
+            " DeepSpeed still reads its old boolean form (true meaning stage 1), but the Trainer does not: "
+            "accelerate reads zero_optimization.stage from it and stops (\"'bool' object has no attribute "
+            "'get'\")."
+            if isinstance(zero, bool)
+            else ""
+        )
+        review.problems.append(
+            f"zero_optimization: must be an object {{...}}; got {json.dumps(zero)}.{old_form} "
+            f'Write "zero_optimization": {{"stage": {1 if zero is True else 0}}}'
+        )
     if "train_batch_size" not in cfg and "train_micro_batch_size_per_gpu" not in cfg:
         review.problems.append(
             'train_micro_batch_size_per_gpu: missing, and so is train_batch_size. DeepSpeed needs one of them ("Either '
             'train_batch_size or train_micro_batch_size_per_gpu needs to be provided"): add '
-            '"train_micro_batch_size_per_gpu": "auto" so that the Trainer fills it from --per_device_train_batch_size')
+            '"train_micro_batch_size_per_gpu": "auto" so that the Trainer fills it from --per_device_train_batch_size'
+        )
         framed = False
     return framed
 
@@ -247,14 +267,21 @@ def _unfilled_auto(keys) -> str:
     if candidates is not None and key not in candidates and key not in _deprecated_keys_at(keys[:-1]):
         return f'{_unknown_key(path, key, candidates, "DeepSpeed would ignore it")}, but as it holds "auto", {stops}'
     alias = _alias_of(keys)
-    spelled = (f' The Trainer and accelerate fill "auto" only under DeepSpeed\'s other name for this setting, {alias}.'
-               if alias else "")
-    return (f'{path}: "auto" is not allowed here: neither the Trainer nor accelerate fills it, and {stops}. Write a '
-            f'value.{spelled} "auto" is filled only in {_compact_paths(_auto_paths())}')
+    spelled = (
+        f' The Trainer and accelerate fill "auto" only under DeepSpeed\'s other name for this setting, {alias}.'
+        if alias
+        else ""
+    )
+    return (
+        f'{path}: "auto" is not allowed here: neither the Trainer nor accelerate fills it, and {stops}. Write a '
+        f'value.{spelled} "auto" is filled only in {_compact_paths(_auto_paths())}'
+    )
 
 
 def _auto_paths() -> list:
-    return list(dict.fromkeys([*HF_AUTO_PLACEHOLDERS, *ACCELERATE_PREPARE_AUTO, *ACCELERATE_PLUGIN_AUTO]))  # in order, once each
+    return list(
+        dict.fromkeys([*HF_AUTO_PLACEHOLDERS, *ACCELERATE_PREPARE_AUTO, *ACCELERATE_PLUGIN_AUTO])
+    )  # in order, once each
 
 
 def _section_model(keys):
@@ -286,7 +313,9 @@ def _candidates_at(keys):
 
 def _deprecated_keys_at(keys) -> set:
     model = _section_model(keys)
-    return {name for name, field_ in model.model_fields.items() if _is_deprecated(field_)} if model is not None else set()
+    return (
+        {name for name, field_ in model.model_fields.items() if _is_deprecated(field_)} if model is not None else set()
+    )
 
 
 def _dotted(keys) -> str:
@@ -304,8 +333,11 @@ def _compact_paths(paths) -> str:
         groups.setdefault(parent, []).append(leaf)
     parts = []
     for parent, leaves in groups.items():
-        parts += leaves if not parent else [f"{parent}.{leaves[0]}" if len(leaves) == 1
-                                            else f"{parent}.{{{', '.join(leaves)}}}"]
+        parts += (
+            leaves
+            if not parent
+            else [f"{parent}.{leaves[0]}" if len(leaves) == 1 else f"{parent}.{{{', '.join(leaves)}}}"]
+        )
     return ", ".join(parts)
 
 
@@ -363,8 +395,9 @@ def _through_accelerate(prepared, review: _Review):
         plugin.set_mixed_precision("no")
         plugin.deepspeed_config_process(must_match=False, **ACCELERATE_PREPARE_AUTO)
     except Exception as exc:  # accelerate raises ValueError, or stumbles on a malformed block
-        review.problems.append(f"the Trainer cannot use this config: accelerate stops with {type(exc).__name__}: "
-                               f"{_one_line(exc)}")
+        review.problems.append(
+            f"the Trainer cannot use this config: accelerate stops with {type(exc).__name__}: {_one_line(exc)}"
+        )
         return None
     handed = plugin.deepspeed_config
     stage = _value_at(handed, "zero_optimization.stage")
@@ -374,11 +407,17 @@ def _through_accelerate(prepared, review: _Review):
         filled = _value_at(handed, path)
         if path.endswith("stage3_gather_16bit_weights_on_model_save") and (stage != 3 or filled):
             continue
-        note = (" ZeRO-3 checkpoints then hold no model weights file, only DeepSpeed's shards (textsql saves the final "
-                "model itself); the shipped zero3_offload.json sets true." if path.endswith("on_model_save") else "")
-        review.warnings.append(f'{path}: "auto" is filled by accelerate, not from the training arguments: with '
-                               f'{json.dumps(filled)} (from its ACCELERATE_* settings, else its default).{note} Write '
-                               f'the value you want')
+        note = (
+            " ZeRO-3 checkpoints then hold no model weights file, only DeepSpeed's shards (textsql saves the final "
+            "model itself); the shipped zero3_offload.json sets true."
+            if path.endswith("on_model_save")
+            else ""
+        )
+        review.warnings.append(
+            f'{path}: "auto" is filled by accelerate, not from the training arguments: with '
+            f"{json.dumps(filled)} (from its ACCELERATE_* settings, else its default).{note} Write "
+            f"the value you want"
+        )
     return handed
 
 
@@ -387,7 +426,7 @@ def _through_accelerate(prepared, review: _Review):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def top_level_keys() -> frozenset:
     """The top-level keys DeepSpeed reads, found by tracing which keys its own parser looks up.
 
@@ -451,7 +490,7 @@ class _quiet_deepspeed:
         self.logger.setLevel(self.level)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _top_level_defaults() -> dict:
     """Default value of each top-level scalar key, from the NAME / NAME_DEFAULT pairs of DeepSpeed's constants."""
     from deepspeed.runtime import constants
@@ -477,23 +516,29 @@ def _check_top_level(cfg, review: _Review) -> None:
                 review.problems.append(f'{key}: must be a whole number >= 1 or "auto"; got {value!r}')
         elif key == "gradient_clipping":
             if not _is_number(value):
-                review.problems.append(f'gradient_clipping: must be a number >= 0 (0 turns clipping off) or "auto"; '
-                                       f'got {value!r}')
+                review.problems.append(
+                    f'gradient_clipping: must be a number >= 0 (0 turns clipping off) or "auto"; got {value!r}'
+                )
             elif value < 0:
-                review.warnings.append(f"gradient_clipping: {value} is negative, which DeepSpeed treats as 0 (no "
-                                       f"clipping); write 0, or \"auto\" to follow --max_grad_norm")
+                review.warnings.append(
+                    f"gradient_clipping: {value} is negative, which DeepSpeed treats as 0 (no "
+                    f'clipping); write 0, or "auto" to follow --max_grad_norm'
+                )
         elif key in ACCELERATE_OVERWRITES:
             if value != "auto" and not _is_whole(value, minimum=1):
-                review.warnings.append(f"{key}: must be a whole number >= 1; got {value!r}. It has no effect under "
-                                       f"the Trainer: accelerate replaces {key} with infinity")
+                review.warnings.append(
+                    f"{key}: must be a whole number >= 1; got {value!r}. It has no effect under "
+                    f"the Trainer: accelerate replaces {key} with infinity"
+                )
         elif key in _top_level_defaults():
             for problem in _type_problem(key, value, _top_level_defaults()[key]):
                 reason = _deepspeed_alone_rejects(key, value)
                 if reason:
                     review.problems.append(f"{problem}; DeepSpeed stops on it ({reason})")
                 else:
-                    review.warnings.append(f"{problem}; DeepSpeed takes it as it is, which is probably not what "
-                                           f"was meant")
+                    review.warnings.append(
+                        f"{problem}; DeepSpeed takes it as it is, which is probably not what was meant"
+                    )
 
 
 def _deepspeed_alone_rejects(key, value):
@@ -542,7 +587,7 @@ def _unknown_key(path, key, candidates, consequence) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pydantic_sections() -> dict:
     """Top-level blocks that DeepSpeed parses with its own pydantic models (extra keys forbidden)."""
     from deepspeed.comm.config import CommsLoggerConfig
@@ -553,29 +598,42 @@ def _pydantic_sections() -> dict:
     from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    sections = {"zero_optimization": DeepSpeedZeroConfig, "bf16": DeepSpeedBF16Config,
-                "bfloat16": DeepSpeedBF16Config, "fp16": DeepSpeedFP16Config, "comms_logger": CommsLoggerConfig,
-                "hybrid_engine": HybridEngineConfig, "compile": CompileConfig, "tensor_parallel": TPTrainingConfig}
+    sections = {
+        "zero_optimization": DeepSpeedZeroConfig,
+        "bf16": DeepSpeedBF16Config,
+        "bfloat16": DeepSpeedBF16Config,
+        "fp16": DeepSpeedFP16Config,
+        "comms_logger": CommsLoggerConfig,
+        "hybrid_engine": HybridEngineConfig,
+        "compile": CompileConfig,
+        "tensor_parallel": TPTrainingConfig,
+    }
     for name, field_ in DeepSpeedMonitorConfig.model_fields.items():  # tensorboard, wandb, csv_monitor, comet
         sections[name] = field_.annotation
     return sections
 
 
-@lru_cache(maxsize=None)
+@cache
 def _plain_sections() -> dict:
     """Blocks DeepSpeed reads key by key (no pydantic model): allowed keys with their defaults, from its constants."""
     from deepspeed.profiling import constants as profiling
     from deepspeed.runtime import constants
     from deepspeed.runtime.activation_checkpointing import config as act
 
-    flops = {getattr(profiling, n): getattr(profiling, n + "_DEFAULT") for n in dir(profiling)
-             if n.startswith("FLOPS_PROFILER_") and hasattr(profiling, n + "_DEFAULT")}
+    flops = {
+        getattr(profiling, n): getattr(profiling, n + "_DEFAULT")
+        for n in dir(profiling)
+        if n.startswith("FLOPS_PROFILER_") and hasattr(profiling, n + "_DEFAULT")
+    }
     no_default = object()
     return {
         profiling.FLOPS_PROFILER: flops,
         act.ACT_CHKPT: dict(act.ACT_CHKPT_DEFAULT),
-        constants.OPTIMIZER: {constants.TYPE: "", constants.OPTIMIZER_PARAMS: no_default,
-                              constants.LEGACY_FUSION: constants.LEGACY_FUSION_DEFAULT},
+        constants.OPTIMIZER: {
+            constants.TYPE: "",
+            constants.OPTIMIZER_PARAMS: no_default,
+            constants.LEGACY_FUSION: constants.LEGACY_FUSION_DEFAULT,
+        },
         constants.SCHEDULER: {constants.TYPE: "", constants.SCHEDULER_PARAMS: no_default},
     }
 
@@ -599,14 +657,19 @@ def _check_sections(cfg, review: _Review, auto_precision=frozenset()) -> None:
                 _check_plain(name, value, plain_sections[name], review)
     if "bfloat16" in cfg:
         review.warnings.append(
-            'bfloat16: DeepSpeed\'s old name for the bf16 block. Under the Trainer accelerate always writes a bf16 '
-            'block (from --bf16), which DeepSpeed reads instead, so this one has no effect: rename it bf16 (and set '
-            '"enabled": "auto")')
-    enabled = [name for name in ("fp16", "bf16") if isinstance(cfg.get(name), dict) and cfg[name].get("enabled") is True]
+            "bfloat16: DeepSpeed's old name for the bf16 block. Under the Trainer accelerate always writes a bf16 "
+            "block (from --bf16), which DeepSpeed reads instead, so this one has no effect: rename it bf16 (and set "
+            '"enabled": "auto")'
+        )
+    enabled = [
+        name for name in ("fp16", "bf16") if isinstance(cfg.get(name), dict) and cfg[name].get("enabled") is True
+    ]
     if len(enabled) > 1:
-        review.problems.append('fp16.enabled and bf16.enabled are both true; DeepSpeed stops on that ("bfloat16 and '
-                               'fp16 modes cannot be simultaneously enabled"): enable at most one, or set both to '
-                               '"auto" and let textsql choose the precision')
+        review.problems.append(
+            'fp16.enabled and bf16.enabled are both true; DeepSpeed stops on that ("bfloat16 and '
+            'fp16 modes cannot be simultaneously enabled"): enable at most one, or set both to '
+            '"auto" and let textsql choose the precision'
+        )
 
 
 def _check_plain(name, section, defaults, review: _Review) -> None:
@@ -616,8 +679,10 @@ def _check_plain(name, section, defaults, review: _Review) -> None:
         if key not in defaults:
             review.warnings.append(_unknown_key(path, key, defaults, "DeepSpeed ignores it"))
         elif isinstance(defaults[key], (bool, int, float, str)):
-            review.warnings += [f"{problem}; DeepSpeed takes it as it is, which is probably not what was meant"
-                                for problem in _type_problem(path, value, defaults[key])]
+            review.warnings += [
+                f"{problem}; DeepSpeed takes it as it is, which is probably not what was meant"
+                for problem in _type_problem(path, value, defaults[key])
+            ]
         elif defaults[key] is not None and not isinstance(value, dict):
             review.problems.append(f"{path}: must be an object {{...}}; got {json.dumps(value)}")
 
@@ -646,8 +711,11 @@ def _check_model(name, section, model, review: _Review, may_be_enabled=False) ->
         try:  # "auto" becomes true when textsql chooses this precision; some values are checked only then
             model(**{**data, "enabled": True})
         except pydantic.ValidationError as exc:
-            review.warnings += [f"{_pydantic_problem(name, model, error)} (DeepSpeed checks it only when {name} is "
-                                f"on: a run in {name} stops on it)" for error in exc.errors()]
+            review.warnings += [
+                f"{_pydantic_problem(name, model, error)} (DeepSpeed checks it only when {name} is "
+                f"on: a run in {name} stops on it)"
+                for error in exc.errors()
+            ]
 
 
 def _check_spellings(name, data, model, review: _Review) -> None:
@@ -662,15 +730,22 @@ def _check_spellings(name, data, model, review: _Review) -> None:
             new = info.json_schema_extra.get("new_param", "")
             new_info = model.model_fields.get(new)
             written = new_info.alias if new_info is not None and new_info.alias else new
-            review.warnings.append(f"{path}: deprecated (DeepSpeed: \"Config parameter {field_name} is deprecated"
-                                   + (f" use {written} instead" if new else "") + '"); DeepSpeed still reads it')
+            review.warnings.append(
+                f'{path}: deprecated (DeepSpeed: "Config parameter {field_name} is deprecated'
+                + (f" use {written} instead" if new else "")
+                + '"); DeepSpeed still reads it'
+            )
         elif info.alias and info.alias in data:
-            review.problems.append(f"{path}: given twice, as {field_name} and as {info.alias} (DeepSpeed's two names "
-                                   f"for one setting), which DeepSpeed refuses; keep {info.alias}")
+            review.problems.append(
+                f"{path}: given twice, as {field_name} and as {info.alias} (DeepSpeed's two names "
+                f"for one setting), which DeepSpeed refuses; keep {info.alias}"
+            )
             del data[field_name]
         elif info.alias:
-            review.warnings.append(f"{path}: DeepSpeed also accepts this name for {info.alias}, but the Trainer, "
-                                   f"accelerate and textsql's planner read only {info.alias}: write {info.alias}")
+            review.warnings.append(
+                f"{path}: DeepSpeed also accepts this name for {info.alias}, but the Trainer, "
+                f"accelerate and textsql's planner read only {info.alias}: write {info.alias}"
+            )
 
 
 def _strict_bools(prefix, data, model, review: _Review) -> None:
@@ -693,9 +768,11 @@ def _strict_bools(prefix, data, model, review: _Review) -> None:
             except pydantic.ValidationError:
                 review.problems.append(f"{path}: must be true or false (a JSON boolean, no quotes); got {value!r}")
             else:
-                review.warnings.append(f"{path}: {value!r} is not a JSON boolean; DeepSpeed reads it as "
-                                       f"{json.dumps(read)}, other readers as a non-empty string (true): write "
-                                       f"{json.dumps(read)}")
+                review.warnings.append(
+                    f"{path}: {value!r} is not a JSON boolean; DeepSpeed reads it as "
+                    f"{json.dumps(read)}, other readers as a non-empty string (true): write "
+                    f"{json.dumps(read)}"
+                )
         elif isinstance(value, dict) and _model_in(field_.annotation) is not None:
             _strict_bools(path, value, _model_in(field_.annotation), review)
 
@@ -785,21 +862,27 @@ def _check_trainer_comparisons(cfg, review: _Review) -> None:
         if value == "auto":
             continue
         if path.endswith(".enabled") and not isinstance(value, bool):
-            review.problems.append(f'{path}: must be true, false or "auto"; got {value!r}. The Trainer compares it '
-                                   f'with {argument} and stops on anything but a JSON boolean ("... mismatch '
-                                   f'TrainingArguments values: - ds {path}={value} ...")')
+            review.problems.append(
+                f'{path}: must be true, false or "auto"; got {value!r}. The Trainer compares it '
+                f'with {argument} and stops on anything but a JSON boolean ("... mismatch '
+                f'TrainingArguments values: - ds {path}={value} ...")'
+            )
         elif path.endswith(".enabled"):
             review.warnings.append(
-                f'{path} is {json.dumps(value)}: the Trainer stops unless {argument} is {value} too, and textsql sets '
-                f'--bf16/--fp16 from its own --precision (default auto: bf16 on GPUs that have it natively, else fp32; '
-                f'fp16 only with --force_fp16, T5 overflows in it). Write "auto" to follow that choice')
+                f"{path} is {json.dumps(value)}: the Trainer stops unless {argument} is {value} too, and textsql sets "
+                f"--bf16/--fp16 from its own --precision (default auto: bf16 on GPUs that have it natively, else fp32; "
+                f'fp16 only with --force_fp16, T5 overflows in it). Write "auto" to follow that choice'
+            )
         else:
             written[path] = value
     if written:
-        items = "; ".join(f"{path} = {json.dumps(value)} (compared with {TRAINER_COMPARES[path]})"
-                          for path, value in written.items())
-        review.warnings.append(f'values where the Trainer takes "auto": {items}. The Trainer stops with a mismatch '
-                               f'error unless the training arguments say the same; "auto" takes them from there')
+        items = "; ".join(
+            f"{path} = {json.dumps(value)} (compared with {TRAINER_COMPARES[path]})" for path, value in written.items()
+        )
+        review.warnings.append(
+            f'values where the Trainer takes "auto": {items}. The Trainer stops with a mismatch '
+            f'error unless the training arguments say the same; "auto" takes them from there'
+        )
 
 
 def _warn_stage3_keys_below_stage3(cfg, handed, review: _Review) -> None:
@@ -808,8 +891,10 @@ def _warn_stage3_keys_below_stage3(cfg, handed, review: _Review) -> None:
         return
     for key in cfg["zero_optimization"]:
         if key.startswith("stage3_") or key in ("offload_param", "cpu_offload_param"):
-            review.warnings.append(f"zero_optimization.{key}: used only by ZeRO stage 3 (this file has stage {stage}): "
-                                   f"DeepSpeed ignores it")
+            review.warnings.append(
+                f"zero_optimization.{key}: used only by ZeRO stage 3 (this file has stage {stage}): "
+                f"DeepSpeed ignores it"
+            )
 
 
 def _deepspeed_rejects(handed, review: _Review) -> None:
@@ -836,10 +921,11 @@ def _offload_needs_deepspeed_optimizer(handed, review: _Review) -> None:
     seen = _value_at(handed, "zero_optimization.offload_optimizer.device", missing="none") != "none"
     if offloaded and not seen and "optimizer" not in handed and handed.get("zero_force_ds_cpu_optimizer", True):
         review.problems.append(
-            'zero_optimization.cpu_offload: the optimizer is offloaded through the deprecated cpu_offload, which '
-            'accelerate does not read, so it hands DeepSpeed the Trainer\'s torch AdamW and DeepSpeed stops ("You are '
+            "zero_optimization.cpu_offload: the optimizer is offloaded through the deprecated cpu_offload, which "
+            "accelerate does not read, so it hands DeepSpeed the Trainer's torch AdamW and DeepSpeed stops (\"You are "
             'using ZeRO-Offload with a client provided optimizer ..."). Write "offload_optimizer": {"device": "cpu"} '
-            'instead')
+            "instead"
+        )
 
 
 def _one_line(exc) -> str:
@@ -867,8 +953,9 @@ def _warn_big_buckets(cfg, handed, review: _Review) -> None:
             how = "is" if key in zero else "is not set, so DeepSpeed uses its default of"
             review.warnings.append(
                 f"zero_optimization.{key} {how} {_sci(value)} elements: a buffer of {value * 4 / 1e9:.1f} GB per GPU "
-                f"in fp32. Values around 5e7 (0.2 GB) cost little speed; \"auto\" lets the Trainer size the "
-                f"reduce bucket from the model.")
+                f'in fp32. Values around 5e7 (0.2 GB) cost little speed; "auto" lets the Trainer size the '
+                f"reduce bucket from the model."
+            )
 
 
 def _sci(number) -> str:
@@ -882,5 +969,3 @@ def _offload_device(zero, key, deprecated_flag) -> str:
     if isinstance(block, dict):
         return str(block.get("device", "none"))
     return "cpu" if zero.get(deprecated_flag) is True else "none"
-
-

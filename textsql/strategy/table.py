@@ -26,8 +26,18 @@ from __future__ import annotations
 # - fsdp_full_shard_offload: parameters, gradients and Adam on the host; the step runs on the pod's CPU cores.
 DEEPSPEED_STRATEGIES = ("none", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
 FSDP_STRATEGIES = ("fsdp_shard_grad_op", "fsdp_hybrid_shard", "fsdp_full_shard", "fsdp_full_shard_offload")
-STRATEGIES = ("none", "zero1", "zero2", "fsdp_shard_grad_op", "zero3", "fsdp_hybrid_shard", "fsdp_full_shard",
-              "zero2_offload", "fsdp_full_shard_offload", "zero3_offload")
+STRATEGIES = (
+    "none",
+    "zero1",
+    "zero2",
+    "fsdp_shard_grad_op",
+    "zero3",
+    "fsdp_hybrid_shard",
+    "fsdp_full_shard",
+    "zero2_offload",
+    "fsdp_full_shard_offload",
+    "zero3_offload",
+)
 
 
 # name -> (ZeRO stage, optimizer offloaded, parameters offloaded); stage 0 means no DeepSpeed

@@ -17,14 +17,20 @@ from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
 
 # The original walkthrough's flag names, kept so its commands still work.
 # transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
-LEGACY_FLAGS = {"--outputdir": "--output_dir", "--epochs": "--num_train_epochs", "--gradient_checkpointing": "--activation_checkpointing"}
+LEGACY_FLAGS = {
+    "--outputdir": "--output_dir",
+    "--epochs": "--num_train_epochs",
+    "--gradient_checkpointing": "--activation_checkpointing",
+}
 
 
 @dataclass
 class ModelArguments:
     """Which model to fine-tune."""
 
-    model_id: str = field(default="t5-small", metadata={"help": "Hub name (t5-small, t5-large, t5-3b) or a local model folder."})
+    model_id: str = field(
+        default="t5-small", metadata={"help": "Hub name (t5-small, t5-large, t5-3b) or a local model folder."}
+    )
 
     def __post_init__(self):
         self.model_id = in_project(self.model_id, only_if_exists=True)  # a folder of the project, from any subfolder
@@ -36,23 +42,33 @@ class DataArguments:
 
     dataset_dir: str = field(default="data/wikisql", metadata={"help": "Folder written by `textsql prep`."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on at most this many examples."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on at most this many validation examples."})
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on at most this many validation examples."}
+    )
     execution_accuracy_samples: int = field(
         default=0,
-        metadata={"help": "At each evaluation, generate SQL for the first N validation questions and log their execution "
-                  "accuracy (TensorBoard eval/execution_accuracy, run_summary.json). 0 turns it off."},
+        metadata={
+            "help": "At each evaluation, generate SQL for the first N validation questions and log their execution "
+            "accuracy (TensorBoard eval/execution_accuracy, run_summary.json). 0 turns it off."
+        },
     )
     execution_accuracy_decoding: str = field(
         default="greedy",
-        metadata={"help": "Decoding for that score: greedy, or execution_guided (the best of --execution_accuracy_num_beams "
-                  "beams that executes; see textsql infer --decoding)."},
+        metadata={
+            "help": "Decoding for that score: greedy, or execution_guided (the best of --execution_accuracy_num_beams "
+            "beams that executes; see textsql infer --decoding)."
+        },
     )
-    execution_accuracy_num_beams: int = field(default=1, metadata={"help": "Beams for that score (at least 2 with execution_guided)."})
+    execution_accuracy_num_beams: int = field(
+        default=1, metadata={"help": "Beams for that score (at least 2 with execution_guided)."}
+    )
 
     def __post_init__(self):
         self.dataset_dir = in_project(self.dataset_dir)  # the project's data/, from notebooks/ too
         if self.execution_accuracy_samples < 0:
-            raise TextsqlError("--execution_accuracy_samples must be 0 (off) or a positive number of validation questions.")
+            raise TextsqlError(
+                "--execution_accuracy_samples must be 0 (off) or a positive number of validation questions."
+            )
         check_decoding(self.execution_accuracy_decoding, self.execution_accuracy_num_beams, "--execution_accuracy_")
         for name in ("max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -82,7 +98,11 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
     """
 
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where the run is written; default: <runs_root>/<model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."})
+        default=None,
+        metadata={
+            "help": "Where the run is written; default: <runs_root>/<model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."
+        },
+    )
     num_train_epochs: float = _textsql_default("num_train_epochs", 3.0)
     per_device_train_batch_size: int = _textsql_default("per_device_train_batch_size", 32, "the walkthrough's")
     per_device_eval_batch_size: int = _textsql_default("per_device_eval_batch_size", 32)
@@ -91,46 +111,73 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
     save_strategy: SaveStrategy | str = _textsql_default("save_strategy", "epoch")
     save_total_limit: int | None = _textsql_default("save_total_limit", 2)
     logging_steps: float = _textsql_default(
-        "logging_steps", 0.02, "a fraction of the run: 50 points on every loss curve, a run of 20 steps as much as one of 5,000")
+        "logging_steps",
+        0.02,
+        "a fraction of the run: 50 points on every loss curve, a run of 20 steps as much as one of 5,000",
+    )
     logging_first_step: bool = _textsql_default("logging_first_step", True)
     report_to: None | str | list[str] = _textsql_default("report_to", "tensorboard")
     train_sampling_strategy: str = _textsql_default(
-        "train_sampling_strategy", "group_by_length", "batches of similar lengths waste little on padding")
+        "train_sampling_strategy", "group_by_length", "batches of similar lengths waste little on padding"
+    )
     average_tokens_across_devices: bool = _textsql_default(
-        "average_tokens_across_devices", False, "T5's forward ignores the token count, so averaging would scale the loss by the world size")
+        "average_tokens_across_devices",
+        False,
+        "T5's forward ignores the token count, so averaging would scale the loss by the world size",
+    )
     ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
     fsdp_config: str | None = field(
         default=None,
-        metadata={"help": "Shard with PyTorch FSDP2 instead of DeepSpeed: a shipped strategy (fsdp_full_shard, "
-                  "fsdp_shard_grad_op, fsdp_full_shard_offload, fsdp_hybrid_shard; the files are in fsdpconfig/) or your "
-                  "own FSDP JSON file (`textsql check-config FILE` checks it). GPUs only; textsql turns --fsdp on."},
+        metadata={
+            "help": "Shard with PyTorch FSDP2 instead of DeepSpeed: a shipped strategy (fsdp_full_shard, "
+            "fsdp_shard_grad_op, fsdp_full_shard_offload, fsdp_hybrid_shard; the files are in fsdpconfig/) or your "
+            "own FSDP JSON file (`textsql check-config FILE` checks it). GPUs only; textsql turns --fsdp on."
+        },
     )
     # How textsql sets the run up.
-    runs_root: str = field(default="runs", metadata={"help": "Root of all runs; a run's folder is named <model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."})
+    runs_root: str = field(
+        default="runs",
+        metadata={
+            "help": "Root of all runs; a run's folder is named <model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."
+        },
+    )
     precision: str = field(
         default="auto",
-        metadata={"help": "auto (bf16 where every GPU has it natively: compute capability 8.0+, with TF32 for the rest; fp32 "
-                  "on older GPUs and the CPU), bf16, fp32 (true fp32 matmuls, no TF32) or fp16. The Trainer's --bf16/--fp16 "
-                  "flags mean the same."},
+        metadata={
+            "help": "auto (bf16 where every GPU has it natively: compute capability 8.0+, with TF32 for the rest; fp32 "
+            "on older GPUs and the CPU), bf16, fp32 (true fp32 matmuls, no TF32) or fp16. The Trainer's --bf16/--fp16 "
+            "flags mean the same."
+        },
     )
-    force_fp16: bool = field(default=False, metadata={"help": "Allow fp16 on T5 anyway (it overflows to NaN on t5-large)."})
+    force_fp16: bool = field(
+        default=False, metadata={"help": "Allow fp16 on T5 anyway (it overflows to NaN on t5-large)."}
+    )
     # Not `device`: that is the Trainer's property for the torch device it sets up.
     accelerator: str = field(
         default="auto",
-        metadata={"help": "auto (the GPUs when there are any), cuda (stop with an error when this process sees no GPU, "
-                  "instead of training on the CPU) or cpu."},
+        metadata={
+            "help": "auto (the GPUs when there are any), cuda (stop with an error when this process sees no GPU, "
+            "instead of training on the CPU) or cpu."
+        },
     )
     num_gpus: int | None = field(
         default=None,
-        metadata={"help": "Ranks on this pod when `textsql train` is started directly: one per visible GPU by default "
-                  "(started through the deepspeed launcher), 1 to train on one GPU. Ignored under a launcher."},
+        metadata={
+            "help": "Ranks on this pod when `textsql train` is started directly: one per visible GPU by default "
+            "(started through the deepspeed launcher), 1 to train on one GPU. Ignored under a launcher."
+        },
     )
     save_dtype: str = field(
         default="float32",
-        metadata={"help": "dtype of the saved final model, whatever the strategy trained in: float32 (so every strategy's model "
-                  "scores alike and can be fine-tuned again without DeepSpeed) or bfloat16 (half the size)."},
+        metadata={
+            "help": "dtype of the saved final model, whatever the strategy trained in: float32 (so every strategy's model "
+            "scores alike and can be fine-tuned again without DeepSpeed) or bfloat16 (half the size)."
+        },
     )
-    overwrite: bool = field(default=False, metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."})
+    overwrite: bool = field(
+        default=False,
+        metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."},
+    )
 
     def __post_init__(self):
         """textsql's own checks only; the Trainer's __post_init__ runs in finalize()."""
@@ -142,7 +189,9 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
         if self.save_dtype not in ("float32", "bfloat16"):
             raise TextsqlError(f"--save_dtype must be float32 or bfloat16, not '{self.save_dtype}'.")
         if self.num_gpus is not None and self.num_gpus < 1:
-            raise TextsqlError(f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}.")
+            raise TextsqlError(
+                f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}."
+            )
         self._check_numbers()
         self.check_lora()
         self.finalized = False
@@ -154,18 +203,26 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
             if getattr(self, name) < 1:
                 raise TextsqlError(f"--{name} must be at least 1, not {getattr(self, name)}.")
         if self.max_steps == 0 or self.max_steps < -1:
-            raise TextsqlError(f"--max_steps must be a positive number of steps (or -1: --num_train_epochs decides), not {self.max_steps}.")
+            raise TextsqlError(
+                f"--max_steps must be a positive number of steps (or -1: --num_train_epochs decides), not {self.max_steps}."
+            )
         if self.max_steps == -1 and not self.num_train_epochs > 0:
-            raise TextsqlError(f"--num_train_epochs must be above 0 (or give --max_steps), not {self.num_train_epochs}.")
+            raise TextsqlError(
+                f"--num_train_epochs must be above 0 (or give --max_steps), not {self.num_train_epochs}."
+            )
         if not self.learning_rate > 0:
             raise TextsqlError(f"--learning_rate must be above 0, not {self.learning_rate}.")
         if not self.logging_steps > 0:
-            raise TextsqlError(f"--logging_steps must be above 0 (a number of steps, or a fraction of the run below 1), not {self.logging_steps}.")
+            raise TextsqlError(
+                f"--logging_steps must be above 0 (a number of steps, or a fraction of the run below 1), not {self.logging_steps}."
+            )
 
-    def finalize(self, **decided) -> "TextsqlTrainingArguments":
+    def finalize(self, **decided) -> TextsqlTrainingArguments:
         """Set what textsql decided, then run the Trainer's own checks and device setup (once, in the training process)."""
         if self.finalized:
-            raise RuntimeError("These training arguments are finalized already; finalize a copy (copy.copy) for another run.")
+            raise RuntimeError(
+                "These training arguments are finalized already; finalize a copy (copy.copy) for another run."
+            )
         for name, value in decided.items():
             setattr(self, name, value)
         try:
@@ -194,8 +251,11 @@ def normalize_argv(argv: list[str]) -> list[str]:
 def argument_parser():
     from transformers import HfArgumentParser
 
-    return HfArgumentParser(ARGUMENT_CLASSES, prog="textsql train",
-                            description="Fine-tune a seq2seq model on prepared WikiSQL. Arguments, or one JSON/YAML recipe file.")
+    return HfArgumentParser(
+        ARGUMENT_CLASSES,
+        prog="textsql train",
+        description="Fine-tune a seq2seq model on prepared WikiSQL. Arguments, or one JSON/YAML recipe file.",
+    )
 
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
@@ -223,8 +283,10 @@ def as_arguments(arguments) -> tuple[ModelArguments, DataArguments, TextsqlTrain
         return arguments
     if all(isinstance(a, str) for a in arguments):
         return parse_arguments(list(arguments))
-    raise TextsqlError("Pass the training arguments as (ModelArguments, DataArguments, TextsqlTrainingArguments) or as a "
-                       "command line (a list of strings, as `textsql train` takes).")
+    raise TextsqlError(
+        "Pass the training arguments as (ModelArguments, DataArguments, TextsqlTrainingArguments) or as a "
+        "command line (a list of strings, as `textsql train` takes)."
+    )
 
 
 def arguments_dict(model: ModelArguments, data: DataArguments, training: TextsqlTrainingArguments) -> dict:

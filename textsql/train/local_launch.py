@@ -35,7 +35,9 @@ from textsql.train.run import TrainingInterrupted, interrupted_message, train
 # start-up: kept for a failure's message, not echoed (the ranks' full log is each run's train.log).
 LAUNCHER_CHATTER = re.compile(r"^(\[rank\d+\]:)?\[\d{4}-\d\d-\d\d [\d:,]+\] \[INFO\] ")
 SUMMARY_MARKER = "textsql-run-summary: "
-STARTED_BY_TEXTSQL = "TEXTSQL_STARTED_RANKS"  # set for the processes run_training starts: they never start ranks themselves
+STARTED_BY_TEXTSQL = (
+    "TEXTSQL_STARTED_RANKS"  # set for the processes run_training starts: they never start ranks themselves
+)
 
 
 def node_devices(accelerator: str = "auto"):
@@ -47,9 +49,13 @@ def node_devices(accelerator: str = "auto"):
 
 def deepspeed_launcher() -> str:
     """The `deepspeed` launcher beside this Python (the virtual environment's), else on PATH."""
-    launcher = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    launcher = shutil.which(
+        "deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    )
     if launcher is None:
-        raise TextsqlError("The `deepspeed` launcher is not on PATH. Install the project's requirements (bash scripts/bootstrap.sh setup).")
+        raise TextsqlError(
+            "The `deepspeed` launcher is not on PATH. Install the project's requirements (bash scripts/bootstrap.sh setup)."
+        )
     return launcher
 
 
@@ -63,7 +69,15 @@ def training_command(arguments_file: Path, ranks: int, devices, uses_deepspeed: 
         return [sys.executable, "-m", "textsql.train", str(arguments_file)]
     devices_args = launcher_device_args(ranks, devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
     # A free port, not the launcher's fixed 29500: two trainings on one pod would otherwise collide.
-    return [deepspeed_launcher(), "--master_port", str(free_port()), *devices_args, "--module", "textsql.train", str(arguments_file)]
+    return [
+        deepspeed_launcher(),
+        "--master_port",
+        str(free_port()),
+        *devices_args,
+        "--module",
+        "textsql.train",
+        str(arguments_file),
+    ]
 
 
 def child_environment(ranks: int, devices) -> dict[str, str]:
@@ -79,7 +93,9 @@ def child_environment(ranks: int, devices) -> dict[str, str]:
     return env
 
 
-def run_training(model_args, data_args, training_args, num_gpus: int | None = None, *, echo=print, tail_lines: int = 40) -> dict:
+def run_training(
+    model_args, data_args, training_args, num_gpus: int | None = None, *, echo=print, tail_lines: int = 40
+) -> dict:
     """Train in child processes (one rank per visible GPU unless `num_gpus` says otherwise), echo their output line by
     line, and return the run's summary (textsql.run_summary). The arguments are textsql.train's dataclasses (notebooks build them)."""
     check_prepared(data_args.dataset_dir)  # the user's input first, before any process starts
@@ -92,7 +108,9 @@ def run_training(model_args, data_args, training_args, num_gpus: int | None = No
         echo("$ " + " ".join(command))
         tail: deque[str] = deque(maxlen=tail_lines)
         summary_path = None
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_environment(ranks, devices)) as child:
+        with subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_environment(ranks, devices)
+        ) as child:
             try:
                 for line in child.stdout:
                     line = line.rstrip("\n")
@@ -142,7 +160,9 @@ def launches_ranks(training: TextsqlTrainingArguments, devices=None) -> int:
     return ranks if ranks > 1 else 0
 
 
-def train_and_report(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> int:
+def train_and_report(
+    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
+) -> int:
     """Train, then (rank 0) print the summary and the line that tells a launcher where run_summary.json is; 2 with one
     paragraph for a problem the user can fix."""
     try:

@@ -106,8 +106,14 @@ def run_name_settings(training: TextsqlTrainingArguments) -> list[str]:
     return parts
 
 
-def run_folder_name(model_id: str, strategy_label: str, per_device_batch: int, ranks: int, settings: list[str] = (),
-                    lora_label: str = "") -> str:
+def run_folder_name(
+    model_id: str,
+    strategy_label: str,
+    per_device_batch: int,
+    ranks: int,
+    settings: list[str] = (),
+    lora_label: str = "",
+) -> str:
     """<model>-<strategy>[-lora-r<rank>]-ws<ranks>-bs<batch>, then the settings that differ from the defaults
     (run_name_settings): LoRA is an option on top of any strategy, named beside it."""
     name = f"{Path(model_id.rstrip('/')).name}-{strategy_label}{lora_label}-ws{ranks}-bs{per_device_batch}"
@@ -124,20 +130,26 @@ def interrupted_message(model: ModelArguments, training: TextsqlTrainingArgument
         folder = run_dir(model, training, ranks)
     except TextsqlError:
         return "interrupted."
-    checkpoints = sorted((p for p in folder.glob(f"{CHECKPOINT_PREFIX}*") if p.name[len(CHECKPOINT_PREFIX):].isdigit()),
-                         key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
+    checkpoints = sorted(
+        (p for p in folder.glob(f"{CHECKPOINT_PREFIX}*") if p.name[len(CHECKPOINT_PREFIX) :].isdigit()),
+        key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]),
+    )
     if checkpoints:
         return f"interrupted; run the same command again to resume from {checkpoints[-1].absolute()}."
-    return (f"interrupted before the first checkpoint (save_strategy {getattr(training.save_strategy, 'value', training.save_strategy)}); "
-            f"running the same command again starts over in {folder.absolute()}.")
+    return (
+        f"interrupted before the first checkpoint (save_strategy {getattr(training.save_strategy, 'value', training.save_strategy)}); "
+        f"running the same command again starts over in {folder.absolute()}."
+    )
 
 
 def load_strategy(deepspeed, fsdp_config=None) -> tuple[dict | None, dict]:
     """(the DeepSpeed or FSDP config, validated, or None without one; its strategy: stage or sharding, offload, label)."""
 
     if deepspeed and fsdp_config:
-        raise TextsqlError("--deepspeed and --fsdp_config were both given: a run shards either with DeepSpeed ZeRO or with "
-                           "PyTorch FSDP. Pass one of them.")
+        raise TextsqlError(
+            "--deepspeed and --fsdp_config were both given: a run shards either with DeepSpeed ZeRO or with "
+            "PyTorch FSDP. Pass one of them."
+        )
     if fsdp_config:
         return (config := load_fsdp_strategy(fsdp_config)), describe_fsdp_strategy(config)
     if not deepspeed:
@@ -156,15 +168,22 @@ def load_fsdp_strategy(fsdp_config) -> dict:
     return normalized(fsdp_config)
 
 
-def run_dir(model: ModelArguments, training: TextsqlTrainingArguments, ranks: int, strategy_label: str | None = None) -> Path:
+def run_dir(
+    model: ModelArguments, training: TextsqlTrainingArguments, ranks: int, strategy_label: str | None = None
+) -> Path:
     """The run's folder: --output_dir, or <runs_root>/<model>-<strategy>[-lora-r<rank>]-ws<ranks>-bs<batch>[-<settings>]."""
     if training.output_dir:
         return Path(training.output_dir)
     if strategy_label is None:
         strategy_label = load_strategy(training.deepspeed, training.fsdp_config)[1]["label"]
     return Path(training.runs_root) / run_folder_name(
-        model.model_id, strategy_label, training.per_device_train_batch_size, ranks, run_name_settings(training),
-        training.lora_label())
+        model.model_id,
+        strategy_label,
+        training.per_device_train_batch_size,
+        ranks,
+        run_name_settings(training),
+        training.lora_label(),
+    )
 
 
 @dataclass
@@ -191,11 +210,15 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     accelerator = choose_accelerator(training.accelerator, devices)
     use_accelerator(accelerator)  # before anything imports deepspeed
     requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
-    precision = resolve_precision(requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16)
+    precision = resolve_precision(
+        requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16
+    )
     if training.fsdp and not training.fsdp_config:
-        raise TextsqlError("--fsdp was given without --fsdp_config: name the FSDP strategy with --fsdp_config "
-                           "fsdp_full_shard (or fsdp_shard_grad_op, fsdp_full_shard_offload, fsdp_hybrid_shard, or your "
-                           "own JSON file); textsql turns FSDP on from it.")
+        raise TextsqlError(
+            "--fsdp was given without --fsdp_config: name the FSDP strategy with --fsdp_config "
+            "fsdp_full_shard (or fsdp_shard_grad_op, fsdp_full_shard_offload, fsdp_hybrid_shard, or your "
+            "own JSON file); textsql turns FSDP on from it."
+        )
     config, strategy = load_strategy(training.deepspeed, training.fsdp_config)
     fsdpconfig = config if strategy["strategy"] == "fsdp" else None
     dsconfig = None if fsdpconfig is not None else config
@@ -247,7 +270,9 @@ def fsdp_trainer_settings(fsdpconfig: dict, world: int, nodes: int) -> dict:
 def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
     """Each rank writes the same file atomically (nodes may not share a filesystem)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    return replace_file(output_dir / RESOLVED_DSCONFIG_FILE, json.dumps(config, indent=2) + "\n")  # never through a planted link
+    return replace_file(
+        output_dir / RESOLVED_DSCONFIG_FILE, json.dumps(config, indent=2) + "\n"
+    )  # never through a planted link
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -271,7 +296,9 @@ def load_training_data(data: DataArguments, model_tokenizer):
     return train, evaluation, metadata, tokenizer
 
 
-def train(model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments) -> RunSummary | None:
+def train(
+    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
+) -> RunSummary | None:
     """Plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0.
 
     The arguments are left as given: the Trainer gets a finalized copy.
@@ -296,7 +323,9 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     model_tokenizer = load_tokenizer(model_args.model_id)
     train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, model_tokenizer)
     if eval_set is None and training_args.eval_strategy != "no":
-        raise TextsqlError(f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation.")
+        raise TextsqlError(
+            f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation."
+        )
     model = load_seq2seq_model(model_args.model_id)
     check_source_settings(model.config, data_meta, data_args.dataset_dir)
     record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
@@ -327,13 +356,24 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(training_progress_only())
     if data_args.execution_accuracy_samples and eval_set is not None:
-
-        trainer.execution_scoring = load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples)
-        trainer.execution_decoding = {"decoding": data_args.execution_accuracy_decoding, "num_beams": data_args.execution_accuracy_num_beams}
+        trainer.execution_scoring = load_scoring_set(
+            data_args.dataset_dir, "validation", data_args.execution_accuracy_samples
+        )
+        trainer.execution_decoding = {
+            "decoding": data_args.execution_accuracy_decoding,
+            "num_beams": data_args.execution_accuracy_num_beams,
+        }
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
-    logger.info("Training starts: %s, world size %d, %s%s on %s; the full log is %s", plan.output_dir, training_args.world_size,
-                plan.precision.name, " + TF32" if plan.precision.tf32 else "", plan.accelerator, plan.output_dir / LOG_FILE)
+    logger.info(
+        "Training starts: %s, world size %d, %s%s on %s; the full log is %s",
+        plan.output_dir,
+        training_args.world_size,
+        plan.precision.name,
+        " + TF32" if plan.precision.tf32 else "",
+        plan.accelerator,
+        plan.output_dir / LOG_FILE,
+    )
     try:
         result = trainer.train(resume_from_checkpoint=plan.resume_from)
     except ValueError as error:
@@ -353,14 +393,18 @@ def train(model_args: ModelArguments, data_args: DataArguments, training_args: T
     real_tokens = sum(gather_to_all(trainer.real_tokens))
     if not trainer.is_world_process_zero():
         return None
-    summary = build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer)
+    summary = build_summary(
+        model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer
+    )
 
     summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
     write_summary(summary, plan.output_dir)
     return summary
 
 
-def build_summary(model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer) -> RunSummary:
+def build_summary(
+    model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer
+) -> RunSummary:
     import deepspeed
     import torch
     import transformers
@@ -371,47 +415,60 @@ def build_summary(model_args, data_args, training_args, plan, result, eval_metri
     ds_config = None
     if trainer.is_deepspeed_enabled:
         ds_config = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
-    return RunSummary.from_dict({
-        "run": plan.output_dir.name,
-        "output_dir": str(plan.output_dir),
-        "model_id": model_args.model_id,
-        "parameters": parameters,
-        "trainable_parameters": trainable,
-        "world_size": training_args.world_size,
-        "strategy": plan.strategy,
-        "precision": plan.precision.name,
-        "tf32": tf32_enabled() if plan.accelerator == "cuda" else False,
-        "precision_reason": plan.precision.reason,
-        "device": plan.accelerator,
-        "node_devices": plan.devices.describe(),
-        "resumed_from": plan.resume_from,
-        "saved_dtype": training_args.save_dtype,
-        "train_runtime": runtime,
-        "train_samples_per_second": metrics.get("train_samples_per_second"),
-        "real_tokens": real_tokens,
-        "real_tokens_per_second": real_tokens / runtime if runtime else None,
-        "global_step": trainer.state.global_step,
-        "epochs": trainer.state.epoch,
-        "train_loss": metrics.get("train_loss"),
-        "eval_loss": eval_metrics.get("eval_loss"),
-        "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
-        "execution_accuracy_history": [
-            {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]} for h in trainer.state.log_history if "eval_execution_accuracy" in h
-        ],
-        "first_logged_loss": next((h["loss"] for h in trainer.state.log_history if "loss" in h), None),
-        "last_logged_loss": next((h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h), None),
-        "peak_memory_per_rank": memory,
-        "tensorboard_dir": os.environ.get("TENSORBOARD_LOGGING_DIR"),
-        "dataset": {"dir": data_args.dataset_dir, "source": data_meta.get("source"), "train_examples": len(trainer.train_dataset)},
-        "arguments": {
-            "model": asdict(model_args),
-            "data": asdict(data_args),
-            "training": json.loads(training_args.to_json_string()),
-        },
-        "deepspeed_config": ds_config,
-        "versions": {"textsql": __version__, "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__},
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    })
+    return RunSummary.from_dict(
+        {
+            "run": plan.output_dir.name,
+            "output_dir": str(plan.output_dir),
+            "model_id": model_args.model_id,
+            "parameters": parameters,
+            "trainable_parameters": trainable,
+            "world_size": training_args.world_size,
+            "strategy": plan.strategy,
+            "precision": plan.precision.name,
+            "tf32": tf32_enabled() if plan.accelerator == "cuda" else False,
+            "precision_reason": plan.precision.reason,
+            "device": plan.accelerator,
+            "node_devices": plan.devices.describe(),
+            "resumed_from": plan.resume_from,
+            "saved_dtype": training_args.save_dtype,
+            "train_runtime": runtime,
+            "train_samples_per_second": metrics.get("train_samples_per_second"),
+            "real_tokens": real_tokens,
+            "real_tokens_per_second": real_tokens / runtime if runtime else None,
+            "global_step": trainer.state.global_step,
+            "epochs": trainer.state.epoch,
+            "train_loss": metrics.get("train_loss"),
+            "eval_loss": eval_metrics.get("eval_loss"),
+            "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
+            "execution_accuracy_history": [
+                {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]}
+                for h in trainer.state.log_history
+                if "eval_execution_accuracy" in h
+            ],
+            "first_logged_loss": next((h["loss"] for h in trainer.state.log_history if "loss" in h), None),
+            "last_logged_loss": next((h["loss"] for h in reversed(trainer.state.log_history) if "loss" in h), None),
+            "peak_memory_per_rank": memory,
+            "tensorboard_dir": os.environ.get("TENSORBOARD_LOGGING_DIR"),
+            "dataset": {
+                "dir": data_args.dataset_dir,
+                "source": data_meta.get("source"),
+                "train_examples": len(trainer.train_dataset),
+            },
+            "arguments": {
+                "model": asdict(model_args),
+                "data": asdict(data_args),
+                "training": json.loads(training_args.to_json_string()),
+            },
+            "deepspeed_config": ds_config,
+            "versions": {
+                "textsql": __version__,
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "deepspeed": deepspeed.__version__,
+            },
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+    )
 
 
 def wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer):
@@ -428,8 +485,15 @@ def wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer):
     if training_args.activation_checkpointing:
         peft_model.enable_input_require_grads()  # the frozen embedding's output must carry gradients into checkpointed blocks
     trainable, total = parameter_counts(peft_model)
-    logger.info("LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%), %d embedding rows of added characters among them",
-                training_args.lora_rank, training_args.lora_alpha, training_args.lora_targets, trainable, total,
-                100 * trainable / total, len(token_ids))
+    logger.info(
+        "LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%), %d embedding rows of added characters among them",
+        training_args.lora_rank,
+        training_args.lora_alpha,
+        training_args.lora_targets,
+        trainable,
+        total,
+        100 * trainable / total,
+        len(token_ids),
+    )
     base_model = str(Path(model_args.model_id).resolve()) if Path(model_args.model_id).is_dir() else model_args.model_id
     return peft_model, adapter_record(peft_model, training_args, base_model, tokenizer, token_ids, fingerprint)

@@ -62,9 +62,14 @@ def make_trainer_class():
 
             decoding = self.execution_decoding
             _, metrics = decode_and_score(
-                self.accelerator.unwrap_model(self.model), self.processing_class, self.execution_scoring,
-                decoding=decoding["decoding"], num_beams=decoding["num_beams"], batch_size=self.args.per_device_eval_batch_size,
-                synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), self.is_fsdp_enabled, self.args.world_size), progress=False,
+                self.accelerator.unwrap_model(self.model),
+                self.processing_class,
+                self.execution_scoring,
+                decoding=decoding["decoding"],
+                num_beams=decoding["num_beams"],
+                batch_size=self.args.per_device_eval_batch_size,
+                synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), self.is_fsdp_enabled, self.args.world_size),
+                progress=False,
                 device=self.args.device,
             )
             return metrics["execution_accuracy"]
@@ -82,10 +87,14 @@ def make_trainer_class():
             last_time = self._last_log[0]
             if "loss" in logs and self.state.global_step > last_step and now > last_time:
                 steps = self.state.global_step - last_step
-                samples = steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+                samples = (
+                    steps * self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+                )
                 logs["samples_per_second"] = round(samples / (now - last_time), 3)
                 # Rank 0's real tokens times the world size: the others see batches of the same distribution.
-                logs["real_tokens_per_second"] = round((self.real_tokens - last_tokens) * self.args.world_size / (now - last_time), 1)
+                logs["real_tokens_per_second"] = round(
+                    (self.real_tokens - last_tokens) * self.args.world_size / (now - last_time), 1
+                )
                 self._last_log = (now, self.state.global_step, self.real_tokens)
             super().log(logs, start_time)
 
@@ -114,9 +123,13 @@ def pin_to_one_gpu(training_args) -> None:
     (slow, and every figure of the run would describe one process driving several GPUs). Use all of them with one rank
     per GPU: `textsql.train.local_launch.run_training(argv)` (the notebooks' way) or `deepspeed --num_gpus N --module textsql.train`."""
     if training_args.world_size == 1 and training_args.n_gpu > 1:
-        logger.warning("%d GPUs are visible to this one process; training on %s only. To train on all of them, start one "
-                       "rank per GPU (textsql.train.local_launch.run_training, or `deepspeed --num_gpus %d --module textsql.train ...`).",
-                       training_args.n_gpu, training_args.device, training_args.n_gpu)
+        logger.warning(
+            "%d GPUs are visible to this one process; training on %s only. To train on all of them, start one "
+            "rank per GPU (textsql.train.local_launch.run_training, or `deepspeed --num_gpus %d --module textsql.train ...`).",
+            training_args.n_gpu,
+            training_args.device,
+            training_args.n_gpu,
+        )
         training_args._n_gpu = 1
 
 
@@ -146,7 +159,9 @@ def save_final_model(trainer, output_dir: Path, dtype: str) -> None:
         state = {}
         for name, param in model.named_parameters():  # the same order on every rank: each call is a collective
             full = safe_get_full_fp32_param(param)
-            state[name] = (param if full is None else full).detach().to("cpu", target)  # None: a frozen ZeRO-1/2 parameter, whole
+            state[name] = (
+                (param if full is None else full).detach().to("cpu", target)
+            )  # None: a frozen ZeRO-1/2 parameter, whole
     elif trainer.is_fsdp_enabled:
         state = full_state_dict(model, target)  # FSDP2's fp32 shards gathered on rank 0, collectively
     else:

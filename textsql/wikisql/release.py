@@ -36,7 +36,9 @@ def load_wikisql(source: str) -> WikiSQLData:
 
 def _looks_like_path(source: str) -> bool:
     """Hub names are `name` or `owner/name`; anything else that does not exist is a missing local path."""
-    return source.startswith((".", "/", "~")) or source.count("/") > 1 or source.endswith((".tar.bz2", ".jsonl", ".tar"))
+    return (
+        source.startswith((".", "/", "~")) or source.count("/") > 1 or source.endswith((".tar.bz2", ".jsonl", ".tar"))
+    )
 
 
 def _release_folder(path: Path) -> Path | None:
@@ -75,7 +77,10 @@ def load_release_folder(path: Path) -> WikiSQLData:
             raise TextsqlError(f"'{questions_file}' has no tables file beside it: expected '{tables_file}'.")
         split_tables = {t["id"]: t for t in read_jsonl(tables_file)}
         tables.update(split_tables)
-        splits[split] = [_release_example(row, split_tables, questions_file, n) for n, row in enumerate(read_jsonl(questions_file), 1)]
+        splits[split] = [
+            _release_example(row, split_tables, questions_file, n)
+            for n, row in enumerate(read_jsonl(questions_file), 1)
+        ]
     return WikiSQLData(source=str(folder), splits=splits, tables=tables)
 
 
@@ -89,14 +94,18 @@ def read_jsonl(path: Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as error:
-                raise TextsqlError(f"'{path}' line {line_number} is not valid JSON ({error.msg}, column {error.colno}).") from None
+                raise TextsqlError(
+                    f"'{path}' line {line_number} is not valid JSON ({error.msg}, column {error.colno})."
+                ) from None
     return rows
 
 
 def _release_example(row: dict, tables: dict[str, dict], path: Path, line_number: int) -> Example:
     table = tables.get(row.get("table_id"))
     if table is None:
-        raise TextsqlError(f"'{path}' line {line_number}: table id {row.get('table_id')!r} is not in the tables file beside it.")
+        raise TextsqlError(
+            f"'{path}' line {line_number}: table id {row.get('table_id')!r} is not in the tables file beside it."
+        )
     sql = {"sel": row["sql"]["sel"], "agg": row["sql"]["agg"], "conds": [list(c) for c in row["sql"]["conds"]]}
     return Example(question=row["question"], target=render_sql(sql, table["header"]), table_id=row["table_id"], sql=sql)
 

@@ -225,7 +225,11 @@ class _Parser:
         agg = self.syntax.agg.match(self.text, position)
         if agg:
             starts.append((AGG_OPS.index(agg.group(1).upper()), agg.end()))
-        candidates = [(end - start, agg_index != 0, agg_index, sel, end) for agg_index, start in starts for sel, end in self.columns_at(start)]
+        candidates = [
+            (end - start, agg_index != 0, agg_index, sel, end)
+            for agg_index, start in starts
+            for sel, end in self.columns_at(start)
+        ]
         if not candidates:
             self.fail(position, "no column of the table after SELECT")
         candidates.sort(key=lambda item: (-item[0], item[1]))  # ties: a column named like "Max" before MAX + nothing
@@ -332,7 +336,9 @@ class _Parser:
 # compared as lists in SQLite's order. SQLite then applies its own affinity rules: a "real" column keeps a cell such as
 # "1,234" as TEXT, and any TEXT compares greater than any number.
 
-WIKISQL_NUMBER = re.compile(r"[-+]?\d*\.\d+|\d+")  # lib/dbengine.py num_re: the fallback when a value is not a plain number
+WIKISQL_NUMBER = re.compile(
+    r"[-+]?\d*\.\d+|\d+"
+)  # lib/dbengine.py num_re: the fallback when a value is not a plain number
 COLUMN_TYPES = ("text", "real")
 _CONNECTION_CACHE_SIZE = 512
 
@@ -411,10 +417,14 @@ def _checked_table(table: dict) -> tuple[list[str], list[str], list[list]]:
         raise SQLExecutionError(f"table {table.get('id')!r} has {len(header)} header names but {len(types)} types")
     unknown = sorted(set(types) - set(COLUMN_TYPES))
     if unknown:
-        raise SQLExecutionError(f"table {table.get('id')!r} has column types {unknown}; WikiSQL's are 'text' and 'real'")
+        raise SQLExecutionError(
+            f"table {table.get('id')!r} has column types {unknown}; WikiSQL's are 'text' and 'real'"
+        )
     for number, row in enumerate(rows):
         if len(row) != len(header):
-            raise SQLExecutionError(f"table {table.get('id')!r} row {number} has {len(row)} cells for {len(header)} columns")
+            raise SQLExecutionError(
+                f"table {table.get('id')!r} row {number} has {len(row)} cells for {len(header)} columns"
+            )
     return header, types, rows
 
 

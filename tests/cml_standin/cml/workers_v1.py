@@ -95,7 +95,9 @@ def _status(worker: dict) -> str:
 
 
 def _public(worker: dict) -> dict:
-    return {k: v for k, v in worker.items() if k in ("id", "name", "cpu", "memory", "nvidia_gpu", "ip_address")} | {"status": _status(worker)}
+    return {k: v for k, v in worker.items() if k in ("id", "name", "cpu", "memory", "nvidia_gpu", "ip_address")} | {
+        "status": _status(worker)
+    }
 
 
 def _next_address(workers: dict) -> str:
@@ -116,19 +118,48 @@ def launch_workers(n, cpu, memory, nvidia_gpu=0, script="", code="", env=None, n
         for _ in range(n):
             worker_id = f"standin-{len(workers) + 1:04d}-{os.getpid()}"
             address = _next_address(workers)
-            worker = {"id": worker_id, "name": name, "cpu": cpu, "memory": memory, "nvidia_gpu": nvidia_gpu, "ip_address": address,
-                      "pid": None, "status_file": str(_dir() / f"{worker_id}.status")}
+            worker = {
+                "id": worker_id,
+                "name": name,
+                "cpu": cpu,
+                "memory": memory,
+                "nvidia_gpu": nvidia_gpu,
+                "ip_address": address,
+                "pid": None,
+                "status_file": str(_dir() / f"{worker_id}.status"),
+            }
             if os.environ.get("CML_STANDIN_UNSCHEDULABLE") != "1":
-                environment = dict(os.environ, **(env or {}), CDSW_IP_ADDRESS=address, CDSW_ENGINE_ID=worker_id,
-                                   CDSW_MASTER_IP=os.environ.get("CDSW_IP_ADDRESS", "127.0.0.1"), CDSW_MASTER_ID=os.environ.get("CDSW_ENGINE_ID", "session"))
+                environment = dict(
+                    os.environ,
+                    **(env or {}),
+                    CDSW_IP_ADDRESS=address,
+                    CDSW_ENGINE_ID=worker_id,
+                    CDSW_MASTER_IP=os.environ.get("CDSW_IP_ADDRESS", "127.0.0.1"),
+                    CDSW_MASTER_ID=os.environ.get("CDSW_ENGINE_ID", "session"),
+                )
                 argv = [sys.executable, "-c", code] if code else [sys.executable, script]
                 delay = os.environ.get("CML_STANDIN_SCHEDULE_DELAY", "0")
                 with open(_dir() / f"{worker_id}.log", "ab") as log:
-                    process = subprocess.Popen([sys.executable, "-c", _POD, delay, worker["status_file"], *argv], env=environment,
-                                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    process = subprocess.Popen(
+                        [sys.executable, "-c", _POD, delay, worker["status_file"], *argv],
+                        env=environment,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 worker.update(pid=process.pid, starttime=_starttime(process.pid))
             workers[worker_id] = worker
-            launched.append({"id": worker_id, "name": name, "status": "scheduling", "cpu": cpu, "memory": memory, "nvidia_gpu": nvidia_gpu})
+            launched.append(
+                {
+                    "id": worker_id,
+                    "name": name,
+                    "status": "scheduling",
+                    "cpu": cpu,
+                    "memory": memory,
+                    "nvidia_gpu": nvidia_gpu,
+                }
+            )
     return launched
 
 
@@ -145,7 +176,10 @@ def await_workers(ids, wait_for_completion=True, timeout_seconds=60):
         time.sleep(0.1)
     done = ("succeeded",) if wait_for_completion else ("running", "succeeded")
     public = [_public(w) for w in chosen]
-    return {"workers": [w for w in public if w["status"] in done], "failures": [w for w in public if w["status"] not in done]}
+    return {
+        "workers": [w for w in public if w["status"] in done],
+        "failures": [w for w in public if w["status"] not in done],
+    }
 
 
 def list_workers():
