@@ -154,3 +154,10 @@ def test_regenerating_the_notebooks_changes_nothing(tmp_path):
         assert (tmp_path / name).read_text() == (REPO / "notebooks" / name).read_text(), (
             f"notebooks/{name} differs from what scripts/make_notebooks.py writes: edit the script and run it"
         )
+
+
+def test_test_files_have_unique_names():
+    """pytest imports test modules by their base name (no packages under tests/): two files of one name in unit/ and
+    integration/ stop the whole run at collection."""
+    names = [path.name for path in (REPO / "tests").rglob("test_*.py")]
+    assert sorted(name for name in set(names) if names.count(name) > 1) == []
