@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--repeat_top", type=int, default=2)
+    parser.add_argument("--retry_failed", action="store_true", help="Measure again the candidates that failed before.")
     parser.add_argument("--output", default=None, help="Also write the JSON report here.")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="textsql-tune-bench-"))
@@ -72,6 +73,7 @@ def main(argv=None) -> int:
             tune_dir=str(workdir / f"tune-{shape}"),
             warmup_steps=args.warmup_steps,
             repeat_top=args.repeat_top,
+            retry_failed=args.retry_failed,
             accelerator="cpu",
             **CPU_PLAN[shape],
         )

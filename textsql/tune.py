@@ -92,6 +92,13 @@ class TuneArguments:
     safety_margin: float = field(
         default=0.1, metadata={"help": "Fraction of GPU memory the planner keeps free when choosing candidates."}
     )
+    retry_failed: bool = field(
+        default=False,
+        metadata={
+            "help": "Measure again the candidates that failed before (a busy port, a crash); kept results are "
+            "otherwise never re-run."
+        },
+    )
     lora: bool = field(default=False, metadata={"help": "Also try LoRA adapters (when this textsql has them)."})
     accelerator: str = field(default="auto", metadata={"help": "auto, cuda or cpu, as textsql train's --accelerator."})
 
@@ -579,7 +586,8 @@ def run_tune(
     results_path = tune_dir / TUNE_RESULTS_FILE
     print_ = fingerprint(args, base, world)
     rows = read_results(results_path, print_)
-    done = {(r["key"], r["repeat"]) for r in rows}
+    retried = ("failed", "out of memory") if args.retry_failed else ()
+    done = {(r["key"], r["repeat"]) for r in rows if r["status"] not in retried}
     train = cluster_trainer(cluster) if cluster is not None else local_trainer
     echo(
         f"textsql tune: {len(candidates)} candidates at a global batch of {args.global_batch_size} on {world} rank(s) "
