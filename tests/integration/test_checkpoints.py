@@ -15,7 +15,7 @@ from conftest import child_cpu_env
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 
-RUN = "tiny-t5-zero2-ws1-bs8"
+RUN = "tiny-t5-zero2-ws1-bs8-steps1"  # the settings that differ from the defaults end the name
 
 
 class Planted:
