@@ -5,9 +5,9 @@ and agreement (identical SQL) with the unquantized model, on the same questions.
 
 RUN_FOLDER is a fine-tuned model (quantizing an untrained one says nothing about agreement): `textsql demo` writes one
 (textsql-demo/runs/tiny-t5-none-ws1-bs16 with --deepspeed none). `--shape t5-small` instead measures size and speed on a
-randomly initialised model of t5-small's shape (60M parameters, the dataset's tokenizer): every question generates
-exactly --max_new_tokens tokens, so questions/s compare; its agreement says how often random weights' greedy choices
-survive quantization, a stricter test than a trained model's, and it has no accuracy. Each model is quantized into a
+randomly initialised model of t5-small's shape (its layers, the dataset's tokenizer): every question generates
+exactly --max_new_tokens tokens, so questions/s compare; it has no accuracy, and its agreement says little (random
+weights tend to repeat a few tokens). Each model is quantized into a
 temporary folder, reloaded from it (the round trip `textsql quantize` does), warmed up on one batch, then timed; the
 models take turns for --repeats rounds and the JSON reports the median questions/s and every round.
 """

@@ -66,8 +66,9 @@ def _cuda_available() -> bool:
 
 
 def quiet_lifecycle_logs() -> None:
-    """Install the filters for QUIET_MESSAGES on their loggers (idempotent; imports nothing heavy). textsql's package
-    import calls it, so that it is in place before transformers imports torchao."""
+    """Install the filters for QUIET_MESSAGES on their loggers (idempotent; imports nothing heavy). Every entry point
+    calls it first (textsql.cli.main, a rank's process, textsql.notebook.setup), so that it is in place before
+    transformers imports torchao; importing textsql does nothing of the kind."""
     by_logger: dict[str, list[tuple[str, bool]]] = {}
     for name, text, without_gpu_only in QUIET_MESSAGES:
         by_logger.setdefault(name, []).append((text, without_gpu_only))

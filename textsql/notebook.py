@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.extras import quiet_lifecycle_logs
 from textsql.paths import in_project
 
 DEMO_MODEL = "textsql-demo/tiny-t5"  # what `textsql demo` leaves in the project: a model that works offline
@@ -34,6 +35,7 @@ def setup() -> str:
     """Call once at the top of a notebook. A TextsqlError (a mistake the message says how to fix) and an interrupt show
     as one paragraph instead of a traceback; FutureWarnings from the libraries are left out. Returns what it did."""
     warnings.filterwarnings("ignore", category=FutureWarning)
+    quiet_lifecycle_logs()
     try:
         from IPython import get_ipython
     except ImportError:

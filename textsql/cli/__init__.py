@@ -6,6 +6,7 @@ import importlib
 import sys
 
 from textsql.errors import TextsqlError
+from textsql.extras import quiet_lifecycle_logs
 
 USAGE = """usage: textsql COMMAND [ARGS]
 
@@ -56,6 +57,7 @@ def run_command(name: str, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`textsql COMMAND ARGS`: the command's exit status; a user error is one paragraph on stderr and exit status 2."""
     argv = sys.argv[1:] if argv is None else argv
+    quiet_lifecycle_logs()  # before any command imports transformers (which imports torchao when it is installed)
     if argv and argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0

@@ -149,6 +149,9 @@ def _pump(stream, log, prefix: str, tail: list[str]) -> None:
 
 def train_main() -> int:
     """The rank's training process: textsql.train with a callback that records this rank's own losses."""
+    from textsql.extras import quiet_lifecycle_logs
+
+    quiet_lifecycle_logs()  # before transformers imports torchao (textsql.extras)
     from transformers import TrainerCallback, trainer
 
     from textsql.errors import TextsqlError

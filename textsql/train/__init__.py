@@ -8,8 +8,21 @@ Modules, lowest first: arguments (the dataclasses, recipes), distributed (ranks)
 saving), run (deciding and running one training), local_launch (child processes on this pod), __main__ (a rank).
 """
 
-from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
-from textsql.train.local_launch import run_training
-from textsql.train.run import train
+from importlib import import_module
 
-__all__ = ["DataArguments", "ModelArguments", "TextsqlTrainingArguments", "run_training", "train"]
+# The public names, loaded on first use: `python -m textsql.train` imports this package before its __main__, which
+# first quiets the lifecycle packages' log noise (textsql.extras) and only then needs torch and transformers.
+_WHERE = {
+    "DataArguments": "arguments",
+    "ModelArguments": "arguments",
+    "TextsqlTrainingArguments": "arguments",
+    "run_training": "local_launch",
+    "train": "run",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(import_module(f"textsql.train.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'textsql.train' has no attribute '{name}'")
