@@ -189,9 +189,11 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
 
 
 def shorten_repeats(text: str, keep: int = 3) -> str:
-    """A word repeated many times in a row (an untrained model's "Week Week Week ...") shown as its first few and a
-    count, so one example stays one line; the files keep the text as generated."""
-    return re.sub(rf"(\S+)(?: \1){{{keep},}}", lambda m: f"{m.group(1)} … (×{len(m.group(0).split())})", text)
+    """A word or a piece repeated many times in a row (an untrained model's "Week Week Week ..." or "uiluiluil...")
+    shown once with a count, so one example stays one line; the files keep the text as generated."""
+    text = re.sub(rf"(\S+)(?: \1){{{keep},}}", lambda m: f"{m.group(1)} … (×{len(m.group(0).split())})", text)
+    # a piece of 2 to 12 characters 5 times or more: long enough that a number like 100000 is left alone
+    return re.sub(r"(\S{2,12}?)\1{4,}", lambda m: f"{m.group(1)} … (×{len(m.group(0)) // len(m.group(1))})", text)
 
 
 def format_example(record: dict) -> str:
