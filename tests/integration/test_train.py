@@ -137,7 +137,7 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
     )
     done = run_train(argv, cpu_env, tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    output_dir = tmp_path / "runs" / f"tiny-t5-{label}-ws1-bs16-lr0.003-steps40-{precision}-warmup5"
+    output_dir = tmp_path / "runs" / f"tiny-t5-{label}-ws1-bs16-lr0.003-steps40-warmup5"
     summary = json.loads((output_dir / "run_summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["strategy"]["label"] == label and summary["strategy"]["zero_stage"] == stage

@@ -76,13 +76,13 @@ logger = logging.getLogger("textsql.train")
 
 # Settings that make another experiment, as short name parts when they differ from textsql's defaults: two runs that
 # differ in one of them never share a folder, and the same command finds its own folder again (and resumes there).
+# Not the precision: a multi-pod launch decides it for every rank (auto -> bf16/fp32), and the name must not change.
 RUN_NAME_PARTS = {
     "learning_rate": "lr{:g}",
     "num_train_epochs": "ep{:g}",
     "max_steps": "steps{}",
     "gradient_accumulation_steps": "ga{}",
     "seed": "seed{}",
-    "precision": "{}",
     "weight_decay": "wd{:g}",
     "warmup_steps": "warmup{:g}",
     "lr_scheduler_type": "{}",
