@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,35 +176,45 @@ def adapted_modules(model) -> list[str]:
     return [n.removeprefix("base_model.model.") for n in names]
 
 
-def base_fingerprint(model) -> str:
-    """A short hash of the base model: every parameter's name and shape, and the values of the first attention's query
-    weight rounded to bf16 (a bf16 ZeRO-3 run holds the frozen base in bf16; the same rounding gives the same hash).
-    Collective under ZeRO-3 (every rank calls it); works on the base model and on its peft wrapper."""
+def _weight_files(model_id: str) -> list[Path]:
+    """The safetensors files of a model folder or of a hub model in the local cache; empty when there are none."""
+    folder = Path(model_id)
+    if folder.is_dir():
+        return sorted(folder.glob("*.safetensors"))
+    from transformers.utils import cached_file
+
+    try:
+        single = cached_file(model_id, "model.safetensors", _raise_exceptions_for_missing_entries=False)
+        if single:
+            return [Path(single)]
+        index = cached_file(model_id, "model.safetensors.index.json", _raise_exceptions_for_missing_entries=False)
+        if index:
+            names = sorted(set(json.loads(Path(index).read_text())["weight_map"].values()))
+            return [Path(cached_file(model_id, name)) for name in names]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def base_fingerprint(model_id: str) -> str | None:
+    """A short hash of a base model's checkpoint: every tensor's name and shape and the first values of its first row,
+    rounded to bf16, read from its safetensors files (whatever a training strategy made of the weights in memory:
+    bf16, partitioned, grown embeddings). None when the model has no safetensors files to read."""
     import torch
+    from safetensors import safe_open
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    files = _weight_files(model_id)
+    if not files:
+        return None
     digest = hashlib.sha256()
-    query = None
-    for name, param in base.named_parameters():
-        if ".lora_" in name or "token_adapter" in name:
-            continue
-        name = name.replace(".base_layer.", ".").replace(".original_module.", ".")
-        shape = tuple(getattr(param, "ds_shape", param.shape))
-        if EMBEDDING_MODULE in name.split(".")[:1] or name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-            shape = shape[1:]  # the rows grow with the characters prep added; the width is the model's
-        digest.update(f"{name}:{shape};".encode())
-        if query is None and name.endswith("SelfAttention.q.weight"):
-            query = param
-    if query is None:
-        raise TextsqlError("This is not a T5 model (no SelfAttention.q weight): LoRA adapters in textsql are for T5.")
-    gather = nullcontext()
-    if hasattr(query, "ds_id"):
-        import deepspeed
-
-        gather = deepspeed.zero.GatheredParameters([query], modifier_rank=None)
-    with gather:
-        values = query.detach().to("cpu", torch.bfloat16).view(torch.int16).numpy().tobytes()
-    digest.update(values)
+    for path in files:
+        with safe_open(str(path), framework="pt") as weights:
+            for name in sorted(weights.keys()):
+                piece = weights.get_slice(name)
+                shape = tuple(piece.get_shape())
+                first = (piece[0:1] if shape else weights.get_tensor(name)).reshape(-1)[:64]
+                digest.update(f"{name}:{shape};".encode())
+                digest.update(first.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -301,16 +311,22 @@ def load_base_for_adapter(adapter_dir, base_model: str | None = None):
             f"the adapter did not train them: '{base_id}' is not the base model the adapter was trained on "
             f"('{record['base_model']}'). Pass --base_model {record['base_model']} (or its local folder)."
         )
-    model = load_seq2seq_model(base_id, dtype=torch.float32)
-    fit_embeddings(model, tokenizer)
-    found = base_fingerprint(model)
-    if found != record.get("base_fingerprint"):
+    found, recorded = base_fingerprint(base_id), record.get("base_fingerprint")
+    if found is None or recorded is None:
+        logger.warning(
+            "The weights of '%s' cannot be compared with those the adapter was trained on (no safetensors "
+            "files); merging without that check.",
+            base_id,
+        )
+    elif found != recorded:
         raise TextsqlError(
             f"'{base_id}' is not the base model the adapter in '{adapter_dir}' was trained on (its weights "
             f"differ: fingerprint {found}, the adapter's record says {record.get('base_fingerprint')}). "
             f"Pass --base_model with the model the run trained from ('{record['base_model']}', or a "
             "local copy of it)."
         )
+    model = load_seq2seq_model(base_id, dtype=torch.float32)
+    fit_embeddings(model, tokenizer)
     return model, tokenizer, record
 
 
@@ -326,7 +342,9 @@ def load_adapter_model(adapter_dir, base_model: str | None = None):
 class MergeArguments:
     """What `textsql merge` folds together."""
 
-    adapter: str = field(metadata={"help": "The adapter: the run folder of a `textsql train --lora True` run."})
+    adapter: str = field(
+        metadata={"help": "The adapter: the run folder of a `textsql train --lora True` run (also the first argument)."}
+    )
     output_dir: str | None = field(
         default=None, metadata={"help": "Where the merged model goes; default: <adapter>-merged beside it."}
     )

@@ -7,6 +7,10 @@ from textsql.cli.parsing import parse_arguments
 
 
 def merge_cli(argv: list[str]) -> int:
+    """`textsql merge ADAPTER [--output_dir ...]` (or `--adapter ADAPTER`)."""
+    argv = list(argv)
+    if argv and not argv[0].startswith("-"):
+        argv = ["--adapter", *argv[:1], *argv[1:]]
     args = parse_arguments(MergeArguments, "merge", argv)
     folder = merge_adapter(args)
     print(

@@ -475,7 +475,8 @@ def wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer):
     """(the model wrapped by peft, the adapter's record): LoRA on the preset's layers, and the rows of the characters
     prep added to the tokenizer trained (the base model never trained them; frozen, it could never write them)."""
     token_ids = added_token_ids(tokenizer, model_tokenizer)
-    fingerprint = base_fingerprint(model)  # before wrapping; collective under ZeRO-3
+    # of the checkpoint's files, whatever the strategy holds in memory
+    fingerprint = base_fingerprint(model_args.model_id)
     from transformers import set_seed
 
     # The adapter's initial values depend on the seed only: every rank, every strategy starts from the same adapter
