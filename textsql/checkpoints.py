@@ -27,6 +27,8 @@ ALLOWED_GLOBALS = frozenset(
         "numpy.ndarray",
         "numpy.dtype",
         # the Trainer's training_args.bin (nothing loads it at resume; `torch.load` by hand would)
+        "textsql.train.arguments.TextsqlTrainingArguments",
+        # where the class lived before textsql.train became a package: checkpoints of older runs still resume
         "__main__.TextsqlTrainingArguments",
         "textsql.train.TextsqlTrainingArguments",
         "transformers.training_args.TrainingArguments",
