@@ -106,3 +106,28 @@ def test_inference_notebook_executes(trained_run, tmp_path, cpu_env, monkeypatch
         "image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", [])
     )  # the chart
     assert json.loads((run_dir / "eval_metrics.json").read_text())["examples"] == 40
+
+
+@pytest.mark.slow
+def test_finetune_lora_notebook_executes(assets, tmp_path, cpu_env, monkeypatch):
+    """LoRA -> merge -> quantize -> compare, as the notebook runs them, on the tiny model (dynamic int8: the CPU's)."""
+    for key, value in cpu_env.items():
+        monkeypatch.setenv(key, value)
+    data_dir, model_dir = assets
+    notebook = execute(
+        "finetune_lora.ipynb",
+        tmp_path,
+        {
+            "model_id": str(model_dir),
+            "dataset_dir": str(data_dir),
+            "lora_rank": 4,
+            "per_device_train_batch_size": 16,
+            "method": "dynamic-int8",
+            "max_examples": 8,
+            "extra_args": {"max_steps": 6, "eval_strategy": "no", "save_strategy": "no", "learning_rate": 1e-2},
+        },
+    )
+    text = outputs_text(notebook)
+    runs = list((tmp_path / "runs").glob("tiny-t5-none-lora-r4-*"))
+    assert len(runs) == 2 and any(run.name.endswith("-merged") for run in runs), runs  # the adapter and its merge
+    assert "dynamic-int8" in text and "Traceback" not in text
