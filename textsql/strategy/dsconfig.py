@@ -132,30 +132,41 @@ def resolve_for_run(cfg, run_dir) -> dict:
     return resolved
 
 
-def shipped_configs() -> dict[str, Path]:
-    """The shipped JSON files (the repository's dsconfig/ folder, package data when installed), by name without .json."""
-    if not DSCONFIG_DIR.is_dir():
+def shipped_in(folder: Path, kind: str) -> dict[str, Path]:
+    """The shipped JSON files in `folder` (a folder of the repository: dsconfig/, fsdpconfig/; package data when
+    installed), by name without .json. `kind` names them in the message: DeepSpeed, FSDP."""
+    if not folder.is_dir():
         raise TextsqlError(
-            f"The folder of shipped DeepSpeed configs, {DSCONFIG_DIR}, does not exist: in a checkout, "
-            f"textsql/shipped_dsconfig must be the symbolic link to dsconfig/ that git stores (check out with "
+            f"The folder of shipped {kind} configs, {folder}, does not exist: in a checkout, "
+            f"textsql/shipped_{folder.name} must be the symbolic link to {folder.name}/ that git stores (check out with "
             f"`git config core.symlinks true`), then reinstall with `pip install .`; or pass the path of your own "
-            f"DeepSpeed JSON file instead."
+            f"{kind} JSON file instead."
         )
-    return {p.stem: p for p in sorted(DSCONFIG_DIR.glob("*.json"))}
+    return {p.stem: p for p in sorted(folder.glob("*.json"))}
+
+
+def resolve_config_path(name_or_path, shipped: dict[str, Path], kind: str, flag: str) -> Path:
+    """An existing JSON file as given, or a shipped strategy's name as its file in `shipped` (shipped_in)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if str(name_or_path) in shipped:
+        return shipped[str(name_or_path)]
+    what = "shipped strategy" if kind == "DeepSpeed" else f"shipped {kind} strategy"
+    raise TextsqlError(
+        f"{flag} '{name_or_path}' is neither a JSON file nor a {what} ({', '.join(shipped)}): "
+        f"there is no such file. Pass the path of your {kind} JSON file, or a shipped name."
+    )
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The shipped DeepSpeed JSON files (dsconfig/), by name without .json."""
+    return shipped_in(DSCONFIG_DIR, "DeepSpeed")
 
 
 def resolve_dsconfig_path(name_or_path, flag: str = "--deepspeed") -> Path:
     """An existing JSON file as given, or a shipped strategy name (zero1, zero2, zero3_offload) as dsconfig/NAME.json."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    shipped = shipped_configs()
-    if str(name_or_path) in shipped:
-        return shipped[str(name_or_path)]
-    raise TextsqlError(
-        f"{flag} '{name_or_path}' is neither a JSON file nor a shipped strategy ({', '.join(shipped)}): "
-        "there is no such file. Pass the path of your DeepSpeed JSON file, or a shipped name."
-    )
+    return resolve_config_path(name_or_path, shipped_configs(), "DeepSpeed", flag)
 
 
 def describe_config(cfg) -> str:

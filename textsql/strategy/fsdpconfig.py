@@ -10,6 +10,7 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.paths import FSDPCONFIG_DIR
 from textsql.strategy.devices import NodeDevices
+from textsql.strategy.dsconfig import resolve_config_path, shipped_in
 from textsql.strategy.table import FSDP_LAYOUT
 
 FSDP_VERSION = 2
@@ -212,29 +213,13 @@ def check_fsdp_devices(strategy: dict, accelerator: str, devices: NodeDevices) -
 
 
 def shipped_fsdp_configs() -> dict[str, Path]:
-    """The shipped FSDP JSON files (the repository's fsdpconfig/ folder, package data when installed), by name."""
-    if not FSDPCONFIG_DIR.is_dir():
-        raise TextsqlError(
-            f"The folder of shipped FSDP configs, {FSDPCONFIG_DIR}, does not exist: in a checkout, "
-            f"textsql/shipped_fsdpconfig must be the symbolic link to fsdpconfig/ that git stores (check out with "
-            f"`git config core.symlinks true`), then reinstall with `pip install .`; or pass the path of your own "
-            f"FSDP JSON file instead."
-        )
-    return {p.stem: p for p in sorted(FSDPCONFIG_DIR.glob("*.json"))}
+    """The shipped FSDP JSON files (fsdpconfig/), by name without .json."""
+    return shipped_in(FSDPCONFIG_DIR, "FSDP")
 
 
 def resolve_fsdpconfig_path(name_or_path, flag: str = "--fsdp_config") -> Path:
     """An existing JSON file as given, or a shipped strategy name (fsdp_full_shard, ...) as fsdpconfig/NAME.json."""
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    shipped = shipped_fsdp_configs()
-    if str(name_or_path) in shipped:
-        return shipped[str(name_or_path)]
-    raise TextsqlError(
-        f"{flag} '{name_or_path}' is neither a JSON file nor a shipped FSDP strategy ({', '.join(shipped)}): "
-        "there is no such file. Pass the path of your FSDP JSON file, or a shipped name."
-    )
+    return resolve_config_path(name_or_path, shipped_fsdp_configs(), "FSDP", flag)
 
 
 def is_fsdp_config_name(name_or_path) -> bool:
