@@ -69,7 +69,7 @@ def test_ctrl_c_prints_one_line_naming_the_checkpoint_to_resume_from(assets, tmp
     _, err = child.communicate(timeout=120)
     assert child.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
-    last = err.strip().splitlines()[-1]
+    last = err.strip().replace("\r", "\n").splitlines()[-1]  # after the progress bar, the last line
     assert (
         last.startswith("textsql train: interrupted; run the same command again to resume from ")
         and "checkpoint-" in last

@@ -42,6 +42,14 @@ def train_command(argv: list[str]) -> int:
         print(f"textsql train: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        close_progress_bars()
         if rank() == 0:  # one line from the whole launch
             print(f"textsql train: {interrupted_message(model_args, training_args, world_size())}", file=sys.stderr)
         return INTERRUPTED_STATUS
+
+
+def close_progress_bars() -> None:
+    """End the Trainer's progress bar before the interrupt's line: tqdm would redraw it at exit, after the line."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
