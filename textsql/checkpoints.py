@@ -1,15 +1,22 @@
-"""Checkpoints in folders others can write: every pickle in one must load with torch's weights-only unpickler before
-anything loads it (DeepSpeed loads its own with weights_only=False, which would run any object pickled in them)."""
+"""Checkpoint folders: which ones a save finished (a run resumes from the newest of those), and, since others can write
+them, that every pickle in one loads with torch's weights-only unpickler before anything loads it (DeepSpeed loads its
+own with weights_only=False, which would run any object pickled in them)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+import struct
+import zipfile
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.paths import CHECKPOINT_PREFIX
 
+CHECKPOINT = re.compile(rf"^{CHECKPOINT_PREFIX}(\d+)$")
+TRAINER_STATE = "trainer_state.json"  # the Trainer writes it last in a checkpoint: without it the save did not finish
 PICKLE_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt"})
 # What real checkpoints pickle beyond torch's tensors and plain containers (found by training tiny runs: DeepSpeed
 # ZeRO-2 and ZeRO-3 + offload, and the Trainer without DeepSpeed). The check builds them as inert stand-ins, so not
@@ -165,3 +172,71 @@ def _refuse(path: Path, folder: Path, why: str):
         "(training then resumes from an earlier checkpoint, or pass --overwrite True to start at step 0), or, if you "
         "made this file yourself and trust it, load it outside textsql."
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Which checkpoints a save finished
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def file_is_whole(path: Path) -> bool:
+    """Whether a checkpoint file was written to the end: torch's zip archives have their central directory last,
+    safetensors their data after a header that says how long everything is, JSON files parse."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return False
+        if path.suffix in (".pt", ".pth", ".bin"):
+            if not zipfile.is_zipfile(path):
+                return path.suffix == ".bin"  # a legacy (non-zip) torch file: nothing to check but its size
+            with zipfile.ZipFile(path) as archive:
+                return bool(archive.namelist())
+        if path.suffix == ".safetensors":
+            with open(path, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length))
+            ends = [t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"]
+            return size == 8 + length + max(ends, default=0)
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        return True
+    except (OSError, ValueError, zipfile.BadZipFile, struct.error, KeyError, TypeError, IndexError):
+        return False
+
+
+def list_checkpoints(run_dir: Path) -> dict[str, dict[str, bool]]:
+    """Every checkpoint-N folder of `run_dir`: relative path of each file -> whether it is whole."""
+    run_dir = Path(run_dir)
+    found = {}
+    if not run_dir.is_dir():
+        return found
+    for folder in run_dir.iterdir():
+        if CHECKPOINT.match(folder.name) and folder.is_dir():
+            files = {}
+            for path in sorted(folder.rglob("*")):
+                if path.is_file() and path.suffix != ".py":
+                    files[str(path.relative_to(folder))] = file_is_whole(path)
+            found[folder.name] = files
+    return found
+
+
+def checkpoint_step(name: str) -> int:
+    """N of a checkpoint-N folder name."""
+    return int(CHECKPOINT.match(name)[1])
+
+
+def newest_whole_checkpoint(run_dir) -> tuple[Path | None, dict[str, list[str]]]:
+    """The newest checkpoint-N of `run_dir` that its save finished (trainer_state.json there, every file whole), and
+    each newer one set aside -> why. A process killed while saving (out of memory, a pod taken back) leaves a folder
+    the Trainer would try to resume from and fail; this is the one place a single-node run decides where it resumes
+    (a multi-node launch also checks every rank's shards: textsql.cluster.runs.choose_checkpoint)."""
+    listing = list_checkpoints(run_dir)
+    set_aside = {}
+    for name in sorted(listing, key=checkpoint_step, reverse=True):
+        files = listing[name]
+        problems = [] if TRAINER_STATE in files else [f"{TRAINER_STATE} is missing (the save did not finish)"]
+        problems += [f"{file} is cut short" for file, whole in files.items() if not whole]
+        if not problems:
+            return Path(run_dir) / name, set_aside
+        set_aside[name] = problems
+    return None, set_aside

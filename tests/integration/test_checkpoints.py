@@ -162,3 +162,57 @@ def test_resume_and_infer_refuse_a_planted_checkpoint_and_nothing_in_it_runs(
     )
     assert code == 2 and "pytorch_model.bin is refused" in err and "GLOBAL exec" in err, err[-3000:]
     assert not marker.exists()
+
+
+def test_checkpoint_files_cut_short_are_recognised(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from textsql.checkpoints import list_checkpoints
+
+    folder = tmp_path / "run" / "checkpoint-4"
+    (folder / "global_step4").mkdir(parents=True)
+    torch.save({"w": torch.zeros(1000)}, folder / "optimizer.pt")
+    torch.save({"w": torch.zeros(1000)}, folder / "global_step4" / "mp_rank_00_model_states.pt")
+    save_file({"w": torch.zeros(1000)}, folder / "model.safetensors")
+    (folder / "trainer_state.json").write_text('{"global_step": 4}')
+    (folder / "zero_to_fp32.py").write_text("# a script, not state")
+    whole = list_checkpoints(tmp_path / "run")["checkpoint-4"]
+    assert whole == {
+        "optimizer.pt": True,
+        "global_step4/mp_rank_00_model_states.pt": True,
+        "model.safetensors": True,
+        "trainer_state.json": True,
+    }
+    for name in ("optimizer.pt", "global_step4/mp_rank_00_model_states.pt", "model.safetensors", "trainer_state.json"):
+        data = (folder / name).read_bytes()
+        (folder / name).write_bytes(data[: len(data) // 2])
+    assert not any(list_checkpoints(tmp_path / "run")["checkpoint-4"].values())
+    (tmp_path / "run" / "incomplete-checkpoint-8-L1").mkdir()
+    assert list(list_checkpoints(tmp_path / "run")) == ["checkpoint-4"]
+
+
+def test_a_run_resumes_from_the_newest_checkpoint_its_save_finished(tmp_path):
+    from textsql.checkpoints import newest_whole_checkpoint
+
+    run = tmp_path / "run"
+    assert newest_whole_checkpoint(run) == (None, {})
+    for step in (10, 20, 30):
+        (run / f"checkpoint-{step}").mkdir(parents=True)
+        (run / f"checkpoint-{step}" / "optimizer.pt").write_bytes(b"PK")  # no zip directory: cut short
+    for step in (10, 20):
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
+    (run / "checkpoint-10" / "optimizer.pt").unlink()
+    (run / "checkpoint-30" / "rng_state.pth").write_bytes(b"")
+    newest, set_aside = newest_whole_checkpoint(run)
+    assert newest == run / "checkpoint-10"
+    assert set_aside == {
+        "checkpoint-30": [
+            "trainer_state.json is missing (the save did not finish)",
+            "optimizer.pt is cut short",
+            "rng_state.pth is cut short",
+        ],
+        "checkpoint-20": ["optimizer.pt is cut short"],
+    }
+    (run / "checkpoint-10" / "trainer_state.json").unlink()
+    assert newest_whole_checkpoint(run)[0] is None

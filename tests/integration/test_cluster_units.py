@@ -705,34 +705,6 @@ def test_resume_with_another_world_size_is_refused_naming_both_sizes():
     assert choose_checkpoint(one, {"n0": [0]}, 1, None).checkpoint == "checkpoint-5"
 
 
-def test_checkpoint_files_cut_short_are_recognised(tmp_path):
-    import torch
-    from safetensors.torch import save_file
-
-    from textsql.cluster.runs import list_checkpoints
-
-    folder = tmp_path / "run" / "checkpoint-4"
-    (folder / "global_step4").mkdir(parents=True)
-    torch.save({"w": torch.zeros(1000)}, folder / "optimizer.pt")
-    torch.save({"w": torch.zeros(1000)}, folder / "global_step4" / "mp_rank_00_model_states.pt")
-    save_file({"w": torch.zeros(1000)}, folder / "model.safetensors")
-    (folder / "trainer_state.json").write_text('{"global_step": 4}')
-    (folder / "zero_to_fp32.py").write_text("# a script, not state")
-    whole = list_checkpoints(tmp_path / "run")["checkpoint-4"]
-    assert whole == {
-        "optimizer.pt": True,
-        "global_step4/mp_rank_00_model_states.pt": True,
-        "model.safetensors": True,
-        "trainer_state.json": True,
-    }
-    for name in ("optimizer.pt", "global_step4/mp_rank_00_model_states.pt", "model.safetensors", "trainer_state.json"):
-        data = (folder / name).read_bytes()
-        (folder / name).write_bytes(data[: len(data) // 2])
-    assert not any(list_checkpoints(tmp_path / "run")["checkpoint-4"].values())
-    (tmp_path / "run" / "incomplete-checkpoint-8-L1").mkdir()
-    assert list(list_checkpoints(tmp_path / "run")) == ["checkpoint-4"]
-
-
 def test_preparing_a_node_sets_partial_checkpoints_aside_tags_latest_and_clears_dead_build_locks(tmp_path):
     from textsql.cluster.node import prepare
     from textsql.cluster.runs import RECORD

@@ -239,11 +239,15 @@ def test_interrupted_run_resumes_and_a_finished_one_is_kept(assets, tmp_path, cp
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert not (output_dir / "run_summary.json").exists()
+    # A save the kill cut short (as a pod taken back mid-save leaves one): the Trainer alone would resume from it.
+    (output_dir / "checkpoint-29").mkdir()
+    (output_dir / "checkpoint-29" / "optimizer.pt").write_bytes(b"PK\x03\x04")
 
     resumed = run_train(argv, cpu_env, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-5000:]
+    assert "Not resuming from" in resumed.stderr and "checkpoint-29: trainer_state.json is missing" in resumed.stderr
     summary = json.loads((output_dir / "run_summary.json").read_text())
-    assert summary["resumed_from"] and Path(summary["resumed_from"]).name.startswith("checkpoint-")
+    assert summary["resumed_from"] and Path(summary["resumed_from"]).name in ("checkpoint-10", "checkpoint-20")
     assert summary["global_step"] == 30
 
     again = run_train(argv, cpu_env, tmp_path)

@@ -254,11 +254,11 @@ class LaunchPlan:
 
     def prepare_requests(self) -> dict[str, dict]:
         """What each node does before its launcher starts (see textsql.cluster.node.prepare)."""
-        from textsql.cluster.runs import CHECKPOINT
+        from textsql.checkpoints import checkpoint_step
 
         hostfile, _ = self.launcher_hosts()
-        chosen = int(CHECKPOINT.match(self.resume.checkpoint)[1]) if self.resume.checkpoint else -1
-        newer = [name for name in self.resume.set_aside if int(CHECKPOINT.match(name)[1]) > chosen]
+        chosen = checkpoint_step(self.resume.checkpoint) if self.resume.checkpoint else -1
+        newer = [name for name in self.resume.set_aside if checkpoint_step(name) > chosen]
         requests = {}
         for index, node in enumerate(self.nodes):
             request = {

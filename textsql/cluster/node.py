@@ -103,7 +103,8 @@ def _digest(path: str) -> str | None:
 def probe(request: dict) -> dict:
     """Run-specific checks: folders and files present (files by digest), node 0's shared-folder marker visible,
     the run folder's checkpoints and launch record."""
-    from textsql.cluster.runs import RECORD, list_checkpoints
+    from textsql.checkpoints import list_checkpoints
+    from textsql.cluster.runs import RECORD
 
     result = {
         "dirs": {p: os.path.isdir(p) for p in request.get("dirs", [])},

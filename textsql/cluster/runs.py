@@ -7,17 +7,15 @@ import json
 import os
 import re
 import socket
-import struct
 import threading
 import time
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.checkpoints import TRAINER_STATE, checkpoint_step
 from textsql.errors import TextsqlError
 from textsql.sharedfiles import open_unlinked, read_unlinked
 
-CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 QUARANTINE_PREFIX = "incomplete-"  # not "checkpoint-*": the Trainer neither resumes from nor rotates what we set aside
 RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 SHARD = re.compile(r"(?:^|/)(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt$")
@@ -150,47 +148,6 @@ def run_lock(run_dir: Path, launch_id: str) -> FileLock:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def file_is_whole(path: Path) -> bool:
-    """Whether a checkpoint file was written to the end: torch's zip archives have their central directory last,
-    safetensors their data after a header that says how long everything is, JSON files parse."""
-    try:
-        size = path.stat().st_size
-        if size == 0:
-            return False
-        if path.suffix in (".pt", ".pth", ".bin"):
-            if not zipfile.is_zipfile(path):
-                return path.suffix == ".bin"  # a legacy (non-zip) torch file: nothing to check but its size
-            with zipfile.ZipFile(path) as archive:
-                return bool(archive.namelist())
-        if path.suffix == ".safetensors":
-            with open(path, "rb") as f:
-                (length,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(length))
-            ends = [t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"]
-            return size == 8 + length + max(ends, default=0)
-        if path.suffix == ".json":
-            json.loads(path.read_text())
-        return True
-    except (OSError, ValueError, zipfile.BadZipFile, struct.error, KeyError, TypeError, IndexError):
-        return False
-
-
-def list_checkpoints(run_dir: Path) -> dict[str, dict[str, bool]]:
-    """Every checkpoint-N folder of `run_dir`: relative path of each file -> whether it is whole."""
-    run_dir = Path(run_dir)
-    found = {}
-    if not run_dir.is_dir():
-        return found
-    for folder in run_dir.iterdir():
-        if CHECKPOINT.match(folder.name) and folder.is_dir():
-            files = {}
-            for path in sorted(folder.rglob("*")):
-                if path.is_file() and path.suffix != ".py":
-                    files[str(path.relative_to(folder))] = file_is_whole(path)
-            found[folder.name] = files
-    return found
-
-
 def missing_parts(
     files: dict[str, bool], step: int, ranks: list[int], world_size: int, zero_stage: int | None, whole_run: bool
 ) -> list[str]:
@@ -209,7 +166,7 @@ def missing_parts(
             missing.append(f"{what} ({name}) is cut short")
 
     if whole_run:
-        need("trainer_state.json", "the trainer state")
+        need(TRAINER_STATE, "the trainer state")
     for rank in ranks:
         need("rng_state.pth" if world_size == 1 else f"rng_state_{rank}.pth", f"rank {rank}'s RNG state")
     if zero_stage is None:
@@ -276,8 +233,7 @@ class ResumePlan:
 
 
 def _step_of(item) -> int:
-    name = item[0] if isinstance(item, tuple) else item
-    return int(CHECKPOINT.match(name)[1])
+    return checkpoint_step(item[0] if isinstance(item, tuple) else item)
 
 
 RECORD = "textsql-launch.json"  # in the run folder: the world size and nodes of the launch that trains it

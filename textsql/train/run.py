@@ -22,11 +22,11 @@ from textsql.adapters import (
     parameter_counts,
     save_adapter,
 )
-from textsql.checkpoints import verify_checkpoint
+from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set
 from textsql.hub import load_seq2seq_model, load_tokenizer
-from textsql.paths import CHECKPOINT_PREFIX, LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
+from textsql.paths import LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
 from textsql.planner.check import compare_with_run
 from textsql.prep import (
     check_prepared,
@@ -130,12 +130,9 @@ def interrupted_message(model: ModelArguments, training: TextsqlTrainingArgument
         folder = run_dir(model, training, ranks)
     except TextsqlError:
         return "interrupted."
-    checkpoints = sorted(
-        (p for p in folder.glob(f"{CHECKPOINT_PREFIX}*") if p.name[len(CHECKPOINT_PREFIX) :].isdigit()),
-        key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]),
-    )
-    if checkpoints:
-        return f"interrupted; run the same command again to resume from {checkpoints[-1].absolute()}."
+    newest, _ = newest_whole_checkpoint(folder)
+    if newest:
+        return f"interrupted; run the same command again to resume from {newest.absolute()}."
     return (
         f"interrupted before the first checkpoint (save_strategy {getattr(training.save_strategy, 'value', training.save_strategy)}); "
         f"running the same command again starts over in {folder.absolute()}."
@@ -242,11 +239,12 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
         )
     resume_from = None
     if state == "interrupted" and not training.overwrite:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        resume_from = get_last_checkpoint(str(output_dir))
-        if resume_from:
-            verify_checkpoint(resume_from)  # before DeepSpeed unpickles it: the run folder may be writable by others
+        newest, set_aside = newest_whole_checkpoint(output_dir)
+        for name, problems in set_aside.items():
+            logger.warning("Not resuming from %s: %s.", output_dir / name, "; ".join(problems[:3]))
+        if newest:
+            verify_checkpoint(newest)  # before DeepSpeed unpickles it: the run folder may be writable by others
+            resume_from = str(newest)
     settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
     if dsconfig is not None:
         settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir))
