@@ -2,6 +2,8 @@
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Genuine WikiSQL release lines and Google's T5 tokenizer files beside the repository (../shared/real/README.md);
 # a user's clone has no such folder, and the tests that need it skip there.
 REAL_FILES = Path(__file__).resolve().parents[1] / ".." / "shared" / "real"
+CHROMIUM = "/usr/bin/chromium"  # Debian's package, where PATH does not name it
 
 
 def pytest_configure(config):
@@ -144,6 +147,39 @@ def child_cpu_env() -> dict[str, str]:
     return env
 
 
+def tiny_train_argv(assets, runs_root, *extra, **flags) -> list[str]:
+    """`textsql train` arguments for the tiny T5 on the generated data (the `assets` fixture), writing under
+    `runs_root`: `--name value` for each of `flags` in their order, then `extra` (a flag given again there wins)."""
+    data_dir, model_dir = assets
+    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root)]
+    for name, value in flags.items():
+        argv += [f"--{name}", str(value)]
+    return [*argv, *extra]
+
+
+def headless_chromium(*args, user_data_dir: Path, window: str = "1400,900", timeout: int = 180):
+    """Run headless Chromium on `args` (a page to dump or shoot) with a fresh profile and none of its background
+    connections (the machine's network is closed; they would be refused, many at a time): the CompletedProcess."""
+    browser = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
+    if browser is None:
+        pytest.fail("Headless Chromium is needed: as root, `apt-get update && apt-get install -y chromium` (Debian's).")
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={user_data_dir}",
+        f"--window-size={window}",
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def two_tiny_runs(assets, tmp_path_factory):
     """(runs_root, {"none": summary, "zero2": summary}): two tiny trainings, without DeepSpeed and with ZeRO-2, built once.
@@ -153,52 +189,24 @@ def two_tiny_runs(assets, tmp_path_factory):
     import json
     import subprocess
 
-    data_dir, model_dir = assets
     workdir = tmp_path_factory.mktemp("two-runs")
     runs_root = workdir / "runs"
-    env = dict(
-        os.environ,
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        TOKENIZERS_PARALLELISM="false",
-        PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    env = child_cpu_env()
+    argv = [sys.executable, "-m", "textsql.train"] + tiny_train_argv(
+        assets,
+        runs_root,
+        max_steps=12,
+        per_device_train_batch_size=16,
+        per_device_eval_batch_size=32,
+        learning_rate="3e-3",
+        warmup_steps=2,
+        logging_steps=2,
+        eval_strategy="steps",
+        eval_steps=6,
+        save_strategy="no",
+        max_eval_samples=32,
+        dataloader_num_workers=0,
     )
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
-    argv = [
-        sys.executable,
-        "-m",
-        "textsql.train",
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(runs_root),
-        "--max_steps",
-        "12",
-        "--per_device_train_batch_size",
-        "16",
-        "--per_device_eval_batch_size",
-        "32",
-        "--learning_rate",
-        "3e-3",
-        "--warmup_steps",
-        "2",
-        "--logging_steps",
-        "2",
-        "--eval_strategy",
-        "steps",
-        "--eval_steps",
-        "6",
-        "--save_strategy",
-        "no",
-        "--max_eval_samples",
-        "32",
-        "--dataloader_num_workers",
-        "0",
-    ]
     children = {
         label: subprocess.Popen(
             argv + extra, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -221,37 +229,23 @@ def trained_run(assets, tmp_path_factory):
     import json
     import subprocess
 
-    data_dir, model_dir = assets
+    data_dir, _ = assets
     runs = tmp_path_factory.mktemp("trained")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
-    argv = [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(runs),
-        "--max_steps",
-        "60",
-        "--per_device_train_batch_size",
-        "16",
-        "--learning_rate",
-        "3e-3",
-        "--warmup_steps",
-        "5",
-        "--logging_steps",
-        "10",
-        "--eval_strategy",
-        "steps",
-        "--eval_steps",
-        "30",
-        "--save_strategy",
-        "no",
-        "--max_eval_samples",
-        "64",
-        "--execution_accuracy_samples",
-        "32",
-    ]
+    argv = tiny_train_argv(
+        assets,
+        runs,
+        max_steps=60,
+        per_device_train_batch_size=16,
+        learning_rate="3e-3",
+        warmup_steps=5,
+        logging_steps=10,
+        eval_strategy="steps",
+        eval_steps=30,
+        save_strategy="no",
+        max_eval_samples=64,
+        execution_accuracy_samples=32,
+    )
     done = subprocess.run(
         [sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, timeout=900
     )

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_argv
 from test_notebooks import execute, outputs_text
 from test_train import check_model_reloads_and_generates
 
@@ -130,36 +131,21 @@ def clusters(project):
 
 
 def cluster_argv(assets, runs_root, *extra, steps=10, logging_steps=5):
-    data_dir, model_dir = assets
-    return [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(runs_root),
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "16",
-        "--per_device_eval_batch_size",
-        "32",
-        "--learning_rate",
-        "3e-3",
-        "--warmup_steps",
-        "2",
-        "--logging_steps",
-        str(logging_steps),
-        "--eval_strategy",
-        "no",
-        "--save_strategy",
-        "no",
-        "--dataloader_num_workers",
-        "0",
-        "--report_to",
-        "none",
+    return tiny_train_argv(
+        assets,
+        runs_root,
         *extra,
-    ]
+        max_steps=steps,
+        per_device_train_batch_size=16,
+        per_device_eval_batch_size=32,
+        learning_rate="3e-3",
+        warmup_steps=2,
+        logging_steps=logging_steps,
+        eval_strategy="no",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        report_to="none",
+    )
 
 
 def check_two_node_run(result, assets, stage, offload, steps=10):

@@ -13,37 +13,17 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import headless_chromium
 
 from textsql.train.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
 # Every host but the loopback resolves to nothing: the page must render with no network (CML's air-gapped clusters).
 AIR_GAPPED = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
 
 
-def chromium(*args, user_data_dir: Path, timeout: int = 180) -> subprocess.CompletedProcess:
-    import shutil
-
-    browser = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
-    if browser is None:
-        pytest.fail("Headless Chromium is needed: as root, `apt-get update && apt-get install -y chromium`.")
-    command = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={user_data_dir}",
-        "--window-size=1400,1000",
-        AIR_GAPPED,
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+def chromium(*args, user_data_dir: Path) -> subprocess.CompletedProcess:
+    return headless_chromium(AIR_GAPPED, *args, user_data_dir=user_data_dir, window="1400,1000")
 
 
 def get(url: str, timeout: float = 10) -> str:

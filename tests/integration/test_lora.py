@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_argv
 
 STEPS = 10
 
@@ -28,38 +29,22 @@ def lora_base(header_assets, tmp_path_factory):
 
 
 def lora_argv(base, runs_root, *extra, steps=STEPS):
-    data_dir, model_dir = base
-    return [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(runs_root),
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "8",
-        "--per_device_eval_batch_size",
-        "32",
-        "--learning_rate",
-        "1e-2",
-        "--warmup_steps",
-        "0",
-        "--logging_steps",
-        "5",
-        "--max_eval_samples",
-        "32",
-        "--dataloader_num_workers",
-        "0",
-        "--lora",
-        "True",
-        "--lora_targets",
-        "all",
-        "--lora_dropout",
-        "0",
+    return tiny_train_argv(
+        base,
+        runs_root,
         *extra,
-    ]
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=32,
+        learning_rate="1e-2",
+        warmup_steps=0,
+        logging_steps=5,
+        max_eval_samples=32,
+        dataloader_num_workers=0,
+        lora="True",
+        lora_targets="all",
+        lora_dropout=0,
+    )
 
 
 def adapter_tensors(run_dir: Path) -> dict:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_argv
 
 from textsql.cli import main
 from textsql.train.arguments import parse_arguments
@@ -16,32 +17,19 @@ from textsql.train.run import run_dir
 
 
 def tiny_argv(assets, runs_root, *extra):
-    data_dir, model_dir = assets
-    return [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(runs_root),
-        "--max_steps",
-        "400",
-        "--per_device_train_batch_size",
-        "8",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "3",
-        "--eval_strategy",
-        "no",
-        "--logging_steps",
-        "1",
-        "--report_to",
-        "none",
-        "--dataloader_num_workers",
-        "0",
+    return tiny_train_argv(
+        assets,
+        runs_root,
         *extra,
-    ]
+        max_steps=400,
+        per_device_train_batch_size=8,
+        save_strategy="steps",
+        save_steps=3,
+        eval_strategy="no",
+        logging_steps=1,
+        report_to="none",
+        dataloader_num_workers=0,
+    )
 
 
 def wait_for(path: Path, process: subprocess.Popen, seconds: float = 300) -> None:

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,39 +12,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import headless_chromium
 
 from textsql.train.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
-CHROMIUM = "/usr/bin/chromium"
-INSTALL_HINT = "Headless Chromium is needed to render TensorBoard: as root, `apt-get update && apt-get install -y chromium` (Debian's chromium package)."
-
 
 def get_json(url: str, timeout: float = 10):
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
-
-
-def chromium(*args, user_data_dir: Path, timeout: int = 120) -> subprocess.CompletedProcess:
-    browser = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
-    if browser is None:
-        pytest.fail(INSTALL_HINT)
-    command = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={user_data_dir}",
-        "--window-size=1400,900",
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -122,14 +98,14 @@ def test_page_renders_both_runs_in_headless_chromium(server, tmp_path):
     base, _, summaries = server
     runs = [f"{s['run']}/tensorboard" for s in summaries.values()]
     # The Time Series dashboard is plain DOM: its runs table lists the runs.
-    dom = chromium(
+    dom = headless_chromium(
         "--virtual-time-budget=10000", "--dump-dom", f"{base}/#timeseries", user_data_dir=tmp_path / "profile-dom"
     )
     assert dom.returncode == 0, dom.stderr[-3000:]
     assert all(run in dom.stdout for run in runs), "the rendered page does not list both runs"
     # The Scalars dashboard draws the loss curves as SVG, which headless Chromium renders without a GPU.
     screenshot = tmp_path / "tensorboard.png"
-    shot = chromium(
+    shot = headless_chromium(
         "--virtual-time-budget=20000",
         f"--screenshot={screenshot}",
         f"{base}/#scalars&tagFilter=loss&_smoothingWeight=0",

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_argv
 
 SUMMARY_KEYS = {
     "run",
@@ -32,40 +33,23 @@ SUMMARY_KEYS = {
 
 
 def train_argv(assets, runs_root, *extra, steps=40):
-    data_dir, model_dir = assets
-    return [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(runs_root),
-        "--max_steps",
-        str(steps),
-        "--per_device_train_batch_size",
-        "16",
-        "--per_device_eval_batch_size",
-        "32",
-        "--learning_rate",
-        "3e-3",
-        "--warmup_steps",
-        "5",
-        "--logging_steps",
-        "5",
-        "--eval_strategy",
-        "steps",
-        "--eval_steps",
-        "20",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "20",
-        "--max_eval_samples",
-        "64",
-        "--dataloader_num_workers",
-        "0",
+    return tiny_train_argv(
+        assets,
+        runs_root,
         *extra,
-    ]
+        max_steps=steps,
+        per_device_train_batch_size=16,
+        per_device_eval_batch_size=32,
+        learning_rate="3e-3",
+        warmup_steps=5,
+        logging_steps=5,
+        eval_strategy="steps",
+        eval_steps=20,
+        save_strategy="steps",
+        save_steps=20,
+        max_eval_samples=64,
+        dataloader_num_workers=0,
+    )
 
 
 def run_train(argv, env, cwd, timeout=900):
