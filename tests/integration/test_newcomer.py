@@ -40,6 +40,21 @@ def wait_for(path: Path, process: subprocess.Popen, seconds: float = 300) -> Non
         time.sleep(0.2)
 
 
+def test_the_interrupt_line_names_only_a_checkpoint_whose_save_finished(assets, tmp_path):
+    from textsql.train.run import interrupted_message
+
+    model, _, training = parse_arguments(tiny_argv(assets, tmp_path / "runs"))
+    folder = run_dir(model, training, 1)
+    (folder / "checkpoint-3").mkdir(parents=True)  # a save killed before it wrote anything
+    line = interrupted_message(model, training, 1)
+    assert line.startswith("interrupted before any checkpoint was complete") and "starts over" in line
+    (folder / "checkpoint-3" / "trainer_state.json").write_text('{"global_step": 3}')
+    (folder / "checkpoint-6").mkdir()
+    assert interrupted_message(model, training, 1) == (
+        f"interrupted; run the same command again to resume from {(folder / 'checkpoint-3').absolute()}."
+    )
+
+
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_naming_the_checkpoint_to_resume_from(assets, tmp_path, cpu_env):
     argv = tiny_argv(assets, tmp_path / "runs")

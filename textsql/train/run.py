@@ -134,7 +134,7 @@ def interrupted_message(model: ModelArguments, training: TextsqlTrainingArgument
     if newest:
         return f"interrupted; run the same command again to resume from {newest.absolute()}."
     return (
-        f"interrupted before the first checkpoint (save_strategy {getattr(training.save_strategy, 'value', training.save_strategy)}); "
+        f"interrupted before any checkpoint was complete (save_strategy {getattr(training.save_strategy, 'value', training.save_strategy)}); "
         f"running the same command again starts over in {folder.absolute()}."
     )
 
