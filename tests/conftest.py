@@ -186,9 +186,6 @@ def two_tiny_runs(assets, tmp_path_factory):
 
     Both run at the same time (one thread each), 12 steps with an evaluation every 6; the report and TensorBoard tests share them.
     """
-    import json
-    import subprocess
-
     workdir = tmp_path_factory.mktemp("two-runs")
     runs_root = workdir / "runs"
     env = child_cpu_env()
@@ -226,9 +223,6 @@ def two_tiny_runs(assets, tmp_path_factory):
 @pytest.fixture(scope="session")
 def trained_run(assets, tmp_path_factory):
     """A finished tiny-T5 run (no DeepSpeed) that scored execution accuracy at each evaluation: (run_dir, data_dir)."""
-    import json
-    import subprocess
-
     data_dir, _ = assets
     runs = tmp_path_factory.mktemp("trained")
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
