@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_cpu_env
+from conftest import child_cpu_env, tiny_train_argv
 
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
@@ -32,32 +32,19 @@ class Planted:
 @pytest.fixture(scope="module")
 def zero_run(assets, tmp_path_factory):
     """A real run folder of a tiny ZeRO-2 training that saved checkpoint-1 (trained once for this module)."""
-    data_dir, model_dir = assets
     root = tmp_path_factory.mktemp("zero-run")
-    argv = [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
+    argv = tiny_train_argv(
+        assets,
         str(root / "runs"),
-        "--max_steps",
-        "1",
-        "--per_device_train_batch_size",
-        "8",
-        "--save_strategy",
-        "steps",
-        "--save_steps",
-        "1",
-        "--eval_strategy",
-        "no",
-        "--dataloader_num_workers",
-        "0",
-        "--report_to",
-        "none",
-        "--deepspeed",
-        "zero2",
-    ]
+        max_steps=1,
+        per_device_train_batch_size=8,
+        save_strategy="steps",
+        save_steps=1,
+        eval_strategy="no",
+        dataloader_num_workers=0,
+        report_to="none",
+        deepspeed="zero2",
+    )
     done = subprocess.run(
         [sys.executable, "-m", "textsql.train", *argv],
         capture_output=True,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_argv
 
 from textsql.cluster.hostfile import (
     Host,
@@ -565,17 +566,7 @@ def test_crafted_state_and_launch_records_are_refused_naming_the_file_and_no_for
             p.wait()
 
     # A launch record in the run folder that textsql did not write: the plan refuses it, naming the file.
-    data_dir, model_dir = assets
-    argv = [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(tmp_path / "runs"),
-        "--report_to",
-        "none",
-    ]
+    argv = tiny_train_argv(assets, tmp_path / "runs", report_to="none")
     model, _, training = parse_arguments(argv)
     run = planned_run_dir(model, training, 2, tmp_path, "none")
     run.mkdir(parents=True)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_argv
 
 from textsql.train.distributed import free_port
 
@@ -84,33 +85,19 @@ def test_the_trainer_shards_with_each_fsdp_strategy_on_two_gpus(assets, tmp_path
     from textsql.train.local_launch import run_training
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
-    data_dir, model_dir = assets
-    argv = [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
+    argv = tiny_train_argv(
+        assets,
         str(tmp_path),
-        "--max_steps",
-        "8",
-        "--per_device_train_batch_size",
-        "8",
-        "--eval_strategy",
-        "steps",
-        "--eval_steps",
-        "8",
-        "--save_strategy",
-        "no",
-        "--max_eval_samples",
-        "32",
-        "--execution_accuracy_samples",
-        "8",
-        "--logging_steps",
-        "4",
-        "--fsdp_config",
-        strategy,
-    ]
+        max_steps=8,
+        per_device_train_batch_size=8,
+        eval_strategy="steps",
+        eval_steps=8,
+        save_strategy="no",
+        max_eval_samples=32,
+        execution_accuracy_samples=8,
+        logging_steps=4,
+        fsdp_config=strategy,
+    )
     summary = run_training(*parse_arguments(argv), num_gpus=2, echo=lambda line: None)
     assert summary.strategy["strategy"] == "fsdp" and summary.strategy["label"] == strategy and summary.world_size == 2
     assert summary.execution_accuracy is not None  # generation under FSDP finished on both ranks

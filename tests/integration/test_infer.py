@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import tiny_train_argv
 
 
 @pytest.mark.slow
@@ -162,43 +163,26 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     from textsql.wikisql.sql import executes_plausibly
 
     monkeypatch.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
-    data_dir, model_dir = header_assets
+    data_dir, _ = header_assets
     summary = train(
         *parse_arguments(
-            [
-                "--model_id",
-                str(model_dir),
-                "--dataset_dir",
-                str(data_dir),
-                "--runs_root",
+            tiny_train_argv(
+                header_assets,
                 str(tmp_path / "runs"),
-                "--max_steps",
-                "40",
-                "--per_device_train_batch_size",
-                "16",
-                "--learning_rate",
-                "3e-3",
-                "--warmup_steps",
-                "4",
-                "--logging_steps",
-                "10",
-                "--eval_strategy",
-                "steps",
-                "--eval_steps",
-                "40",
-                "--save_strategy",
-                "no",
-                "--max_eval_samples",
-                "16",
-                "--execution_accuracy_samples",
-                "16",
-                "--execution_accuracy_decoding",
-                "execution_guided",
-                "--execution_accuracy_num_beams",
-                "3",
-                "--dataloader_num_workers",
-                "0",
-            ]
+                max_steps=40,
+                per_device_train_batch_size=16,
+                learning_rate="3e-3",
+                warmup_steps=4,
+                logging_steps=10,
+                eval_strategy="steps",
+                eval_steps=40,
+                save_strategy="no",
+                max_eval_samples=16,
+                execution_accuracy_samples=16,
+                execution_accuracy_decoding="execution_guided",
+                execution_accuracy_num_beams=3,
+                dataloader_num_workers=0,
+            )
         )
     )
     run_dir = Path(summary.output_dir)

@@ -305,19 +305,7 @@ def write(path: Path, text: str) -> Path:
 def test_bad_input_gets_one_paragraph_and_no_traceback(
     assets, tmp_path, monkeypatch, textsql_in_process, case, message
 ):
-    data_dir, model_dir = assets
-    argv = [
-        "--model_id",
-        str(model_dir),
-        "--dataset_dir",
-        str(data_dir),
-        "--runs_root",
-        str(tmp_path / "runs"),
-        "--max_steps",
-        "2",
-        "--per_device_train_batch_size",
-        "16",
-    ]
+    argv = tiny_train_argv(assets, tmp_path / "runs", max_steps=2, per_device_train_batch_size=16)
     if case == "bad_json":
         argv += [
             "--deepspeed",
