@@ -8,8 +8,8 @@
 
 Each run is `textsql train` (the same code users run) in a fresh process pinned to one GPU (CUDA_VISIBLE_DEVICES,
 world size 1): a randomly initialised model of the shape (T5Config, seeded, saved in fp32), generated WikiSQL-format
-data, --max_steps steps of the given batch, every strategy's DeepSpeed config (the shipped dsconfig/ files; zero3 and
-zero2_offload are derived from them by switching offload off / on). The run summary's memory check holds the
+data, --max_steps steps of the given batch, every strategy's DeepSpeed config (the shipped dsconfig/ files; zero3_nvme
+swaps to nvme/ in its runs root). The run summary's memory check holds the
 measurement (torch.cuda.max_memory_reserved / max_memory_allocated on the GPU; the process's peak RSS on a CPU) and the
 planner's prediction for that exact run (model, strategy, precision, batch, the longest sequences it trained on, the
 filled DeepSpeed config); this script adds two figures for calibrating the planner's constants on a GPU: the memory
@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
 from bench.common import emit, machine, prepared_release, prepared_tokenizer  # noqa: E402  (the root is on sys.path)
 from bench.shapes import T5_NAMES, bench_config, build_t5  # noqa: E402
 from textsql.strategy.table import DEEPSPEED_STRATEGIES as STRATEGIES  # noqa: E402  (FSDP needs GPUs of its own)
+from textsql.strategy.table import NVME_STRATEGIES  # noqa: E402
 
 # Shapes (random init: memory does not depend on the weights): a tiny one whose vocabulary is the tokenizer's, and the
 # T5 checkpoints' (bench.shapes).
@@ -243,23 +244,11 @@ def build_shape(shape: str, workdir: Path, tokenizer_dir: Path, t5_configs: str 
 
 
 def strategy_configs(workdir: Path) -> dict[str, str | None]:
-    """Strategy name -> DeepSpeed config path (None: no DeepSpeed). zero3 and zero2_offload are the shipped files with
-    offload switched off / on."""
+    """Strategy name -> DeepSpeed config path (None: no DeepSpeed): the shipped dsconfig/ files, one per strategy of
+    the planner's table. (`workdir` is kept for callers; nothing is written there.)"""
     from textsql.strategy.dsconfig import shipped_configs
 
-    shipped = {name: json.loads(path.read_text()) for name, path in shipped_configs().items()}
-    zero3 = json.loads(json.dumps(shipped["zero3_offload"]))
-    for key in ("offload_optimizer", "offload_param"):
-        zero3["zero_optimization"].pop(key)
-    zero2_offload = json.loads(json.dumps(shipped["zero2"]))
-    zero2_offload["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    folder = workdir / "dsconfig"
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {"none": None}
-    for name, config in {**shipped, "zero3": zero3, "zero2_offload": zero2_offload}.items():
-        (folder / f"{name}.json").write_text(json.dumps(config, indent=2))
-        paths[name] = str(folder / f"{name}.json")
-    return paths
+    return {"none": None} | {name: str(path) for name, path in shipped_configs().items()}
 
 
 def longest_lengths(data_dir: Path, examples: int, on_gpu: bool) -> tuple[int, int]:
@@ -320,6 +309,8 @@ def train_argv(
         "--activation_checkpointing",
         str(checkpointing),
     ]
+    if strategy_config and Path(strategy_config).stem in NVME_STRATEGIES:  # ZeRO-Infinity swaps into the run's root
+        argv += ["--nvme_path", str(runs_root / "nvme")]
     return argv + (["--deepspeed", strategy_config] if strategy_config else [])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from textsql.extras import require_notebooks_extra
-from textsql.planner.memory import COMPONENTS
+from textsql.planner.memory import COMPONENTS, GIB
 
 COLUMN_TITLES = {
     "parameters": "params",
@@ -21,6 +21,7 @@ COLUMN_TITLES = {
 def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = True) -> str:
     """The plan as text: what was planned, a row per strategy (GB per GPU by component), then the recommendation."""
     m, a = plan["model"], plan["inputs"]
+    width = strategy_column_width(plan)
     lines = [
         f"model      {m['name']} ({m['source']}): {m['parameters'] / 1e6:.1f}M parameters, largest layer "
         f"{m['largest_layer_parameters'] / 1e6:.1f}M",
@@ -30,11 +31,14 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
         f"buckets    from {plan['zero_settings_source']}",
         _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
+        *_nvme_lines(plan["strategies"]),
         "",
-        "GPU memory per GPU (GB)                                                              CPU/node",
-        f"{'strategy':<15}" + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS) + f"{'TOTAL':>9}{'GB':>9}  fits",
+        f"{'GPU memory per GPU (GB)':<{width + 9 * (len(COMPONENTS) + 1) + 1}}CPU/node",
+        f"{'strategy':<{width}}"
+        + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS)
+        + f"{'TOTAL':>9}{'GB':>9}  fits",
     ]
-    lines += _rows(plan["strategies"])
+    lines += _rows(plan["strategies"], width)
     lora = plan.get("lora")
     if lora:
         lines.append(
@@ -42,7 +46,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
             f"{lora['trainable_parameters'] / 1e6:.2f}M trainable parameters, "
             f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)"
         )
-        lines += _rows(lora["strategies"])
+        lines += _rows(lora["strategies"], width)
     lines.append(
         f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
         f"memory; tight = fits only without the safety margin)"
@@ -86,7 +90,13 @@ def strategy_words(name: str) -> str:
     return "none (no DeepSpeed: plain PyTorch, DDP across GPUs)" if name == "none" else name
 
 
-def _rows(strategies: dict) -> list[str]:
+def strategy_column_width(plan: dict) -> int:
+    """The strategy column's width: the longest name (fsdp_full_shard_offload) and a space, at least 15."""
+    names = [*plan["strategies"], *((plan.get("lora") or {}).get("strategies") or {})]
+    return max(15, *(len(name) + 1 for name in names))
+
+
+def _rows(strategies: dict, width: int) -> list[str]:
     lines = []
     for name, row in strategies.items():
         fits = (
@@ -95,10 +105,30 @@ def _rows(strategies: dict) -> list[str]:
             else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
         )
         lines.append(
-            f"{name:<15}"
+            f"{name:<{width}}"
             + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
             + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}"
         )
+    return lines
+
+
+def _nvme_lines(strategies: dict) -> list[str]:
+    """What each NVMe row keeps where: the GPU as under zero3_offload, the host, the disk, and the disk traffic."""
+    lines = []
+    for name, row in strategies.items():
+        nvme = row.get("nvme")
+        if not nvme:
+            continue
+        text = (
+            f"NVMe       {name}: the GPU holds what it holds under zero3_offload; the host {row['cpu_per_node_gb']:.1f} "
+            f"GB per pod (pinned swap buffers {(nvme['host_detail']['optimizer_swap_buffers'] + nvme['host_detail']['param_swap_buffers']) / GIB:.1f}, "
+            f"fp32 gradient partitions {nvme['host_detail']['fp32_gradient_partitions'] / GIB:.1f}, processes); the disk at "
+            f"--nvme_path {nvme['disk_bytes'] / GIB:.1f} GB per pod (16-bit parameters, fp32 master weights and Adam "
+            f"moments); {nvme['traffic_per_step_bytes'] / GIB:.1f} GB read and written per step: at least "
+            f"{nvme['seconds_per_step_at_least']:.1f} s per step at {nvme['gb_per_s']:g} GB/s (--nvme_gb_per_s, "
+            "assumed: one PCIe NVMe drive)"
+        )
+        lines += textwrap.wrap(text, width=118, subsequent_indent=" " * 11, break_on_hyphens=False)
     return lines
 
 
