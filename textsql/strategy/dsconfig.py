@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import sys
 import warnings
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -231,12 +233,29 @@ def with_nvme_path(cfg, nvme_path) -> dict:
     return resolved
 
 
+@contextmanager
+def _stderr_with_a_descriptor():
+    """sys.stderr as a stream with a file descriptor while DeepSpeed's has_function runs: it redirects sys.stderr's
+    descriptor to silence the compiler, and on a stream without one (a notebook's, a captured one) it answers "no
+    libaio" whatever is installed."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        saved, sys.stderr = sys.stderr, sys.__stderr__
+        try:
+            yield
+        finally:
+            sys.stderr = saved
+    else:
+        yield
+
+
 @lru_cache(maxsize=1)
 def async_io_problem() -> str | None:
     """Why DeepSpeed's async I/O op (the NVMe swapper's) cannot run here, with the fix; None when it can: built
     already, or buildable (libaio found by AsyncIOBuilder().is_compatible(), which compiles a call to io_submit)."""
     _import_deepspeed()
-    with _quiet_deepspeed():
+    with _quiet_deepspeed(), _stderr_with_a_descriptor():
         from deepspeed.ops.op_builder import AsyncIOBuilder
 
         builder = AsyncIOBuilder()
@@ -249,6 +268,15 @@ def async_io_problem() -> str | None:
         "`yum install libaio-devel` on RHEL), or point CFLAGS/LDFLAGS at a libaio built from source; DeepSpeed then "
         "builds the op on the first run. Or offload to host memory instead: --deepspeed zero3_offload."
     )
+
+
+def load_async_io() -> None:
+    """Load DeepSpeed's async I/O op (built once, into TORCH_EXTENSIONS_DIR) before its NVMe swapper asks for it: loaded
+    here, where sys.stderr gets a file descriptor for the op's compatibility check, it is the one DeepSpeed reuses."""
+    with _stderr_with_a_descriptor():
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        AsyncIOBuilder().load(verbose=False)
 
 
 def check_nvme_offload(cfg, nvme_path) -> dict:

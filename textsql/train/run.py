@@ -48,7 +48,9 @@ from textsql.strategy.dsconfig import (
     check_batch_settings,
     check_nvme_offload,
     describe_strategy,
+    load_async_io,
     load_dsconfig,
+    nvme_offload_blocks,
     resolve_dsconfig_path,
     resolve_for_run,
 )
@@ -323,6 +325,8 @@ def train(
         _route_deepspeed_logs()
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
+        if nvme_offload_blocks(plan.dsconfig):
+            load_async_io()  # ZeRO-Infinity's op, before zero.Init's swapper asks for it
 
     from transformers import DataCollatorForSeq2Seq, set_seed
 
