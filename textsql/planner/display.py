@@ -6,6 +6,7 @@ import textwrap
 
 from textsql.extras import require_notebooks_extra
 from textsql.planner.memory import COMPONENTS, GIB
+from textsql.strategy.table import NVME_STRATEGIES
 
 COLUMN_TITLES = {
     "parameters": "params",
@@ -87,6 +88,10 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
 
 def strategy_words(name: str) -> str:
     """A strategy's name as a recommendation reads it: "none" alone would read as "no recommendation"."""
+    if name in NVME_STRATEGIES:
+        return (
+            f"{name} (ZeRO-Infinity: textsql train --deepspeed {name} --nvme_path DIR, a folder on a local NVMe drive)"
+        )
     return "none (no DeepSpeed: plain PyTorch, DDP across GPUs)" if name == "none" else name
 
 
