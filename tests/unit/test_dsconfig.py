@@ -584,7 +584,7 @@ def test_cli_reports_shipped_configs_ok(capsys):
         "zero2": "zero2, offload: none",
         "zero2_offload": "zero2, offload: optimizer cpu, param none",
         "zero3": "zero3, offload: none",
-        "zero3_nvme": "zero3, offload: nvme",
+        "zero3_nvme": "zero3, offload: nvme, nvme_path from --nvme_path",
         "zero3_offload": "zero3, offload: cpu",
     }
     for name, path in zip(SHIPPED, paths):

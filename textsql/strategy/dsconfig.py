@@ -303,4 +303,5 @@ def describe_config(cfg) -> str:
     info = describe_strategy(cfg)
     optimizer, param = info["offload_optimizer"], info["offload_param"]
     offload = optimizer if optimizer == param else f"optimizer {optimizer}, param {param}"
-    return f"zero{info['zero_stage']}, offload: {offload}"
+    unset = any(block.get("nvme_path") in (None, "auto") for block in nvme_offload_blocks(cfg))
+    return f"zero{info['zero_stage']}, offload: {offload}" + (", nvme_path from --nvme_path" if unset else "")
