@@ -200,11 +200,14 @@ def format_flops_profile(profile: dict) -> str:
     if not profile.get("profiled"):
         return f"flops profile  step {profile.get('step')} not profiled: {profile.get('reason')}"
     mfu = f"MFU {profile['mfu']:.1%} of {profile['peak']}" if profile.get("mfu") is not None else profile.get("peak")
+    # Under ZeRO-3 the profiler counts what the rank holds whole (parameters below the persistence threshold) only.
+    parameters = f", {profile['parameters']:,} parameters per GPU" if profile.get("parameters") else ""
+    note = f" (note: {profile['note']})" if profile.get("note") else ""
     return (
         f"flops profile  step {profile['step']}: {profile['flops_per_step'] / 1e9:,.2f} GFLOPs and "
         f"{profile['macs_per_step'] / 1e9:,.2f} GMACs per GPU in {profile['step_latency_s'] * 1000:,.1f} ms "
-        f"(forward {profile['forward_latency_s'] * 1000:,.1f} ms), {profile['tflops_per_gpu']:.4g} TFLOPS per GPU, "
-        f"{profile['parameters'] / 1e6:.2f}M parameters per GPU; {mfu}; per module: {profile.get('file')}"
+        f"(forward {profile['forward_latency_s'] * 1000:,.1f} ms), {profile['tflops_per_gpu']:.4g} TFLOPS per GPU"
+        f"{parameters}; {mfu}; per module: {profile.get('file')}{note}"
     )
 
 

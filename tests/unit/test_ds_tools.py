@@ -67,3 +67,15 @@ def test_the_flags_travel_and_reach_the_runs_deepspeed_config(assets, tmp_path):
     }
     assert written["tensorboard"]["enabled"] is True and written["comms_logger"] == {"enabled": True}
     assert "flops" not in plan.output_dir.name  # a tool does not make another experiment: the same run folder
+
+
+def test_zero3s_linear_layers_counted_twice_are_noted_where_the_config_has_them():
+    from textsql.train.dstools import ZERO3_LINEAR_COUNTED_TWICE, counting_note, profiled_step
+
+    assert counting_note({"zero_optimization": {"stage": 3}}) == ZERO3_LINEAR_COUNTED_TWICE
+    assert counting_note({"zero_optimization": {"stage": 3, "memory_efficient_linear": False}}) is None
+    assert counting_note({"zero_optimization": {"stage": 2}}) is None and counting_note(None) is None
+    # The step profiled: DeepSpeed's own block (it counts finished steps), else the flag.
+    assert profiled_step({"flops_profiler": {"enabled": True, "profile_step": 9}}, 0) == 10
+    assert profiled_step({"flops_profiler": {"enabled": False, "profile_step": 9}}, 3) == 0
+    assert profiled_step(None, 3) == 3 and profiled_step(None, 0) == 0

@@ -143,7 +143,7 @@ def test_a_version_2_summary_reads_without_tools_and_a_profiled_run_prints_its_f
     assert again.flops_profile["mfu"] == pytest.approx(3.0 / 312) and again.flops_profile["peak_tflops"] == 312.0
     lines = format_summary(again)
     assert "flops profile  step 3: 3,000.00 GFLOPs and 1,500.00 GMACs per GPU in 1,000.0 ms" in lines
-    assert "3 TFLOPS per GPU, 60.50M parameters per GPU; MFU 1.0% of NVIDIA A100-SXM4-40GB bf16 dense" in lines
+    assert "3 TFLOPS per GPU, 60,500,000 parameters per GPU; MFU 1.0% of NVIDIA A100-SXM4-40GB bf16 dense" in lines
     assert "per module: flops_profile.txt" in lines
     assert "comms logger   all_reduce 8x 12.5 ms; table: comms_summary.txt" in lines
 

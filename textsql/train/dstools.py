@@ -125,6 +125,7 @@ def attach_flops_profiler(trainer, flops_profiler: int, output_dir: Path) -> Flo
     if not step:
         return None
     callback = FlopsProfilerCallback(trainer, step, output_dir, deepspeed=ds_config is not None)
+    callback.note = counting_note(ds_config)
     trainer.add_callback(callback)
     if ds_config is None:
         trainer.flops_profiling = callback  # TextsqlTrainer.compute_loss runs each forward of the step through it
@@ -146,6 +147,21 @@ def timers_to_log_file(engine) -> None:
             deepspeed_logger.info(line)
 
     engine.timers.log = log_to_file
+
+
+ZERO3_LINEAR_COUNTED_TWICE = (
+    "ZeRO-3's memory-efficient linear layers replace F.linear with a function that calls matmul, and DeepSpeed "
+    "0.19.8's profiler counts both: the linear layers' FLOPs and MACs are counted twice (set "
+    "zero_optimization.memory_efficient_linear to false in the config for the true count, at some activation memory)"
+)
+
+
+def counting_note(ds_config: dict | None) -> str | None:
+    """What to know about the profiler's count under this DeepSpeed config (None: nothing)."""
+    zero = (ds_config or {}).get("zero_optimization") or {}
+    if isinstance(zero, dict) and zero.get("stage") == 3 and zero.get("memory_efficient_linear", True) is not False:
+        return ZERO3_LINEAR_COUNTED_TWICE
+    return None
 
 
 def read_profiler(profiler) -> dict:
@@ -178,6 +194,7 @@ class FlopsProfilerCallback(TrainerCallback):
         self.trainer, self.step, self.deepspeed = trainer, step, deepspeed
         self.output_file = Path(output_dir) / FLOPS_PROFILE_FILE
         self.profiler = None
+        self.note: str | None = None  # counting_note: what to know about the count under this config
         self.measured: dict | None = None
         self.step_latency_s: float | None = None
         self.armed = False
@@ -247,7 +264,8 @@ class FlopsProfilerCallback(TrainerCallback):
 
     def figures(self, **run) -> dict:
         """flops_figures of what was measured; `run` as flops_figures takes it."""
-        return flops_figures(self.measured, self.step, self.step_latency_s, deepspeed=self.deepspeed, **run)
+        figures = flops_figures(self.measured, self.step, self.step_latency_s, deepspeed=self.deepspeed, **run)
+        return dict(figures, note=self.note) if self.note and figures["profiled"] else figures
 
 
 def flops_figures(
