@@ -9,8 +9,8 @@
 Each run is `textsql train` (the same code users run) in a fresh process pinned to one GPU (CUDA_VISIBLE_DEVICES,
 world size 1): a randomly initialised model of the shape (T5Config, seeded, saved in fp32), generated WikiSQL-format
 data, --max_steps steps of the given batch, every strategy's DeepSpeed config (the shipped dsconfig/ files; zero3 and
-zero2_offload are derived from them by switching offload off / on; FSDP's by name, on GPUs; --lora adds each strategy
-with a LoRA adapter; --concurrent N runs N at once on the GPU, for a short GPU window). The run summary's memory check holds the
+zero2_offload are derived from them by switching offload off / on; FSDP's by name, on GPUs; --lora trains a LoRA adapter
+under each strategy instead; --concurrent N runs N at once on the GPU, for a short GPU window). The run summary's memory check holds the
 measurement (torch.cuda.max_memory_reserved / max_memory_allocated on the GPU; the process's peak RSS on a CPU) and the
 planner's prediction for that exact run (model, strategy, precision, batch, the longest sequences it trained on, the
 filled DeepSpeed config); this script adds two figures for calibrating the planner's constants on a GPU: the memory
@@ -559,7 +559,9 @@ def parse_args(argv=None):
         "the first (default: 3 on a CPU, 5 on a GPU).",
     )
     parser.add_argument("--gradient_checkpointing", action="store_true", help="Train with activation checkpointing.")
-    parser.add_argument("--lora", action="store_true", help="Also train each strategy with a LoRA adapter.")
+    parser.add_argument(
+        "--lora", action="store_true", help="Train a LoRA adapter under each strategy instead of the whole model."
+    )
     parser.add_argument(
         "--concurrent",
         type=int,
@@ -672,8 +674,7 @@ def bench(args, on_gpu: bool) -> dict:
         for precision in precisions:
             for batch in batches:
                 for strategy in strategies:
-                    for lora in (False, True) if args.lora else (False,):
-                        jobs.append((shape, model_dir, configs[strategy], strategy, precision, batch, lora))
+                    jobs.append((shape, model_dir, configs[strategy], strategy, precision, batch, args.lora))
     with ThreadPoolExecutor(max_workers=max(1, args.concurrent)) as pool:  # each run is a child process
         runs = list(
             pool.map(

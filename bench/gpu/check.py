@@ -62,7 +62,7 @@ class Sizes:
     throughput_shapes: str
     throughput_steps: int
     throughput_warmup: int
-    flops_strategy: str
+    flops_runs: tuple  # (strategy, precision) of each profiled run
     questions: int
     quantize_methods: str
     budgets: dict
@@ -79,7 +79,7 @@ GPU = Sizes(
     throughput_shapes="t5-small,t5-large",
     throughput_steps=30,
     throughput_warmup=3,
-    flops_strategy="zero1",
+    flops_runs=(("zero1", "fp32"), ("none", "bf16")),  # the walkthrough's setting, then textsql's default precision
     questions=256,
     quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
     budgets={
@@ -105,7 +105,7 @@ CPU = Sizes(
     throughput_shapes="cpu-small",
     throughput_steps=2,
     throughput_warmup=1,
-    flops_strategy="zero1",
+    flops_runs=(("zero1", "fp32"),),
     questions=8,
     quantize_methods="dynamic-int8",
     budgets={
@@ -344,57 +344,39 @@ def step_throughput(ctx) -> dict:
 
 
 def step_flops_profiler(ctx) -> dict:
-    """`textsql train` with the flops profiler, on the model plan_vs_measured built (the same shape and data)."""
+    """`textsql train --flops_profiler 3` on the model plan_vs_measured built (the same shape and data): the
+    walkthrough's setting (ZeRO-1, fp32) and, on a GPU, textsql's default precision without DeepSpeed."""
     from textsql.run_summary import read_summary
 
     sizes = ctx.sizes
     models = sorted((ctx.work / "models").glob(f"{sizes.shape}-vocab*"))
     if not models:
         raise StepFailed("failed", f"no {sizes.shape} model under {ctx.work / 'models'}: the strategies step builds it")
-    runs_root = ctx.work / "flops-runs"
-    command = [
-        sys.executable,
-        "-m",
-        "textsql.cli",
-        "train",
-        "--model_id",
-        str(models[0]),
-        "--dataset_dir",
-        str(ctx.data_dir),
-        "--runs_root",
-        str(runs_root),
-        "--deepspeed",
-        sizes.flops_strategy,
-        "--precision",
-        "fp32",
-        "--per_device_train_batch_size",
-        str(sizes.batch),
-        "--max_steps",
-        "4",
-        "--flops_profiler",
-        "3",
-        "--eval_strategy",
-        "no",
-        "--save_strategy",
-        "no",
-        "--report_to",
-        "none",
-        "--overwrite",
-        "True",
-        "--num_gpus",
-        "1",
-    ]
-    run(command, ctx.deadline, ctx.log, ctx.env)
-    summaries = sorted(runs_root.glob("*/run_summary.json"))
-    if not summaries:
-        raise StepFailed("failed", f"no run_summary.json under {runs_root}")
-    summary = read_summary(summaries[-1]).as_dict()
-    return {
-        "run": summaries[-1].parent.name,
-        "flops_profile": summary.get("flops_profile"),
-        "train_samples_per_second": (summary.get("train_metrics") or {}).get("train_samples_per_second"),
-        "walkthrough_reference_tflops_per_gpu": 2.35,
-    }
+    runs = []
+    for strategy, precision in sizes.flops_runs:
+        runs_root = ctx.work / "flops-runs" / f"{strategy}-{precision}"
+        command = [sys.executable, "-m", "textsql.cli", "train", "--model_id", str(models[0])]
+        command += ["--dataset_dir", str(ctx.data_dir), "--runs_root", str(runs_root), "--precision", precision]
+        command += ["--deepspeed", strategy] if strategy != "none" else []
+        command += ["--per_device_train_batch_size", str(sizes.batch), "--max_steps", "4", "--flops_profiler", "3"]
+        command += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--overwrite", "True"]
+        command += ["--num_gpus", "1"]
+        run(command, ctx.deadline, ctx.log, ctx.env)
+        summaries = sorted(runs_root.glob("*/run_summary.json"))
+        if not summaries:
+            raise StepFailed("failed", f"no run_summary.json under {runs_root}")
+        summary = read_summary(summaries[-1]).as_dict()
+        runs.append(
+            {
+                "run": summaries[-1].parent.name,
+                "strategy": strategy,
+                "precision": precision,
+                "flops_profile": summary.get("flops_profile"),
+                "train_samples_per_second": summary.get("train_samples_per_second"),
+                "memory_check": summary.get("memory_check"),
+            }
+        )
+    return {"runs": runs, "walkthrough_reference_tflops_per_gpu": 2.35}
 
 
 def step_inference(ctx) -> dict:

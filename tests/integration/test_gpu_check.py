@@ -44,7 +44,8 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     assert all(not r.get("failed") and r["steps"] == 2 and r["measured"]["cpu_peak_rss_bytes"] > 0 for r in runs)
     throughput = steps["throughput"]["result"]["results"][0]
     assert throughput["textsql"]["samples_per_second"] > 0 and throughput["walkthrough"]["samples_per_second"] > 0
-    assert steps["flops_profiler"]["result"]["flops_profile"]["flops_per_step"] > 0
+    (profiled,) = steps["flops_profiler"]["result"]["runs"]
+    assert profiled["strategy"] == "zero1" and profiled["flops_profile"]["flops_per_step"] > 0
     inference = steps["inference"]["result"]
     assert inference["batching"]["questions"] == 8
     assert inference["quantization"]["dynamic-int8"]["questions_per_second"] > 0
