@@ -260,7 +260,9 @@ def launch_training(
     with run_lock(plan.run_dir, plan.launch_id):
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         ask("prepare", plan.prepare_requests())
-        command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check"])
+        # --force_multi: with one host (a one-line hostfile, or what --include/--exclude left) DeepSpeed's runner would
+        # otherwise start the ranks on this machine, not over pdsh on that host.
+        command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check", "--force_multi"])
         env = runner_environment(ssh_config, plan.env, echo, plan.workdir)
         echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
         echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
