@@ -516,8 +516,8 @@ def read_results(path: Path, print_: str) -> list[dict]:
     other = [r for r in rows if r.get("fingerprint") != print_]
     if other:
         raise TextsqlError(
-            f"{path} holds measurements of other settings (model, data, global batch, steps or training "
-            "arguments differ), which are not comparable with these. Pass another --tune_dir, or remove "
+            f"{path} holds measurements of other settings (model, data, global batch, steps, training "
+            "arguments or an older textsql's results format differ), which are not comparable with these. Pass another --tune_dir, or remove "
             "that folder to measure again."
         )
     return rows
@@ -823,7 +823,8 @@ def format_table(result: TuneResult) -> str:
         lines.append(
             f"note: the machine was busier than its {worst['cpu_cores']} cores while {len(busy)} candidate(s) trained "
             f"(load average up to {worst['load_average_max']:.1f}): other processes took CPU time from them, so "
-            "their figures vary with that load; compare the min-max, or tune again on an idle machine."
+            "their figures vary with that load; compare the min-max, or tune again on an idle machine (on a shared "
+            "CPU machine, with OMP_NUM_THREADS=1: threads waiting for a busy core slow every step)."
         )
     return "\n".join(lines)
 

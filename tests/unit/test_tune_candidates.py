@@ -11,11 +11,13 @@ from textsql.train.arguments import arguments_dict, parse_arguments
 from textsql.tune import (
     Candidate,
     TuneArguments,
+    TuneResult,
     _refused_here,
     candidate_arguments,
     choose_winner,
     failure_reason,
     failure_status,
+    format_table,
     micro_batch_choices,
     plan_candidates,
     read_results,
@@ -192,3 +194,19 @@ def test_repeats_alternate_their_order_and_include_the_default():
         "none-mb32-acc1",
     ]
     assert repeat_rounds(rows, candidates, TuneArguments(repeat_top=0)) == []
+
+
+def test_the_table_states_each_figures_spread_and_a_busy_machine(tmp_path):
+    rows = [
+        row("zero2-mb32-acc1", "zero2", 1, 100.0) | {"load_average": 1.0, "cpu_cores": 2},
+        row("zero2-mb32-acc1", "zero2", 1, 80.0, repeat=1) | {"load_average": 5.5, "cpu_cores": 2},
+        row("zero2-mb32-acc1", "zero2", 1, 90.0, repeat=2) | {"load_average": 1.0, "cpu_cores": 2},
+        row("none-mb32-acc1", "none", 1, 50.0) | {"load_average": 1.0, "cpu_cores": 2},
+    ]
+    table = summarize(rows)
+    result = TuneResult(table, choose_winner(table, 0.05), table[1], [], tmp_path, None, None, 4, 32)
+    text = format_table(result)
+    line = next(line for line in text.splitlines() if line.startswith("| zero2-mb32-acc1"))
+    assert "| 90.0 | 80.0-100.0 (±11%) | 1.80x | 3 |" in line  # the median, its min-max, against the default
+    assert "load average up to 5.5" in text and "busier than its 2 cores while 1 candidate(s)" in text
+    assert "busier" not in format_table(TuneResult(table[1:], None, None, [], tmp_path, None, None, 1, 32))
