@@ -30,7 +30,8 @@ def forward_divides_by_token_count(model) -> bool:
 
 
 def make_trainer_class():
-    """Seq2SeqTrainer that counts real (non-pad) tokens and logs throughput to TensorBoard."""
+    """Seq2SeqTrainer whose step's loss is one batch's whatever the accumulation and ranks, that counts real (non-pad)
+    tokens and logs throughput to TensorBoard."""
     import torch
     from transformers import Seq2SeqTrainer
 
@@ -99,11 +100,12 @@ def make_trainer_class():
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             """Each micro-batch's share of its optimizer step's loss: the sum of its label tokens' losses divided by
             `num_items_in_batch`, the real (non -100) label tokens of the step (every micro-batch it accumulates, and
-            every rank's with average_tokens_across_devices, when the Trainer also multiplies by the world size to undo
-            the ranks' gradient averaging). Summed over the accumulation, that is the loss of the whole batch at once,
-            in value, gradient and update: docs/training.md, "Gradient accumulation". A forward that ignores the count
-            (T5's) returns its micro-batch's mean: weighted here by its share of the tokens, where the Trainer would
-            otherwise add the accumulated means and so multiply the step's loss and gradient by the accumulation."""
+            every rank's with average_tokens_across_devices, when the Trainer also multiplies by the world size to
+            undo the ranks' gradient averaging). Summed over the accumulation, that is the loss of the whole batch at
+            once, in value, gradient and update (docs/training.md, "Gradient accumulation and several ranks"). A
+            forward that ignores the count (T5's) returns its micro-batch's mean: weighted here by its share of the
+            tokens, where the Trainer would add the accumulated means and so multiply the step's loss and gradient by
+            the accumulation."""
             if (
                 num_items_in_batch is None  # the Trainer divides each micro-batch's mean by the accumulation itself
                 or self.forward_divides_by_token_count
@@ -111,7 +113,10 @@ def make_trainer_class():
                 or self.compute_loss_func is not None
             ):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            labels = inputs["labels"][..., 1:] if self._loss_shifts_labels else inputs["labels"]
+            # Counted as the Trainer counts num_items_in_batch (a causal LM's first position predicts nothing).
+            labels = inputs.get("shift_labels")
+            if labels is None:
+                labels = inputs["labels"][..., 1:] if self._loss_shifts_labels else inputs["labels"]
             tokens = labels.ne(-100).sum()
             loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
             loss = loss * tokens.to(loss.device) / num_items_in_batch
