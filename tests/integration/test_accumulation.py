@@ -63,14 +63,17 @@ def tiny_gpt2():
 
 def examples(causal: bool) -> list[dict]:
     """16 examples: the first 8 with 2 label tokens, the last 8 with 12, so that the mean of the micro-batches' means
-    (7 tokens each on average) is not the mean over the tokens."""
+    is not the mean over the tokens. A causal LM's odd rows also label their first position, which no position
+    predicts: counted as a token, it would make the loss the model's sum over too many tokens."""
     generator = torch.Generator().manual_seed(0)
     rows = []
     for index in range(16):
         prompt = torch.randint(2, 100, (4 + index % 3,), generator=generator)
         target = torch.randint(2, 100, (2 if index < 8 else 12,), generator=generator)
         if causal:  # the prompt's positions are not predicted
-            rows.append({"input_ids": torch.cat([prompt, target]), "labels": torch.cat([prompt * 0 - 100, target])})
+            labels = torch.cat([prompt * 0 - 100, target])
+            labels[0] = prompt[0] if index % 2 else -100  # never predicted either way (nothing comes before it)
+            rows.append({"input_ids": torch.cat([prompt, target]), "labels": labels})
         else:
             rows.append({"input_ids": prompt, "labels": target})
     return rows

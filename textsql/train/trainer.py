@@ -41,9 +41,15 @@ def make_trainer_class():
             self.real_tokens = 0
             self._pending_tokens = torch.zeros((), dtype=torch.long)
             self._last_log = (time.perf_counter(), 0, 0)
+            from transformers.loss.loss_utils import ForCausalLMLoss
             from transformers.trainer_utils import unwrap_peft_model
 
-            self.forward_divides_by_token_count = forward_divides_by_token_count(unwrap_peft_model(self.model))
+            base = unwrap_peft_model(self.model)
+            self.forward_divides_by_token_count = forward_divides_by_token_count(base)
+            if self.forward_divides_by_token_count and not getattr(base.config, "is_encoder_decoder", False):
+                # The step's tokens counted as the model's loss function counts them: a causal LM's first position
+                # predicts nothing. The Trainer tells from the class name (loss_type), which GPT-2's does not carry.
+                self._loss_shifts_labels = getattr(base, "loss_function", None) is ForCausalLMLoss
 
         execution_scoring = None  # a textsql.infer.ScoringSet when execution accuracy is scored at each evaluation
         execution_decoding = {"decoding": "greedy", "num_beams": 1}
