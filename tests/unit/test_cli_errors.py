@@ -38,6 +38,8 @@ USER_ERRORS = [
     (["check-config", "bad.json"], "did you mean reduce_bucket_size?"),
     (["plan", "--nodes", "0"], "--nodes must be a whole number of at least 1"),
     (["plan", "--bogus"], "unrecognized arguments: --bogus"),
+    (["plan", "--model", "t5-3B", "--nodes", "1"], "did you mean t5-3b?"),  # at once, not after the hub's retries
+    (["plan", "--model", "t5-smal"], "did you mean t5-small?"),
     (["plan", "--dsconfig", "bad.json"], "did you mean reduce_bucket_size?"),
     (["report", "--runs_root", "no-runs"], "The runs root 'no-runs' does not exist"),
     (["report", "--bogus"], "unrecognized arguments: --bogus"),

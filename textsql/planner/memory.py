@@ -267,7 +267,21 @@ def resolve_model(name: str) -> ModelShape:
 
         config = T5Config(**T5_SHAPES[short], vocab_size=T5_VOCAB_SIZE)
         return _shape_from_config(config, short, "built-in shape table")
+    _refuse_a_near_miss(short, T5_SHAPES)
     return _shape_from_config(_config_from_hub(name), name, "Hugging Face cache")
+
+
+def _refuse_a_near_miss(name: str, known) -> None:
+    """A name one typo away from a built-in one (t5-3B, t5-smal) answered at once, before the hub's retries (28 s
+    offline) and a download command that repeats the typo."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.85)
+    if close:
+        raise TextsqlError(
+            f"'{name}' is not a model textsql knows: did you mean {close[0]}? (Built-in shapes: {', '.join(known)}; "
+            "any other name is read from a model folder's config.json or the Hugging Face cache.)"
+        )
 
 
 def _config_from_folder(folder: Path):

@@ -97,6 +97,14 @@ def make_trainer_class():
             )
             return metrics["execution_accuracy"]
 
+        flops_profiling = None  # a textsql.train.dstools.FlopsProfilerCallback profiling a step without DeepSpeed
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            if self.flops_profiling is None:
+                return super().compute_loss(model, inputs, *args, **kwargs)
+            with self.flops_profiling.forward():  # the forward alone, as the DeepSpeed engine profiles it
+                return super().compute_loss(model, inputs, *args, **kwargs)
+
         def training_step(self, model, inputs, num_items_in_batch=None):
             # Accumulated on the batch's device and read only at log time, so no sync per step.
             tokens = inputs["attention_mask"].sum() + (inputs["labels"] != -100).sum()
