@@ -99,12 +99,6 @@ def make_trainer_class():
 
         flops_profiling = None  # a textsql.train.dstools.FlopsProfilerCallback profiling a step without DeepSpeed
 
-        def compute_loss(self, model, inputs, *args, **kwargs):
-            if self.flops_profiling is None:
-                return super().compute_loss(model, inputs, *args, **kwargs)
-            with self.flops_profiling.forward():  # the forward alone, as the DeepSpeed engine profiles it
-                return super().compute_loss(model, inputs, *args, **kwargs)
-
         def training_step(self, model, inputs, num_items_in_batch=None):
             # Accumulated on the batch's device and read only at log time, so no sync per step.
             tokens = inputs["attention_mask"].sum() + (inputs["labels"] != -100).sum()
@@ -126,15 +120,23 @@ def make_trainer_class():
                 or self.label_smoother is not None
                 or self.compute_loss_func is not None
             ):
-                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+                return self._model_loss(model, inputs, return_outputs, num_items_in_batch)
             # Counted as the Trainer counts num_items_in_batch (a causal LM's first position predicts nothing).
             labels = inputs.get("shift_labels")
             if labels is None:
                 labels = inputs["labels"][..., 1:] if self._loss_shifts_labels else inputs["labels"]
             tokens = labels.ne(-100).sum()
-            loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+            loss, outputs = self._model_loss(model, inputs, True, num_items_in_batch)
             loss = loss * tokens.to(loss.device) / num_items_in_batch
             return (loss, outputs) if return_outputs else loss
+
+        def _model_loss(self, model, inputs, return_outputs, num_items_in_batch):
+            """The Trainer's loss: the forward, profiled alone when the flops profiler runs without DeepSpeed (as the
+            DeepSpeed engine profiles it)."""
+            if self.flops_profiling is None:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            with self.flops_profiling.forward():
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
         def log(self, logs, start_time=None):
             self.real_tokens += int(self._pending_tokens.item())
