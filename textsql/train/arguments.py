@@ -124,8 +124,9 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
     )
     average_tokens_across_devices: bool = _textsql_default(
         "average_tokens_across_devices",
-        False,
-        "T5's forward ignores the token count, so averaging would scale the loss by the world size",
+        True,
+        "a step's loss is the mean over the label tokens of every rank's micro-batches, as one batch on one process "
+        "would give; False: each rank's own tokens, the ranks' losses then averaged (docs/training.md)",
     )
     ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
     fsdp_config: str | None = field(
