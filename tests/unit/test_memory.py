@@ -281,15 +281,19 @@ def load_bench():
 
 
 def test_plan_vs_measured_bench_runs_the_planners_strategies(tmp_path):
-    """The benchmark's DeepSpeed configs are the strategies the planner predicts, and its table shows what it measured."""
+    """The benchmark's DeepSpeed configs are the strategies the planner predicts (FSDP's go by name to --fsdp_config),
+    and its table shows what it measured."""
     from textsql.strategy.dsconfig import describe_strategy, load_dsconfig
 
     bench = load_bench()
     configs = bench.strategy_configs(tmp_path)
-    from textsql.strategy.table import DEEPSPEED_STRATEGIES
+    from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES
 
-    assert set(configs) == set(DEEPSPEED_STRATEGIES)
+    assert set(configs) == set(DEEPSPEED_STRATEGIES) | set(FSDP_STRATEGIES)
+    assert all(configs[name] == name for name in FSDP_STRATEGIES)
     for name, path in configs.items():
+        if name in FSDP_STRATEGIES:
+            continue
         strategy = describe_strategy(load_dsconfig(path) if path else None)
         layout = (
             strategy["zero_stage"] or 0,
