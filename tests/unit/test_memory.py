@@ -744,6 +744,10 @@ def test_generation_bytes_are_the_caches_and_scores_of_generate():
     bf16 = memory.generation_bytes(shape, small_setup(precision="bf16"))
     assert bf16["cross_attention_cache"] == 25_165_824 // 2
     assert bf16["loss_forward"] == 8 * 32 * 32128 * (2 + 4 + 4)
+    # without DeepSpeed the module stays fp32 and generate() runs it without autocast: 4-byte caches
+    assert memory.generation_bytes(shape, small_setup(precision="bf16"), fp32_module=True)["cross_attention_cache"] == (
+        25_165_824
+    )
     # with 8 beams generate() is the larger
     wide = memory.generation_bytes(shape, small_setup(eval_num_beams=8))
     assert wide["total"] == 2 * (2_097_152 + 2 * 25_165_824 + 12_337_152) > wide["loss_forward"]

@@ -973,7 +973,7 @@ def predict_fsdp(
 PHASES = ("training", "evaluation", "checkpoint_save", "final_save")
 
 
-def generation_bytes(shape: ModelShape, setup: Setup) -> dict:
+def generation_bytes(shape: ModelShape, setup: Setup, fp32_module: bool = False) -> dict:
     """GPU bytes an evaluation adds to what stays between training steps: the evaluation loss's forward pass (no
     gradients: the logits, their fp32 copy in 16-bit training, and the fp32 log-softmax, eval batch x target x
     vocabulary) or, when evaluation generates
@@ -982,7 +982,8 @@ def generation_bytes(shape: ModelShape, setup: Setup) -> dict:
     generate() holds, for eval batch x beams rows: the encoder output (source x d_model), the cross-attention keys and
     values of every decoder layer (2 x source x heads x d_kv), the self-attention cache grown to the target length
     (2 x target x heads x d_kv per layer), and each step's scores over the vocabulary in fp32 (the logits' copy, the
-    log-softmax, the beam scores added: three rows x vocabulary tensors).
+    log-softmax, the beam scores added: three rows x vocabulary tensors). generate() runs the module in its own dtype
+    (no autocast): `fp32_module` for plain PyTorch, whose module is fp32 whatever the precision.
     """
     s = shape
     e = 4 if setup.precision == "fp32" else 2
@@ -990,6 +991,7 @@ def generation_bytes(shape: ModelShape, setup: Setup) -> dict:
     loss_forward = setup.eval_batch * tgt * s.vocab_size * (e + 4 + (4 if e == 2 else 0))
     detail = {"loss_forward": int(loss_forward)}
     if setup.eval_num_beams:
+        e = 4 if fp32_module else e
         rows = setup.eval_batch * setup.eval_num_beams
         detail |= {
             "encoder_output": rows * src * s.d_model * e,
@@ -1036,7 +1038,7 @@ def predict_phases(
         "weight_copies": gpu["weight_copies"] if stage == 3 or fsdp else 0,
         "buckets": gpu["buckets"],
     }
-    held = sum(held_parts.values())
+    held = sum(held_parts.values())  # what stays between training steps
     train_cpu = row["cpu_per_node_bytes"]
     lora = setup.lora_rank > 0
     trainable = row.get("trainable_parameters", P)
@@ -1056,7 +1058,7 @@ def predict_phases(
     else:
         final_gpu = 4 * largest + (math.ceil(4 * largest / N) if stage == 3 and offload_optimizer else 0)
         state_dicts = 4 * P * (1 if fsdp else setup.gpus_per_node)
-    generation = generation_bytes(shape, setup)
+    generation = generation_bytes(shape, setup, fp32_module=stage == 0 and not fsdp)
     extra = {
         "evaluation": (generation["total"], 0),
         "checkpoint_save": (0, model_on_rank0 + optimizer_copy * setup.gpus_per_node),
@@ -1088,6 +1090,7 @@ def predict_phases(
     return {
         "phases": phases,
         "held_between_steps_bytes": held,
+        "held_between_steps_detail": held_parts,
         "peak_phase": max(PHASES, key=lambda n: phases[n]["gpu_total_bytes"]),
         "cpu_peak_phase": max(PHASES, key=lambda n: phases[n]["cpu_per_node_bytes"]),
     }
