@@ -841,3 +841,34 @@ def test_eval_arguments_are_checked():
         PlanArguments(eval_num_beams=-1)
     with pytest.raises(TextsqlError, match="--per_device_eval_batch_size must be a whole number"):
         PlanArguments(per_device_eval_batch_size=0)
+
+
+def test_a_runs_check_predicts_its_own_evaluation(tmp_path):
+    """The memory check of a finished run reads its evaluation batch and whether (and with how many beams) it
+    generated SQL, and compares the measurement with the largest phase."""
+    ranks = [
+        {
+            "rank": 0,
+            "host": "pod0",
+            "device": "NVIDIA A100",
+            "cuda_max_allocated_bytes": GIB,
+            "cuda_max_reserved_bytes": 2 * GIB,
+        }
+    ]
+
+    def check(data, eval_batch=32):
+        arguments = {
+            "training": {"per_device_train_batch_size": 4, "per_device_eval_batch_size": eval_batch},
+            "data": data,
+        }
+        return compare_with_run(run_summary(tmp_path, ranks, arguments=arguments))
+
+    # t5-small's loss over its 32k vocabulary outweighs a few beams' caches: 16 beams make generation the larger
+    loss_only = check({"execution_accuracy_samples": 0, "execution_accuracy_num_beams": 16}, eval_batch=512)
+    beams = check({"execution_accuracy_samples": 200, "execution_accuracy_num_beams": 16}, eval_batch=512)
+    few = check({"execution_accuracy_samples": 200, "execution_accuracy_num_beams": 16}, eval_batch=8)
+    evaluation = [r["predicted_phases_gb"]["evaluation"] for r in (few, loss_only, beams)]
+    assert evaluation[0] < evaluation[1] < evaluation[2]  # the eval batch, then generation, read from the run
+    assert beams["predicted_peak_phase"] == "evaluation"  # 8,192 rows of caches beside a batch of 4
+    assert beams["predicted_gpu_total_bytes"] / GIB == pytest.approx(evaluation[2], abs=1e-3)
+    assert beams["ratio"] == pytest.approx(2 * GIB / beams["predicted_reserved_bytes"], abs=1e-3)
