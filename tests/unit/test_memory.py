@@ -872,3 +872,11 @@ def test_a_runs_check_predicts_its_own_evaluation(tmp_path):
     assert beams["predicted_peak_phase"] == "evaluation"  # 8,192 rows of caches beside a batch of 4
     assert beams["predicted_gpu_total_bytes"] / GIB == pytest.approx(evaluation[2], abs=1e-3)
     assert beams["ratio"] == pytest.approx(2 * GIB / beams["predicted_reserved_bytes"], abs=1e-3)
+
+
+def test_when_evaluation_sets_every_peak_the_message_names_the_evaluation_batch():
+    # 4,096 questions x 16 beams of t5-large's caches fit under no strategy, whatever the training batch
+    result = plan(model="t5-large", gpu_memory_gb=40, per_device_eval_batch_size=4096, eval_num_beams=16)
+    assert result["recommendation"] is None
+    assert all(row["peak_phase"] == "evaluation" for row in result["strategies"].values())
+    assert "--per_device_eval_batch_size" in result["problem"] and "--eval_num_beams" in result["problem"]

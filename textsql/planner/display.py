@@ -36,7 +36,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
         "",
         "GPU memory per GPU (GB): the training step by component, then the run's peak over its phases    CPU/node",
-        f"{'strategy':<15}"
+        f"{'strategy':<24}"
         + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS)
         + f"{'step':>9}{'PEAK':>9}  {'peak phase':<16}{'GB':>7}  {'host peak':<16}fits",
     ]
@@ -105,7 +105,7 @@ def _rows(strategies: dict) -> list[str]:
             else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
         )
         lines.append(
-            f"{name:<15}"
+            f"{name:<24}"
             + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
             + f"{row['training_gpu_total_bytes'] / GIB:>9.2f}{row['gpu_total_gb']:>9.2f}  {row['peak_phase']:<16}"
             + f"{row['cpu_per_node_gb']:>7.1f}  {row['cpu_peak_phase']:<16}{fits}"
