@@ -1313,9 +1313,10 @@ def _no_fit_message(shape, setup, args, strategies, limits) -> str:
     if args.precision == "fp32":
         fixes.append("--precision bf16 (Ampere or newer)")
     if strategies[smallest]["peak_phase"] == "evaluation":
-        fixes.append(
+        fixes.insert(
+            0,
             f"a smaller --per_device_eval_batch_size or fewer --eval_num_beams (evaluation sets {smallest}'s peak: "
-            f"textsql train's --per_device_eval_batch_size and --execution_accuracy_num_beams)"
+            f"textsql train's --per_device_eval_batch_size and --execution_accuracy_num_beams)",
         )
     fixes.append("shorter --max_source_length/--max_target_length or a smaller model")
     for name in STRATEGIES:
