@@ -561,6 +561,7 @@ def test_compare_with_gpu_run(tmp_path):
     assert result["ratio"] == pytest.approx(int(3.1 * GIB) / result["predicted_reserved_bytes"], abs=1e-3)
     assert 0.2 < result["ratio"] < 5
     assert "measured/predicted" in format_comparison(result)
+    assert f"peak in {result['predicted_peak_phase']}" in format_comparison(result)
     # the run's peak is compared with the largest phase
     assert result["predicted_peak_phase"] in memory.PHASES
     assert result["predicted_gpu_total_bytes"] / GIB == pytest.approx(
