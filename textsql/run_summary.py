@@ -225,5 +225,7 @@ def format_comparison(result: dict) -> str:
     return (
         f"memory check   rank {result['measured_rank']} reserved {result['measured_reserved_bytes'] / GIB:.2f} GB, "
         f"planner predicted {result['predicted_reserved_bytes'] / GIB:.2f} GB (+ context: "
-        f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB): measured/predicted {result['ratio']:.2f}"
+        f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB"
+        + (f", peak in {result['predicted_peak_phase']}" if result.get("predicted_peak_phase") else "")
+        + f"): measured/predicted {result['ratio']:.2f}"
     )
