@@ -19,6 +19,9 @@ JSON is rewritten after every step, so what was measured before a cut-off is kep
   inference       batched generation against one question at a time, and every quantization method's questions/s and
                   size (bench/infer_batching.py, bench/quantize_methods.py)
   two_ranks       whether two ranks can share the one GPU (NCCL; gloo with CUDA tensors)
+  causal          a decoder-only causal LM (Qwen2.5-0.5B's shape with the real Qwen2 tokenizer under --real; the tiny
+                  Qwen2 on the CPU): prep, LoRA and full fine-tuning in bf16 with their peak memory, then batched
+                  left-padded generation, scored (`textsql prep`, `train`, `infer`)
   op_builds       DeepSpeed's JIT op builds (started first, in the background): a one-time cost, kept out of every
                   timing above
 
@@ -64,6 +67,8 @@ class Sizes:
     throughput_warmup: int
     flops_runs: tuple  # (strategy, precision) of each profiled run
     questions: int
+    causal_batch: int
+    causal_strategies: tuple  # (strategy, lora) trained on the causal LM
     quantize_methods: str
     budgets: dict
 
@@ -81,6 +86,8 @@ GPU = Sizes(
     throughput_warmup=3,
     flops_runs=(("zero1", "fp32"), ("none", "bf16")),  # the walkthrough's setting, then textsql's default precision
     questions=256,
+    causal_batch=16,
+    causal_strategies=(("none", True), ("zero2", True), ("none", False)),
     quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
     budgets={
         "environment": 60,
@@ -90,6 +97,7 @@ GPU = Sizes(
         "flops_profiler": 75,
         "inference": 100,
         "two_ranks": 45,
+        "causal": 150,
         "op_builds": 30,
     },
 )
@@ -107,6 +115,8 @@ CPU = Sizes(
     throughput_warmup=1,
     flops_runs=(("zero1", "fp32"),),
     questions=8,
+    causal_batch=8,
+    causal_strategies=(("none", True),),
     quantize_methods="dynamic-int8",
     budgets={
         "environment": 60,
@@ -116,6 +126,7 @@ CPU = Sizes(
         "flops_profiler": 180,
         "inference": 180,
         "two_ranks": 90,
+        "causal": 240,
         "op_builds": 30,
     },
 )
@@ -407,6 +418,93 @@ def step_two_ranks(ctx) -> dict:
     return marked_json(run(command, ctx.deadline, ctx.log, ctx.env), "TWO_RANKS")
 
 
+# Qwen2.5-0.5B's shape (its config.json): the 0.5B-class causal LM the recipes name, random weights, the real Qwen2
+# tokenizer (151,936 ids; tied embeddings) from --real.
+QWEN25_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
+
+CAUSAL_MODEL = r"""
+import json, sys
+from pathlib import Path
+out, raw, qwen = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+if qwen:  # Qwen2.5-0.5B's shape with the real tokenizer
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    tokenizer = AutoTokenizer.from_pretrained(qwen)
+    config = Qwen2Config(vocab_size=len(tokenizer), bos_token_id=tokenizer.eos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **json.loads(sys.argv[4]))
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    shape = "Qwen2.5-0.5B shape, real Qwen2 tokenizer"
+else:  # the tiny causal LM of the tests, its tokenizer trained on the data
+    from textsql.demo import release_records
+    from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
+    questions, tables = release_records(raw)
+    make_tiny_causal_model(out, corpus_for_tokenizer(questions, tables, prefix=""))
+    shape = "tiny Qwen2 (textsql.tiny), byte-level BPE trained on the data"
+print("MODEL " + json.dumps({"model_dir": str(out), "shape": shape}))
+"""
+
+
+def step_causal(ctx) -> dict:
+    """A decoder-only causal LM through textsql's own commands: prep (prompt + SQL + EOS), training (LoRA and full
+    fine-tuning) with the run summary's peak memory and throughput, then batched left-padded generation, scored."""
+    from textsql.run_summary import read_summary
+
+    sizes = ctx.sizes
+    qwen = ctx.real / "qwen2" if ctx.real is not None and (ctx.real / "qwen2" / "tokenizer.json").is_file() else None
+    raw = ctx.real / "wikisql" if ctx.real is not None else ctx.work / "generated" / "wikisql-generated"
+    model_dir, data_dir = ctx.work / "causal-model", ctx.work / "causal-data"
+    command = [sys.executable, "-c", CAUSAL_MODEL, str(model_dir), str(raw)]
+    command += [str(qwen) if qwen and ctx.on_gpu else "", json.dumps(QWEN25_05B)]
+    model = marked_json(run(command, ctx.deadline, ctx.log, ctx.env), "MODEL")
+    textsql = [sys.executable, "-m", "textsql.cli"]
+    prep = [*textsql, "prep", "--source", str(raw), "--model_id", str(model_dir), "--output_dir", str(data_dir)]
+    run([*prep, "--source_format", "question+header", "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
+    result = {"model": model, "runs": []}
+    for strategy, lora in sizes.causal_strategies:
+        runs_root = ctx.work / "causal-runs" / f"{strategy}{'-lora' if lora else ''}"
+        train = [*textsql, "train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir)]
+        train += ["--runs_root", str(runs_root), "--lora", str(lora), "--max_steps", str(sizes.memory_steps + 3)]
+        train += ["--per_device_train_batch_size", str(sizes.causal_batch), "--precision", sizes.precision]
+        train += ["--deepspeed", strategy] if strategy != "none" else []
+        train += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--num_gpus", "1"]
+        run([*train, "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
+        (summary_path,) = runs_root.glob("*/run_summary.json")
+        summary = read_summary(summary_path)
+        result["runs"].append(
+            {
+                "strategy": strategy,
+                "lora": lora,
+                "run": summary_path.parent.name,
+                "parameters": summary.parameters,
+                "trainable_parameters": summary.trainable_parameters,
+                "train_samples_per_second": summary.train_samples_per_second,
+                "real_tokens_per_second": summary.real_tokens_per_second,
+                "first_logged_loss": summary.first_logged_loss,
+                "last_logged_loss": summary.last_logged_loss,
+                "peak_memory_per_rank": summary.peak_memory_per_rank,
+                "memory_check": summary.memory_check,
+            }
+        )
+    first_run = next((ctx.work / "causal-runs").glob("*/*/run_summary.json")).parent
+    scored = ctx.work / "causal-infer"
+    infer = [*textsql, "infer", "--model_dir", str(first_run), "--dataset_dir", str(data_dir), "--split", "test"]
+    run([*infer, "--max_examples", str(sizes.questions), "--output_dir", str(scored)], ctx.deadline, ctx.log, ctx.env)
+    result["inference"] = read_json(scored / "eval_metrics.json")
+    return result
+
+
 STEPS = {
     "environment": step_environment,
     "data": step_data,
@@ -415,6 +513,7 @@ STEPS = {
     "flops_profiler": step_flops_profiler,
     "inference": step_inference,
     "two_ranks": step_two_ranks,
+    "causal": step_causal,
 }
 
 
@@ -430,6 +529,7 @@ class Context:
     env: dict
     log: object
     real: Path | None = None
+    on_gpu: bool = False
     deadline: float = 0.0
     data_dir: Path | None = None
 
@@ -485,7 +585,9 @@ def main(argv=None) -> int:
     }
     started = time.monotonic()
     with open(args.log or output.with_suffix(".log"), "w") as log:
-        ctx = Context(sizes=sizes, work=work, env=env, log=log, real=args.real.resolve() if args.real else None)
+        ctx = Context(
+            sizes=sizes, work=work, env=env, log=log, real=args.real.resolve() if args.real else None, on_gpu=on_gpu
+        )
         # DeepSpeed's CPU Adam (ZeRO offload) compiles once: in the background from the start, so neither the
         # strategies' runs nor any timing pays for it (they wait on the same lock if they get there first).
         op_build = subprocess.Popen(

@@ -49,3 +49,8 @@ if [[ -f "$REAL/wikisql/train.jsonl" && -f "$REAL/t5/spiece.model" ]]; then
 else
   echo "== no real files at $REAL: the check runs on generated data"
 fi
+# The real Qwen2 tokenizer for the causal-LM step (Qwen2.5-0.5B's shape): 11 MiB.
+if [[ -f "$REAL/qwen2/tokenizer.json" ]]; then
+  mkdir -p bench/gpu/real/qwen2 && cp "$REAL"/qwen2/* bench/gpu/real/qwen2/
+  du -sh bench/gpu/real | awk '{print "== bench/gpu/real with qwen2: " $1}'
+fi
