@@ -41,9 +41,10 @@ def names_in_plan(textsql_in_process) -> set[str]:
     """The rows of `textsql plan`'s table, full fine-tuning and LoRA, read from its output."""
     status, out, err = textsql_in_process(["plan", "--model", "t5-small", "--lora", "True"])
     assert status == 0, err
-    header = out.index("\nstrategy ")
-    table = out[header:].split("\n(fits:", 1)[0].splitlines()[2:]
-    rows = [line.split()[0] for line in table if not line.startswith("with LoRA")]
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("strategy ")) + 1
+    end = next(i for i, line in enumerate(lines) if i > start and line.startswith("("))  # the notes under the table
+    rows = [line.split()[0] for line in lines[start:end] if not line.startswith("with LoRA")]
     assert rows and all(re.fullmatch(r"[a-z0-9_]+", name) for name in rows), table
     return set(rows)
 
@@ -209,9 +210,11 @@ def test_plan_table_keeps_its_columns_on_the_longest_strategy_name(textsql_in_pr
     header = next(line for line in out.splitlines() if line.startswith("strategy "))
     rows = [line for line in out.splitlines() if re.match(r"(zero|fsdp|none)\S*\s+\d", line)]
     assert any(row.startswith("fsdp_full_shard_offload ") for row in rows)
-    ends = [m.end() for m in re.finditer(r"\S+", header)]
-    for row in rows:  # every number ends under its column title
-        numbers = [m.end() for m in re.finditer(r"\S+", row)][1:-1]
-        assert numbers == ends[1:-1], f"misaligned:\n{header}\n{row}"
+    titles = [m.end() for m in re.finditer(r"\S+", header)]
+    for row in rows:  # every number ends under its column title (the components, the step, the peak; the host GB)
+        fields = [(m.end(), m.group()) for m in re.finditer(r"\S+", row)]
+        numbers = [end for end, text in fields[1:] if re.fullmatch(r"[\d.]+", text)]
+        assert numbers[:-1] == titles[1 : len(numbers)], f"misaligned:\n{header}\n{row}"
+        assert numbers[-1] == titles[header.split().index("GB")], f"misaligned:\n{header}\n{row}"
     assert "NVMe       zero3_nvme: the GPU holds what it holds under zero3_offload" in out
     assert re.search(r"at least [\d.]+ s per step at 2 GB/s \(--nvme_gb_per_s", " ".join(out.split()))

@@ -30,14 +30,18 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         + (f", {a['cpu_memory_gb']:g} GB host memory per pod" if a["cpu_memory_gb"] else ""),
         f"training   batch {a['per_device_train_batch_size']} per GPU, {a['max_source_length']}/{a['max_target_length']} "
         f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
+        f"evaluation batch {a['per_device_eval_batch_size']} per GPU, "
+        + (
+            f"generating SQL with {a['eval_num_beams']} beam(s)" if a["eval_num_beams"] else "loss only (no generation)"
+        ),
         f"buckets    from {plan['zero_settings_source']}",
         _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
         *_nvme_lines(plan["strategies"]),
         "",
-        f"{'GPU memory per GPU (GB)':<{width + 9 * (len(COMPONENTS) + 1) + 1}}CPU/node",
+        "GPU memory per GPU (GB): the training step by component, then the run's peak over its phases    CPU/node",
         f"{'strategy':<{width}}"
         + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS)
-        + f"{'TOTAL':>9}{'GB':>9}  fits",
+        + f"{'step':>9}{'PEAK':>9}  {'peak phase':<16}{'GB':>7}  {'host peak':<16}fits",
     ]
     lines += _rows(plan["strategies"], width)
     lora = plan.get("lora")
@@ -48,6 +52,10 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
             f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)"
         )
         lines += _rows(lora["strategies"], width)
+    lines.append(
+        "(phases: training step, evaluation (loss, and generate() when it generates SQL), checkpoint_save, final_save "
+        "(fp32); PEAK is the largest, and it decides fits and the recommendation)"
+    )
     lines.append(
         f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
         f"memory; tight = fits only without the safety margin)"
@@ -60,7 +68,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         what = f"LoRA under {rec['strategy']}" if rec.get("lora") else strategy_words(rec["strategy"])
         lines.append(
             f"recommendation: {what} with batch {rec['per_device_train_batch_size']} per GPU "
-            f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
+            f"({rec['predicted_gpu_gb']:.1f} GB, peak in {rec['peak_phase']}); the largest batch that fits under {rec['strategy']} is "
             f"{rec['largest_per_device_train_batch_size']}." + (f" Why: {rec['reason']}." if rec.get("lora") else "")
         )
         if rec.get("alternative"):
@@ -112,7 +120,8 @@ def _rows(strategies: dict, width: int) -> list[str]:
         lines.append(
             f"{name:<{width}}"
             + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
-            + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}"
+            + f"{row['training_gpu_total_bytes'] / GIB:>9.2f}{row['gpu_total_gb']:>9.2f}  {row['peak_phase']:<16}"
+            + f"{row['cpu_per_node_gb']:>7.1f}  {row['cpu_peak_phase']:<16}{fits}"
         )
     return lines
 
@@ -125,8 +134,9 @@ def _nvme_lines(strategies: dict) -> list[str]:
         if not nvme:
             continue
         text = (
-            f"NVMe       {name}: the GPU holds what it holds under zero3_offload; the host {row['cpu_per_node_gb']:.1f} "
-            f"GB per pod (pinned swap buffers {(nvme['host_detail']['optimizer_swap_buffers'] + nvme['host_detail']['param_swap_buffers']) / GIB:.1f}, "
+            f"NVMe       {name}: the GPU holds what it holds under zero3_offload; the host "
+            f"{row.get('training_cpu_per_node_bytes', row['cpu_per_node_bytes']) / GIB:.1f} GB per pod in the training "
+            f"step (pinned swap buffers {(nvme['host_detail']['optimizer_swap_buffers'] + nvme['host_detail']['param_swap_buffers']) / GIB:.1f}, "
             f"fp32 gradient partitions {nvme['host_detail']['fp32_gradient_partitions'] / GIB:.1f}, processes); the disk at "
             f"--nvme_path {nvme['disk_bytes'] / GIB:.1f} GB per pod (16-bit parameters, fp32 master weights and Adam "
             f"moments); {nvme['traffic_per_step_bytes'] / GIB:.1f} GB read and written per step: at least "
@@ -169,6 +179,8 @@ def plot_plan(plan: dict, path=None):
         heights = [plan["strategies"][n]["gpu_gb"][component] for n in names]
         ax.bar(names, heights, bottom=bottoms, label=component.replace("_", " "))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
+    peaks = [plan["strategies"][n]["gpu_total_gb"] for n in names]
+    ax.scatter(names, peaks, marker="_", s=400, color="black", label="peak over the run's phases")
     inputs = plan["inputs"]
     ax.axhline(
         inputs["gpu_memory_gb"], color="black", linewidth=1, label=f"GPU memory ({inputs['gpu_memory_gb']:g} GB)"
