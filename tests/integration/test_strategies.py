@@ -45,7 +45,7 @@ def names_in_plan(textsql_in_process) -> set[str]:
     start = next(i for i, line in enumerate(lines) if line.startswith("strategy ")) + 1
     end = next(i for i, line in enumerate(lines) if i > start and line.startswith("("))  # the notes under the table
     rows = [line.split()[0] for line in lines[start:end] if not line.startswith("with LoRA")]
-    assert rows and all(re.fullmatch(r"[a-z0-9_]+", name) for name in rows), table
+    assert rows and all(re.fullmatch(r"[a-z0-9_]+", name) for name in rows), lines[start:end]
     return set(rows)
 
 
