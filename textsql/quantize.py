@@ -14,7 +14,7 @@ from textsql.adapters import load_adapter_model
 from textsql.errors import TextsqlError
 from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set, pick_device
 from textsql.extras import require_lifecycle_extra
-from textsql.hub import load_seq2seq_model, load_tokenizer
+from textsql.hub import load_model, load_tokenizer
 from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE
 from textsql.prep import check_source_settings, load_prepared
 from textsql.strategy.devices import NodeDevices
@@ -195,7 +195,7 @@ def load_for_inference(model_dir: str, device_choice: str = "auto", dtype: str =
     if kind == "quantized":
         model = load_quantized(model_dir, device)
     else:
-        model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(device)
+        model = load_model(model_dir, dtype=getattr(torch, dtype)).to(device)
     return model.eval(), tokenizer
 
 
@@ -209,9 +209,9 @@ def load_quantized(model_dir: str, device):
     if method == "dynamic-int8":
         import torch
 
-        return apply_dynamic_int8(load_seq2seq_model(model_dir, dtype=torch.float32, use_safetensors=True))
+        return apply_dynamic_int8(load_model(model_dir, dtype=torch.float32, use_safetensors=True))
     # The config's quantization_config rebuilds the quantized layers; quantized weights cannot be moved by .to().
-    return load_seq2seq_model(model_dir, device_map=str(device), use_safetensors=True)
+    return load_model(model_dir, device_map=str(device), use_safetensors=True)
 
 
 def weights_bytes(model_dir: str | Path) -> int:
@@ -248,9 +248,9 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
     tokenizer = load_tokenizer(args.model_dir)
     config = quantization_config(args.method, device)
     if config is None:  # dynamic-int8: the fp32 weights are what is saved
-        model = load_seq2seq_model(args.model_dir, dtype=torch.float32)
+        model = load_model(args.model_dir, dtype=torch.float32)
     else:
-        model = load_seq2seq_model(
+        model = load_model(
             args.model_dir,
             quantization_config=config,
             device_map=str(device),

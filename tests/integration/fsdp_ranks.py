@@ -21,7 +21,7 @@ from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, register_fsdp_forward_method
 
-from textsql.hub import load_seq2seq_model
+from textsql.hub import load_model
 from textsql.strategy.fsdpconfig import load_fsdpconfig, resolve_fsdpconfig_path
 from textsql.train.fsdp import (
     accelerate_fsdp2_kwargs,
@@ -85,7 +85,7 @@ def main(model_dir: str, results_dir: str) -> None:
 
     # Without textsql's unit, accelerate's own wrapping stops at the first forward pass.
     config = load_fsdpconfig(resolve_fsdpconfig_path("fsdp_full_shard"))
-    plain = load_seq2seq_model(model_dir)
+    plain = load_model(model_dir)
     report["tied_modules"] = sorted(
         name for name, m in plain.named_modules() if any(m is t for t in tied_embedding_modules(plain))
     )
@@ -96,7 +96,7 @@ def main(model_dir: str, results_dir: str) -> None:
     except ValueError as error:
         report["without_grouping"] = str(error)
 
-    reference = load_seq2seq_model(model_dir)  # unsharded, the whole batch
+    reference = load_model(model_dir)  # unsharded, the whole batch
     reference_loss = step(reference, *batch(None))
     whole = {name: p.detach() for name, p in reference.named_parameters()}
     question = batch(None)[0][rank : rank + 1, : 4 + 4 * rank]  # each rank its own question, of its own length
@@ -104,7 +104,7 @@ def main(model_dir: str, results_dir: str) -> None:
 
     for name in STRATEGIES:
         config = load_fsdpconfig(resolve_fsdpconfig_path(name))
-        model = load_seq2seq_model(model_dir)
+        model = load_model(model_dir)
         accelerator = accelerator_for(config, rank)
         grouped = group_tied_embeddings(model, **accelerate_fsdp2_kwargs(accelerator))
         model = fsdp2_prepare_model(accelerator, model)
@@ -130,7 +130,7 @@ def main(model_dir: str, results_dir: str) -> None:
             row["all_float32"] = all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
             folder = Path(results_dir) / name
             model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
-            again = load_seq2seq_model(str(folder))
+            again = load_model(str(folder))
             row["saved_architectures"] = again.config.architectures
             row["reloaded_max_difference"] = max(
                 float((p.detach() - whole[k]).abs().max()) for k, p in again.named_parameters()
