@@ -257,12 +257,12 @@ def lora_adapter(assets, tmp_path_factory):
     from peft import LoraConfig, get_peft_model
 
     from textsql.adapters import RECORD_VERSION, LoraArguments, adapter_record, base_fingerprint
-    from textsql.hub import load_seq2seq_model, load_tokenizer
+    from textsql.hub import load_model, load_tokenizer
     from textsql.paths import ADAPTER_RECORD_FILE
 
     _, model_dir = assets
     folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"
-    model = get_peft_model(load_seq2seq_model(str(model_dir)), LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"]))
+    model = get_peft_model(load_model(str(model_dir)), LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"]))
     torch.manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -276,3 +276,28 @@ def lora_adapter(assets, tmp_path_factory):
     record = adapter_record(model, lora, str(model_dir), tokenizer, [], base_fingerprint(str(model_dir)))
     (folder / ADAPTER_RECORD_FILE).write_text(json.dumps({"version": RECORD_VERSION, **record}, indent=2) + "\n")
     return folder
+
+
+@pytest.fixture(scope="session")
+def causal_assets(tmp_path_factory):
+    """(data_dir, model_dir): small generated data (question+header prompts) prepared for a tiny Qwen2 whose byte-level
+    BPE tokenizer was trained on it (EOS is its pad token, as in Qwen2), built once per session."""
+    from textsql.demo import release_records
+    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
+    from textsql.wikisql.synthetic import generate_wikisql
+
+    folder = tmp_path_factory.mktemp("causal-assets")
+    raw = generate_wikisql(
+        folder / "wikisql-generated", train_tables=30, dev_tables=6, test_tables=6, questions_per_table=8, seed=1
+    )
+    questions, tables = release_records(raw)
+    model_dir = make_tiny_causal_model(
+        folder / "tiny-qwen2", corpus_for_tokenizer(questions, tables, prefix=""), hidden_size=64, num_layers=2, seed=1
+    )
+    data_dir = prepare_dataset(
+        PrepArguments(
+            source=str(raw), model_id=str(model_dir), output_dir=str(folder / "data"), source_format="question+header"
+        )
+    )
+    return data_dir, model_dir

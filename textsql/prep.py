@@ -1,4 +1,5 @@
-"""Prepare WikiSQL for training: load a source, tokenize with a task prefix (no fixed padding), report lengths, save to disk."""
+"""Prepare WikiSQL for training: load a source, tokenize it as the model's family reads it (T5: a prefixed source and
+a separate target; a causal LM: prompt and SQL in one sequence), no fixed padding, report lengths, save to disk."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import numpy as np
 
 from textsql import __version__
 from textsql.errors import TextsqlError
-from textsql.hub import load_tokenizer
+from textsql.families import CAUSAL, family_of
+from textsql.hub import load_tokenizer, model_family
 from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR, in_project
-from textsql.vocabulary import add_characters, missing_characters
+from textsql.vocabulary import add_characters, byte_level, missing_characters
 from textsql.wikisql.format import SOURCE_FORMATS, Example, WikiSQLData, source_text
 from textsql.wikisql.release import load_wikisql
 from textsql.wikisql.sql import SQLParseError, parse_sql, same_logical_form
@@ -40,10 +42,17 @@ class PrepArguments:
             "copy (the script-based 'wikisql' cannot be loaded by current datasets)."
         }
     )
-    model_id: str = field(default="t5-small", metadata={"help": "Tokenizer to use: hub name or local model folder."})
+    model_id: str = field(
+        default="t5-small",
+        metadata={
+            "help": "The model to prepare for: hub name or local model folder (its config.json decides the family: "
+            "T5 or a causal LM) and its tokenizer."
+        },
+    )
     output_dir: str = field(default="data/wikisql", metadata={"help": "Folder to save the tokenized DatasetDict in."})
     source_prefix: str = field(
-        default="translate English to SQL: ", metadata={"help": "T5 task prefix put before every question."}
+        default="translate English to SQL: ",
+        metadata={"help": "T5 task prefix put before every question (a causal LM reads a plain prompt instead)."},
     )
     source_format: str = field(
         default="question",
@@ -52,12 +61,18 @@ class PrepArguments:
             "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."
         },
     )
-    max_source_length: int = field(default=512, metadata={"help": "Longest question in tokens (prefix included)."})
-    max_target_length: int = field(default=256, metadata={"help": "Longest SQL target in tokens."})
+    max_source_length: int = field(
+        default=512, metadata={"help": "Longest question in tokens (prefix included; a causal LM's whole prompt)."}
+    )
+    max_target_length: int = field(
+        default=256, metadata={"help": "Longest SQL target in tokens (a causal LM's with its end-of-sequence token)."}
+    )
     overlong: str = field(
         default="error",
         metadata={
-            "help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported)."
+            "help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported). "
+            "For a causal LM the prompt's column list is cut first, never the SQL; what still does not fit is an "
+            "error, or dropped with truncate and drop."
         },
     )
     max_examples_per_split: int | None = field(
@@ -120,6 +135,7 @@ def prepare_dataset(args: PrepArguments):
             f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir."
         )
     data = load_source(args)  # the user's data first: a missing folder is named before any model is looked for
+    family = model_family(args.model_id)
     base_tokenizer = load_tokenizer(args.model_id)
     if not data.splits.get("train"):
         raise TextsqlError(
@@ -131,8 +147,9 @@ def prepare_dataset(args: PrepArguments):
             "release files or a hub copy with a 'table' column, or --source_format question."
         )
     splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
+    prefix = "" if family.causal else args.source_prefix  # a causal LM reads a plain prompt (source_text)
     sources = {
-        name: [source_text(e.question, _header(data, e), args.source_prefix, args.source_format) for e in examples]
+        name: [source_text(e.question, _header(data, e), prefix, args.source_format, family.kind) for e in examples]
         for name, examples in splits.items()
     }
     # Every character the model reads or writes must be one it can produce: add what the tokenizer lacks.
@@ -140,6 +157,12 @@ def prepare_dataset(args: PrepArguments):
         base_tokenizer, (text for name in splits for text in sources[name] + [e.target for e in splits[name]])
     )
     tokenizer = base_tokenizer
+    if byte_level(base_tokenizer):
+        logger.info(
+            "'%s' is a byte-level BPE tokenizer: it writes every character, so nothing is added to its vocabulary%s.",
+            args.model_id,
+            f" (yet it cannot produce {missing['unknown']})" if missing["unknown"] else "",
+        )
     if missing["unknown"]:
         tokenizer = add_characters(base_tokenizer, missing["unknown"], output_dir / TOKENIZER_DIR)
         logger.info(
@@ -148,7 +171,13 @@ def prepare_dataset(args: PrepArguments):
             args.model_id,
             ", ".join(repr(c) for c in missing["unknown"]),
         )
-    dataset = tokenize_splits(splits, sources, tokenizer)
+    fitted = {}
+    if family.causal:
+        dataset, fitted = tokenize_causal(
+            splits, {name: [_header(data, e) for e in splits[name]] for name in splits}, tokenizer, args
+        )
+    else:
+        dataset = tokenize_splits(splits, sources, tokenizer)
     report = length_report(dataset, args.max_source_length, args.max_target_length)
     lost = characters_lost_in_targets(dataset, tokenizer, data.tables)
     recovered = lost["column_names_recovered"]
@@ -168,7 +197,8 @@ def prepare_dataset(args: PrepArguments):
             args.model_id,
             ", ".join(f"{c!r} x{n}" for c, n in lost["characters"].items()),
         )
-    dataset = apply_overlong_policy(dataset, report, args)
+    if not family.causal:  # a causal LM's examples were fitted or dropped as they were tokenized
+        dataset = apply_overlong_policy(dataset, report, args)
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset.save_to_disk(str(output_dir))
     _save_tables(output_dir, data, splits)
@@ -180,8 +210,12 @@ def prepare_dataset(args: PrepArguments):
         "tokenizer_dir": TOKENIZER_DIR if tokenizer is not base_tokenizer else None,
         "added_characters": missing["unknown"],
         "characters_changed_by_normalizer": missing["normalized"],
-        "source_prefix": args.source_prefix,
+        "source_prefix": prefix,
         "source_format": args.source_format,
+        "layout": family.kind,
+        "model_family": family.name,
+        "byte_level": byte_level(base_tokenizer),
+        "prompts_fitted": fitted,
         "max_source_length": args.max_source_length,
         "max_target_length": args.max_target_length,
         "overlong": args.overlong,
@@ -227,6 +261,74 @@ def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[st
     return DatasetDict(result)
 
 
+def tokenize_causal(splits: dict[str, list[Example]], headers: dict[str, list], tokenizer, args: PrepArguments):
+    """(DatasetDict, what was fitted) for a causal LM: each example one `input_ids` sequence, the prompt
+    (source_text's causal layout) and then the SQL and EOS, with `labels` -100 on the prompt: the model learns to
+    write the SQL and to stop, never the prompt. Padding comes at collation, masked there by position.
+
+    A prompt over --max_source_length loses columns from the end of its list until it fits; the SQL is never cut.
+    What still does not fit (a question alone too long, an SQL over --max_target_length) is an error with --overlong
+    error, else dropped; both counted per split in the returned dict (columns_cut, dropped)."""
+    from datasets import Dataset, DatasetDict
+
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise TextsqlError(
+            f"The tokenizer of '{args.model_id}' has no end-of-sequence token, so the model could never learn where "
+            "a query ends. Use a tokenizer whose tokenizer_config.json names eos_token."
+        )
+    result, fitted, overlong = {}, {}, {}
+    for name, examples in splits.items():
+        rows = {
+            key: []
+            for key in ("question", "target", "table_id", "sql", "prompt", "input_ids", "attention_mask", "labels")
+        }
+        cut = dropped = 0
+        for example, header in zip(examples, headers[name]):
+            prompt = source_text(example.question, header, "", args.source_format, CAUSAL)
+            prompt_ids = tokenizer(prompt)["input_ids"]
+            if len(prompt_ids) > args.max_source_length and args.source_format == "question+header":
+                for keep in range(len(header) - 1, -1, -1):
+                    prompt = source_text(example.question, header, "", args.source_format, CAUSAL, max_columns=keep)
+                    prompt_ids = tokenizer(prompt)["input_ids"]
+                    if len(prompt_ids) <= args.max_source_length:
+                        break
+                cut += 1
+            answer_ids = tokenizer(example.target, add_special_tokens=False)["input_ids"] + [eos]
+            if len(prompt_ids) > args.max_source_length or len(answer_ids) > args.max_target_length:
+                dropped += 1
+                continue
+            rows["question"].append(example.question)
+            rows["target"].append(example.target)
+            rows["table_id"].append(example.table_id)
+            rows["sql"].append(json.dumps(example.sql) if example.sql is not None else "")
+            rows["prompt"].append(prompt)
+            rows["input_ids"].append(prompt_ids + answer_ids)
+            rows["attention_mask"].append([1] * (len(prompt_ids) + len(answer_ids)))
+            rows["labels"].append([-100] * len(prompt_ids) + answer_ids)
+        result[name] = Dataset.from_dict(rows)
+        fitted[name] = {"columns_cut": cut, "dropped": dropped}
+        if dropped:
+            overlong[name] = dropped
+        if cut:
+            logger.info(
+                "%s: %d prompts over %d tokens lost columns from the end of their list",
+                name,
+                cut,
+                args.max_source_length,
+            )
+    if overlong:
+        counts = "; ".join(f"{name}: {n}" for name, n in overlong.items())
+        if args.overlong == "error":
+            raise TextsqlError(
+                f"Some examples do not fit even with their column lists cut ({counts}): a question over "
+                f"--max_source_length {args.max_source_length} tokens or an SQL over --max_target_length "
+                f"{args.max_target_length}. Raise them, or pass --overlong drop to leave those examples out."
+            )
+        logger.warning("Dropping examples that do not fit even with their column lists cut: %s", counts)
+    return DatasetDict(result), fitted
+
+
 def characters_lost_in_targets(dataset, tokenizer, tables: dict[str, dict] | None = None) -> dict:
     """Targets whose decode(encode(text)) differs, and the characters missing (after prep's additions, only characters
     the tokenizer's normalizer rewrites can be left), told apart by what they change:
@@ -240,7 +342,8 @@ def characters_lost_in_targets(dataset, tokenizer, tables: dict[str, dict] | Non
     recovered: Counter = Counter()
     lost_examples = recovered_examples = 0
     for split in dataset.values():
-        decoded_texts = tokenizer.batch_decode(list(split["labels"]), skip_special_tokens=True)
+        answers = [[i for i in labels if i != -100] for labels in split["labels"]]  # a causal LM's prompt is -100
+        decoded_texts = tokenizer.batch_decode(answers, skip_special_tokens=True)
         for index, (target, decoded) in enumerate(zip(split["target"], decoded_texts)):
             decoded = " ".join(decoded.split())
             if decoded == target:
@@ -271,11 +374,19 @@ def _reads_as_gold(text: str, row: dict, tables: dict[str, dict]) -> bool:
 
 
 def length_report(dataset, max_source_length: int, max_target_length: int) -> dict:
-    """Token-length percentiles per split, mean real tokens per example, and how many exceed the max lengths."""
+    """Token-length percentiles per split, mean real tokens per example, and how many exceed the max lengths. A causal
+    LM's source is its prompt (the -100 labels) and its target the rest of its one sequence."""
     report = {}
     for name, split in dataset.items():
-        source = np.array([len(ids) for ids in split["input_ids"]])
-        target = np.array([len(ids) for ids in split["labels"]])
+        labels = split["labels"]
+        if "prompt" in split.column_names:  # causal: prompt and answer in one sequence
+            source = np.array([sum(1 for i in ids if i == -100) for ids in labels], dtype=int)
+            target = np.array([len(ids) for ids in labels], dtype=int) - source
+        else:
+            source = np.array([len(ids) for ids in split["input_ids"]], dtype=int)
+            target = np.array([len(ids) for ids in labels], dtype=int)
+        if not len(source):
+            source = target = np.zeros(1, dtype=int)
         report[name] = {
             "source_percentiles": {f"p{p}": int(np.percentile(source, p)) for p in PERCENTILES},
             "target_percentiles": {f"p{p}": int(np.percentile(target, p)) for p in PERCENTILES},
@@ -411,7 +522,14 @@ def record_source_settings(model_config, metadata: dict) -> None:
 
 def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path) -> None:
     """Refuse data whose sources differ from what the model was fine-tuned to read (a model not fine-tuned by textsql
-    carries no settings and accepts any)."""
+    carries no settings and accepts any), and data laid out for another model family (T5's or a causal LM's)."""
+    family = family_of(model_config)
+    layout = metadata.get("layout", "seq2seq")
+    if layout != family.kind:
+        raise TextsqlError(
+            f"'{dataset_dir}' was prepared for a {layout} model ({metadata.get('model_family', 't5')}), and this is a "
+            f"{family.kind} {family.name} model. Run `textsql prep` again with --model_id set to the model you use."
+        )
     trained = (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
     if not trained:
         return
