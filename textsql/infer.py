@@ -156,7 +156,13 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
             "--table_id (an id from tables.jsonl)."
         )
     sources = [
-        source_text(q, table["header"] if table else None, metadata["source_prefix"], source_format)
+        source_text(
+            q,
+            table["header"] if table else None,
+            metadata["source_prefix"],
+            source_format,
+            metadata.get("layout", "seq2seq"),
+        )
         for q in args.question
     ]
     candidates = generate_sql(

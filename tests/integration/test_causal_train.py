@@ -1,0 +1,102 @@
+"""Causal LMs through `textsql train` and `textsql infer` (in this process, on the CPU): the tiny Qwen2 without
+DeepSpeed, with ZeRO-2 and with LoRA, scored by infer; and a two-step training of a tiny model of every causal family."""
+
+import json
+
+import pytest
+
+from tests.conftest import tiny_train_argv
+from textsql.tiny import CAUSAL_CONFIG_NAMES
+
+pytestmark = pytest.mark.slow
+
+SHORT = dict(
+    max_steps=8,
+    per_device_train_batch_size=16,
+    per_device_eval_batch_size=32,
+    learning_rate="3e-3",
+    logging_steps=2,
+    eval_strategy="no",
+    save_strategy="no",
+    dataloader_num_workers=0,
+)
+
+
+def summary_of(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if line.startswith("textsql-run-summary: "))
+    return json.loads(open(line.split(": ", 1)[1]).read())
+
+
+@pytest.fixture(scope="module")
+def causal_runs(causal_assets, tmp_path_factory):
+    return tmp_path_factory.mktemp("causal-runs")
+
+
+def test_full_fine_tuning_without_deepspeed_and_with_zero2_trains_alike_and_infer_scores_it(
+    causal_assets, causal_runs, textsql_in_process
+):
+    status, out, err = textsql_in_process(["train", *tiny_train_argv(causal_assets, causal_runs, **SHORT)])
+    assert status == 0, err[-3000:]
+    plain = summary_of(out)
+    assert plain["global_step"] == 8 and plain["model_id"].endswith("tiny-qwen2")
+    assert plain["last_logged_loss"] < plain["first_logged_loss"]
+    status, out, err = textsql_in_process(
+        ["train", *tiny_train_argv(causal_assets, causal_runs, "--deepspeed", "zero2", **SHORT)]
+    )
+    assert status == 0, err[-3000:]
+    zero2 = summary_of(out)
+    assert zero2["strategy"]["label"] == "zero2"
+    # the same data, seed and fp32 arithmetic: the same loss curve
+    assert zero2["first_logged_loss"] == pytest.approx(plain["first_logged_loss"], rel=1e-4)
+    assert zero2["last_logged_loss"] == pytest.approx(plain["last_logged_loss"], rel=1e-3)
+    data_dir, _ = causal_assets
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", plain["output_dir"], "--dataset_dir", str(data_dir), "--max_examples", "16",
+         "--max_new_tokens", "24", "--show_examples", "1"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    metrics = json.loads(open(f"{plain['output_dir']}/eval_metrics.json").read())
+    assert metrics["examples"] == 16 and "execution_accuracy" in metrics
+    records = [json.loads(line) for line in open(f"{plain['output_dir']}/predictions.jsonl")]
+    assert len(records) == 16 and not any("### Question" in r["predicted_sql"] for r in records)
+
+
+def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads(causal_assets, causal_runs, textsql_in_process):
+    status, out, err = textsql_in_process(
+        ["train", *tiny_train_argv(causal_assets, causal_runs, "--lora", "True", "--lora_targets", "all", **SHORT)]
+    )
+    assert status == 0, err[-3000:]
+    summary = summary_of(out)
+    assert 0 < summary["trainable_parameters"] < summary["parameters"] / 5
+    run = summary["output_dir"]
+    adapter = json.loads(open(f"{run}/adapter_config.json").read())
+    assert adapter["task_type"] == "CAUSAL_LM"
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"} <= {
+        name.rsplit(".", 1)[-1] for name in adapter["target_modules"]
+    }
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", run, "--dataset_dir", str(causal_assets[0]), "--max_examples", "8",
+         "--max_new_tokens", "16"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    assert json.loads(open(f"{run}/eval_metrics.json").read())["examples"] == 8
+
+
+@pytest.mark.parametrize("model_type", sorted(CAUSAL_CONFIG_NAMES))
+def test_every_causal_family_trains_two_steps(model_type, causal_assets, causal_runs, textsql_in_process):
+    """A tiny random model of each family, with the tiny Qwen2's tokenizer (the same ids: the prepared data fits)."""
+    from textsql.hub import load_tokenizer
+    from textsql.tiny import build_tiny_causal
+
+    data_dir, qwen2_dir = causal_assets
+    tokenizer = load_tokenizer(str(qwen2_dir))
+    folder = causal_runs / "models" / f"tiny-{model_type}"
+    tokenizer.save_pretrained(folder)
+    build_tiny_causal(tokenizer, model_type, hidden_size=32, num_layers=2, num_heads=4, seed=1).save_pretrained(folder)
+    argv = tiny_train_argv((data_dir, folder), causal_runs, **dict(SHORT, max_steps=2, logging_steps=1))
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    summary = summary_of(out)
+    assert summary["global_step"] == 2 and summary["train_loss"] > 0
+    saved = json.loads(open(f"{summary['output_dir']}/config.json").read())
+    assert saved["model_type"] == model_type and saved["architectures"][0].endswith(("ForCausalLM", "LMHeadModel"))
