@@ -61,7 +61,9 @@ def test_full_fine_tuning_without_deepspeed_and_with_zero2_trains_alike_and_infe
     assert len(records) == 16 and not any("### Question" in r["predicted_sql"] for r in records)
 
 
-def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads(causal_assets, causal_runs, textsql_in_process):
+def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads_and_merge_folds_in(
+    causal_assets, causal_runs, textsql_in_process
+):
     status, out, err = textsql_in_process(
         ["train", *tiny_train_argv(causal_assets, causal_runs, "--lora", "True", "--lora_targets", "all", **SHORT)]
     )
@@ -79,7 +81,22 @@ def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads(causal_assets, ca
          "--max_new_tokens", "16"]
     )  # fmt: skip
     assert status == 0, err[-3000:]
-    assert json.loads(open(f"{run}/eval_metrics.json").read())["examples"] == 8
+    adapter_metrics = json.loads(open(f"{run}/eval_metrics.json").read())
+    assert adapter_metrics["examples"] == 8
+    # merged into its base: a plain causal LM whose generations are the adapter's
+    merged_dir = causal_runs / "merged"
+    status, out, err = textsql_in_process(["merge", run, "--output_dir", str(merged_dir)])
+    assert status == 0, err[-3000:]
+    from textsql.adapters import load_adapter_model
+    from textsql.evaluate import generate_sql, load_scoring_set
+    from textsql.hub import load_model
+
+    merged = load_model(str(merged_dir))
+    assert type(merged).__name__ == "Qwen2ForCausalLM" and not (merged_dir / "adapter_config.json").exists()
+    adapter_model, tokenizer = load_adapter_model(run)
+    prompts = load_scoring_set(str(causal_assets[0]), "test", 8).sources
+    from_adapter = generate_sql(adapter_model, tokenizer, prompts, max_new_tokens=16, progress=False)
+    assert generate_sql(merged.eval(), tokenizer, prompts, max_new_tokens=16, progress=False) == from_adapter
 
 
 @pytest.mark.parametrize("model_type", sorted(CAUSAL_CONFIG_NAMES))
@@ -100,3 +117,50 @@ def test_every_causal_family_trains_two_steps(model_type, causal_assets, causal_
     assert summary["global_step"] == 2 and summary["train_loss"] > 0
     saved = json.loads(open(f"{summary['output_dir']}/config.json").read())
     assert saved["model_type"] == model_type and saved["architectures"][0].endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def test_an_interrupted_causal_run_resumes_from_its_checkpoint(causal_assets, tmp_path, textsql_in_process):
+    """A run whose last checkpoint and summary are gone (as a pod taken back leaves it) resumes from the one before
+    and ends with the loss of the uninterrupted run."""
+    import shutil
+
+    argv = tiny_train_argv(causal_assets, tmp_path / "runs", **dict(SHORT, max_steps=4, logging_steps=1))
+    argv += ["--save_strategy", "steps", "--save_steps", "2", "--save_total_limit", "3"]
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    whole = summary_of(out)
+    run = tmp_path / "runs" / whole["run"]
+    shutil.rmtree(run / "checkpoint-4")
+    (run / "run_summary.json").unlink()
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    resumed = summary_of(out)
+    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 4
+    assert resumed["last_logged_loss"] == pytest.approx(whole["last_logged_loss"], rel=1e-4)
+
+
+def test_two_ranks_with_zero3_offload_train_a_causal_lm_and_generate_together(
+    causal_assets, tmp_path, cpu_env, monkeypatch
+):
+    """`deepspeed --num_gpus 2 --module textsql.train` on the CPU: ZeRO-3 partitions the tiny Qwen2 over two ranks,
+    both generate together (synced, left-padded) for execution accuracy, and the saved model reloads whole."""
+    from textsql.hub import load_model
+    from textsql.train.arguments import parse_arguments
+    from textsql.train.local_launch import run_training
+
+    for key, value in cpu_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    argv = tiny_train_argv(
+        causal_assets,
+        tmp_path / "runs",
+        "--deepspeed",
+        "zero3_offload",
+        **dict(SHORT, max_steps=6, eval_strategy="steps", eval_steps=6, max_eval_samples=16),
+        execution_accuracy_samples=8,
+    )
+    summary = run_training(*parse_arguments(argv), num_gpus=2, echo=lambda line: None)
+    assert summary.world_size == 2 and sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
+    assert summary.global_step == 6 and 0.0 <= summary.execution_accuracy <= 1.0
+    model = load_model(summary.output_dir)
+    assert type(model).__name__ == "Qwen2ForCausalLM" and model.lm_head.weight.shape[0] > 0
