@@ -78,7 +78,8 @@ def add_characters(tokenizer, characters: Iterable[str], save_dir: str | Path):
     if model.get("type") != "Unigram":
         raise TextsqlError(
             f"Cannot add characters to a {model.get('type')} tokenizer: textsql extends SentencePiece "
-            "Unigram vocabularies (T5's). Prepare the data with --overlong drop, or use a T5 tokenizer."
+            "Unigram vocabularies (T5's), and byte-level BPE ones (GPT-2, Qwen2, Llama 3) need nothing added. Use "
+            "one of those tokenizers, or remove the characters it lacks from the data."
         )
     vocab = model["vocab"]
     beyond = [t["content"] for t in state.get("added_tokens", []) if t["id"] >= len(vocab)]

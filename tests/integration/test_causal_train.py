@@ -59,6 +59,14 @@ def test_full_fine_tuning_without_deepspeed_and_with_zero2_trains_alike_and_infe
     assert metrics["examples"] == 16 and "execution_accuracy" in metrics
     records = [json.loads(line) for line in open(f"{plain['output_dir']}/predictions.jsonl")]
     assert len(records) == 16 and not any("### Question" in r["predicted_sql"] for r in records)
+    # typed questions get the same prompt layout, with the named table's columns
+    table_id = records[0]["table_id"]
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", plain["output_dir"], "--dataset_dir", str(data_dir), "--question",
+         records[0]["question"], "--table_id", table_id, "--max_new_tokens", "24"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    assert f"Model Prediction: {records[0]['predicted_sql']}" in out  # the same prompt as the split's
 
 
 def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads_and_merge_folds_in(
