@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from textsql.errors import TextsqlError
 from textsql.families import ensure_pad_token, family_of, pad_token_id
-from textsql.prep import load_prepared, load_tables
-from textsql.wikisql.format import source_text
+from textsql.prep import load_prepared, load_tables, model_source
 from textsql.wikisql.sql import aggregate_metrics, exact_match, executes_plausibly, score_prediction
 
 DECODINGS = ("greedy", "execution_guided")
@@ -131,16 +130,11 @@ def load_scoring_set(
     if max_examples:
         rows = rows.select(range(min(max_examples, len(rows))))
     tables = load_tables(dataset_dir)
-    source_format = metadata.get("source_format", "question")
-
-    def header(table_id: str):
-        return tables[table_id]["header"] if table_id in tables else None
-
     if "prompt" in rows.column_names:  # a causal LM's prompts, as prep fitted them (column lists cut to fit)
         sources = list(rows["prompt"])
     else:
         sources = [
-            source_text(q, header(t), metadata["source_prefix"], source_format)
+            model_source(q, tables[t]["header"] if t in tables else None, metadata)
             for q, t in zip(rows["question"], rows["table_id"])
         ]
     return ScoringSet(

@@ -508,6 +508,18 @@ def tokenizer_for_training(model_tokenizer, dataset_dir: str | Path, metadata: d
     )
 
 
+def model_source(question: str, header: list[str] | None, metadata: dict) -> str:
+    """What a model trained on this prepared data reads for a question (typed, or of a split): the T5 source or the
+    causal LM's prompt, built as prep built them (textsql.wikisql.format.source_text), with the whole column list."""
+    return source_text(
+        question,
+        header,
+        metadata["source_prefix"],
+        metadata.get("source_format", "question"),
+        metadata.get("layout", "seq2seq"),
+    )
+
+
 def source_settings(metadata: dict) -> dict:
     """How a dataset's sources were built: what a model trained on it must be given at inference, too."""
     return {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
