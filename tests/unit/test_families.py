@@ -112,3 +112,16 @@ def test_pad_token_falls_back_to_eos_and_is_required():
     assert pad_token_id(SimpleNamespace(pad_token_id=3, eos_token_id=7)) == 3
     with pytest.raises(TextsqlError, match="neither a pad nor an end-of-sequence token"):
         pad_token_id(SimpleNamespace(pad_token_id=None, eos_token_id=None))
+
+
+def test_fsdp_units_are_the_model_s_own_decoder_layers_and_a_class_it_lacks_is_refused(causal_tokenizer):
+    from textsql.train.fsdp import wrapped_layer_classes
+
+    model = build_tiny_causal(causal_tokenizer, "llama", hidden_size=32, num_layers=1)
+    assert wrapped_layer_classes(model, {"version": 2}) == ["LlamaDecoderLayer"]
+    assert wrapped_layer_classes(model, {"transformer_layer_cls_to_wrap": ["LlamaMLP"]}) == ["LlamaMLP"]
+    with pytest.raises(
+        TextsqlError,
+        match="names T5Block, which this llama model does not have; its decoder layers are LlamaDecoderLayer",
+    ):
+        wrapped_layer_classes(model, {"transformer_layer_cls_to_wrap": ["T5Block"]})

@@ -65,6 +65,7 @@ from textsql.strategy.fsdpconfig import (
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.train.collate import CausalLMCollator
 from textsql.train.distributed import ensure_distributed_env, gather_to_all, nodes_in_launch, world_size
+from textsql.train.fsdp import wrapped_layer_classes
 from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
 from textsql.train.trainer import make_trainer_class, peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
 from textsql.vocabulary import fit_embeddings
@@ -328,6 +329,8 @@ def train(
         )
     model = load_model(model_args.model_id)
     family = family_of(model.config)  # seq2seq (T5) or causal: the collator and the Trainer follow
+    if plan.fsdpconfig is not None:
+        logger.info("FSDP units: %s", ", ".join(wrapped_layer_classes(model, plan.fsdpconfig)))
     check_source_settings(model.config, data_meta, data_args.dataset_dir)
     record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
     # The rows grown for the added characters are drawn at random: from the seed alone, whatever the strategy drew
