@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,7 @@ from textsql.prep import check_source_settings, load_prepared
 from textsql.strategy.devices import NodeDevices
 
 RECORD_VERSION = 1
+logger = logging.getLogger("textsql.quantize")
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,23 @@ def apply_dynamic_int8(model):
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
+def layers_left_unquantized(model) -> list[str]:
+    """Names of the model's own linear layers still in full precision after quantizing: subclasses of nn.Linear that a
+    model family defines (falcon's FalconLinear) and GPT-2's Conv1D. transformers' bitsandbytes and torchao swaps and
+    torch's dynamic int8 replace only layers whose type is exactly nn.Linear and leave these as they are, silently (the
+    model's size then hardly changes). On an unquantized model: what dynamic int8 will leave."""
+    import torch
+
+    left = []
+    for name, module in model.named_modules():
+        own = type(module).__module__.startswith("transformers.")
+        linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+        weight = getattr(module, "weight", None)
+        if own and linear and isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point:
+            left.append(name)
+    return left
+
+
 def folder_kind(model_dir: str | Path) -> str:
     """'adapter' (a peft LoRA adapter), 'quantized' (by textsql quantize) or 'plain' (any other folder, a hub name)."""
     folder = Path(model_dir)
@@ -256,6 +275,15 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
             device_map=str(device),
             dtype=getattr(torch, compute_dtype(device)),
         )
+    left = layers_left_unquantized(model)
+    if left:
+        logger.warning(
+            "%s leaves %d of this model's linear layers in full precision: their type is the model's own subclass of "
+            "nn.Linear (or GPT-2's Conv1D), which the quantizer does not replace (%s, ...).",
+            args.method,
+            len(left),
+            ", ".join(left[:3]),
+        )
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
     tokenizer.save_pretrained(output)
@@ -266,6 +294,7 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
         "source_model": str(args.model_dir),
         "quantized_on": device.type,
         "compute_dtype": compute_dtype(device),
+        "layers_left_unquantized": left,
     }
     (output / QUANTIZATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return output
