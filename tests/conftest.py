@@ -301,3 +301,21 @@ def causal_assets(tmp_path_factory):
         )
     )
     return data_dir, model_dir
+
+
+def real_causal_folder(real_files: Path, name: str, folder: Path) -> Path:
+    """`folder` holding the real `name` tokenizer from ../shared/real (qwen2: EOS is also its pad token; gpt2: no pad
+    token) and a tiny random model of that family for it; skips the test where those files are absent."""
+    from transformers import AutoTokenizer
+
+    from textsql.tiny import build_tiny_causal
+
+    source = real_files / name
+    if not (source / "tokenizer.json").is_file():
+        pytest.skip(f"the real {name} tokenizer is not at {source}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        shutil.copy(path, folder / path.name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    build_tiny_causal(tokenizer, name, hidden_size=16, num_layers=1, num_heads=2).save_pretrained(folder)
+    return folder

@@ -4,8 +4,8 @@ DeepSpeed, with ZeRO-2 and with LoRA, scored by infer; and a two-step training o
 import json
 
 import pytest
+from conftest import real_causal_folder, tiny_train_argv
 
-from tests.conftest import tiny_train_argv
 from textsql.tiny import CAUSAL_CONFIG_NAMES
 
 pytestmark = pytest.mark.slow
@@ -172,3 +172,24 @@ def test_two_ranks_with_zero3_offload_train_a_causal_lm_and_generate_together(
     assert summary.global_step == 6 and 0.0 <= summary.execution_accuracy <= 1.0
     model = load_model(summary.output_dir)
     assert type(model).__name__ == "Qwen2ForCausalLM" and model.lm_head.weight.shape[0] > 0
+
+
+def test_gpt2_without_a_pad_token_prepares_trains_and_generates(real_files, tmp_path, textsql_in_process):
+    """GPT-2's real tokenizer has no pad token: batches are padded with EOS and masked by position."""
+
+    folder = real_causal_folder(real_files, "gpt2", tmp_path / "tiny-gpt2")
+    data = tmp_path / "data"
+    status, _, err = textsql_in_process(
+        ["prep", "--source", str(real_files / "wikisql"), "--model_id", str(folder), "--output_dir", str(data),
+         "--source_format", "question+header", "--max_examples_per_split", "48"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    argv = tiny_train_argv((data, folder), tmp_path / "runs", **dict(SHORT, max_steps=2, per_device_train_batch_size=8))
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    run = summary_of(out)["output_dir"]
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", run, "--dataset_dir", str(data), "--max_examples", "8", "--max_new_tokens", "6"]
+    )
+    assert status == 0, err[-3000:]
+    assert json.loads(open(f"{run}/eval_metrics.json").read())["examples"] == 8

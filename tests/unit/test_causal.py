@@ -2,7 +2,6 @@
 left-padded generation; the real Qwen2 and GPT-2 tokenizers through prep and generation."""
 
 import json
-import shutil
 
 import pytest
 
@@ -184,21 +183,12 @@ def test_generation_stops_at_eos(causal_assets):
 
 @pytest.fixture(scope="module", params=["qwen2", "gpt2"])
 def real_causal_model(request, real_files, tmp_path_factory):
-    """A folder with a real tokenizer (../shared/real/qwen2 or gpt2) and a tiny random model of that family for it."""
-    name = request.param
-    source = real_files / name
-    if not (source / "tokenizer.json").is_file():
-        pytest.skip(f"the real {name} tokenizer is not at {source}")
-    folder = tmp_path_factory.mktemp(f"real-{name}")
-    for path in source.iterdir():
-        shutil.copy(path, folder / path.name)
-    from transformers import AutoTokenizer
+    """(family, folder): a real tokenizer (../shared/real/qwen2 or gpt2) and a tiny random model of that family."""
+    from conftest import real_causal_folder
 
-    from textsql.tiny import build_tiny_causal
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    build_tiny_causal(tokenizer, name, hidden_size=16, num_layers=1, num_heads=2).save_pretrained(folder)
-    return name, folder
+    return request.param, real_causal_folder(
+        real_files, request.param, tmp_path_factory.mktemp(f"real-{request.param}")
+    )
 
 
 def test_real_qwen2_and_gpt2_tokenizers_through_prep_and_generation(real_causal_model, real_files, tmp_path):
