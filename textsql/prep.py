@@ -409,6 +409,25 @@ def format_length_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def format_layout(metadata: dict) -> str:
+    """One line on how the data was laid out: T5's source and target, or a causal LM's one sequence with what was fitted,
+    and whether the tokenizer writes every character (byte-level BPE) or had characters added."""
+    if metadata.get("layout", "seq2seq") == "causal":
+        fitted = metadata.get("prompts_fitted", {})
+        cut = sum(split["columns_cut"] for split in fitted.values())
+        dropped = sum(split["dropped"] for split in fitted.values())
+        line = (
+            f"layout: causal LM ({metadata.get('model_family')}): prompt + SQL + EOS in one sequence, the prompt "
+            f"masked; {cut} prompts lost columns to fit, {dropped} examples dropped"
+        )
+    else:
+        line = f"layout: seq2seq ({metadata.get('model_family', 't5')}): source and target apart"
+    if metadata.get("byte_level"):
+        return line + "; byte-level BPE: every character can be written, nothing added"
+    added = metadata.get("added_characters") or {}
+    return line + (f"; {len(added)} characters added to the tokenizer" if added else "")
+
+
 def apply_overlong_policy(dataset, report: dict, args: PrepArguments):
     """Never truncate silently: error (default), truncate or drop, always saying how many."""
     overlong = {

@@ -176,14 +176,14 @@ def test_two_ranks_with_zero3_offload_train_a_causal_lm_and_generate_together(
 
 def test_gpt2_without_a_pad_token_prepares_trains_and_generates(real_files, tmp_path, textsql_in_process):
     """GPT-2's real tokenizer has no pad token: batches are padded with EOS and masked by position."""
-
     folder = real_causal_folder(real_files, "gpt2", tmp_path / "tiny-gpt2")
     data = tmp_path / "data"
-    status, _, err = textsql_in_process(
+    status, out, err = textsql_in_process(
         ["prep", "--source", str(real_files / "wikisql"), "--model_id", str(folder), "--output_dir", str(data),
          "--source_format", "question+header", "--max_examples_per_split", "48"]
     )  # fmt: skip
     assert status == 0, err[-3000:]
+    assert "layout: causal LM (gpt2)" in out and "byte-level BPE: every character can be written" in out
     argv = tiny_train_argv((data, folder), tmp_path / "runs", **dict(SHORT, max_steps=2, per_device_train_batch_size=8))
     status, out, err = textsql_in_process(["train", *argv])
     assert status == 0, err[-3000:]
