@@ -1,9 +1,9 @@
 """Batched SQL generation (textsql infer) against the walkthrough's one-question-at-a-time loop: same model, same questions.
 
-    python bench/infer_batching.py [--model_dir RUN_FOLDER --dataset_dir DATA] [--questions 256] [--repeats 3]
+    python bench/infer_batching.py [--model_dir RUN_FOLDER --dataset_dir DATA] [--questions 256] [--repeats 3] [--output F]
 
 Without --model_dir it builds the demo's generated data and tiny T5 in a temporary folder (untrained: it measures
-speed, not quality). Prints one JSON object: questions/s of each way, the speed-up, and whether the outputs agree.
+speed, not quality); `--shape t5-small --dataset_dir DATA` measures a random model of t5-small's shape instead. Prints one JSON object: questions/s of each way, the speed-up, and whether the outputs agree.
 """
 
 from __future__ import annotations
@@ -44,11 +44,13 @@ def timed(function) -> tuple[float, list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", help="A fine-tuned run folder; default: an untrained tiny T5 on generated data.")
-    parser.add_argument("--dataset_dir", help="Prepared dataset (with --model_dir).")
+    parser.add_argument("--dataset_dir", help="Prepared dataset (with --model_dir or --shape).")
+    parser.add_argument("--shape", choices=["t5-small", "t5-large"], help="A random model of this shape (speed only).")
     parser.add_argument("--questions", type=int, default=256)
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_new_tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output", help="Also write the JSON here.")
     args = parser.parse_args()
 
     from textsql.evaluate import generate_sql, load_scoring_set
@@ -57,13 +59,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as tmp:
         if args.model_dir:
             model_dir, data_dir = args.model_dir, args.dataset_dir
+        elif args.shape:
+            from bench.shapes import save_random_t5
+
+            model_dir, data_dir = save_random_t5(f"{tmp}/{args.shape}", args.dataset_dir, args.shape), args.dataset_dir
         else:
             from textsql.demo import build_assets
 
             data_path, model_path = build_assets(Path(tmp), train_tables=60, questions_per_table=8)
             model_dir, data_dir = str(model_path), str(data_path)
         model, tokenizer = load_model_for_inference(model_dir, "auto")
-        scoring = load_scoring_set(data_dir, "test" if args.model_dir else "train", args.questions)
+        scoring = load_scoring_set(data_dir, "test" if args.model_dir or args.shape else "train", args.questions)
         sources = scoring.sources
         rounds = {"one_at_a_time": [], "batched": []}
         for _ in range(args.repeats):  # alternate, so drifts in machine load hit both ways alike
@@ -91,7 +97,11 @@ def main() -> None:
             "questions": len(sources),
             "batch_size": args.batch_size,
             "max_new_tokens": args.max_new_tokens,
-            "model": model_dir if args.model_dir else "untrained tiny T5 (demo shape) on generated data",
+            "model": model_dir
+            if args.model_dir
+            else f"random {args.shape} shape"
+            if args.shape
+            else "untrained tiny T5 (demo shape) on generated data",
             "device": str(model.device),
             "questions_per_second": {way: round(len(sources) / s, 2) for way, s in best.items()},
             "seconds_per_round": {way: [round(s, 3) for s in times] for way, times in rounds.items()},
@@ -100,7 +110,7 @@ def main() -> None:
             "outputs_identical": f"{agree}/{len(sources)}",
             "machine": machine(),
         },
-        None,
+        args.output,
     )
 
 

@@ -9,7 +9,8 @@
 Each run is `textsql train` (the same code users run) in a fresh process pinned to one GPU (CUDA_VISIBLE_DEVICES,
 world size 1): a randomly initialised model of the shape (T5Config, seeded, saved in fp32), generated WikiSQL-format
 data, --max_steps steps of the given batch, every strategy's DeepSpeed config (the shipped dsconfig/ files; zero3 and
-zero2_offload are derived from them by switching offload off / on). The run summary's memory check holds the
+zero2_offload are derived from them by switching offload off / on; FSDP's by name, on GPUs; --lora trains a LoRA adapter
+under each strategy instead; --concurrent N runs N at once on the GPU, for a short GPU window). The run summary's memory check holds the
 measurement (torch.cuda.max_memory_reserved / max_memory_allocated on the GPU; the process's peak RSS on a CPU) and the
 planner's prediction for that exact run (model, strategy, precision, batch, the longest sequences it trained on, the
 filled DeepSpeed config); this script adds two figures for calibrating the planner's constants on a GPU: the memory
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,7 +43,11 @@ if str(REPO) not in sys.path:
 
 from bench.common import emit, machine, prepared_release, prepared_tokenizer  # noqa: E402  (the root is on sys.path)
 from bench.shapes import T5_NAMES, bench_config, build_t5  # noqa: E402
-from textsql.strategy.table import DEEPSPEED_STRATEGIES as STRATEGIES  # noqa: E402  (FSDP needs GPUs of its own)
+from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES  # noqa: E402
+
+# FSDP runs on GPUs only (on a CPU textsql refuses it before training, and the run is recorded as refused).
+STRATEGIES = DEEPSPEED_STRATEGIES + FSDP_STRATEGIES
+REFUSED_MARKER = "textsql refused the run before training:"
 
 # Shapes (random init: memory does not depend on the weights): a tiny one whose vocabulary is the tokenizer's, and the
 # T5 checkpoints' (bench.shapes).
@@ -195,11 +201,16 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
     """Train with `textsql train` under the coordinator probe and write what the parent needs."""
     import torch
 
+    from textsql.errors import TextsqlError
     from textsql.train.arguments import parse_arguments
     from textsql.train.run import train
 
     probe = install_coordinator_probe(only_in_training_steps=True)
-    summary = train(*parse_arguments(train_argv))
+    try:
+        summary = train(*parse_arguments(train_argv))
+    except TextsqlError as error:  # refused before training (FSDP on a CPU, ...): the reason, not a traceback
+        print(f"{REFUSED_MARKER} {error}", file=sys.stderr)
+        raise SystemExit(3) from None
     device = {}
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
@@ -255,7 +266,7 @@ def strategy_configs(workdir: Path) -> dict[str, str | None]:
     zero2_offload["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     folder = workdir / "dsconfig"
     folder.mkdir(parents=True, exist_ok=True)
-    paths = {"none": None}
+    paths = {"none": None, **{name: name for name in FSDP_STRATEGIES}}  # FSDP: the shipped name, --fsdp_config
     for name, config in {**shipped, "zero3": zero3, "zero2_offload": zero2_offload}.items():
         (folder / f"{name}.json").write_text(json.dumps(config, indent=2))
         paths[name] = str(folder / f"{name}.json")
@@ -283,6 +294,7 @@ def train_argv(
     batch: int,
     steps: int,
     checkpointing: bool,
+    lora: bool = False,
 ) -> list[str]:
     argv = [
         "--model_id",
@@ -320,6 +332,10 @@ def train_argv(
         "--activation_checkpointing",
         str(checkpointing),
     ]
+    if lora:
+        argv += ["--lora", "True"]
+    if strategy_config in FSDP_STRATEGIES:
+        return argv + ["--fsdp_config", strategy_config]
     return argv + (["--deepspeed", strategy_config] if strategy_config else [])
 
 
@@ -346,7 +362,15 @@ def child_env(gpu: int) -> dict:
 
 
 def one_run(
-    args, shape: str, model_dir: Path, data_dir: Path, config: str | None, strategy: str, precision: str, batch: int
+    args,
+    shape: str,
+    model_dir: Path,
+    data_dir: Path,
+    config: str | None,
+    strategy: str,
+    precision: str,
+    batch: int,
+    lora: bool = False,
 ) -> dict:
     import torch
 
@@ -354,7 +378,7 @@ def one_run(
     from textsql.run_summary import RunSummary
 
     on_gpu = torch.cuda.is_available()
-    label = f"{shape}-{strategy}-{precision}-bs{batch}"
+    label = f"{shape}-{strategy}{'-lora' if lora else ''}-{precision}-bs{batch}"
     with tempfile.NamedTemporaryFile(suffix=".json") as result_file:
         argv = train_argv(
             model_dir,
@@ -365,6 +389,7 @@ def one_run(
             batch,
             args.steps,
             args.gradient_checkpointing,
+            lora,
         )
         started = time.time()
         done = subprocess.run(
@@ -381,10 +406,12 @@ def one_run(
                 "run": label,
                 "shape": shape,
                 "strategy": strategy,
+                "lora": lora,
                 "precision": precision,
                 "batch": batch,
                 "failed": True,
                 "out_of_memory": "out of memory" in tail.lower(),
+                "refused": REFUSED_MARKER in tail,
                 "error_tail": tail[-1500:],
             }
         child = json.loads(Path(result_file.name).read_text())
@@ -397,6 +424,7 @@ def one_run(
         "shape": shape,
         "parameters": summary.parameters,
         "strategy": strategy,
+        "lora": lora,
         "precision": precision,
         "batch": batch,
         "lengths": list(lengths),
@@ -423,7 +451,7 @@ def one_run(
     if rank.get("cuda_max_allocated_bytes"):
         result["reserved_over_allocated"] = round(rank["cuda_max_reserved_bytes"] / rank["cuda_max_allocated_bytes"], 3)
     end = child["device_memory_at_end"]
-    if end:
+    if end and args.concurrent == 1:  # with runs beside it, the device's memory is theirs too
         result["device_used_beyond_reserved_bytes"] = end["device_used_bytes"] - end["reserved_now_bytes"]
     if child["coordinator_peak_gathered"] is not None:
         predicted = check.get("predicted_zero3_gathered_elements")
@@ -519,7 +547,9 @@ def parse_args(argv=None):
         "--batch_sizes", default=None, help="Comma-separated per-device batches (default: 8 on a CPU, 8,32 on a GPU)."
     )
     parser.add_argument(
-        "--strategies", default=",".join(STRATEGIES), help="Comma-separated, from the planner's strategies."
+        "--strategies",
+        default=",".join(DEEPSPEED_STRATEGIES),
+        help="Comma-separated, from the planner's strategies (default: every DeepSpeed one; FSDP's run on GPUs).",
     )
     parser.add_argument(
         "--steps",
@@ -529,6 +559,16 @@ def parse_args(argv=None):
         "the first (default: 3 on a CPU, 5 on a GPU).",
     )
     parser.add_argument("--gradient_checkpointing", action="store_true", help="Train with activation checkpointing.")
+    parser.add_argument(
+        "--lora", action="store_true", help="Train a LoRA adapter under each strategy instead of the whole model."
+    )
+    parser.add_argument(
+        "--concurrent",
+        type=int,
+        default=1,
+        help="Runs at once on the one GPU (each process's own CUDA peak stays exact; the device-wide figure "
+        "device_used_beyond_reserved_bytes is then left out, and the seconds are not comparable).",
+    )
     parser.add_argument("--gpu", type=int, default=0, help="The GPU every run is pinned to (CUDA_VISIBLE_DEVICES).")
     parser.add_argument("--train_tables", type=int, default=200, help="Generated training tables (10 questions each).")
     parser.add_argument(
@@ -628,15 +668,30 @@ def bench(args, on_gpu: bool) -> dict:
             workdir / "generated", train_tables=args.train_tables, questions_per_table=10, seed=0
         )
     configs = strategy_configs(workdir)
-    runs = []
+    jobs = []
     for shape in shapes:
         model_dir = build_shape(shape, workdir, tokenizer_dir, args.t5_configs)
         for precision in precisions:
             for batch in batches:
                 for strategy in strategies:
-                    runs.append(
-                        one_run(args, shape, model_dir, data_dir, configs[strategy], strategy, precision, batch)
-                    )
+                    jobs.append((shape, model_dir, configs[strategy], strategy, precision, batch, args.lora))
+    with ThreadPoolExecutor(max_workers=max(1, args.concurrent)) as pool:  # each run is a child process
+        runs = list(
+            pool.map(
+                lambda job: one_run(
+                    args,
+                    job[0],
+                    model_dir=job[1],
+                    data_dir=data_dir,
+                    config=job[2],
+                    strategy=job[3],
+                    precision=job[4],
+                    batch=job[5],
+                    lora=job[6],
+                ),
+                jobs,
+            )
+        )
     facts = machine()
     return {
         "benchmark": "plan_vs_measured",
@@ -649,6 +704,7 @@ def bench(args, on_gpu: bool) -> dict:
         else "No GPU: the predictions are of GPU memory and the measurements are the processes' "
         "peak RSS, so no ratio is given; the ZeRO-3 gathered-parameter figures are comparable.",
         "steps": args.steps,
+        "concurrent": args.concurrent,
         "runs": runs,
         "calibration": calibration(runs),
     }

@@ -27,6 +27,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+from bench.shapes import save_random_t5  # noqa: E402
 
 
 def main() -> None:
@@ -57,7 +58,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="textsql-bench-quantize-") as tmp:
         if args.shape:
-            args.model_dir = random_model(f"{tmp}/{args.shape}", args.dataset_dir)
+            args.model_dir = save_random_t5(f"{tmp}/{args.shape}", args.dataset_dir)
         models = {"unquantized": load_for_inference(args.model_dir, device.type)}
         results["unquantized"] = {
             "weights_bytes": weights_bytes(args.model_dir),
@@ -138,35 +139,6 @@ def main() -> None:
         },
         args.output,
     )
-
-
-def random_model(folder: str, dataset_dir: str) -> str:
-    """A seeded random T5 of t5-small's shape with the dataset's tokenizer, saved in `folder`."""
-    import torch
-    from transformers import AutoTokenizer, T5Config, T5ForConditionalGeneration
-
-    from textsql.prep import load_prepared
-
-    metadata = load_prepared(dataset_dir)[1]
-    tokenizer_dir = (
-        Path(dataset_dir) / metadata["tokenizer_dir"] if metadata.get("tokenizer_dir") else metadata["tokenizer"]
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=len(tokenizer),
-        d_model=512,
-        d_ff=2048,
-        num_layers=6,
-        num_heads=8,
-        d_kv=64,
-        decoder_start_token_id=tokenizer.pad_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    T5ForConditionalGeneration(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def fixed_length_generation(model, tokenizer, sources: list[str], args) -> list[str]:

@@ -68,3 +68,21 @@ def build_t5(config, seed: int, device: str | None = None):
     torch.manual_seed(seed)
     with torch.device(device or "cpu"):
         return T5ForConditionalGeneration(config)
+
+
+def save_random_t5(folder: str, dataset_dir: str, shape: str = "t5-small") -> str:
+    """A seeded random T5 of `shape` with a prepared dataset's tokenizer, saved in `folder` (fp32): for measuring size
+    and speed where no fine-tuned model of that shape exists (quantize_methods.py, infer_batching.py, bench/gpu)."""
+    from transformers import AutoTokenizer
+
+    from textsql.prep import load_prepared
+
+    metadata = load_prepared(dataset_dir)[1]
+    tokenizer_dir = (
+        Path(dataset_dir) / metadata["tokenizer_dir"] if metadata.get("tokenizer_dir") else metadata["tokenizer"]
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    config = t5_config(shape, tokenizer)[0]
+    build_t5(config, seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

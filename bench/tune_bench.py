@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--repeat_top", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="Measurements of each repeated candidate.")
+    parser.add_argument("--lora", action="store_true", help="Also measure every setting with a LoRA adapter.")
     parser.add_argument("--retry_failed", action="store_true", help="Measure again the candidates that failed before.")
     parser.add_argument("--output", default=None, help="Also write the JSON report here.")
     args = parser.parse_args(argv)
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
             tune_dir=str(workdir / f"tune-{shape}"),
             warmup_steps=args.warmup_steps,
             repeat_top=args.repeat_top,
+            repeats=args.repeats,
+            lora=args.lora,
             retry_failed=args.retry_failed,
             accelerator="cpu",
             **CPU_PLAN[shape],

@@ -185,6 +185,8 @@ def two_tiny_runs(assets, tmp_path_factory):
     """(runs_root, {"none": summary, "zero2": summary}): two tiny trainings, without DeepSpeed and with ZeRO-2, built once.
 
     Both run at the same time (one thread each), 12 steps with an evaluation every 6; the report and TensorBoard tests share them.
+    Both profile step 3 (--flops_profiler); the ZeRO-2 run also has DeepSpeed's CSV and TensorBoard monitors and its comms
+    logger on (test_report.py checks their figures and files).
     """
     workdir = tmp_path_factory.mktemp("two-runs")
     runs_root = workdir / "runs"
@@ -208,7 +210,22 @@ def two_tiny_runs(assets, tmp_path_factory):
         label: subprocess.Popen(
             argv + extra, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        for label, extra in (("none", []), ("zero2", ["--deepspeed", "zero2"]))
+        for label, extra in (
+            ("none", ["--flops_profiler", "3"]),
+            (
+                "zero2",
+                [
+                    "--deepspeed",
+                    "zero2",
+                    "--flops_profiler",
+                    "3",
+                    "--ds_monitor",
+                    "csv,tensorboard",
+                    "--comms_logger",
+                    "True",
+                ],
+            ),
+        )
     }
     summaries = {}
     for label, child in children.items():

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.checkpoints import CHECKPOINT
 from textsql.errors import TextsqlError
 from textsql.families import LORA_PRESETS, family_of, lora_target_modules
 from textsql.hub import load_model, load_tokenizer
@@ -272,6 +273,12 @@ def is_adapter_folder(path) -> bool:
     return (Path(path) / ADAPTER_CONFIG_FILE).is_file()
 
 
+def is_lora_checkpoint(path) -> bool:
+    """A checkpoint-N folder (the Trainer's save, with peft's adapter files) inside a `textsql train --lora True` run."""
+    path = Path(path)
+    return bool(CHECKPOINT.match(path.name)) and (path.parent / ADAPTER_RECORD_FILE).is_file()
+
+
 def read_adapter_record(adapter_dir) -> dict:
     adapter_dir = Path(adapter_dir)
     if not is_adapter_folder(adapter_dir):
@@ -280,6 +287,8 @@ def read_adapter_record(adapter_dir) -> dict:
             "of a `textsql train --lora True` run."
         )
     path = adapter_dir / ADAPTER_RECORD_FILE
+    if not path.is_file() and is_lora_checkpoint(adapter_dir):
+        path = adapter_dir.parent / ADAPTER_RECORD_FILE  # a checkpoint-N of a LoRA run: the run's record says it all
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
@@ -347,7 +356,10 @@ class MergeArguments:
     """What `textsql merge` folds together."""
 
     adapter: str = field(
-        metadata={"help": "The adapter: the run folder of a `textsql train --lora True` run (also the first argument)."}
+        metadata={
+            "help": "The adapter: the run folder of a `textsql train --lora True` run, or one of its checkpoint-N "
+            "folders (the best or an earlier step); also the first argument."
+        }
     )
     output_dir: str | None = field(
         default=None, metadata={"help": "Where the merged model goes; default: <adapter>-merged beside it."}
@@ -364,7 +376,14 @@ class MergeArguments:
 
 
 def merged_dir(args: MergeArguments) -> Path:
-    return Path(args.output_dir) if args.output_dir else Path(str(args.adapter).rstrip("/") + "-merged")
+    """--output_dir, else <run>-merged beside the run; a checkpoint's merge beside the run too (<run>-checkpoint-N-merged),
+    never inside the run folder, where it would sit among the checkpoints."""
+    if args.output_dir:
+        return Path(args.output_dir)
+    adapter = Path(str(args.adapter).rstrip("/"))
+    if is_lora_checkpoint(adapter):
+        return adapter.parent.parent / f"{adapter.parent.name}-{adapter.name}-merged"
+    return Path(f"{adapter}-merged")
 
 
 def merge_adapter(args: MergeArguments) -> Path:

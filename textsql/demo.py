@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,21 @@ def demo_step(echo, number: int, title: str):
 
 
 DEMO_STEPS = 4
+DEMO_IDLE_MINUTES = 4  # measured on 2 idle CPU cores (README, "Measured")
+
+
+def demo_estimate(cores: int, load_average: float, idle_minutes: float = DEMO_IDLE_MINUTES) -> str:
+    """How long the demo will take here, from the machine's cores and its load (the processes already wanting a core):
+    the demo's two training threads get a share of what is left. Measured: 3 min 41 s at load 0 on 2 cores, 29.5 min
+    at load 2-8."""
+    share = max(1.0, (load_average + 2) / max(cores, 1))  # the demo's own 2 threads plus what already runs
+    minutes = idle_minutes * share
+    if share < 1.25:
+        return f"about {minutes:.0f} minutes on {cores} CPU cores"
+    return (
+        f"about {minutes:.0f} minutes at this machine's load ({load_average:.1f} on {cores} cores; "
+        f"{idle_minutes:g} when idle)"
+    )
 
 
 def run_demo(args: DemoArguments, echo=print) -> DemoResult:
@@ -180,9 +196,10 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
 
     datasets.disable_progress_bars()  # the terminal shows training's progress bar, not one per file written
     questions = args.train_tables * args.questions_per_table
+    estimate = demo_estimate(os.cpu_count() or 1, os.getloadavg()[0])
     echo(
         f"textsql demo: {questions:,} generated training questions, a tiny T5 trained for {args.epochs:g} epochs with "
-        f"{args.deepspeed}; about 4 minutes on 2 CPU cores, longer on a busy machine. Shorter: --epochs 2 or "
+        f"{args.deepspeed}; {estimate}. Shorter: --epochs 2 or "
         f"--train_tables 100 (the scores drop). Everything goes to {Path(args.workdir).absolute()}."
     )
     with demo_step(echo, 1, "data, tokenizer and model: generated WikiSQL, a tokenizer trained on it, a tiny T5, prep"):

@@ -29,6 +29,10 @@ ADAPTER_RECORD_FILE = (
     "textsql_adapter.json"  # a LoRA run: its base model, tokenizer and token rows, for merging (textsql.adapters)
 )
 QUANTIZATION_FILE = "textsql_quantization.json"  # a quantized model folder: the method and its score against the unquantized model (textsql.quantize)
+# DeepSpeed's tools in a run folder (textsql.train.dstools; --flops_profiler, --ds_monitor, --comms_logger).
+FLOPS_PROFILE_FILE = "flops_profile.txt"  # the flops profiler's per-module table of the profiled step (rank 0)
+DS_MONITOR_DIR = "ds_monitor"  # DeepSpeed's monitors: csv/ (one CSV per figure) and tensorboard/ (events), rank 0
+COMMS_SUMMARY_FILE = "comms_summary.txt"  # DeepSpeed's comms logger: deepspeed.comm.log_summary()'s table, at the end
 LAUNCH_RECORD_FILE = (
     "textsql-launch.json"  # multi-pod: the world size and nodes of the launch that trains it (textsql.cluster.runs)
 )

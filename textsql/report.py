@@ -39,6 +39,9 @@ COLUMNS = {
     "duration_s": "duration (s)",
     "samples_per_s": "samples/s",
     "real_tokens_per_s": "real tokens/s",
+    # --flops_profiler's step (run_summary's flops_profile): TFLOPS per GPU and MFU against the GPU's peak
+    "tflops_per_gpu": "TFLOPS per GPU",
+    "mfu": "MFU",
     "memory_per_pod_gib": "memory per pod (GiB)",
     "memory_measure": "memory measured",
     "planned_memory_gib": "planner (GiB)",
@@ -146,6 +149,12 @@ def planner_check(summary: RunSummary) -> tuple[float | None, float | None]:
     return check["predicted_reserved_bytes"] / GIB, _number(check.get("ratio"))
 
 
+def flops_columns(summary: RunSummary) -> dict:
+    """TFLOPS per GPU and MFU of the step --flops_profiler profiled (None without one, MFU None without a known peak)."""
+    profile = summary.flops_profile or {}
+    return {"tflops_per_gpu": _number(profile.get("tflops_per_gpu")), "mfu": _number(profile.get("mfu"))}
+
+
 def execution_accuracy(record: RunRecord) -> tuple[float | None, str | None]:
     """(accuracy, what it was measured on).
 
@@ -191,6 +200,7 @@ def report_row(record: RunRecord) -> dict:
         "duration_s": _number(s.train_runtime),
         "samples_per_s": _number(s.train_samples_per_second),
         "real_tokens_per_s": _number(s.real_tokens_per_second),
+        **flops_columns(s),
         "memory_per_pod_gib": memory,
         "memory_measure": measure,
         "planned_memory_gib": planned,
@@ -239,13 +249,14 @@ DECIMALS = {
     "duration_s": 1,
     "samples_per_s": 1,
     "real_tokens_per_s": 0,
+    "tflops_per_gpu": 4,
     "memory_per_pod_gib": 2,
     "planned_memory_gib": 2,
     "memory_vs_plan": 2,
     "eval_loss": 4,
 }
 # Shares shown as percentages in the Markdown, as everywhere else textsql prints them (the CSV keeps the fractions).
-PERCENTAGES = {"execution_accuracy", "logical_form_accuracy", *COMPONENTS}
+PERCENTAGES = {"execution_accuracy", "logical_form_accuracy", "mfu", *COMPONENTS}
 
 
 def to_markdown(table) -> str:
@@ -462,7 +473,9 @@ def _markdown_document(report: Report, runs_root) -> str:
         "CPU-only run. The planner column is textsql's memory planner's prediction of that reserved memory for the run's "
         "settings (GPU runs only) and the next its error as measured / planned. Nodes are the distinct hosts among the "
         "ranks. Execution accuracy comes from `eval_metrics.json` (`textsql infer`) where present, else from the run "
-        "summary (scored during training)."
+        "summary (scored during training). TFLOPS per GPU and MFU are those of the one step `--flops_profiler` "
+        "profiled (model FLOPs: three times the forward's, per GPU, over the step's wall time); MFU is against the "
+        "GPU's dense peak for the run's precision, none on a CPU."
     )
     for name, path in report.plots.items():
         parts += ["", f"![{name}]({path.name})"]

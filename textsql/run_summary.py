@@ -15,7 +15,9 @@ from textsql.paths import SUMMARY_FILE
 
 # 2: trainable_parameters, and strategy["lora"] (None, or the LoRA settings of a `--lora True` run). A version-1 file
 # reads as a full fine-tuning run: every parameter trained.
-SCHEMA_VERSION = 2
+# 3: flops_profile (--flops_profiler's figures of one step) and comms_summary (--comms_logger's totals); older files
+# read with both None: nothing was profiled or logged.
+SCHEMA_VERSION = 3
 GIB = 1024**3
 
 
@@ -61,6 +63,12 @@ class RunSummary:
     versions: dict = field(default_factory=dict)
     saved_dtype: str = "float32"
     memory_check: dict | None = None
+    # DeepSpeed's tools (textsql.train.dstools): the profiled step's figures per GPU ({"step", "profiled", "file", "by",
+    # "forward_flops", "forward_macs", "forward_latency_s", "parameters", "flops_per_step", "macs_per_step",
+    # "step_latency_s", "tflops_per_gpu", "peak_tflops", "peak", "mfu", ...}), and the comms logger's totals per
+    # operation ({"file", "operations": {name: {"count", "total_latency_ms", "bytes"}}}).
+    flops_profile: dict | None = None
+    comms_summary: dict | None = None
     finished: str = ""
     version: int = SCHEMA_VERSION
     extras: dict = field(default_factory=dict)  # fields a newer textsql wrote, kept as they were
@@ -172,6 +180,10 @@ def format_summary(summary: RunSummary) -> str:
         )
     if s.memory_check:
         lines.append(format_comparison(s.memory_check))
+    if s.flops_profile:
+        lines.append(format_flops_profile(s.flops_profile))
+    if s.comms_summary:
+        lines.append(format_comms_summary(s.comms_summary))
     lines.append(f"tensorboard    textsql tensorboard --runs_root {Path(s.output_dir).parent}")
     return "\n".join(lines)
 
@@ -183,6 +195,29 @@ def _lora_text(s: RunSummary) -> str:
     return f" + LoRA r={s.lora['rank']} alpha={s.lora['alpha']:g} on {s.lora['targets']}{trainable}"
 
 
+def format_flops_profile(profile: dict) -> str:
+    """One line: the profiled step's FLOPs, latency, TFLOPS per GPU and MFU (or why there are none), and its table."""
+    if not profile.get("profiled"):
+        return f"flops profile  step {profile.get('step')} not profiled: {profile.get('reason')}"
+    mfu = f"MFU {profile['mfu']:.1%} of {profile['peak']}" if profile.get("mfu") is not None else profile.get("peak")
+    # Under ZeRO-3 the profiler counts what the rank holds whole (parameters below the persistence threshold) only.
+    parameters = f", {profile['parameters']:,} parameters per GPU" if profile.get("parameters") else ""
+    note = f" (note: {profile['note']})" if profile.get("note") else ""
+    return (
+        f"flops profile  step {profile['step']}: {profile['flops_per_step'] / 1e9:,.2f} GFLOPs and "
+        f"{profile['macs_per_step'] / 1e9:,.2f} GMACs per GPU in {profile['step_latency_s'] * 1000:,.1f} ms "
+        f"(forward {profile['forward_latency_s'] * 1000:,.1f} ms), {profile['tflops_per_gpu']:.4g} TFLOPS per GPU"
+        f"{parameters}; {mfu}; per module: {profile.get('file')}{note}"
+    )
+
+
+def format_comms_summary(comms: dict) -> str:
+    """One line: the collectives DeepSpeed ran, by count and total latency, and the file with the full table."""
+    operations = comms.get("operations") or {}
+    parts = [f"{name} {o['count']}x {o['total_latency_ms']:,.1f} ms" for name, o in sorted(operations.items())]
+    return f"comms logger   {', '.join(parts) or 'no collectives logged'}; table: {comms.get('file')}"
+
+
 def format_comparison(result: dict) -> str:
     """One line for the run summary: measured vs predicted GPU memory and the ratio, or why there is none."""
     if not result.get("comparable"):
@@ -190,5 +225,7 @@ def format_comparison(result: dict) -> str:
     return (
         f"memory check   rank {result['measured_rank']} reserved {result['measured_reserved_bytes'] / GIB:.2f} GB, "
         f"planner predicted {result['predicted_reserved_bytes'] / GIB:.2f} GB (+ context: "
-        f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB): measured/predicted {result['ratio']:.2f}"
+        f"{result['predicted_gpu_total_bytes'] / GIB:.2f} GB"
+        + (f", peak in {result['predicted_peak_phase']}" if result.get("predicted_peak_phase") else "")
+        + f"): measured/predicted {result['ratio']:.2f}"
     )

@@ -7,9 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from textsql.errors import TextsqlError
@@ -23,15 +24,27 @@ from textsql.paths import (
     TUNE_RUNS_DIR,
     TUNE_TABLE_FILE,
 )
-from textsql.planner.memory import GIB, PRECISIONS, Setup, predict_strategy, resolve_model, zero_settings
+from textsql.planner.memory import (
+    GIB,
+    PRECISIONS,
+    STRATEGY_LAYOUT,
+    Setup,
+    predict_strategy,
+    resolve_model,
+    zero_settings,
+)
 from textsql.strategy.devices import NodeDevices, choose_accelerator, resolve_precision
 from textsql.strategy.fsdpconfig import check_fsdp_devices, is_fsdp_config_name
 from textsql.strategy.table import STRATEGIES, is_fsdp, strategy_rank
 from textsql.train.arguments import arguments_dict, arguments_from_dict, parse_arguments
-from textsql.train.local_launch import node_devices, ranks_per_node, run_training
+from textsql.train.local_launch import TrainingTimedOut, node_devices, ranks_per_node, run_training
 
-RESULTS_VERSION = 1
+RESULTS_VERSION = 2
 TEXTSQL_DEFAULT_MICRO_BATCH = 32  # textsql train's --per_device_train_batch_size: the "default settings" candidate
+# The adapters a candidate can train with: each name's `textsql train` arguments. QLoRA, once textsql has it, is one
+# more row here ({"lora": True, <its quantization argument>}), a TuneArguments flag beside --lora, and its planner rank.
+ADAPTERS = {"lora": {"lora": True}}
+RETRIED = ("failed", "out of memory", "timed out")  # what --retry_failed measures again
 OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "cannot allocate memory")
 
 
@@ -72,10 +85,36 @@ class TuneArguments:
         },
     )
     warmup_steps: int = field(
-        default=3, metadata={"help": "Optimizer steps run before timing (allocation, kernels, caches)."}
+        default=3,
+        metadata={
+            "help": "Optimizer steps run before timing, at least 1: the start-up (imports, DeepSpeed's op builds, "
+            "loading, the first step's allocations and caches) ends inside them, never in the timed steps."
+        },
     )
     timed_steps: int = field(default=20, metadata={"help": "Optimizer steps timed per measurement."})
-    repeat_top: int = field(default=3, metadata={"help": "The fastest few candidates measured once more (0: none)."})
+    repeat_top: int = field(
+        default=3,
+        metadata={
+            "help": "The fastest few candidates, and textsql train's default settings, are measured --repeats times "
+            "in all (0: none)."
+        },
+    )
+    repeats: int = field(
+        default=3,
+        metadata={
+            "help": "Measurements of each repeated candidate, in rounds of alternating order (the first round in "
+            "the table's order, the next reversed, ...), so that when a candidate runs does not decide the ranking; "
+            "the table gives the median and the min-max."
+        },
+    )
+    candidate_timeout_s: float = field(
+        default=0,
+        metadata={
+            "help": "Seconds one measurement may take, start-up included, before it is stopped (every process it "
+            "started is killed) and recorded as timed out; the next candidate then runs. 0: 900 s plus 30 s per "
+            "warm-up and timed step."
+        },
+    )
     tolerance: float = field(
         default=0.05, metadata={"help": "A simpler setting within this fraction of the fastest wins."}
     )
@@ -99,15 +138,35 @@ class TuneArguments:
             "otherwise never re-run."
         },
     )
-    lora: bool = field(default=False, metadata={"help": "Also try LoRA adapters (when this textsql has them)."})
+    lora: bool = field(
+        default=False,
+        metadata={
+            "help": "Also measure every strategy x micro-batch with a LoRA adapter (textsql train --lora True; "
+            "--lora_rank and --lora_targets after -- apply), beside the planner's LoRA prediction."
+        },
+    )
     accelerator: str = field(default="auto", metadata={"help": "auto, cuda or cpu, as textsql train's --accelerator."})
 
     def __post_init__(self):
         for name in ("global_batch_size", "timed_steps", "nodes"):
             if getattr(self, name) < 1:
                 raise TextsqlError(f"--{name} must be at least 1, not {getattr(self, name)}.")
-        if self.warmup_steps < 0 or self.repeat_top < 0:
-            raise TextsqlError("--warmup_steps and --repeat_top must be 0 or more.")
+        if self.warmup_steps < 1:
+            raise TextsqlError(
+                f"--warmup_steps must be at least 1, not {self.warmup_steps}: the first step's time includes the "
+                "start-up (DeepSpeed's op builds, loading), which must not count as training speed."
+            )
+        if self.repeat_top < 0 or self.repeats < 1:
+            raise TextsqlError("--repeat_top must be 0 or more and --repeats at least 1.")
+        if not self.candidate_timeout_s >= 0:
+            raise TextsqlError(
+                f"--candidate_timeout_s is a number of seconds (0: chosen from the steps), not {self.candidate_timeout_s!r}."
+            )
+
+    @property
+    def timeout_s(self) -> float:
+        """The limit on one measurement: --candidate_timeout_s, or 900 s plus 30 s per step."""
+        return self.candidate_timeout_s or 900 + 30 * (self.warmup_steps + self.timed_steps)
         if not 0 <= self.tolerance < 1:
             raise TextsqlError(f"--tolerance is a fraction (0.05 = 5 percent), not {self.tolerance!r}.")
 
@@ -122,13 +181,13 @@ class Candidate:
     accumulation: int
     predicted_gpu_gb: float | None = None
     predicted_fits: bool | None = None  # None: no prediction applies (the CPU, a config file)
-    lora: bool = False
+    adapter: str = ""  # "": every weight trains; else a name of ADAPTERS
     default: bool = False  # textsql train's own settings
 
     @property
     def key(self) -> str:
         name = Path(self.strategy).stem if self.strategy.endswith(".json") else self.strategy
-        return f"{name}-mb{self.micro_batch}-acc{self.accumulation}" + ("-lora" if self.lora else "")
+        return f"{name}-mb{self.micro_batch}-acc{self.accumulation}" + (f"-{self.adapter}" if self.adapter else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -194,9 +253,12 @@ def plan_candidates(
     accelerator: str,
     precision: str,
     gpu_memory_gb: float | None,
+    base: dict | None = None,
 ) -> tuple[list[Candidate], list[dict]]:
-    """(the candidates to measure, the settings left out with the reason): every strategy x micro-batch the planner
-    predicts to fit in the GPU's memory (less the margin); on the CPU there is no GPU prediction, so all are tried."""
+    """(the candidates to measure, the settings left out with the reason): every strategy x micro-batch (and with
+    --lora, each also with a LoRA adapter of the rank and targets in `base`, the `textsql train` arguments) the planner
+    predicts to fit in the GPU's memory (less the margin); on the CPU there is no GPU prediction, so all are tried.
+    The planner has no LoRA model under FSDP: such candidates are tried without a prediction."""
     per_rank = args.global_batch_size // world
     shape = setup = None
     if accelerator == "cuda" and gpu_memory_gb:
@@ -211,24 +273,29 @@ def plan_candidates(
             False,
             tuple(sorted(zero_settings(None).items())),
         )
+    base = base or {}
+    adapters = [""] + (["lora"] if args.lora else [])
+    setups = {"": setup}
+    if setup is not None and args.lora:
+        setups["lora"] = replace(setup, lora_rank=base.get("lora_rank", 8), lora_targets=base.get("lora_targets", "qv"))
     candidates, left_out = [], []
-    for strategy in strategies:
-        for micro in micro_batches:
-            candidate = Candidate(strategy, micro, per_rank // micro)
-            if shape is not None and strategy in STRATEGIES:
-                row = predict_strategy(shape, setup, strategy, micro)
-                candidate.predicted_gpu_gb = round(row["gpu_total_bytes"] / GIB, 3)
-                candidate.predicted_fits = row["gpu_total_bytes"] <= gpu_memory_gb * GIB * (1 - args.safety_margin)
-                if not candidate.predicted_fits:
-                    left_out.append(
-                        result_row(
-                            candidate,
-                            "predicted not to fit",
-                            error=f"predicted {candidate.predicted_gpu_gb:.1f} GB of {gpu_memory_gb:g} GB",
-                        )
+    for strategy, micro, adapter in [(s, m, a) for s in strategies for m in micro_batches for a in adapters]:
+        candidate = Candidate(strategy, micro, per_rank // micro, adapter=adapter)
+        predictable = strategy in STRATEGIES and (not adapter or strategy in STRATEGY_LAYOUT)
+        if shape is not None and predictable:
+            row = predict_strategy(shape, setups[adapter], strategy, micro)
+            candidate.predicted_gpu_gb = round(row["gpu_total_bytes"] / GIB, 3)
+            candidate.predicted_fits = row["gpu_total_bytes"] <= gpu_memory_gb * GIB * (1 - args.safety_margin)
+            if not candidate.predicted_fits:
+                left_out.append(
+                    result_row(
+                        candidate,
+                        "predicted not to fit",
+                        error=f"predicted {candidate.predicted_gpu_gb:.1f} GB of {gpu_memory_gb:g} GB",
                     )
-                    continue
-            candidates.append(candidate)
+                )
+                continue
+        candidates.append(candidate)
     default = Candidate("none", min(TEXTSQL_DEFAULT_MICRO_BATCH, per_rank), 0, default=True)
     default.accumulation = per_rank // default.micro_batch
     match = next((c for c in candidates if c.key == default.key), None)
@@ -236,16 +303,7 @@ def plan_candidates(
         match.default = True
     else:  # always measured: the winner is compared with it
         candidates.insert(0, default)
-    if args.lora:
-        candidates += lora_candidates(candidates)
     return candidates, left_out
-
-
-def lora_candidates(candidates: list[Candidate]) -> list[Candidate]:
-    """LoRA variants of the candidates: the hook for textsql's LoRA option, which this version does not have yet."""
-    raise TextsqlError(
-        "--lora True asks for LoRA candidates, but this textsql has no LoRA option yet. Leave --lora out."
-    )
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -272,8 +330,10 @@ def candidate_arguments(base: dict, candidate: Candidate, args: TuneArguments, o
         disable_tqdm=True,
         accelerator=args.accelerator,
         num_gpus=args.num_gpus,
+        lora=False,
     )
     values.update(strategy_values(candidate.strategy))
+    values.update(ADAPTERS.get(candidate.adapter, {}))
     return arguments_from_dict(values)
 
 
@@ -323,7 +383,7 @@ def result_row(candidate: Candidate, status: str, *, repeat: int = 0, error: str
         "strategy": candidate.strategy,
         "micro_batch": candidate.micro_batch,
         "accumulation": candidate.accumulation,
-        "lora": candidate.lora,
+        "adapter": candidate.adapter,
         "default": candidate.default,
         "predicted_gpu_gb": candidate.predicted_gpu_gb,
         "predicted_fits": candidate.predicted_fits,
@@ -343,7 +403,18 @@ def measure(candidate: Candidate, args: TuneArguments, base: dict, world: int, r
     try:
         arguments = candidate_arguments(base, candidate, args, output_dir)
         with log.open("w") as stream:
-            summary = train(arguments, lambda line: stream.write(line + "\n"))
+            summary = train(arguments, lambda line: stream.write(line + "\n"), args.timeout_s)
+    except TrainingTimedOut as error:
+        return result_row(
+            candidate,
+            "timed out",
+            repeat=repeat,
+            error=f"stopped at its limit of {error.limit_s:g} s (--candidate_timeout_s), with every process it started",
+            timeout_s=error.limit_s,
+            output_tail=_last_lines(str(error)),
+            log=str(log),
+            wall_seconds=round(time.perf_counter() - started, 1),
+        )
     except TextsqlError as error:
         text = str(error)
         return result_row(
@@ -378,6 +449,8 @@ def measure(candidate: Candidate, args: TuneArguments, base: dict, world: int, r
         run_dir=summary.output_dir,
         log=str(log),
         wall_seconds=round(time.perf_counter() - started, 1),
+        load_average=round(os.getloadavg()[0], 2),
+        cpu_cores=os.cpu_count(),
     )
 
 
@@ -397,17 +470,18 @@ def failure_reason(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def local_trainer(arguments, echo) -> object:
-    """One measurement on this pod: textsql's own launch (child processes, one rank per GPU)."""
+def local_trainer(arguments, echo, timeout_s: float | None = None) -> object:
+    """One measurement on this pod: textsql's own launch (child processes, one rank per GPU), stopped with all its
+    processes past `timeout_s` (textsql.train.local_launch.TrainingTimedOut)."""
     model, data, training = arguments
-    return run_training(model, data, training, training.num_gpus, echo=echo)
+    return run_training(model, data, training, training.num_gpus, echo=echo, timeout_s=timeout_s)
 
 
 def cluster_trainer(cluster):
     """One measurement through a started textsql cluster (textsql.cluster.Cluster) on several pods; the workers are
-    kept between candidates, also after a failure."""
+    kept between candidates, also after a failure. The cluster's launch has no time limit yet."""
 
-    def train(arguments, echo):
+    def train(arguments, echo, timeout_s=None):
         return cluster.train(*arguments, stop_on_failure=False)["summary"]
 
     return train
@@ -427,6 +501,7 @@ def fingerprint(args: TuneArguments, base: dict, world: int) -> str:
         "world": world,
         "warmup": args.warmup_steps,
         "timed": args.timed_steps,
+        "version": RESULTS_VERSION,
         "accelerator": args.accelerator,
         "base": {k: v for k, v in sorted(base.items()) if k not in ("output_dir",)},
     }
@@ -441,8 +516,8 @@ def read_results(path: Path, print_: str) -> list[dict]:
     other = [r for r in rows if r.get("fingerprint") != print_]
     if other:
         raise TextsqlError(
-            f"{path} holds measurements of other settings (model, data, global batch, steps or training "
-            "arguments differ), which are not comparable with these. Pass another --tune_dir, or remove "
+            f"{path} holds measurements of other settings (model, data, global batch, steps, training "
+            "arguments or an older textsql's results format differ), which are not comparable with these. Pass another --tune_dir, or remove "
             "that folder to measure again."
         )
     return rows
@@ -461,7 +536,8 @@ def append_result(path: Path, row: dict) -> None:
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """One row per candidate: its measurements' mean samples/s (and spread), the largest peak, or its failure."""
+    """One row per candidate: its measurements' median samples/s with their min and max (the spread the table states),
+    the largest peak, or its failure."""
     by_key: dict[str, list[dict]] = {}
     for row in rows:
         by_key.setdefault(row["key"], []).append(row)
@@ -476,7 +552,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "strategy",
                 "micro_batch",
                 "accumulation",
-                "lora",
+                "adapter",
                 "default",
                 "predicted_gpu_gb",
                 "predicted_fits",
@@ -484,11 +560,16 @@ def summarize(rows: list[dict]) -> list[dict]:
         }
         if ok:
             rates = [r["samples_per_second"] for r in ok]
+            middle = statistics.median(rates)
             entry |= {
                 "status": "ok",
-                "samples_per_second": statistics.mean(rates),
+                "samples_per_second": middle,
+                "samples_per_second_min": min(rates),
+                "samples_per_second_max": max(rates),
                 "measurements": len(rates),
-                "spread": (max(rates) - min(rates)) / statistics.mean(rates) if len(rates) > 1 else 0.0,
+                "spread": (max(rates) - min(rates)) / middle,
+                "load_average_max": max((r.get("load_average") or 0) for r in ok),
+                "cpu_cores": ok[0].get("cpu_cores"),
                 "peak_memory_bytes": max(r["peak_memory_bytes"] or 0 for r in ok),
                 "memory_kind": ok[0]["memory_kind"],
             }
@@ -499,8 +580,9 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def simplicity(entry: dict) -> tuple:
-    """Simpler first: the strategy table's order (plain data parallel, then ZeRO-1, ...), then less accumulation."""
-    return (strategy_rank(entry["strategy"]), entry["accumulation"], entry["key"])
+    """Simpler first: every weight trained (an adapter learns less), the strategy table's order (plain data parallel,
+    then ZeRO-1, ...), then less accumulation."""
+    return (bool(entry.get("adapter")), strategy_rank(entry["strategy"]), entry["accumulation"], entry["key"])
 
 
 def choose_winner(table: list[dict], tolerance: float) -> dict | None:
@@ -554,6 +636,12 @@ def run_tune(
         ["--model_id", args.model_id, "--dataset_dir", args.dataset_dir, *train_argv]
     )
     base = arguments_dict(base_model, base_data, base_training)
+    if base.get("lora"):
+        raise TextsqlError(
+            "--lora True after -- would train every candidate with an adapter under a full fine-tuning's name. Pass "
+            "--lora True before -- instead: each setting is then measured with and without a LoRA adapter "
+            "(--lora_rank and --lora_targets after -- still apply)."
+        )
     if cluster is None and args.nodes != 1:
         raise TextsqlError(
             f"--nodes {args.nodes} needs a started cluster: call textsql.tune.run_tune(args, cluster=...) "
@@ -577,7 +665,7 @@ def run_tune(
     strategies = strategy_choices(args.strategies, accelerator, args.nodes)
     micro_batches = micro_batch_choices(args.global_batch_size // world, args.micro_batches)
     candidates, left_out = plan_candidates(
-        args, strategies, micro_batches, world, accelerator, precision, gpu_memory_gb
+        args, strategies, micro_batches, world, accelerator, precision, gpu_memory_gb, base
     )
     candidates, refused = _refused_here(candidates, accelerator, devices)
     left_out += refused
@@ -586,28 +674,29 @@ def run_tune(
     results_path = tune_dir / TUNE_RESULTS_FILE
     print_ = fingerprint(args, base, world)
     rows = read_results(results_path, print_)
-    retried = ("failed", "out of memory") if args.retry_failed else ()
+    retried = RETRIED if args.retry_failed else ()
     done = {(r["key"], r["repeat"]) for r in rows if r["status"] not in retried}
     train = cluster_trainer(cluster) if cluster is not None else local_trainer
     echo(
         f"textsql tune: {len(candidates)} candidates at a global batch of {args.global_batch_size} on {world} rank(s) "
-        f"({devices.describe()}, {precision}); {args.warmup_steps} warm-up + {args.timed_steps} timed steps each; "
-        f"results in {results_path}"
+        f"({devices.describe()}, {precision}); {args.warmup_steps} warm-up + {args.timed_steps} timed steps each, "
+        f"at most {args.timeout_s:g} s; results in {results_path}"
     )
     measured_now = 0
-    out_of_memory: dict[str, int] = {}  # strategy -> the smallest micro-batch that ran out of memory
+    out_of_memory: dict[tuple, int] = {}  # (strategy, adapter) -> the smallest micro-batch that ran out of memory
 
     def run_one(candidate: Candidate, repeat: int, position: str) -> None:
         nonlocal measured_now
         if (candidate.key, repeat) in done:
             echo(f"{position} {candidate.key}: measured before, kept ({results_path.name})")
             return
-        if candidate.strategy in out_of_memory and candidate.micro_batch > out_of_memory[candidate.strategy]:
+        family = (candidate.strategy, candidate.adapter)
+        if family in out_of_memory and candidate.micro_batch > out_of_memory[family]:
             row = result_row(
                 candidate,
                 "skipped",
                 repeat=repeat,
-                error=f"micro-batch {out_of_memory[candidate.strategy]} ran out of memory under this strategy",
+                error=f"micro-batch {out_of_memory[family]} ran out of memory under this strategy",
             )
         else:
             echo(f"{position} {candidate.key}: training {args.warmup_steps} + {args.timed_steps} steps ...")
@@ -618,18 +707,16 @@ def run_tune(
         rows.append(row)
         done.add((candidate.key, repeat))
         if row["status"] == "out of memory":
-            out_of_memory[candidate.strategy] = min(
-                candidate.micro_batch, out_of_memory.get(candidate.strategy, candidate.micro_batch)
-            )
+            out_of_memory[family] = min(candidate.micro_batch, out_of_memory.get(family, candidate.micro_batch))
         echo(f"{position} {candidate.key}: {describe_row(row)}")
 
-    ordered = sorted(candidates, key=lambda c: (strategy_rank(c.strategy), c.strategy, c.micro_batch))
+    ordered = sorted(candidates, key=lambda c: (strategy_rank(c.strategy), c.strategy, c.micro_batch, c.adapter))
     for i, candidate in enumerate(ordered, 1):
         run_one(candidate, 0, f"[{i}/{len(ordered)}]")
-    fastest = [e for e in summarize(rows) if e["status"] == "ok"][: args.repeat_top]
     by_key = {c.key: c for c in candidates}
-    for i, entry in enumerate(fastest, 1):
-        run_one(by_key[entry["key"]], 1, f"[repeat {i}/{len(fastest)}]")
+    for round_, contenders in enumerate(repeat_rounds(rows, ordered, args), 1):
+        for i, candidate in enumerate(contenders, 1):
+            run_one(candidate, round_, f"[round {round_ + 1}/{args.repeats}, {i}/{len(contenders)}]")
 
     table = summarize([r for r in rows if r["key"] in by_key])
     winner = choose_winner(table, args.tolerance)
@@ -640,6 +727,19 @@ def run_tune(
         result.recipe = write_recipe(tune_dir / TUNE_RECIPE_FILE, winner, base_model, base_data, base_training, args)
     result.plot = plot_tune(result, tune_dir / TUNE_PLOT_FILE)
     return result
+
+
+def repeat_rounds(rows: list[dict], ordered: list[Candidate], args: TuneArguments) -> list[list[Candidate]]:
+    """The rounds after the first: the fastest --repeat_top candidates of the first round and textsql train's default
+    settings (the winner is compared with them), each round in the reverse order of the one before, so that a
+    candidate's place in the order (the machine's load then, what ran just before) does not decide the ranking."""
+    if not args.repeat_top or args.repeats < 2:
+        return []
+    first = summarize([r for r in rows if r["repeat"] == 0 and r["key"] in {c.key for c in ordered}])
+    ok = [e for e in first if e["status"] == "ok"]  # fastest first
+    chosen = {e["key"] for e in ok[: args.repeat_top]} | {e["key"] for e in ok if e["default"]}
+    contenders = [c for c in ordered if c.key in chosen]
+    return [contenders[::-1] if round_ % 2 else contenders for round_ in range(1, args.repeats)]
 
 
 def _refused_here(
@@ -675,11 +775,12 @@ def describe_row(row: dict) -> str:
 
 
 def format_table(result: TuneResult) -> str:
-    """The candidates as Markdown, fastest first, the planner's prediction beside what happened, then the winner."""
+    """The candidates as Markdown, fastest first: the median samples/s and the min-max of its measurements, the
+    planner's prediction beside what happened, then the winner and, when the machine was busy, a note saying so."""
     lines = [
-        "| candidate | strategy | micro-batch | accumulation | samples/s | vs default | runs | peak memory (GB) "
-        "| predicted GPU (GB) | status |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| candidate | strategy | adapter | micro-batch | accumulation | samples/s (median) | min-max | vs default "
+        "| runs | peak memory (GB) | predicted GPU (GB) | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     default_rate = (
         result.default.get("samples_per_second") if result.default and result.default["status"] == "ok" else None
@@ -696,11 +797,15 @@ def format_table(result: TuneResult) -> str:
             else f"{e['status']}: {(e.get('error') or '').splitlines()[-1][:90] if e.get('error') else ''}"
         )
         marks = (" **winner**" if e["key"] == winner_key else "") + (" (default)" if e.get("default") else "")
-        spread = f" ±{e['spread'] / 2:.0%}" if e.get("spread") else ""
+        spread = (
+            f"{e['samples_per_second_min']:.1f}-{e['samples_per_second_max']:.1f} (±{e['spread'] / 2:.0%})"
+            if e.get("measurements", 0) > 1
+            else ""
+        )
         lines.append(
-            f"| {e['key']}{marks} | {e['strategy']} | {e['micro_batch']} | {e['accumulation']} | "
-            f"{'' if rate is None else f'{rate:.1f}{spread}'} | {relative} | {e.get('measurements', 0)} | {peak} | "
-            f"{predicted} | {status} |"
+            f"| {e['key']}{marks} | {e['strategy']} | {e.get('adapter') or '-'} | {e['micro_batch']} | "
+            f"{e['accumulation']} | {'' if rate is None else f'{rate:.1f}'} | {spread} | {relative} | "
+            f"{e.get('measurements', 0)} | {peak} | {predicted} | {status} |"
         )
     lines.append("")
     if result.winner is None:
@@ -711,6 +816,15 @@ def format_table(result: TuneResult) -> str:
             f"winner: {result.winner['key']} ({result.winner['samples_per_second']:.1f} samples/s"
             + (f", {speedup:.2f}x textsql train's default settings" if speedup else "")
             + ")"
+        )
+    busy = [e for e in result.table if e.get("cpu_cores") and e.get("load_average_max", 0) > e["cpu_cores"]]
+    if busy:
+        worst = max(busy, key=lambda e: e["load_average_max"])
+        lines.append(
+            f"note: the machine was busier than its {worst['cpu_cores']} cores while {len(busy)} candidate(s) trained "
+            f"(load average up to {worst['load_average_max']:.1f}): other processes took CPU time from them, so "
+            "their figures vary with that load; compare the min-max, or tune again on an idle machine (on a shared "
+            "CPU machine, with OMP_NUM_THREADS=1: threads waiting for a busy core slow every step)."
         )
     return "\n".join(lines)
 
@@ -727,6 +841,7 @@ def recipe_values(winner: dict, model, data, training, args: TuneArguments) -> d
         "per_device_train_batch_size": winner["micro_batch"],
         "gradient_accumulation_steps": winner["accumulation"],
     }
+    values |= ADAPTERS.get(winner.get("adapter") or "", {})
     if args.num_gpus is not None:
         values["num_gpus"] = args.num_gpus
     return values

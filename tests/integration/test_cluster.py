@@ -906,10 +906,13 @@ class ProcessWatch:
 
 
 @pytest.mark.slow
-def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(assets, project, user_ssh, monkeypatch):
+def test_user_managed_nodes_train_over_pdsh_a_wrong_host_key_is_refused_and_an_excluded_host_is_left_alone(
+    assets, project, user_ssh, monkeypatch
+):
     import pwd
 
-    from textsql.cluster import launch_training, preflight
+    from textsql.cluster import HostSelection, launch_training, preflight
+    from textsql.train.distributed import free_port
 
     # Secrets in the session's environment (what DeepSpeed's runner would export to every node on pdsh's command line),
     # and a .deepspeed_env whose line a remote shell would run: none reaches argv, a rank or a shell.
@@ -979,6 +982,22 @@ def test_user_managed_nodes_train_over_pdsh_and_a_wrong_host_key_is_refused(asse
         and "127.0.0.1" not in message
     )
     assert key_files(project) == []
+
+    # The same hostfile with 127.0.0.2 excluded (DeepSpeed's --exclude) and a chosen port: one node trains, and the
+    # excluded one is never contacted (its impostor key would be refused).
+    port = free_port()
+    result = launch_training(
+        project / "hostfile",
+        cluster_argv(assets, project / "runs-excluded", steps=2),
+        ssh_config=user_ssh / "config",
+        selection=HostSelection(exclude=NODES[1], master_port=port),
+    )
+    assert [(r["rank"], r["node_address"], r["world_size"], r["global_step"]) for r in result["ranks"]] == [
+        (0, NODES[0], 1, 2)
+    ]
+    command = result["command"]
+    assert command[command.index("--master_port") + 1] == str(port)
+    wait_until_clean(project)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -390,6 +390,74 @@ def test_deepspeed_runner_parses_our_hostfile_and_include_into_the_gpus_each_nod
     assert dict(resources) == {"127.0.0.1": [0, 1], "127.0.0.2": [2, 3]}
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"include": "b:1,2@a"},
+        {"include": "c"},
+        {"exclude": "b"},
+        {"exclude": "a:0@b:0,3"},
+        {"num_nodes": 2},
+    ],
+)
+def test_host_selection_means_what_deepspeeds_launcher_makes_of_the_same_flags(tmp_path, flags):
+    """--include/--exclude/--num_nodes choose the hosts and slots DeepSpeed's own runner would, in hostfile order."""
+    from deepspeed.launcher.runner import apply_num_nodes_and_gpus, fetch_hostfile, parse_inclusion_exclusion
+
+    from textsql.cluster.hostfile import HostSelection, select_hosts
+
+    hosts = parse_hostfile("a slots=2\nb slots=4\nc slots=1\n")
+    (tmp_path / "hostfile").write_text(format_hostfile(hosts))
+    theirs = parse_inclusion_exclusion(
+        fetch_hostfile(str(tmp_path / "hostfile")), flags.get("include", ""), flags.get("exclude", "")
+    )
+    theirs = apply_num_nodes_and_gpus(theirs, flags.get("num_nodes", -1), -1)
+    ours = select_hosts(hosts, HostSelection(**flags))
+    assert {h.address: slots or list(range(h.slots)) for h, slots in ours} == dict(theirs)
+    assert [h.address for h, _ in ours] == list(theirs)  # rank 0 on the first host of the hostfile still chosen
+
+
+def test_host_selection_is_checked_against_the_hostfile_with_the_fix(tmp_path):
+    from textsql.cluster.hostfile import HostfileError, HostSelection, select_hosts
+
+    hosts = parse_hostfile("a slots=2\nb slots=1\n")
+    cases = {
+        "which is not in the hostfile \\(its hosts: a, b\\)": HostSelection(include="a@nowhere"),
+        "names slot\\(s\\) \\[2\\] of a, which has slots=2": HostSelection(exclude="a:2"),
+        "leaves no host of the hostfile \\(a, b\\) to train on": HostSelection(exclude="a@b"),
+        "--num_nodes 3 asks for more hosts than the hostfile has \\(2: a, b\\)": HostSelection(num_nodes=3),
+    }
+    for message, selection in cases.items():
+        with pytest.raises(HostfileError, match=message):
+            select_hosts(hosts, selection)
+    refused = {
+        "cannot both be given": dict(include="a", exclude="b"),
+        "cannot be combined with --include or --exclude": dict(include="a", num_nodes=1),
+        "--num_nodes must be at least 1": dict(num_nodes=0),
+        "--master_port must be a port from 1024 to 65535": dict(master_port=80),
+        "is not HOST or HOST:SLOT": dict(include="a:x"),
+        "names a twice": dict(exclude="a:0@a:1"),
+    }
+    for message, flags in refused.items():
+        with pytest.raises(HostfileError, match=message):
+            HostSelection(**flags)
+    assert select_hosts(hosts, HostSelection(exclude="a:0")) == [(Host("a", 1), [1]), (Host("b", 1), None)]
+
+
+def test_chosen_slots_are_the_gpus_a_node_runs_on():
+    from textsql.cluster.launch import NodeFacts, PreflightError
+    from textsql.strategy.devices import A100_40GB
+
+    nodes = [
+        NodeFacts("10.0.0.1", facts("10.0.0.1", [A100_40GB] * 4), 2, [1, 3]),
+        NodeFacts("10.0.0.2", facts("10.0.0.2", [A100_40GB] * 4), 4),
+    ]
+    d = decide_for(nodes, ["--model_id", "t5-small"])
+    assert d.gpu_ids == {"10.0.0.1": [1, 3], "10.0.0.2": [0, 1, 2, 3]} and d.world_size == 6
+    with pytest.raises(PreflightError, match="slot\\(s\\) \\[5\\] were chosen, but it has 4 GPU\\(s\\) visible"):
+        decide_for([NodeFacts("10.0.0.1", facts("10.0.0.1", [A100_40GB] * 4), 1, [5])], [])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The control channel
 # ---------------------------------------------------------------------------------------------------------------------

@@ -117,3 +117,20 @@ def test_lab_serves_a_notebook_with_a_token_on_loopback_and_stops_cleanly(tmp_pa
         secrets_at_home
     )  # the runtime files and the notebook-signing key stay out of the home folder
     assert list(tmp.iterdir()) == []  # the private runtime folder is removed at exit
+
+
+def test_lab_puts_the_environments_commands_on_path(monkeypatch):
+    """A new user's shell may not have activated .venv: the lab's terminals and kernels still find `textsql`."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from textsql.serve.lab import commands_on_path
+
+    bin_dir = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with commands_on_path():
+        assert os.environ["PATH"].split(os.pathsep)[0] == bin_dir
+        assert shutil.which("textsql") == str(Path(bin_dir) / "textsql")
+    assert os.environ["PATH"] == "/usr/bin:/bin"

@@ -263,6 +263,18 @@ def test_merge_makes_a_plain_model_with_the_adapters_greedy_sql(
     status, _, err = textsql_in_process(["merge", str(plain_lora_run), "--output_dir", str(merged_dir)])
     assert status == 2 and "--overwrite True" in err
 
+    # A checkpoint of the run merges too (what people do with the best step), beside the run, not inside it.
+    checkpoint = plain_lora_run / f"checkpoint-{STEPS // 2}"
+    status, out, err = textsql_in_process(["merge", str(checkpoint)])
+    assert status == 0, err
+    merged_checkpoint = plain_lora_run.parent / f"{plain_lora_run.name}-checkpoint-{STEPS // 2}-merged"
+    adapter, tokenizer = load_adapter_model(checkpoint)
+    merged = AutoModelForSeq2SeqLM.from_pretrained(merged_checkpoint).eval()
+    from_checkpoint = generate_sql(adapter, tokenizer, sources, batch_size=8, max_new_tokens=32, progress=False)
+    assert generate_sql(merged, tokenizer, sources, batch_size=8, max_new_tokens=32, progress=False) == from_checkpoint
+    final, halfway = AutoModelForSeq2SeqLM.from_pretrained(merged_dir).state_dict(), merged.state_dict()
+    assert any(not torch.equal(final[name], halfway[name]) for name in final), "the checkpoint's own adapter was merged"
+
 
 @pytest.mark.slow
 def test_merge_refuses_another_base_or_tokenizer_with_the_fix(plain_lora_run, assets, tmp_path, textsql_in_process):

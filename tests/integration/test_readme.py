@@ -17,6 +17,30 @@ def quick_start_commands() -> list[list[str]]:
     return [shlex.split(line) for line in block.splitlines() if line.startswith("textsql ")]
 
 
+def test_quick_start_activates_the_environment_first(tmp_path):
+    """In a new shell (no virtual environment on PATH), the quick start's first line makes `textsql` a command."""
+    import os
+    import subprocess
+
+    text = README.read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    first = block.splitlines()[0]
+    assert first == "source .venv/bin/activate"
+    repo = README.parent
+    if not (repo / ".venv" / "bin" / "activate").is_file():
+        pytest.skip("no .venv here: this checkout was set up another way than scripts/bootstrap.sh")
+    venv_bin = str(repo / ".venv" / "bin")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PATH": path}
+    before = subprocess.run(["bash", "-c", "command -v textsql"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert before.returncode != 0, f"textsql is on PATH without activating: {before.stdout}"
+    after = subprocess.run(
+        ["bash", "-c", f"cd {repo} && {first} && textsql --help"], env=env, capture_output=True, text=True
+    )
+    assert after.returncode == 0 and "usage: textsql" in after.stdout, after.stderr
+
+
 def test_quick_start_names_every_step():
     commands = [argv[1] for argv in quick_start_commands()]
     assert commands == ["prep", "check-config", "plan", "train", "infer", "report"]

@@ -109,6 +109,60 @@ def test_report_rows_match_the_run_summaries(runs_copy, tmp_path, capsys):
         assert_not_blank(out / png)
 
 
+@pytest.mark.slow
+def test_flops_profiler_figures_reach_the_summary_and_the_report(two_tiny_runs, tmp_path):
+    """Both shared runs profiled step 3 (--flops_profiler 3): without DeepSpeed through a FlopsProfiler on the model,
+    under ZeRO-2 through the engine's config block; DeepSpeed's own numbers in the summary, its table in the folder."""
+    import pandas as pd
+
+    from textsql.report import build_report
+    from textsql.run_summary import format_summary, read_summary
+
+    runs_root, summaries = two_tiny_runs
+    table = build_report(runs_root, tmp_path / "report", plots=False).table
+    for label, by in (("none", "FlopsProfiler on the model"), ("zero2", "DeepSpeed engine")):
+        profile = summaries[label]["flops_profile"]
+        assert profile["profiled"] is True and profile["step"] == 3 and by in profile["by"], profile
+        assert profile["forward_flops"] > 0 and profile["forward_macs"] > 0 and profile["parameters"] > 0
+        assert profile["flops_per_step"] == 3 * profile["forward_flops"]  # forward + backward, no accumulation
+        assert 0 < profile["forward_latency_s"] < profile["step_latency_s"] < 60  # DeepSpeed's timer, not since 1970
+        assert profile["tflops_per_gpu"] == pytest.approx(profile["flops_per_step"] / profile["step_latency_s"] / 1e12)
+        assert profile["mfu"] is None and profile["peak"] == "no peak known (CPU)"
+        row = table[table["technique"] == label].iloc[0]
+        assert row["tflops_per_gpu"] == pytest.approx(profile["tflops_per_gpu"]) and pd.isna(row["mfu"])
+        folder = runs_root / summaries[label]["run"]
+        modules = (folder / "flops_profile.txt").read_text()
+        assert "DeepSpeed Flops Profiler" in modules and "T5ForConditionalGeneration" in modules
+        assert "T5Block" in modules and "T5Attention" in modules
+        lines = format_summary(read_summary(folder))
+        assert "flops profile  step 3: " in lines and "no peak known (CPU); per module: flops_profile.txt" in lines
+    # The same tiny model and batch size: DeepSpeed's engine and the direct profiler count alike.
+    assert summaries["none"]["flops_profile"]["parameters"] == summaries["zero2"]["flops_profile"]["parameters"]
+
+
+@pytest.mark.slow
+def test_deepspeed_monitors_and_comms_logger_write_into_the_run_folder(two_tiny_runs):
+    """The ZeRO-2 run had --ds_monitor csv,tensorboard --comms_logger True."""
+    import csv
+
+    runs_root, summaries = two_tiny_runs
+    folder = runs_root / summaries["zero2"]["run"]
+    rows = list(csv.reader((folder / "ds_monitor" / "csv" / "Train_Samples_lr.csv").open()))
+    assert rows[0] == ["step", "lr"] and len(rows) == 1 + 12  # one learning rate per optimizer step
+    assert (folder / "ds_monitor" / "csv" / "Train_Samples_elapsed_time_ms_forward.csv").is_file()
+    assert list((folder / "ds_monitor" / "tensorboard").glob("events.out.tfevents.*"))
+    table = (folder / "comms_summary.txt").read_text()
+    assert table.startswith("Comm. Op") and "all_reduce" in table
+    operations = summaries["zero2"]["comms_summary"]["operations"]
+    assert operations["all_reduce"]["count"] > 0 and operations["all_reduce"]["bytes"] > 0
+    # Each operation's own latency (DeepSpeed 0.19.8 records running totals; textsql keeps the differences): the
+    # collectives' time cannot exceed the run's.
+    assert 0 < sum(o["total_latency_ms"] for o in operations.values()) / 1000 < summaries["zero2"]["train_runtime"] + 60
+    none = runs_root / summaries["none"]["run"]
+    assert not (none / "ds_monitor").exists() and not (none / "comms_summary.txt").exists()
+    assert summaries["none"]["comms_summary"] is None
+
+
 def test_loss_curves_come_from_the_tensorboard_events(runs_copy):
     from textsql.report import find_runs, load_scalars, run_event_dirs
 
@@ -203,6 +257,7 @@ def test_nodes_gpu_memory_accuracy_and_order_from_made_up_runs(tmp_path):
             execution_accuracy=0.5,
             arguments={"data": {"execution_accuracy_samples": 200}},
             memory_check={"comparable": True, "predicted_reserved_bytes": 12.5 * GIB, "ratio": 1.12},
+            flops_profile={"step": 10, "profiled": True, "tflops_per_gpu": 2.35, "mfu": 2.35 / 312},
         ),
     )
     write_run(
@@ -241,9 +296,11 @@ def test_nodes_gpu_memory_accuracy_and_order_from_made_up_runs(tmp_path):
     assert offload["nodes"] == 2 and offload["world_size"] == 4 and offload["memory_per_pod_gib"] == pytest.approx(5.0)
     assert offload["execution_accuracy"] == 0.375  # eval_metrics.json wins over the summary's in-training value
     assert small["nodes"] == 1 and pd.isna(small["eval_loss"]) and pd.isna(small["execution_accuracy"])
+    assert large["tflops_per_gpu"] == 2.35 and large["mfu"] == pytest.approx(2.35 / 312)  # --flops_profiler's step
+    assert "| 9,000 | 2.3500 | 0.8% | 14.00 |" in report.markdown
     assert len(report.skipped) == 1 and "broken" in report.skipped[0]
     assert (
-        "| t5-small | none | 1 | 1 | 3.00 | 742.0 | 227.7 | 9,000 | 3.00 | GPU reserved (max over ranks) |"
+        "| t5-small | none | 1 | 1 | 3.00 | 742.0 | 227.7 | 9,000 | – | – | 3.00 | GPU reserved (max over ranks) |"
         + " – |" * 13
         + " bf16 |"
         in report.markdown

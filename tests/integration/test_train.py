@@ -137,7 +137,7 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
     assert summary["last_logged_loss"] < 0.8 * summary["first_logged_loss"], "the loss did not go down"
     (memory,) = summary["peak_memory_per_rank"]
     assert memory["rank"] == 0 and memory["cpu_peak_rss_bytes"] > 100 * 2**20
-    assert summary["arguments"]["training"]["average_tokens_across_devices"] is False
+    assert summary["arguments"]["training"]["average_tokens_across_devices"] is True
     if dsconfig:
         assert summary["deepspeed_config"]["zero_optimization"]["stage"] == stage
         assert summary["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 16  # "auto" filled by the Trainer
@@ -265,7 +265,7 @@ def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch
     assert training.activation_checkpointing is False  # the walkthrough's type=bool turned this ON
     assert training.output_dir == str(tmp_path / "out") and training.num_train_epochs == 2
     assert (training.per_device_train_batch_size, training.per_device_eval_batch_size) == (8, 4)
-    assert training.train_sampling_strategy == "group_by_length" and training.average_tokens_across_devices is False
+    assert training.train_sampling_strategy == "group_by_length" and training.average_tokens_across_devices is True
     assert not training.finalized  # parsing decides nothing: the Trainer's checks run in train()
     plan = set_up_run(model, training)
     finalized = copy.copy(training).finalize(**plan.trainer_settings)

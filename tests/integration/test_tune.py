@@ -1,10 +1,24 @@
-"""`textsql tune` end to end on the tiny T5 on the CPU: real trainings in child processes, a refused and a failing
-candidate reported, the best repeated, the results kept (a second run measures nothing), and the recipe trains."""
+"""`textsql tune` end to end on the tiny T5 on the CPU: real trainings in child processes, with and without a LoRA
+adapter, a refused and a failing candidate reported, the best repeated in alternating order and each repeat inside the
+spread the table states, the results kept (a second run measures nothing), the recipe trains (LoRA when LoRA won), and
+candidates past their time limit stopped with every process they started."""
 
 import json
+import os
+import uuid
+from pathlib import Path
 
 import pytest
 import yaml
+
+
+def table_lines(out: str) -> dict[str, str]:
+    """The table's rows by candidate key (marks such as **winner** left out)."""
+    return {line.split(" |")[0].strip("| ").split(" ")[0]: line for line in out.splitlines() if line.startswith("| ")}
+
+
+def cell(line: str, column: int) -> str:
+    return line.strip("|").split("|")[column].strip()
 
 
 @pytest.mark.slow
@@ -41,7 +55,11 @@ def test_tune_reports_failures_resumes_and_its_recipe_trains(assets, tmp_path, t
         "--timed_steps",
         "3",
         "--repeat_top",
-        "1",
+        "2",
+        "--repeats",
+        "2",
+        "--lora",
+        "True",
         "--",
         "--learning_rate",
         "1e-3",
@@ -58,21 +76,33 @@ def test_tune_reports_failures_resumes_and_its_recipe_trains(assets, tmp_path, t
     ]
     status, out, err = textsql_in_process(argv)
     assert status == 0, out + err
-    assert "[1/2] none-mb16-acc1: training 2 + 3 steps" in out and "samples/s" in out
-    assert "winner: none-mb16-acc1" in out
-    lines = {line.split(" |")[0].strip("| "): line for line in out.splitlines() if line.startswith("| ")}
-    assert (
-        "| ok |" in lines["none-mb16-acc1 **winner** (default)"]
-        and "| 2 |" in lines["none-mb16-acc1 **winner** (default)"]
-    )
-    assert "failed: The DeepSpeed config contradicts the training arguments" in lines["contradicting-mb16-acc1"]
-    assert "refused: fsdp_full_shard needs GPUs" in lines["fsdp_full_shard-mb16-acc1"]
+    assert "[1/4] none-mb16-acc1: training 2 + 3 steps" in out and "samples/s" in out
+    lines = table_lines(out)
+    for key in ("none-mb16-acc1", "none-mb16-acc1-lora"):  # both trained, twice: the two best, and the default
+        assert cell(lines[key], 11) == "ok" and cell(lines[key], 8) == "2", lines[key]
+    assert cell(lines["none-mb16-acc1-lora"], 2) == "lora" and "(default)" in lines["none-mb16-acc1"]
+    for key in ("contradicting-mb16-acc1", "contradicting-mb16-acc1-lora"):
+        assert "failed: The DeepSpeed config contradicts the training arguments" in lines[key]
+    assert "refused: fsdp_full_shard needs GPUs" in lines["fsdp_full_shard-mb16-acc1-lora"]
     results = [json.loads(line) for line in (tune_dir / "tune_results.jsonl").read_text().splitlines()]
-    assert [(r["key"], r["repeat"], r["status"]) for r in results] == [
-        ("none-mb16-acc1", 0, "ok"),
-        ("contradicting-mb16-acc1", 0, "failed"),
-        ("none-mb16-acc1", 1, "ok"),
+    first = [(r["key"], r["status"]) for r in results if r["repeat"] == 0]
+    assert first == [
+        ("none-mb16-acc1", "ok"),
+        ("none-mb16-acc1-lora", "ok"),
+        ("contradicting-mb16-acc1", "failed"),
+        ("contradicting-mb16-acc1-lora", "failed"),
     ]
+    second = [r["key"] for r in results if r["repeat"] == 1]
+    assert second == ["none-mb16-acc1-lora", "none-mb16-acc1"]  # the reverse order of the first round
+    # The same setting measured twice agrees within the spread the table states for it (its min-max, median inside).
+    for key in ("none-mb16-acc1", "none-mb16-acc1-lora"):
+        low, high = (float(x) for x in cell(lines[key], 6).split(" ")[0].split("-"))
+        median = float(cell(lines[key], 5))
+        measured = [r["samples_per_second"] for r in results if r["key"] == key]
+        assert len(measured) == 2 and low <= median <= high
+        assert all(round(low, 1) <= round(m, 1) <= round(high, 1) for m in measured) and min(measured) == pytest.approx(
+            low, abs=0.05
+        )
     assert (tune_dir / "tune_table.md").read_text().startswith("| candidate |") and (
         tune_dir / "tune_plot.png"
     ).stat().st_size
@@ -80,15 +110,62 @@ def test_tune_reports_failures_resumes_and_its_recipe_trains(assets, tmp_path, t
 
     # Again: every candidate is in the results already, nothing is trained.
     status, out, err = textsql_in_process(argv)
-    assert status == 0 and out.count("measured before, kept") == 3 and "training 2 + 3 steps" not in out
-    assert len((tune_dir / "tune_results.jsonl").read_text().splitlines()) == 3
+    assert status == 0 and out.count("measured before, kept") == 6 and "training 2 + 3 steps" not in out
+    assert len((tune_dir / "tune_results.jsonl").read_text().splitlines()) == 6
 
+    winner = next(key for key, line in lines.items() if "**winner**" in line)
     recipe = tune_dir / "tune_recipe.yaml"
     values = yaml.safe_load(recipe.read_text())
     assert values["per_device_train_batch_size"] == 16 and values["gradient_accumulation_steps"] == 1
     assert values["model_id"] == str(model_dir) and values["max_steps"] == 4 and "deepspeed" not in values
+    assert values.get("lora", False) == winner.endswith("-lora")  # a LoRA winner's recipe trains a LoRA run
     status, out, err = textsql_in_process(["train", str(recipe)])
     assert status == 0, err
-    (run,) = runs.glob("tiny-t5-none-ws1-bs16*")  # the recipe's settings that differ from the defaults follow
+    (run,) = runs.glob("tiny-t5-none*-ws1-bs16*")  # the recipe's settings that differ from the defaults follow
     summary = json.loads((run / "run_summary.json").read_text())
-    assert summary["global_step"] == 4
+    assert summary["global_step"] == 4 and bool(summary["strategy"]["lora"]) == winner.endswith("-lora")
+
+
+def processes_marked(marker: str) -> list[int]:
+    """Processes of this user whose environment holds `marker` (every descendant of this test inherits it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # gone, or another user's
+                pass
+    return found
+
+
+@pytest.mark.slow
+def test_candidates_past_their_limit_are_stopped_with_every_process(assets, tmp_path, textsql_in_process, monkeypatch):
+    """Two real candidates, each far longer than the limit (1,000 steps against 5 s, start-up included): each is
+    recorded as timed out, the next still runs, and no process either started is left (the deepspeed launcher's
+    ranks included)."""
+    data_dir, model_dir = assets
+    marker = f"TEXTSQL_TUNE_TEST={uuid.uuid4().hex}"
+    monkeypatch.setenv(*marker.split("="))
+    # A candidate killed while DeepSpeed compiles an op would leave the build's lock in the shared op cache, and every
+    # later DeepSpeed run of the suite would wait on it: these candidates, stopped at 5 s anyway, build in their own.
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch-extensions"))
+    tune_dir = tmp_path / "tune"
+    status, out, err = textsql_in_process(
+        [
+            "tune",
+            *("--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--tune_dir", str(tune_dir)),
+            *("--global_batch_size", "16", "--micro_batches", "16", "--strategies", "none,zero2"),
+            *("--warmup_steps", "1", "--timed_steps", "1000", "--candidate_timeout_s", "5"),
+            *("--", "--runs_root", str(tmp_path / "runs"), "--dataloader_num_workers", "0"),
+        ]
+    )
+    assert status == 2, out + err  # no candidate trained
+    results = [json.loads(line) for line in (tune_dir / "tune_results.jsonl").read_text().splitlines()]
+    assert [(r["key"], r["status"], r["timeout_s"]) for r in results] == [
+        ("none-mb16-acc1", "timed out", 5),
+        ("zero2-mb16-acc1", "timed out", 5),
+    ]
+    assert "stopped at its limit of 5 s (--candidate_timeout_s)" in results[0]["error"]
+    assert "timed out: stopped at its limit of 5 s" in table_lines(out)["zero2-mb16-acc1"]
+    assert processes_marked(marker) == []

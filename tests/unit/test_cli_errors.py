@@ -38,6 +38,8 @@ USER_ERRORS = [
     (["check-config", "bad.json"], "did you mean reduce_bucket_size?"),
     (["plan", "--nodes", "0"], "--nodes must be a whole number of at least 1"),
     (["plan", "--bogus"], "unrecognized arguments: --bogus"),
+    (["plan", "--model", "t5-3B", "--nodes", "1"], "did you mean t5-3b?"),  # at once, not after the hub's retries
+    (["plan", "--model", "t5-smal"], "did you mean t5-small?"),
     (["plan", "--dsconfig", "bad.json"], "did you mean reduce_bucket_size?"),
     (["report", "--runs_root", "no-runs"], "The runs root 'no-runs' does not exist"),
     (["report", "--bogus"], "unrecognized arguments: --bogus"),
@@ -48,6 +50,11 @@ USER_ERRORS = [
     (["cluster", "check-hostfile", "no-hostfile"], "Hostfile no-hostfile does not exist"),
     (["cluster", "launch", "--hostfile", "h"], "Hostfile h does not exist"),
     (["cluster", "bogus"], "unknown cluster command 'bogus'"),
+    (["cluster", "launch", "--hostfile", "h", "--include", "a", "--exclude", "b"], "cannot both be given"),
+    (["cluster", "preflight", "--include", "a"], "choose among the hosts of a hostfile: pass --hostfile"),
+    (["cluster", "preflight", "--hostfile", "two-hosts", "--include", "nowhere"], "which is not in the hostfile"),
+    (["cluster", "preflight", "--hostfile", "two-hosts", "--exclude", "127.0.0.1@127.0.0.2"], "leaves no host"),
+    (["cluster", "preflight", "--hostfile", "two-hosts", "--num_nodes", "3"], "asks for more hosts than the hostfile"),
 ]
 
 
@@ -69,6 +76,7 @@ def test_user_error_exits_2_with_one_paragraph(argv, fragment, tmp_path, monkeyp
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     (tmp_path / "bad.json").write_text(json.dumps(BAD_DSCONFIG))
+    (tmp_path / "two-hosts").write_text("127.0.0.1 slots=1\n127.0.0.2 slots=1\n")
     status, crash = run(argv)
     captured = capsys.readouterr()
     err = captured.err.strip()

@@ -690,3 +690,28 @@ def test_deepspeeds_second_name_for_a_setting(tmp_path):
     message = problems_of(tmp_path, cfg)
     assert 'zero_optimization.prefetch_bucket_size: "auto" is not allowed here' in message
     assert "only under DeepSpeed's other name for this setting, stage3_prefetch_bucket_size" in message
+
+
+def test_ds_tools_are_added_as_deepspeed_reads_them_and_land_in_the_run_folder(tmp_path):
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from textsql.strategy.dsconfig import add_ds_tools
+
+    cfg = load_dsconfig(shipped_configs()["zero2"])
+    tools = add_ds_tools(cfg, flops_profile_step=3, monitors=("csv", "tensorboard"), comms_logger=True)
+    assert cfg == load_dsconfig(shipped_configs()["zero2"])  # the loaded config is left as it was
+    resolved = resolve_for_run(tools, tmp_path / "run1")
+    resolved["train_micro_batch_size_per_gpu"] = resolved["gradient_accumulation_steps"] = 1
+    del resolved["train_batch_size"]
+    resolved["gradient_clipping"], resolved["bf16"], resolved["fp16"] = 1.0, {"enabled": False}, {"enabled": False}
+    resolved["zero_optimization"]["reduce_bucket_size"] = 1000
+    ds = DeepSpeedConfig(resolved)
+    profiler = ds.flops_profiler_config
+    assert profiler.enabled and profiler.profile_step == 2  # DeepSpeed counts finished steps: the Trainer's step 3
+    assert profiler.output_file == str(tmp_path / "run1" / "flops_profile.txt") and profiler.module_depth == -1
+    monitors = ds.monitor_config
+    assert monitors.csv_monitor.enabled and monitors.tensorboard.enabled and not monitors.wandb.enabled
+    assert monitors.csv_monitor.output_path == monitors.tensorboard.output_path == str(tmp_path / "run1" / "ds_monitor")
+    assert (monitors.csv_monitor.job_name, monitors.tensorboard.job_name) == ("csv", "tensorboard")
+    assert ds.comms_config.comms_logger.enabled
+    assert add_ds_tools(cfg) == cfg  # nothing asked, nothing added

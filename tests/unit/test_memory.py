@@ -281,15 +281,19 @@ def load_bench():
 
 
 def test_plan_vs_measured_bench_runs_the_planners_strategies(tmp_path):
-    """The benchmark's DeepSpeed configs are the strategies the planner predicts, and its table shows what it measured."""
+    """The benchmark's DeepSpeed configs are the strategies the planner predicts (FSDP's go by name to --fsdp_config),
+    and its table shows what it measured."""
     from textsql.strategy.dsconfig import describe_strategy, load_dsconfig
 
     bench = load_bench()
     configs = bench.strategy_configs(tmp_path)
-    from textsql.strategy.table import DEEPSPEED_STRATEGIES
+    from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES
 
-    assert set(configs) == set(DEEPSPEED_STRATEGIES)
+    assert set(configs) == set(DEEPSPEED_STRATEGIES) | set(FSDP_STRATEGIES)
+    assert all(configs[name] == name for name in FSDP_STRATEGIES)
     for name, path in configs.items():
+        if name in FSDP_STRATEGIES:
+            continue
         strategy = describe_strategy(load_dsconfig(path) if path else None)
         layout = (
             strategy["zero_stage"] or 0,
@@ -405,7 +409,20 @@ def test_big_model_recommends_an_offload_strategy():
 
 
 def test_zero3_is_preferred_to_offload_when_both_fit():
-    result = plan(model="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, gradient_checkpointing=True)
+    # At the default evaluation batch of 32, t5-11b's generation caches (128 heads x 128 wide: 9.0 GB of keys and
+    # values over 24 decoder layers) make evaluation ZeRO-3's peak (40.2 GB, over the 36 GB allowed): the training
+    # step alone is 33.5 GB. An evaluation batch of 8 brings the evaluation under the training step again.
+    crowded = plan(model="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, gradient_checkpointing=True)
+    assert crowded["strategies"]["zero3"]["peak_phase"] == "evaluation"
+    assert not crowded["strategies"]["zero3"]["fits_with_margin"]
+    result = plan(
+        model="t5-11b",
+        gpu_memory_gb=40,
+        nodes=1,
+        gpus_per_node=8,
+        gradient_checkpointing=True,
+        per_device_eval_batch_size=8,
+    )
     rows = result["strategies"]
     assert not rows["zero2"]["fits_with_margin"]
     assert rows["zero3"]["fits_with_margin"] and rows["zero2_offload"]["fits_with_margin"]
@@ -421,8 +438,10 @@ def test_largest_batch_is_the_boundary():
     limits = memory._limits(args)
     setup = memory.Setup(1, 1, 96, 96, "bf16", False, tuple(sorted(memory.zero_settings(None).items())))
     layout = memory.STRATEGY_LAYOUT[rec["strategy"]]
-    assert memory._fits(memory.predict(resolve_model("t5-large"), setup, *layout, largest), limits)
-    assert not memory._fits(memory.predict(resolve_model("t5-large"), setup, *layout, largest + 1), limits)
+    assert layout  # a strategy of the table
+    shape = resolve_model("t5-large")
+    assert memory._fits(memory.predict_strategy(shape, setup, rec["strategy"], largest), limits)
+    assert not memory._fits(memory.predict_strategy(shape, setup, rec["strategy"], largest + 1), limits)
 
 
 def test_host_memory_limit_rules_out_offload():
@@ -546,6 +565,12 @@ def test_compare_with_gpu_run(tmp_path):
     assert result["ratio"] == pytest.approx(int(3.1 * GIB) / result["predicted_reserved_bytes"], abs=1e-3)
     assert 0.2 < result["ratio"] < 5
     assert "measured/predicted" in format_comparison(result)
+    assert f"peak in {result['predicted_peak_phase']}" in format_comparison(result)
+    # the run's peak is compared with the largest phase
+    assert result["predicted_peak_phase"] in memory.PHASES
+    assert result["predicted_gpu_total_bytes"] / GIB == pytest.approx(
+        max(result["predicted_phases_gb"].values()), abs=1e-3
+    )
 
 
 def test_compare_with_cpu_run_says_it_is_not_comparable(tmp_path):
@@ -688,3 +713,175 @@ def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_sa
     assert "with LoRA r=8 on qv" in text and "recommendation: LoRA under" in text and "LoRA with offload" in text
     # without --lora the plan is what it was
     assert "lora" not in plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The phases of a run: training, evaluation, checkpoint save, final save
+# ---------------------------------------------------------------------------------------------------------------------
+
+T5_SMALL_P = 60_506_624  # t5-small's parameters (tied embeddings once)
+T5_SMALL_EMBEDDING = 32128 * 512  # its largest parameter
+
+
+def small_setup(precision="fp32", **overrides):
+    settings = tuple(sorted(memory.zero_settings(None).items()))
+    fields = dict(eval_batch=8, eval_num_beams=4) | overrides
+    return memory.Setup(1, 1, 32, 32, precision, False, settings, **fields)
+
+
+def test_generation_bytes_are_the_caches_and_scores_of_generate():
+    shape = resolve_model("t5-small")
+    detail = memory.generation_bytes(shape, small_setup())
+    rows = 8 * 4  # eval batch x beams
+    assert detail["encoder_output"] == rows * 32 * 512 * 4 == 2_097_152
+    assert detail["cross_attention_cache"] == 6 * 2 * rows * 32 * 512 * 4 == 25_165_824
+    assert detail["self_attention_cache"] == 25_165_824  # target length = source length here
+    assert detail["step_scores"] == 3 * rows * 32128 * 4 == 12_337_152
+    # the evaluation loss's forward pass: fp32 logits and their log-softmax over the vocabulary
+    assert detail["loss_forward"] == 8 * 32 * 32128 * (4 + 4) == 65_798_144
+    assert detail["total"] == 65_798_144 > 2_097_152 + 2 * 25_165_824 + 12_337_152  # generate(): 64,765,952
+    # no generation during evaluation (--execution_accuracy_samples 0): the loss alone
+    assert memory.generation_bytes(shape, small_setup(eval_num_beams=0)) == {
+        "loss_forward": 65_798_144,
+        "total": 65_798_144,
+    }
+    # bf16: 2-byte caches and logits, the logits' fp32 copy before the log-softmax
+    bf16 = memory.generation_bytes(shape, small_setup(precision="bf16"))
+    assert bf16["cross_attention_cache"] == 25_165_824 // 2
+    assert bf16["loss_forward"] == 8 * 32 * 32128 * (2 + 4 + 4)
+    # without DeepSpeed the module stays fp32 and generate() runs it without autocast: 4-byte caches
+    assert memory.generation_bytes(shape, small_setup(precision="bf16"), fp32_module=True)["cross_attention_cache"] == (
+        25_165_824
+    )
+    # with 8 beams generate() is the larger
+    wide = memory.generation_bytes(shape, small_setup(eval_num_beams=8))
+    assert wide["total"] == 2 * (2_097_152 + 2 * 25_165_824 + 12_337_152) > wide["loss_forward"]
+
+
+@pytest.mark.parametrize(
+    "strategy, checkpoint_host, final_gpu, final_host",
+    [
+        # ZeRO-3 + offload: rank 0's gathered 16-bit (here fp32) state dict; the optimizer states are already on the
+        # host. Final save: the embedding's full fp32 copy and its fp32 partition brought to the GPU; 4P on the host.
+        ("zero3_offload", 4 * T5_SMALL_P, 2 * 4 * T5_SMALL_EMBEDDING, 4 * T5_SMALL_P),
+        # ZeRO-3: the same, plus torch.save's host copy of the flat fp32 partition (4P/N) on the GPU
+        ("zero3", 4 * T5_SMALL_P + 4 * T5_SMALL_P, 4 * T5_SMALL_EMBEDDING, 4 * T5_SMALL_P),
+        # no DeepSpeed: safetensors' host copies of the fp32 model, and the largest Adam state; the final save copies
+        # to the host directly
+        ("none", 4 * T5_SMALL_P + 4 * T5_SMALL_EMBEDDING, 0, 4 * T5_SMALL_P),
+    ],
+)
+def test_each_phase_adds_its_own_terms(strategy, checkpoint_host, final_gpu, final_host):
+    shape = resolve_model("t5-small")
+    setup = small_setup()
+    row = memory.predict_strategy(shape, setup, strategy, 4)
+    phases = row["phases"]
+    assert phases["checkpoint_save"]["cpu_added_bytes"] == checkpoint_host
+    assert phases["checkpoint_save"]["gpu_added_bytes"] == 0
+    assert phases["final_save"]["gpu_added_bytes"] == final_gpu
+    assert phases["final_save"]["cpu_added_bytes"] == final_host
+    assert phases["evaluation"]["gpu_added_bytes"] == memory.generation_bytes(shape, setup)["total"]
+    # every phase but training: what stays between steps, what it adds, the allocator's 10%, the CUDA context
+    for name in ("evaluation", "checkpoint_save", "final_save"):
+        allocated = row["held_between_steps_bytes"] + phases[name]["gpu_added_bytes"]
+        assert phases[name]["gpu_total_bytes"] == allocated + int(0.1 * allocated) + memory.CUDA_CONTEXT_BYTES
+        assert (
+            phases[name]["cpu_per_node_bytes"] == row["training_cpu_per_node_bytes"] + phases[name]["cpu_added_bytes"]
+        )
+    assert phases["training"]["gpu_total_bytes"] == row["training_gpu_total_bytes"]
+
+
+def test_held_between_steps_frees_activations_and_pytorchs_gradients():
+    shape = resolve_model("t5-small")
+    none = memory.predict_strategy(shape, small_setup(), "none", 4)
+    g = none["gpu_bytes"]
+    assert none["held_between_steps_bytes"] == g["parameters"] + g["optimizer_states"] + g["buckets"]
+    zero3 = memory.predict_strategy(shape, small_setup(), "zero3", 4)
+    g = zero3["gpu_bytes"]
+    assert zero3["held_between_steps_bytes"] == sum(
+        g[c] for c in memory.COMPONENTS if c not in ("activations", "overhead")
+    )
+
+
+def test_the_pods_peak_is_the_largest_phase_and_decides_the_recommendation():
+    # t5-large, ZeRO-3 + offload, checkpointing on: the training step is 5.9 GB; evaluating 64 questions with 4 beams
+    # holds 6.8 GB of caches, so evaluation sets the peak
+    quiet = plan(model="t5-large", precision="fp32", gradient_checkpointing=True)["strategies"]["zero3_offload"]
+    busy = plan(
+        model="t5-large", precision="fp32", gradient_checkpointing=True, per_device_eval_batch_size=64, eval_num_beams=4
+    )["strategies"]["zero3_offload"]
+    assert quiet["peak_phase"] == "training" and busy["peak_phase"] == "evaluation"
+    for row in (quiet, busy):
+        assert row["gpu_total_bytes"] == max(p["gpu_total_bytes"] for p in row["phases"].values())
+        assert row["cpu_per_node_bytes"] == max(p["cpu_per_node_bytes"] for p in row["phases"].values())
+    assert busy["training_gpu_total_bytes"] == quiet["training_gpu_total_bytes"] < busy["gpu_total_bytes"]
+    # t5-3b on one A100-40GB with 82 GB host memory: zero2_offload's training step needs 66.7 GB of host memory and
+    # its checkpoint 72.1 GB (within 90%: 73.8), but the final fp32 save's state dict brings it to 77.4 GB
+    result = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=82)
+    row = result["strategies"]["zero2_offload"]
+    assert row["training_cpu_per_node_bytes"] <= 0.9 * 82 * GIB < row["cpu_per_node_bytes"]
+    assert row["cpu_peak_phase"] == "final_save" and not row["fits_with_margin"]
+    assert result["recommendation"] is None or result["recommendation"]["strategy"] != "zero2_offload"
+
+
+def test_plan_output_names_the_phase_that_sets_each_peak():
+    result = plan(
+        model="t5-large", precision="fp32", gradient_checkpointing=True, per_device_eval_batch_size=64, eval_num_beams=4
+    )
+    text = format_plan(result, with_assumptions=False)
+    assert "peak phase" in text and "host peak" in text
+    assert "evaluation batch 64 per GPU, generating SQL with 4 beam(s)" in text
+    line = next(line for line in text.splitlines() if line.startswith("zero3_offload "))
+    assert f"{result['strategies']['zero3_offload']['gpu_total_gb']:.2f}  evaluation" in line
+    # the host's peak: in fp32 the checkpoint's gathered state dict (4P) ties with the final save's (4P); the earlier
+    # phase is named
+    assert line.rstrip().split()[-2] == result["strategies"]["zero3_offload"]["cpu_peak_phase"] == "checkpoint_save"
+    recommended = result["recommendation"]["strategy"]
+    assert f"peak in {result['strategies'][recommended]['peak_phase']}" in text.split("recommendation:")[1]
+    assert plan_cli(["--model", "t5-small", "--eval_num_beams", "0", "--json"]) == 0
+
+
+def test_eval_arguments_are_checked():
+    with pytest.raises(TextsqlError, match="--eval_num_beams must be 0"):
+        PlanArguments(eval_num_beams=-1)
+    with pytest.raises(TextsqlError, match="--per_device_eval_batch_size must be a whole number"):
+        PlanArguments(per_device_eval_batch_size=0)
+
+
+def test_a_runs_check_predicts_its_own_evaluation(tmp_path):
+    """The memory check of a finished run reads its evaluation batch and whether (and with how many beams) it
+    generated SQL, and compares the measurement with the largest phase."""
+    ranks = [
+        {
+            "rank": 0,
+            "host": "pod0",
+            "device": "NVIDIA A100",
+            "cuda_max_allocated_bytes": GIB,
+            "cuda_max_reserved_bytes": 2 * GIB,
+        }
+    ]
+
+    def check(data, eval_batch=32):
+        arguments = {
+            "training": {"per_device_train_batch_size": 4, "per_device_eval_batch_size": eval_batch},
+            "data": data,
+        }
+        return compare_with_run(run_summary(tmp_path, ranks, arguments=arguments))
+
+    # t5-small's loss over its 32k vocabulary outweighs a few beams' caches: 16 beams make generation the larger
+    loss_only = check({"execution_accuracy_samples": 0, "execution_accuracy_num_beams": 16}, eval_batch=512)
+    beams = check({"execution_accuracy_samples": 200, "execution_accuracy_num_beams": 16}, eval_batch=512)
+    few = check({"execution_accuracy_samples": 200, "execution_accuracy_num_beams": 16}, eval_batch=8)
+    evaluation = [r["predicted_phases_gb"]["evaluation"] for r in (few, loss_only, beams)]
+    assert evaluation[0] < evaluation[1] < evaluation[2]  # the eval batch, then generation, read from the run
+    assert beams["predicted_peak_phase"] == "evaluation"  # 8,192 rows of caches beside a batch of 4
+    assert beams["predicted_gpu_total_bytes"] / GIB == pytest.approx(evaluation[2], abs=1e-3)
+    assert beams["ratio"] == pytest.approx(2 * GIB / beams["predicted_reserved_bytes"], abs=1e-3)
+
+
+def test_when_evaluation_sets_every_peak_the_message_names_the_evaluation_batch():
+    # 4,096 questions x 16 beams of t5-large's caches fit under no strategy, whatever the training batch
+    result = plan(model="t5-large", gpu_memory_gb=40, per_device_eval_batch_size=4096, eval_num_beams=16)
+    assert result["recommendation"] is None
+    assert all(row["peak_phase"] == "evaluation" for row in result["strategies"].values())
+    assert "--per_device_eval_batch_size" in result["problem"] and "--eval_num_beams" in result["problem"]

@@ -106,5 +106,55 @@ def test_a_version_1_summary_reads_as_full_fine_tuning_and_a_lora_run_says_what_
     lora.trainable_parameters = 294_912
     write_summary(lora, tmp_path)
     again = read_summary(tmp_path)
-    assert again == lora and again.lora["rank"] == 8 and again.version == SCHEMA_VERSION == 2
+    assert again == lora and again.lora["rank"] == 8 and again.version == SCHEMA_VERSION
     assert "zero2 + LoRA r=8 alpha=16 on qv, 0.295M trainable parameters" in format_summary(again)
+
+
+def test_a_version_2_summary_reads_without_tools_and_a_profiled_run_prints_its_flops_line(tmp_path):
+    from textsql.train.dstools import flops_figures
+
+    values = a_summary(tmp_path).as_dict()
+    for name in ("flops_profile", "comms_summary"):
+        del values[name]
+    values["version"] = 2
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps(values))
+    old = read_summary(tmp_path)
+    assert old.flops_profile is None and old.comms_summary is None and old.extras == {}
+    assert "flops profile" not in format_summary(old) and "comms logger" not in format_summary(old)
+
+    # An A100 in bf16: 3 x 0.5 TFLOP forward x 2 micro-batches in 1 s is 3 TFLOPS per GPU, ~1% of its 312 dense peak.
+    measured = {
+        "forward_flops": 5 * 10**11,
+        "forward_macs": 25 * 10**10,
+        "forward_latency_s": 0.2,
+        "parameters": 60_500_000,
+    }
+    run = {"accumulation": 2, "micro_batch": 16, "precision": "bf16", "tf32": True, "last_step": 40}
+    profiled = a_summary(tmp_path)
+    profiled.flops_profile = flops_figures(measured, 3, 1.0, deepspeed=True, gpu="NVIDIA A100-SXM4-40GB", **run)
+    profiled.comms_summary = {
+        "file": "comms_summary.txt",
+        "operations": {"all_reduce": {"count": 8, "total_latency_ms": 12.5, "bytes": 4096}},
+    }
+    write_summary(profiled, tmp_path)
+    again = read_summary(tmp_path)
+    assert again == profiled and again.flops_profile["flops_per_step"] == 3 * 10**12
+    assert again.flops_profile["tflops_per_gpu"] == pytest.approx(3.0)
+    assert again.flops_profile["mfu"] == pytest.approx(3.0 / 312) and again.flops_profile["peak_tflops"] == 312.0
+    lines = format_summary(again)
+    assert "flops profile  step 3: 3,000.00 GFLOPs and 1,500.00 GMACs per GPU in 1,000.0 ms" in lines
+    assert "3 TFLOPS per GPU, 60,500,000 parameters per GPU; MFU 1.0% of NVIDIA A100-SXM4-40GB bf16 dense" in lines
+    assert "per module: flops_profile.txt" in lines
+    assert "comms logger   all_reduce 8x 12.5 ms; table: comms_summary.txt" in lines
+
+    # The CPU has no peak; an fp32 run on an A100 with TF32 is measured against the TF32 peak; a step never run says so.
+    cpu = flops_figures(measured, 3, 1.0, deepspeed=False, gpu=None, **run)
+    assert cpu["mfu"] is None and cpu["peak"] == "no peak known (CPU)" and cpu["tflops_per_gpu"] == pytest.approx(3.0)
+    tf32 = flops_figures(measured, 3, 1.0, deepspeed=False, gpu="NVIDIA A100", **dict(run, precision="fp32"))
+    assert tf32["peak_tflops"] == 156.0 and "TF32 dense" in tf32["peak"]
+    unknown = flops_figures(measured, 3, 1.0, deepspeed=False, gpu="Some GPU", **run)
+    assert unknown["mfu"] is None and unknown["peak"] == "no peak known (Some GPU)"
+    missed = flops_figures(None, 50, None, deepspeed=False, gpu=None, **run)
+    assert missed["profiled"] is False and "step 50 was not run (the run ended at step 40" in missed["reason"]
+    profiled.flops_profile = missed
+    assert "flops profile  step 50 not profiled: step 50 was not run" in format_summary(profiled)

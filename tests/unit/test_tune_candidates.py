@@ -7,16 +7,22 @@ import pytest
 
 from textsql.errors import TextsqlError
 from textsql.strategy.devices import NodeDevices
+from textsql.train.arguments import arguments_dict, parse_arguments
 from textsql.tune import (
     Candidate,
     TuneArguments,
+    TuneResult,
     _refused_here,
+    candidate_arguments,
     choose_winner,
     failure_reason,
     failure_status,
+    format_table,
     micro_batch_choices,
     plan_candidates,
     read_results,
+    recipe_values,
+    repeat_rounds,
     strategy_choices,
     strategy_values,
     summarize,
@@ -67,8 +73,39 @@ def test_candidates_from_the_planner_on_a_gpu(tmp_path):
     assert "none-mb128-acc1" in {r["key"] for r in left_out}  # t5-large without sharding, at 128 per GPU
     assert all(r["status"] == "predicted not to fit" and r["predicted_gpu_gb"] > 36 for r in left_out)
     assert all(c.predicted_gpu_gb <= 36 for c in candidates)  # 40 GB less the 10% margin
-    with pytest.raises(TextsqlError, match="no LoRA option yet"):
-        plan_candidates(TuneArguments(lora=True), ["none"], [8], 1, "cpu", "fp32", None)
+
+
+def test_lora_candidates_beside_every_setting_with_the_planners_lora_prediction(tmp_path):
+    (tmp_path / "textsql_data.json").write_text(
+        json.dumps({"lengths": {"train": {"source_percentiles": {"p100": 64}, "target_percentiles": {"p100": 48}}}})
+    )
+    args = TuneArguments(model_id="t5-large", dataset_dir=str(tmp_path), global_batch_size=64, lora=True)
+    candidates, _ = plan_candidates(
+        args, ["none", "zero2", "fsdp_full_shard"], [32], 1, "cuda", "bf16", 80.0, {"lora_rank": 16}
+    )
+    by_key = {c.key: c for c in candidates}
+    assert set(by_key) == {f"{s}-mb32-acc2{a}" for s in ("none", "zero2", "fsdp_full_shard") for a in ("", "-lora")}
+    full, lora = by_key["none-mb32-acc2"], by_key["none-mb32-acc2-lora"]
+    assert lora.adapter == "lora" and lora.predicted_gpu_gb < full.predicted_gpu_gb  # no gradients or Adam states
+    assert by_key["fsdp_full_shard-mb32-acc2-lora"].predicted_gpu_gb is None  # the planner has no FSDP LoRA model
+    values = candidate_arguments(arguments_dict(*parse_arguments([])), lora, args, tmp_path / "run")[2]
+    assert values.lora and values.per_device_train_batch_size == 32 and values.gradient_accumulation_steps == 2
+    assert not candidate_arguments(arguments_dict(*parse_arguments([])), full, args, tmp_path / "run")[2].lora
+    recipe = recipe_values(
+        {"strategy": "zero2", "micro_batch": 32, "accumulation": 2, "adapter": "lora"},
+        *parse_arguments(["--lora_rank", "16"]),
+        args,
+    )
+    assert recipe["lora"] is True and recipe["lora_rank"] == 16 and recipe["deepspeed"] == "zero2"
+
+
+def test_tune_arguments_refuse_a_timed_first_step_and_give_a_limit():
+    with pytest.raises(TextsqlError, match="start-up"):
+        TuneArguments(warmup_steps=0)
+    with pytest.raises(TextsqlError, match="candidate_timeout_s"):
+        TuneArguments(candidate_timeout_s=-1)
+    assert TuneArguments(warmup_steps=3, timed_steps=20).timeout_s == 900 + 30 * 23
+    assert TuneArguments(candidate_timeout_s=5).timeout_s == 5
 
 
 def test_timed_throughput_leaves_the_warmup_out():
@@ -101,7 +138,7 @@ def row(key, strategy, accumulation, rate, status="ok", repeat=0):
         "strategy": strategy,
         "micro_batch": 32 // accumulation,
         "accumulation": accumulation,
-        "lora": False,
+        "adapter": "",
         "default": key == "none-mb32-acc1",
         "predicted_gpu_gb": None,
         "predicted_fits": None,
@@ -123,6 +160,7 @@ def test_a_simpler_setting_within_the_tolerance_wins():
     table = summarize(rows)
     assert [e["key"] for e in table] == ["zero2-mb32-acc1", "none-mb16-acc2", "none-mb32-acc1", "zero3-mb32-acc1"]
     assert table[0]["samples_per_second"] == 102.0 and table[0]["measurements"] == 2
+    assert (table[0]["samples_per_second_min"], table[0]["samples_per_second_max"]) == (100.0, 104.0)
     assert table[-1]["status"] == "out of memory"
     assert choose_winner(table, 0.05)["key"] == "none-mb16-acc2"  # 99 is within 5% of 102, and plain DDP is simpler
     assert choose_winner(table, 0.0)["key"] == "zero2-mb32-acc1"
@@ -136,3 +174,39 @@ def test_results_of_other_settings_are_refused(tmp_path):
     with pytest.raises(TextsqlError, match="measurements of other settings"):
         read_results(path, "b")
     assert read_results(tmp_path / "none.jsonl", "a") == []
+
+
+def test_repeats_alternate_their_order_and_include_the_default():
+    candidates = [Candidate("none", 32, 1, default=True), Candidate("zero1", 32, 1), Candidate("zero2", 32, 1)]
+    rows = [
+        row("none-mb32-acc1", "none", 1, 50.0),
+        row("zero1-mb32-acc1", "zero1", 1, 90.0),
+        row("zero2-mb32-acc1", "zero2", 1, 100.0),
+    ]
+    rounds = repeat_rounds(rows, candidates, TuneArguments(repeat_top=2, repeats=4))
+    assert [[c.key for c in r] for r in rounds] == [
+        ["zero2-mb32-acc1", "zero1-mb32-acc1", "none-mb32-acc1"],  # reversed
+        ["none-mb32-acc1", "zero1-mb32-acc1", "zero2-mb32-acc1"],
+        ["zero2-mb32-acc1", "zero1-mb32-acc1", "none-mb32-acc1"],
+    ]
+    assert [c.key for c in repeat_rounds(rows, candidates, TuneArguments(repeat_top=1, repeats=2))[0]] == [
+        "zero2-mb32-acc1",
+        "none-mb32-acc1",
+    ]
+    assert repeat_rounds(rows, candidates, TuneArguments(repeat_top=0)) == []
+
+
+def test_the_table_states_each_figures_spread_and_a_busy_machine(tmp_path):
+    rows = [
+        row("zero2-mb32-acc1", "zero2", 1, 100.0) | {"load_average": 1.0, "cpu_cores": 2},
+        row("zero2-mb32-acc1", "zero2", 1, 80.0, repeat=1) | {"load_average": 5.5, "cpu_cores": 2},
+        row("zero2-mb32-acc1", "zero2", 1, 90.0, repeat=2) | {"load_average": 1.0, "cpu_cores": 2},
+        row("none-mb32-acc1", "none", 1, 50.0) | {"load_average": 1.0, "cpu_cores": 2},
+    ]
+    table = summarize(rows)
+    result = TuneResult(table, choose_winner(table, 0.05), table[1], [], tmp_path, None, None, 4, 32)
+    text = format_table(result)
+    line = next(line for line in text.splitlines() if line.startswith("| zero2-mb32-acc1"))
+    assert "| 90.0 | 80.0-100.0 (±11%) | 1.80x | 3 |" in line  # the median, its min-max, against the default
+    assert "load average up to 5.5" in text and "busier than its 2 cores while 1 candidate(s)" in text
+    assert "busier" not in format_table(TuneResult(table[1:], None, None, [], tmp_path, None, None, 1, 32))

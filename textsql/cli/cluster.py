@@ -5,6 +5,8 @@
     textsql cluster preflight --backend cml --workers 2 -- ...      # start the workers, check, plan, stop
     textsql cluster preflight --hostfile H [--ssh_config C] -- ...  # check your own machines
     textsql cluster launch --hostfile H [--ssh_config C] -- ...     # your own machines, over your own ssh (pdsh)
+    textsql cluster launch --hostfile H --include "node1:0,1@node2" [--master_port 29600] -- ...   # some of them
+    (--include, --exclude, --num_nodes: DeepSpeed's host selection, checked against the hostfile first)
     textsql cluster check-hostfile H
 
 On CML, run `cluster train ...` as a Job for long trainings (script scripts/cml_job.py, these arguments): a session
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 
-from textsql.cluster import Cluster, launch_training, preflight, read_hostfile
+from textsql.cluster import Cluster, HostSelection, launch_training, preflight, read_hostfile
 from textsql.errors import TextsqlError
 from textsql.run_summary import format_summary
 from textsql.train.arguments import parse_arguments
@@ -65,7 +68,25 @@ def _parser(command: str) -> argparse.ArgumentParser:
             default=None,
             help="your ssh client config (default: ssh's own, ~/.ssh/config); host keys are always checked",
         )
+        for option in fields(HostSelection):  # with --hostfile only: the workers' own backends choose no hosts
+            parser.add_argument(
+                f"--{option.name}",
+                type=str if option.name in ("include", "exclude") else int,
+                default=option.default,
+                help=option.metadata["help"] + " With --hostfile.",
+            )
     return parser
+
+
+def _selection(args) -> HostSelection:
+    """The host selection of `launch`/`preflight --hostfile` (checked now); refused without --hostfile."""
+    selection = HostSelection(**{f.name: getattr(args, f.name) for f in fields(HostSelection)})
+    if not getattr(args, "hostfile", None) and selection != HostSelection():
+        raise TextsqlError(
+            "--include, --exclude, --num_nodes and --master_port choose among the hosts of a hostfile: pass "
+            "--hostfile with them (the cml and local backends start the workers you ask for with --workers)."
+        )
+    return selection
 
 
 def cluster_cli(argv: list[str]) -> int:
@@ -87,11 +108,12 @@ def cluster_cli(argv: list[str]) -> int:
         )
     own, train_argv = _split(rest)
     args = _parser(command).parse_args(own)
+    selection = _selection(args) if command in ("launch", "preflight") else None
     arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
     if command == "launch":
-        result = launch_training(args.hostfile, arguments, ssh_config=args.ssh_config)
+        result = launch_training(args.hostfile, arguments, ssh_config=args.ssh_config, selection=selection)
     elif getattr(args, "hostfile", None):
-        preflight(args.hostfile, arguments, ssh_config=args.ssh_config)
+        preflight(args.hostfile, arguments, ssh_config=args.ssh_config, selection=selection)
         return 0
     else:
         with Cluster(

@@ -32,6 +32,7 @@ from importlib import import_module
 _WHERE = {
     "Host": "hostfile",
     "HostfileError": "hostfile",
+    "HostSelection": "hostfile",
     "parse_hostfile": "hostfile",
     "read_hostfile": "hostfile",
     "write_hostfile": "hostfile",

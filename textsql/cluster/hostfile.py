@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.errors import TextsqlError
@@ -151,6 +151,121 @@ def write_hostfile(path, hosts: list[Host]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return replace_file(path, format_hostfile(hosts))  # through a new file of a random name: never a planted link
+
+
+@dataclass
+class HostSelection:
+    """Which hosts of a hostfile a launch uses, and its rendezvous port: the DeepSpeed launcher's own flags, with its
+    meaning, checked against the hostfile before anything starts (select_hosts)."""
+
+    include: str = field(
+        default="",
+        metadata={
+            "help": "Only these hosts (and GPUs): HOST[:SLOT[,SLOT...]][@HOST...], e.g. 'node1:0,1@node2' (GPUs 0 "
+            "and 1 of node1, every GPU of node2), as DeepSpeed's --include. Not with --exclude or --num_nodes."
+        },
+    )
+    exclude: str = field(
+        default="",
+        metadata={
+            "help": "Every host but these (a HOST alone leaves it out, HOST:SLOT leaves out those GPUs), as "
+            "DeepSpeed's --exclude, e.g. 'node2' or 'node1:3'. Not with --include or --num_nodes."
+        },
+    )
+    num_nodes: int = field(
+        default=-1,
+        metadata={"help": "Use the first N hosts of the hostfile (-1: all), as DeepSpeed's --num_nodes."},
+    )
+    master_port: int | None = field(
+        default=None,
+        metadata={"help": "The port rank 0 listens on for the others (default: a free port on the first host)."},
+    )
+
+    def __post_init__(self):
+        if self.include and self.exclude:
+            raise HostfileError(
+                "--include and --exclude cannot both be given (DeepSpeed's launcher refuses it too): name the hosts "
+                "to use with --include, or the ones to leave out with --exclude."
+            )
+        if self.num_nodes == 0 or self.num_nodes < -1:
+            raise HostfileError(f"--num_nodes must be at least 1 (or -1: every host), not {self.num_nodes}.")
+        if self.num_nodes != -1 and (self.include or self.exclude):
+            raise HostfileError(
+                "--num_nodes cannot be combined with --include or --exclude (DeepSpeed's launcher refuses it too): "
+                "either take the first N hosts with --num_nodes, or name them with --include / --exclude."
+            )
+        if self.master_port is not None and not 1024 <= self.master_port <= 65535:
+            raise HostfileError(
+                f"--master_port must be a port from 1024 to 65535 that is free on the first host, not {self.master_port}."
+            )
+        for flag in ("include", "exclude"):
+            parse_host_filter(getattr(self, flag), f"--{flag}")
+
+
+def parse_host_filter(text: str, flag: str) -> dict[str, list[int]]:
+    """'node1:0,1@node2' -> {'node1': [0, 1], 'node2': []} (no slots: the whole host), as DeepSpeed reads it."""
+    selected: dict[str, list[int]] = {}
+    for spec in text.split("@") if text else []:
+        address, _, slots = spec.partition(":")
+        try:
+            ids = [int(slot) for slot in slots.split(",")] if slots else []
+        except ValueError:
+            ids = None
+        if not address or ids is None or any(i < 0 for i in ids) or (":" in spec and not slots):
+            raise HostfileError(
+                f"{flag} {text!r}: '{spec}' is not HOST or HOST:SLOT[,SLOT...] (slots are GPU numbers from 0); "
+                "separate hosts with @, e.g. 'node1:0,1@node2'."
+            )
+        if address in selected:
+            raise HostfileError(f"{flag} {text!r} names {address} twice: give each host once, its slots together.")
+        selected[address] = ids
+    return selected
+
+
+def select_hosts(hosts: list[Host], selection: HostSelection) -> list[tuple[Host, list[int] | None]]:
+    """The hosts a launch uses, in hostfile order (the first is rank 0's), each with the slots (GPU numbers) it runs
+    on, or None for all of them; every name and slot checked against the hostfile, as DeepSpeed's launcher would only
+    once it is starting."""
+    names = ", ".join(h.address for h in hosts)
+    by_name = {h.address: h for h in hosts}
+    flag = "--include" if selection.include else "--exclude"
+    named = parse_host_filter(selection.include or selection.exclude, flag)
+    for address, ids in named.items():
+        if address not in by_name:
+            raise HostfileError(
+                f"{flag} names {address}, which is not in the hostfile (its hosts: {names}). Write the host as the "
+                "hostfile does, or add a line for it there."
+            )
+        bad = [i for i in ids if i >= by_name[address].slots]
+        if bad:
+            raise HostfileError(
+                f"{flag} names slot(s) {bad} of {address}, which has slots={by_name[address].slots} in the hostfile "
+                f"(slots 0 to {by_name[address].slots - 1}). Name slots it has, or raise its slots= there."
+            )
+    chosen: list[tuple[Host, list[int] | None]] = []
+    for host in hosts:
+        every = list(range(host.slots))
+        if selection.include:
+            if host.address not in named:
+                continue
+            ids = sorted(set(named[host.address])) or every
+        elif host.address in named:
+            ids = [i for i in every if named[host.address] and i not in named[host.address]]
+        else:
+            ids = every
+        if ids:
+            chosen.append((Host(host.address, len(ids)), None if ids == every else ids))
+    if not chosen:
+        raise HostfileError(
+            f"--exclude {selection.exclude!r} leaves no host of the hostfile ({names}) to train on. Exclude fewer "
+            "hosts or slots, or name the ones to use with --include."
+        )
+    if selection.num_nodes > len(chosen):
+        raise HostfileError(
+            f"--num_nodes {selection.num_nodes} asks for more hosts than the hostfile has ({len(chosen)}: {names}). "
+            f"Pass --num_nodes {len(chosen)} or less, or add the other hosts to the hostfile."
+        )
+    return chosen[: selection.num_nodes] if selection.num_nodes > 0 else chosen
 
 
 def rank_layout(hosts: list[Host]) -> dict[int, tuple[str, int]]:

@@ -69,6 +69,9 @@ class NodeFacts:
     address: str
     facts: dict
     ranks: int | None = None  # None: one per visible GPU (one on a CPU node)
+    slots: list[int] | None = (
+        None  # which of its GPUs (by number, as the hostfile counts them); None: the first `ranks`
+    )
 
 
 @dataclass
@@ -92,7 +95,6 @@ def decide(nodes: list[NodeFacts], model, training) -> Decision:
         all_gpus,
         check_nodes_agree,
         choose_accelerator,
-        node_gpu_ids,
         precision_from_trainer_flags,
         ranks_per_node,
         resolve_precision,
@@ -134,12 +136,27 @@ def decide(nodes: list[NodeFacts], model, training) -> Decision:
         precision=precision,
         threads={n.address: threads_per_rank(devices[n.address], ranks[n.address]) for n in nodes},
         gpu_ids={
-            n.address: node_gpu_ids(ranks[n.address], devices[n.address], n.facts.get("visible_devices"))
-            if accelerator == "cuda"
-            else None
+            n.address: _gpu_ids(n, ranks[n.address], devices[n.address]) if accelerator == "cuda" else None
             for n in nodes
         },
     )
+
+
+def _gpu_ids(node: NodeFacts, ranks: int, devices) -> list[int]:
+    """The GPU ids of a node's ranks: its first `ranks` visible ones, or the chosen slots among them (--include)."""
+    from textsql.strategy.devices import node_gpu_ids
+
+    if node.slots is None:
+        return node_gpu_ids(ranks, devices, node.facts.get("visible_devices"))
+    visible = node_gpu_ids(len(devices.gpus), devices, node.facts.get("visible_devices"))
+    missing = [slot for slot in node.slots if slot >= len(visible)]
+    if missing:
+        raise PreflightError(
+            f"{node.address}: slot(s) {missing} were chosen, but it has {len(visible)} GPU(s) visible "
+            f"({devices.describe()}). Choose slots below {len(visible)} in --include / --exclude, or fix its slots= "
+            "in the hostfile."
+        )
+    return [visible[slot] for slot in node.slots]
 
 
 def rank_environments(
@@ -327,10 +344,12 @@ def plan_launch(
     log_root: Path,
     environ=os.environ,
     launch_id: str | None = None,
+    master_port: int | None = None,
 ) -> LaunchPlan:
     """Decide, probe every node for this run, and plan it; raises PreflightError listing every problem by node.
     `arguments`: textsql.train's three argument dataclasses, or a command line (parsed once, here).
-    `ask(op, {address: request})` asks every node at once and returns {address: answer}."""
+    `ask(op, {address: request})` asks every node at once and returns {address: answer}. `master_port`: rank 0's
+    port (--master_port), else a free one on the first node."""
     from textsql.cluster.hostfile import address_problem, check_addresses
     from textsql.cluster.runs import choose_checkpoint, interrupted_siblings, planned_run_dir, recorded_world_size
     from textsql.strategy.dsconfig import describe_strategy
@@ -443,7 +462,7 @@ def plan_launch(
         rank_arguments,
         common,
         per_node,
-        free_port(nodes[0].address),
+        master_port or free_port(nodes[0].address),
         node_files,
         probes,
     )

@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from textsql.cluster.hostfile import Host, read_hostfile
+from textsql.cluster.hostfile import Host, HostSelection, read_hostfile, select_hosts
 from textsql.cluster.launch import (
     LaunchFailed,
     LaunchMonitor,
@@ -137,21 +137,47 @@ def ask_over_ssh(op: str, payloads: dict[str, dict], ssh_config: Path | None, wo
     return {host: answer for host, answer, _ in results}
 
 
-def plan_user_managed(hosts: list[Host], arguments, *, ssh_config: Path | None = None, workdir=None, log_root=None):
-    """Ask every host its facts over ssh and plan the launch (textsql.cluster.launch.plan_launch); returns (plan, ask)."""
+def plan_user_managed(
+    hosts: list[Host],
+    arguments,
+    *,
+    ssh_config: Path | None = None,
+    workdir=None,
+    log_root=None,
+    selection: HostSelection | None = None,
+):
+    """Choose the hosts (`selection`: --include/--exclude/--num_nodes, checked against the hostfile before any ssh),
+    ask each its facts over ssh and plan the launch (textsql.cluster.launch.plan_launch); returns (plan, ask)."""
+    selection = selection or HostSelection()
+    chosen = select_hosts(hosts, selection)
     workdir = Path(workdir or os.getcwd()).absolute()
     ask = lambda op, payloads: ask_over_ssh(op, payloads, ssh_config, workdir)  # noqa: E731
-    facts = ask("describe", {h.address: {"address": h.address} for h in hosts})
-    nodes = [NodeFacts(h.address, facts[h.address], h.slots) for h in hosts]
+    facts = ask("describe", {h.address: {"address": h.address} for h, _ in chosen})
+    nodes = [NodeFacts(h.address, facts[h.address], h.slots, slots) for h, slots in chosen]
     plan = plan_launch(
-        nodes, arguments, ask, workdir=workdir, log_root=Path(log_root or workdir / ".textsql" / "launches")
+        nodes,
+        arguments,
+        ask,
+        workdir=workdir,
+        log_root=Path(log_root or workdir / ".textsql" / "launches"),
+        master_port=selection.master_port,
     )
     return plan, ask
 
 
-def preflight(hostfile, arguments, *, ssh_config: Path | None = None, workdir=None, echo=print):
-    """`arguments`: textsql.train's three argument dataclasses, or one command line."""
-    plan, _ = plan_user_managed(read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir)
+def preflight(
+    hostfile,
+    arguments,
+    *,
+    ssh_config: Path | None = None,
+    workdir=None,
+    echo=print,
+    selection: HostSelection | None = None,
+):
+    """`arguments`: textsql.train's three argument dataclasses, or one command line; `selection`: which hosts."""
+    plan, _ = plan_user_managed(
+        read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir, selection=selection
+    )
     echo(plan.describe())
     echo(f"preflight OK: {len(plan.hosts)} nodes, world size {plan.decision.world_size}")
     return plan
@@ -207,8 +233,10 @@ def launch_training(
     log_root=None,
     echo=print,
     grace_seconds: float = 5,
+    selection: HostSelection | None = None,
 ) -> dict:
     """Preflight over ssh, then `deepspeed --launcher pdsh ...`, streaming every rank's output through `echo`.
+    `selection`: which hosts of the hostfile, and rank 0's port (textsql.cluster.hostfile.HostSelection).
 
     Returns {"summary", "ranks", "launch_dir", "command", "shared_output", "plan"}. Raises LaunchFailed naming the rank
     that failed first, with its log tail and what the next launch resumes from; by then every process of the launch
@@ -221,13 +249,20 @@ def launch_training(
     check_shell_safe("The Python interpreter", sys.executable)
     ssh_config = Path(ssh_config).absolute() if ssh_config else None
     plan, ask = plan_user_managed(
-        read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir, log_root=log_root
+        read_hostfile(hostfile),
+        arguments,
+        ssh_config=ssh_config,
+        workdir=workdir,
+        log_root=log_root,
+        selection=selection,
     )
     echo(plan.describe())
     with run_lock(plan.run_dir, plan.launch_id):
         plan.log_dir.mkdir(parents=True, exist_ok=True)
         ask("prepare", plan.prepare_requests())
-        command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check"])
+        # --force_multi: with one host (a one-line hostfile, or what --include/--exclude left) DeepSpeed's runner would
+        # otherwise start the ranks on this machine, not over pdsh on that host.
+        command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check", "--force_multi"])
         env = runner_environment(ssh_config, plan.env, echo, plan.workdir)
         echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
         echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")

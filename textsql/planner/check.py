@@ -8,7 +8,16 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.paths import METADATA_FILE
-from textsql.planner.memory import GIB, PRECISIONS, Setup, predict, predict_fsdp, resolve_model, zero_settings
+from textsql.planner.memory import (
+    GIB,
+    PRECISIONS,
+    Setup,
+    predict,
+    predict_fsdp,
+    resolve_model,
+    with_phases,
+    zero_settings,
+)
 from textsql.run_summary import RunSummary
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -36,9 +45,15 @@ def compare_with_run(
     except TextsqlError as error:
         return {"comparable": False, "reason": str(error), "ratio": None}
     if run["fsdp_layout"] is not None:
-        row = predict_fsdp(shape, run["setup"], *run["fsdp_layout"], run["batch"])
+        step = predict_fsdp(shape, run["setup"], *run["fsdp_layout"], run["batch"])
+        row = with_phases(shape, run["setup"], step, 3, run["fsdp_layout"][1], fsdp=True)
     else:
-        row = predict(shape, run["setup"], *run["layout"], run["batch"])
+        step = predict(shape, run["setup"], *run["layout"], run["batch"])
+        row = with_phases(shape, run["setup"], step, run["layout"][0], run["layout"][1], fsdp=False)
+    # The measurement is the whole run's peak, so it is compared with the largest phase, whose share of the allocator
+    # overhead and unseen memory is as the training step's.
+    peak = row["phases"][row["peak_phase"]]
+    unseen = step["gpu_total_bytes"] - step["torch_reserved_bytes"]
     ranks = summary.peak_memory_per_rank
     on_gpu = [r for r in ranks if "cuda_max_reserved_bytes" in r]
     result = {
@@ -51,8 +66,10 @@ def compare_with_run(
         "lengths_from": run["lengths_from"],
         "gradient_checkpointing": run["setup"].gradient_checkpointing,
         "predicted_gpu_total_bytes": row["gpu_total_bytes"],
-        "predicted_reserved_bytes": row["torch_reserved_bytes"],
-        "predicted_allocated_bytes": row["torch_allocated_bytes"],
+        "predicted_peak_phase": row["peak_phase"],
+        "predicted_phases_gb": {name: phase["gpu_total_gb"] for name, phase in row["phases"].items()},
+        "predicted_reserved_bytes": peak["gpu_total_bytes"] - unseen,
+        "predicted_allocated_bytes": peak["allocated_bytes"],
         "predicted_gpu_gb": {k: round(v / GIB, 3) for k, v in row["gpu_bytes"].items()},
         "predicted_zero3_gathered_elements": (row["zero3_residency"] or {}).get("gathered"),
     }
@@ -74,8 +91,8 @@ def compare_with_run(
         "measured_rank": busiest.get("rank"),
         "measured_reserved_bytes": reserved,
         "measured_allocated_bytes": allocated,
-        "ratio": round(reserved / row["torch_reserved_bytes"], 3),
-        "ratio_allocated": round(allocated / row["torch_allocated_bytes"], 3),
+        "ratio": round(reserved / result["predicted_reserved_bytes"], 3),
+        "ratio_allocated": round(allocated / result["predicted_allocated_bytes"], 3),
     }
 
 
@@ -112,6 +129,8 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
         tuple(sorted(settings.items())),
         lora_rank=int(lora.get("rank") or 0),
         lora_targets=lora.get("targets", "qv"),
+        eval_batch=int(training.get("per_device_eval_batch_size") or batch),
+        eval_num_beams=_eval_beams(summary.arguments.get("data") or {}),
     )
     fsdp_layout = None
     if strategy.get("strategy") == "fsdp":
@@ -129,6 +148,13 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
         "strategy": strategy.get("label", "none"),
         "lengths_from": lengths_from,
     }
+
+
+def _eval_beams(data: dict) -> int:
+    """The beams of the SQL the run generated at each evaluation; 0 when it scored no execution accuracy."""
+    if not data.get("execution_accuracy_samples"):
+        return 0
+    return int(data.get("execution_accuracy_num_beams") or 1)
 
 
 def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: int):

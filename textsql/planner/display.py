@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from textsql.extras import require_notebooks_extra
-from textsql.planner.memory import COMPONENTS
+from textsql.planner.memory import COMPONENTS, GIB
 
 COLUMN_TITLES = {
     "parameters": "params",
@@ -28,11 +28,17 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         + (f", {a['cpu_memory_gb']:g} GB host memory per pod" if a["cpu_memory_gb"] else ""),
         f"training   batch {a['per_device_train_batch_size']} per GPU, {a['max_source_length']}/{a['max_target_length']} "
         f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
+        f"evaluation batch {a['per_device_eval_batch_size']} per GPU, "
+        + (
+            f"generating SQL with {a['eval_num_beams']} beam(s)" if a["eval_num_beams"] else "loss only (no generation)"
+        ),
         f"buckets    from {plan['zero_settings_source']}",
         _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
         "",
-        "GPU memory per GPU (GB)                                                              CPU/node",
-        f"{'strategy':<15}" + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS) + f"{'TOTAL':>9}{'GB':>9}  fits",
+        "GPU memory per GPU (GB): the training step by component, then the run's peak over its phases    CPU/node",
+        f"{'strategy':<24}"
+        + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS)
+        + f"{'step':>9}{'PEAK':>9}  {'peak phase':<16}{'GB':>7}  {'host peak':<16}fits",
     ]
     lines += _rows(plan["strategies"])
     lora = plan.get("lora")
@@ -43,6 +49,10 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
             f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)"
         )
         lines += _rows(lora["strategies"])
+    lines.append(
+        "(phases: training step, evaluation (loss, and generate() when it generates SQL), checkpoint_save, final_save "
+        "(fp32); PEAK is the largest, and it decides fits and the recommendation)"
+    )
     lines.append(
         f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
         f"memory; tight = fits only without the safety margin)"
@@ -55,7 +65,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         what = f"LoRA under {rec['strategy']}" if rec.get("lora") else strategy_words(rec["strategy"])
         lines.append(
             f"recommendation: {what} with batch {rec['per_device_train_batch_size']} per GPU "
-            f"({rec['predicted_gpu_gb']:.1f} GB); the largest batch that fits under {rec['strategy']} is "
+            f"({rec['predicted_gpu_gb']:.1f} GB, peak in {rec['peak_phase']}); the largest batch that fits under {rec['strategy']} is "
             f"{rec['largest_per_device_train_batch_size']}." + (f" Why: {rec['reason']}." if rec.get("lora") else "")
         )
         if rec.get("alternative"):
@@ -95,9 +105,10 @@ def _rows(strategies: dict) -> list[str]:
             else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
         )
         lines.append(
-            f"{name:<15}"
+            f"{name:<24}"
             + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
-            + f"{row['gpu_total_gb']:>9.2f}{row['cpu_per_node_gb']:>9.1f}  {fits}"
+            + f"{row['training_gpu_total_bytes'] / GIB:>9.2f}{row['gpu_total_gb']:>9.2f}  {row['peak_phase']:<16}"
+            + f"{row['cpu_per_node_gb']:>7.1f}  {row['cpu_peak_phase']:<16}{fits}"
         )
     return lines
 
@@ -134,6 +145,8 @@ def plot_plan(plan: dict, path=None):
         heights = [plan["strategies"][n]["gpu_gb"][component] for n in names]
         ax.bar(names, heights, bottom=bottoms, label=component.replace("_", " "))
         bottoms = [b + h for b, h in zip(bottoms, heights)]
+    peaks = [plan["strategies"][n]["gpu_total_gb"] for n in names]
+    ax.scatter(names, peaks, marker="_", s=400, color="black", label="peak over the run's phases")
     inputs = plan["inputs"]
     ax.axhline(
         inputs["gpu_memory_gb"], color="black", linewidth=1, label=f"GPU memory ({inputs['gpu_memory_gb']:g} GB)"

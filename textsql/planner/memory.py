@@ -127,6 +127,17 @@ ASSUMPTIONS = [
     "copy for the reduce-scatter. Activations as DeepSpeed's (the module itself computes in bf16). Not yet calibrated "
     "on a GPU.",
 ]
+ASSUMPTIONS.append(
+    "Phases: a pod's peak is the largest of the training step, evaluation, checkpoint save and final save. Between "
+    "steps the activations are freed, and PyTorch's and FSDP's gradients (DeepSpeed keeps its gradient partitions; "
+    "ZeRO-3's gathered parameters are counted whole). Evaluation adds the eval loss's forward pass over the "
+    "vocabulary or, when it generates SQL, generate()'s caches: eval batch x beams rows of encoder output, "
+    "cross-attention and self-attention keys and values of every decoder layer, and fp32 scores. Checkpoint save "
+    "adds host memory: rank 0's whole model (ZeRO-3 gathers it in the training dtype; else safetensors copies the "
+    "GPU tensors) and torch.save's copy of a GPU optimizer partition. The final fp32 save adds the full fp32 copy "
+    "of the largest parameter on the GPU (DeepSpeed, FSDP) and every rank's fp32 state dict on the host (rank 0's "
+    "alone under FSDP; the adapter alone with LoRA).",
+)
 LORA_ASSUMPTIONS = [
     "LoRA rows (--lora True): the base model is frozen and held in the training dtype under DeepSpeed (DeepSpeed casts "
     "the whole module; fp32 without DeepSpeed, as textsql loads it), partitioned under ZeRO-3 like any parameter. "
@@ -160,6 +171,16 @@ class PlanArguments:
         default=40.0, metadata={"help": "Memory of one GPU in GB (2**30 bytes; an A100-40GB has 40)."}
     )
     per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch per GPU."})
+    per_device_eval_batch_size: int = field(
+        default=32, metadata={"help": "Evaluation batch per GPU (as textsql train's), for the evaluation phase."}
+    )
+    eval_num_beams: int = field(
+        default=1,
+        metadata={
+            "help": "Beams of the SQL generated at each evaluation (textsql train --execution_accuracy_num_beams; 1: "
+            "greedy); 0 when evaluation generates nothing (--execution_accuracy_samples 0)."
+        },
+    )
     max_source_length: int = field(
         default=96, metadata={"help": "Longest question in a batch, in tokens (batches are padded to their longest)."}
     )
@@ -203,10 +224,22 @@ class PlanArguments:
     def __post_init__(self):
         if not str(self.model).strip():
             raise TextsqlError("--model is empty. Pass t5-small, t5-base, t5-large, t5-3b, t5-11b or a model folder.")
-        for name in ("nodes", "gpus_per_node", "per_device_train_batch_size", "max_source_length", "max_target_length"):
+        for name in (
+            "nodes",
+            "gpus_per_node",
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "max_source_length",
+            "max_target_length",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TextsqlError(f"--{name} must be a whole number of at least 1, not {value!r}.")
+        if isinstance(self.eval_num_beams, bool) or not isinstance(self.eval_num_beams, int) or self.eval_num_beams < 0:
+            raise TextsqlError(
+                f"--eval_num_beams must be 0 (evaluation generates nothing), 1 (greedy) or more beams, "
+                f"not {self.eval_num_beams!r}."
+            )
         if not self.gpu_memory_gb > 0:
             raise TextsqlError(f"--gpu_memory_gb must be positive (40 for an A100-40GB), not {self.gpu_memory_gb!r}.")
         if self.cpu_memory_gb is not None and not self.cpu_memory_gb > 0:
@@ -268,7 +301,21 @@ def resolve_model(name: str) -> ModelShape:
 
         config = T5Config(**T5_SHAPES[short], vocab_size=T5_VOCAB_SIZE)
         return _shape_from_config(config, short, "built-in shape table")
+    _refuse_a_near_miss(short, T5_SHAPES)
     return _shape_from_config(_config_from_hub(name), name, "Hugging Face cache")
+
+
+def _refuse_a_near_miss(name: str, known) -> None:
+    """A name one typo away from a built-in one (t5-3B, t5-smal) answered at once, before the hub's retries (28 s
+    offline) and a download command that repeats the typo."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.85)
+    if close:
+        raise TextsqlError(
+            f"'{name}' is not a model textsql knows: did you mean {close[0]}? (Built-in shapes: {', '.join(known)}; "
+            "any other name is read from a model folder's config.json or the Hugging Face cache.)"
+        )
 
 
 def _config_from_folder(folder: Path):
@@ -756,6 +803,8 @@ class Setup:
     settings: tuple  # zero_settings() items, hashable
     lora_rank: int = 0  # 0: full fine-tuning; else LoRA of this rank on lora_targets
     lora_targets: str = "qv"
+    eval_batch: int = 32  # per_device_eval_batch_size
+    eval_num_beams: int = 1  # beams of the SQL generated during evaluation; 0: evaluation computes the loss only
 
     @property
     def gpus(self) -> int:
@@ -931,11 +980,161 @@ def predict_fsdp(
     }
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# The phases of a run: its peak is the largest of them
+# ---------------------------------------------------------------------------------------------------------------------
+
+# In the order a run meets them; where two phases predict the same peak, the earlier one is named.
+PHASES = ("training", "evaluation", "checkpoint_save", "final_save")
+
+
+def generation_bytes(shape: ModelShape, setup: Setup, fp32_module: bool = False) -> dict:
+    """GPU bytes an evaluation adds to what stays between training steps: the evaluation loss's forward pass (no
+    gradients: the logits, their fp32 copy in 16-bit training, and the fp32 log-softmax, eval batch x target x
+    vocabulary) or, when evaluation generates
+    SQL (setup.eval_num_beams > 0: textsql's execution accuracy), generate()'s working set, whichever is larger.
+
+    generate() holds, for eval batch x beams rows: the encoder output (source x d_model), the cross-attention keys and
+    values of every decoder layer (2 x source x heads x d_kv), the self-attention cache grown to the target length
+    (2 x target x heads x d_kv per layer), and each step's scores over the vocabulary in fp32 (the logits' copy, the
+    log-softmax, the beam scores added: three rows x vocabulary tensors). generate() runs the module in its own dtype
+    (no autocast): `fp32_module` for plain PyTorch, whose module is fp32 whatever the precision.
+    """
+    s = shape
+    e = 4 if setup.precision == "fp32" else 2
+    inner, src, tgt = s.num_heads * s.d_kv, setup.source_length, setup.target_length
+    loss_forward = setup.eval_batch * tgt * s.vocab_size * (e + 4 + (4 if e == 2 else 0))
+    detail = {"loss_forward": int(loss_forward)}
+    if setup.eval_num_beams:
+        e = 4 if fp32_module else e
+        rows = setup.eval_batch * setup.eval_num_beams
+        detail |= {
+            "encoder_output": rows * src * s.d_model * e,
+            "cross_attention_cache": s.num_decoder_layers * 2 * rows * src * inner * e,
+            "self_attention_cache": s.num_decoder_layers * 2 * rows * tgt * inner * e,
+            "step_scores": 3 * rows * s.vocab_size * 4,
+        }
+    generate = sum(v for k, v in detail.items() if k != "loss_forward")
+    detail["total"] = int(max(loss_forward, generate))
+    return detail
+
+
+def predict_phases(
+    shape: ModelShape, setup: Setup, row: dict, stage: int, offload_optimizer: bool, fsdp: bool = False
+) -> dict:
+    """Each phase's predicted GPU bytes per GPU and host bytes per pod, from the training step's prediction `row`
+    (predict or predict_fsdp for the same strategy). Between training steps the activations are freed; what stays
+    (held) is the parameters, optimizer states and buffers, DeepSpeed's gradient partitions (the Trainer frees
+    PyTorch's and FSDP's gradients), and ZeRO-3's / FSDP's gathered parameters (counted whole: generate() runs every
+    module again and again, so the coordinator's trace never settles).
+
+    - training: the row itself.
+    - evaluation: held + generation_bytes (the eval loss's forward pass, or generate()'s caches and scores).
+    - checkpoint_save: held on the GPU (ZeRO-3 gathers one module at a time, already counted; safetensors copies one
+      tensor at a time to the host). On the host: rank 0's whole model in the module's dtype (ZeRO-3 with
+      stage3_gather_16bit_weights_on_model_save: the gathered 16-bit state dict; else safetensors' host copies of the
+      GPU tensors, kept until the file is written; fp32 without DeepSpeed and under FSDP), and on each rank torch.save's host copy of the largest optimizer tensor on the GPU (the flat fp32
+      partition, 4P/N bytes; none when the optimizer is offloaded, its states already on the host).
+    - final_save: textsql's save_final_model writes fp32: on the GPU, the full fp32 copy of one parameter at a time
+      (DeepSpeed's safe_get_full_fp32_param, FSDP's full_tensor: the largest parameter, plus its fp32 partition
+      brought from the host under ZeRO-3 offload); plain PyTorch copies to the host directly. On the host, every rank
+      builds the whole fp32 state dict on the host (4P each; under FSDP rank 0 alone), which safetensors writes
+      without a copy. With LoRA, textsql saves the adapter alone: its trainable parameters in fp32 on each rank.
+    The pod's peak is the largest phase (peak_phase names it; cpu_peak_phase the host's).
+    """
+    P, N = shape.parameters, setup.gpus
+    low = 4 if setup.precision == "fp32" else 2
+    largest = max(shape.parameter_sizes, default=shape.largest_layer_parameters)
+    gpu = row["gpu_bytes"]
+    held_parts = {
+        "parameters": gpu["parameters"],
+        "gradients": gpu["gradients"] if stage > 0 and not fsdp else 0,
+        "optimizer_states": gpu["optimizer_states"],
+        "weight_copies": gpu["weight_copies"] if stage == 3 or fsdp else 0,
+        "buckets": gpu["buckets"],
+    }
+    held = sum(held_parts.values())  # what stays between training steps
+    train_cpu = row["cpu_per_node_bytes"]
+    lora = setup.lora_rank > 0
+    trainable = row.get("trainable_parameters", P)
+    # ZeRO-3: the gathered 16-bit state dict on the host (safetensors writes host tensors without a copy; with LoRA
+    # too: the Trainer gathers the whole model, then PEFT keeps the adapter); else safetensors' host copies of the
+    # module's weights on the GPU (with LoRA, the adapter's), all kept until the file is written.
+    if stage == 3 and not fsdp:
+        model_on_rank0 = low * P
+    else:
+        model_on_rank0 = (4 if stage == 0 or fsdp else low) * (trainable if lora else P)
+    largest_state = 4 * (trainable if lora else largest) if stage == 0 else math.ceil(4 * trainable / N)
+    optimizer_copy = 0 if offload_optimizer else largest_state
+    if lora:  # textsql saves the adapter alone (adapter_state on every rank): its parameters, gathered whole
+        final_gpu, state_dicts = 0, 4 * trainable * setup.gpus_per_node
+    elif stage == 0 and not fsdp:
+        final_gpu, state_dicts = 0, 4 * P * setup.gpus_per_node
+    else:
+        final_gpu = 4 * largest + (math.ceil(4 * largest / N) if stage == 3 and offload_optimizer else 0)
+        state_dicts = 4 * P * (1 if fsdp else setup.gpus_per_node)
+    generation = generation_bytes(shape, setup, fp32_module=stage == 0 and not fsdp)
+    extra = {
+        "evaluation": (generation["total"], 0),
+        "checkpoint_save": (0, model_on_rank0 + optimizer_copy * setup.gpus_per_node),
+        "final_save": (final_gpu, state_dicts),
+    }
+    unseen = row["gpu_total_bytes"] - row["torch_reserved_bytes"]
+    phases = {
+        "training": {
+            "gpu_total_bytes": row["gpu_total_bytes"],
+            "gpu_added_bytes": row["torch_allocated_bytes"] - held,
+            "allocated_bytes": row["torch_allocated_bytes"],
+            "cpu_per_node_bytes": train_cpu,
+            "cpu_added_bytes": 0,
+        }
+    }
+    for name, (added_gpu, added_cpu) in extra.items():
+        allocated = held + added_gpu
+        phases[name] = {
+            "gpu_total_bytes": allocated + int(ALLOCATOR_OVERHEAD_FRACTION * allocated) + unseen,
+            "gpu_added_bytes": int(added_gpu),
+            "allocated_bytes": int(allocated),
+            "cpu_per_node_bytes": int(train_cpu + added_cpu),
+            "cpu_added_bytes": int(added_cpu),
+        }
+    phases["evaluation"]["generation_detail"] = generation
+    for phase in phases.values():
+        phase["gpu_total_gb"] = round(phase["gpu_total_bytes"] / GIB, 3)
+        phase["cpu_per_node_gb"] = round(phase["cpu_per_node_bytes"] / GIB, 3)
+    return {
+        "phases": phases,
+        "held_between_steps_bytes": held,
+        "held_between_steps_detail": held_parts,
+        "peak_phase": max(PHASES, key=lambda n: phases[n]["gpu_total_bytes"]),
+        "cpu_peak_phase": max(PHASES, key=lambda n: phases[n]["cpu_per_node_bytes"]),
+    }
+
+
+def with_phases(shape: ModelShape, setup: Setup, row: dict, stage: int, offload_optimizer: bool, fsdp: bool) -> dict:
+    """The training step's row with its phases added, and its totals the pod's peak: the largest phase (the
+    training step's own figures stay in training_gpu_total_bytes, training_cpu_per_node_bytes and gpu_bytes)."""
+    found = predict_phases(shape, setup, row, stage, offload_optimizer, fsdp)
+    phases = found["phases"]
+    return dict(
+        row,
+        **found,
+        training_gpu_total_bytes=row["gpu_total_bytes"],
+        training_cpu_per_node_bytes=row["cpu_per_node_bytes"],
+        gpu_total_bytes=phases[found["peak_phase"]]["gpu_total_bytes"],
+        cpu_per_node_bytes=phases[found["cpu_peak_phase"]]["cpu_per_node_bytes"],
+    )
+
+
 def predict_strategy(shape: ModelShape, setup: Setup, strategy: str, batch: int) -> dict:
-    """predict() or predict_fsdp() for a strategy of the table, by name."""
+    """The pod's peak over a run's phases (with_phases) for a strategy of the table, by name."""
     if strategy in FSDP_LAYOUT:
-        return predict_fsdp(shape, setup, *FSDP_LAYOUT[strategy], batch)
-    return predict(shape, setup, *STRATEGY_LAYOUT[strategy], batch)
+        reshard, offload, hybrid = FSDP_LAYOUT[strategy]
+        row = predict_fsdp(shape, setup, reshard, offload, hybrid, batch)
+        return with_phases(shape, setup, row, 3, offload, fsdp=True)
+    stage, offload_optimizer, offload_param = STRATEGY_LAYOUT[strategy]
+    row = predict(shape, setup, stage, offload_optimizer, offload_param, batch)
+    return with_phases(shape, setup, row, stage, offload_optimizer, fsdp=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -956,6 +1155,8 @@ def plan_memory(args: PlanArguments) -> dict:
         args.precision,
         args.gradient_checkpointing,
         tuple(sorted(settings.items())),
+        eval_batch=args.per_device_eval_batch_size,
+        eval_num_beams=args.eval_num_beams,
     )
     limits = _limits(args)
     strategies = {}
@@ -986,7 +1187,7 @@ def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, 
     layers = lora_layers(shape, args.lora_rank, args.lora_targets)
     rows = {}
     for name in DEEPSPEED_STRATEGIES:  # LoRA is modelled on the ZeRO strategies (and plain DDP); not yet under FSDP
-        row = predict(shape, lora_setup, *STRATEGY_LAYOUT[name], args.per_device_train_batch_size)
+        row = predict_strategy(shape, lora_setup, name, args.per_device_train_batch_size)
         rows[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
     plan["lora"] = {
         "rank": args.lora_rank,
@@ -1019,6 +1220,7 @@ def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, 
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "largest_per_device_train_batch_size": largest_batch(shape, lora_setup, name, limits),
         "predicted_gpu_gb": rows[name]["gpu_total_gb"],
+        "peak_phase": rows[name]["peak_phase"],
     }
     plan["lora"]["recommendation"] = lora_recommendation
     if full is None:
@@ -1089,7 +1291,8 @@ def _recommend(shape, setup, args, strategies, limits):
                 "per_device_train_batch_size": args.per_device_train_batch_size,
                 "largest_per_device_train_batch_size": largest,
                 "predicted_gpu_gb": strategies[name]["gpu_total_gb"],
-                "reason": f"{name} is the fastest strategy whose prediction fits in {1 - args.safety_margin:.0%} of "
+                "peak_phase": strategies[name]["peak_phase"],
+                "reason": f"{name} is the fastest strategy whose peak over the run's phases fits in {1 - args.safety_margin:.0%} of "
                 f"{args.gpu_memory_gb:g} GB"
                 + (f" (and of {args.cpu_memory_gb:g} GB host memory)" if args.cpu_memory_gb else ""),
             }, None
@@ -1124,6 +1327,12 @@ def _no_fit_message(shape, setup, args, strategies, limits) -> str:
         fixes.append("--gradient_checkpointing True")
     if args.precision == "fp32":
         fixes.append("--precision bf16 (Ampere or newer)")
+    if strategies[smallest]["peak_phase"] == "evaluation":
+        fixes.insert(
+            0,
+            f"a smaller --per_device_eval_batch_size or fewer --eval_num_beams (evaluation sets {smallest}'s peak: "
+            f"textsql train's --per_device_eval_batch_size and --execution_accuracy_num_beams)",
+        )
     fixes.append("shorter --max_source_length/--max_target_length or a smaller model")
     for name in STRATEGIES:
         batch = largest_batch(shape, setup, name, limits)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import sys
 import tempfile
 from pathlib import Path
 
@@ -72,6 +73,20 @@ def private_runtime_dir():
                 os.environ[RUNTIME_DIR_VARIABLE] = previous
 
 
+@contextlib.contextmanager
+def commands_on_path():
+    """This interpreter's folder of commands (the virtual environment's bin/, where `textsql` is) first on PATH for the
+    duration: JupyterLab's terminals and the kernels it starts inherit it, so `textsql ...` and `!textsql ...` work in
+    the lab without activating the environment."""
+    previous = os.environ.get("PATH", "")
+    bin_dir = str(Path(sys.executable).parent)
+    os.environ["PATH"] = os.pathsep.join([bin_dir, *(p for p in previous.split(os.pathsep) if p and p != bin_dir)])
+    try:
+        yield bin_dir
+    finally:
+        os.environ["PATH"] = previous
+
+
 def serve_lab(root_dir: str | Path, port: int, *, behind_cml_proxy: bool = False) -> int:
     """Run JupyterLab in this process until it is stopped (Ctrl-C, or SIGTERM), printing its URL once it listens."""
     require_notebooks_extra("jupyterlab", "textsql lab")
@@ -79,7 +94,7 @@ def serve_lab(root_dir: str | Path, port: int, *, behind_cml_proxy: bool = False
 
     root = Path(root_dir).resolve()
     token = secrets.token_urlsafe(32)
-    with private_runtime_dir() as runtime_dir:
+    with private_runtime_dir() as runtime_dir, commands_on_path():
         server = LabApp.initialize_server(
             argv=[], config=lab_config(root, port, token, runtime_dir, behind_cml_proxy=behind_cml_proxy)
         )

@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 
 from textsql.errors import TextsqlError
-from textsql.paths import DSCONFIG_DIR
+from textsql.paths import DS_MONITOR_DIR, DSCONFIG_DIR, FLOPS_PROFILE_FILE
 from textsql.strategy.dsconfig_rules import (
     ACCELERATE_PLUGIN_AUTO,
     _accelerate_plugin,
@@ -124,12 +124,39 @@ def resolve_for_run(cfg, run_dir) -> dict:
     resolved = copy.deepcopy(cfg)
     profiler = resolved.get("flops_profiler")
     if isinstance(profiler, dict) and profiler.get("output_file") is None:
-        profiler["output_file"] = str(run_dir / "flops_profile.txt")
+        profiler["output_file"] = str(run_dir / FLOPS_PROFILE_FILE)
     for monitor in ("tensorboard", "csv_monitor"):
         block = resolved.get(monitor)
         if isinstance(block, dict) and not block.get("output_path"):
-            block["output_path"] = str(run_dir / "ds_monitor")
+            block["output_path"] = str(run_dir / DS_MONITOR_DIR)
     return resolved
+
+
+# --ds_monitor's names -> DeepSpeed's config block and the subfolder of ds_monitor/ it writes (its job_name).
+DS_MONITORS = {"csv": ("csv_monitor", "csv"), "tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", None)}
+
+
+def add_ds_tools(cfg, *, flops_profile_step: int = 0, monitors=(), comms_logger: bool = False) -> dict:
+    """A deep copy with DeepSpeed's tools turned on, keeping what the config sets itself: the flops profiler at optimizer
+    step `flops_profile_step` (counted from 1, as the Trainer logs; DeepSpeed counts finished steps, from 0), the
+    monitors named (DS_MONITORS) and the comms logger. resolve_for_run then points their files into the run folder."""
+    added = copy.deepcopy(cfg)
+    if flops_profile_step:
+        block = added.setdefault("flops_profiler", {})
+        block.update(enabled=True, profile_step=flops_profile_step - 1)
+        for key, value in {"module_depth": -1, "top_modules": 1, "detailed": True}.items():
+            block.setdefault(key, value)
+    for name in monitors:
+        key, job_name = DS_MONITORS[name]
+        block = added.setdefault(key, {})
+        block["enabled"] = True
+        if job_name:
+            block["job_name"] = job_name  # ds_monitor/csv/, ds_monitor/tensorboard/: where the docs say
+        if name == "wandb":
+            block.setdefault("project", "textsql")
+    if comms_logger:
+        added.setdefault("comms_logger", {})["enabled"] = True
+    return added
 
 
 def shipped_in(folder: Path, kind: str) -> dict[str, Path]:

@@ -14,6 +14,7 @@ from textsql.errors import TextsqlError
 from textsql.evaluate import check_decoding
 from textsql.paths import in_project
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
+from textsql.train.dstools import DsToolsArguments
 
 # The original walkthrough's flag names, kept so its commands still work.
 # transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
@@ -90,15 +91,16 @@ _TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
 
 
 @dataclass
-class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
+class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments):
     """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
 
     Building one is cheap and touches no device, so a notebook kernel or the multi-pod session (perhaps without a GPU)
     can describe a run and hand it to the processes that train. The Trainer's own checks and device setup run once, in
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
     TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
-    (textsql.adapters.LoraArguments: --lora, --lora_rank, ...) are training arguments like the others, so they travel
-    with them to every rank and node.
+    (textsql.adapters.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.train.dstools.
+    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger) are training arguments like the others, so they
+    travel with them to every rank and node.
     """
 
     output_dir: str | None = field(
@@ -126,8 +128,9 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
     )
     average_tokens_across_devices: bool = _textsql_default(
         "average_tokens_across_devices",
-        False,
-        "T5's forward ignores the token count, so averaging would scale the loss by the world size",
+        True,
+        "a step's loss is the mean over the label tokens of every rank's micro-batches, as one batch on one process "
+        "would give; False: each rank's own tokens, the ranks' losses then averaged (docs/training.md)",
     )
     ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
     fsdp_config: str | None = field(
@@ -198,6 +201,7 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments):
             )
         self._check_numbers()
         self.check_lora()
+        self.check_ds_tools(self.deepspeed)
         self.finalized = False
 
     def _check_numbers(self) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 
@@ -93,11 +94,33 @@ def child_environment(ranks: int, devices) -> dict[str, str]:
     return env
 
 
+class TrainingTimedOut(TextsqlError):
+    """A training that did not finish within its time limit; every process it started has been stopped."""
+
+    def __init__(self, limit_s: float, tail: list[str]):
+        self.limit_s = limit_s
+        last = "\n".join(tail[-6:])
+        super().__init__(
+            f"The training did not finish within its time limit of {limit_s:g} s and was stopped with every process "
+            "it started (a hang, or a setting far slower than the others). Allow more time if it was only slow. "
+            f"Last lines of its output:\n{last}"
+        )
+
+
 def run_training(
-    model_args, data_args, training_args, num_gpus: int | None = None, *, echo=print, tail_lines: int = 40
+    model_args,
+    data_args,
+    training_args,
+    num_gpus: int | None = None,
+    *,
+    echo=print,
+    tail_lines: int = 40,
+    timeout_s: float | None = None,
 ) -> dict:
     """Train in child processes (one rank per visible GPU unless `num_gpus` says otherwise), echo their output line by
-    line, and return the run's summary (textsql.run_summary). The arguments are textsql.train's dataclasses (notebooks build them)."""
+    line, and return the run's summary (textsql.run_summary). The arguments are textsql.train's dataclasses (notebooks build them).
+    `timeout_s`: a limit on the whole training; past it the children run in their own process group, which is killed
+    (TERM, then KILL), and TrainingTimedOut is raised. Without a limit they stay in this terminal's group (Ctrl-C)."""
     check_prepared(data_args.dataset_dir)  # the user's input first, before any process starts
     devices = node_devices(training_args.accelerator)
     ranks = ranks_per_node(num_gpus, devices)
@@ -109,8 +132,17 @@ def run_training(
         tail: deque[str] = deque(maxlen=tail_lines)
         summary_path = None
         with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_environment(ranks, devices)
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=child_environment(ranks, devices),
+            start_new_session=timeout_s is not None,
         ) as child:
+            timer = threading.Timer(timeout_s, stop_group, (child,)) if timeout_s is not None else None
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             try:
                 for line in child.stdout:
                     line = line.rstrip("\n")
@@ -121,7 +153,15 @@ def run_training(
                         summary_path = line.split(SUMMARY_MARKER, 1)[1].strip()
             except KeyboardInterrupt:
                 stop_child(child)
+                if timer is not None:
+                    stop_group(child)
                 raise TrainingInterrupted(interrupted_message(model_args, training_args, ranks)) from None
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                    timer.join()  # a limit reached now: its group is stopped before this returns
+    if getattr(child, "stopped_group", False) and not (child.returncode == 0 and summary_path):
+        raise TrainingTimedOut(timeout_s, list(tail))
     if child.returncode != 0 or summary_path is None:
         raise TextsqlError(failure_message(child.returncode, list(tail)))
     return read_summary(summary_path)
@@ -138,6 +178,22 @@ def stop_child(child: subprocess.Popen, grace: float = 30) -> None:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+
+def stop_group(child: subprocess.Popen, grace: float = 10) -> None:
+    """End a child started in its own session and everything in its process group (the deepspeed launcher and its
+    ranks): TERM, then KILL after `grace` seconds. Marks the child `stopped_group`."""
+    child.stopped_group = True
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        if sig == signal.SIGTERM:
+            try:
+                child.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def failure_message(status: int, tail: list[str]) -> str:

@@ -46,6 +46,7 @@ from textsql.strategy.devices import (
     use_accelerator,
 )
 from textsql.strategy.dsconfig import (
+    add_ds_tools,
     check_batch_settings,
     describe_strategy,
     load_dsconfig,
@@ -65,6 +66,13 @@ from textsql.strategy.fsdpconfig import (
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.train.collate import CausalLMCollator
 from textsql.train.distributed import ensure_distributed_env, gather_to_all, nodes_in_launch, world_size
+from textsql.train.dstools import (
+    attach_flops_profiler,
+    comms_logger_enabled,
+    own_latencies_in_comms_logger,
+    running_ds_config,
+    write_comms_summary,
+)
 from textsql.train.fsdp import wrapped_layer_classes
 from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
 from textsql.train.trainer import make_trainer_class, peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
@@ -250,7 +258,13 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
             resume_from = str(newest)
     settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
     if dsconfig is not None:
-        settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(dsconfig, output_dir), output_dir))
+        tools = add_ds_tools(
+            dsconfig,
+            flops_profile_step=training.flops_profiler,
+            monitors=training.ds_monitors,
+            comms_logger=training.comms_logger,
+        )
+        settings["deepspeed"] = str(_write_resolved_dsconfig(resolve_for_run(tools, output_dir), output_dir))
     if fsdpconfig is not None:
         settings.update(fsdp_trainer_settings(fsdpconfig, world_size(), nodes_in_launch()))
     return RunSetup(output_dir, precision, accelerator, devices, strategy, dsconfig, resume_from, settings, fsdpconfig)
@@ -312,10 +326,14 @@ def train(
     configure_logging(training_args.process_index == 0, plan.output_dir / LOG_FILE)
     pin_to_one_gpu(training_args)
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.output_dir / "tensorboard")
+    if "wandb" in training_args.ds_monitors:
+        os.environ.setdefault("WANDB_DIR", str(plan.output_dir))  # W&B's local files in the run folder too
     if plan.dsconfig is not None:
         import deepspeed
 
         _route_deepspeed_logs()
+        if training_args.comms_logger or comms_logger_enabled(plan.dsconfig):
+            own_latencies_in_comms_logger()
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
 
@@ -369,6 +387,7 @@ def train(
             "decoding": data_args.execution_accuracy_decoding,
             "num_beams": data_args.execution_accuracy_num_beams,
         }
+    flops_profiler = attach_flops_profiler(trainer, training_args.flops_profiler, plan.output_dir)
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
     logger.info(
@@ -395,6 +414,9 @@ def train(
     else:
         save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
     trainer.save_state()
+    comms = None
+    if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
+        comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
     memory = gather_to_all(peak_memory(plan.accelerator))
     real_tokens = sum(gather_to_all(trainer.real_tokens))
     if not trainer.is_world_process_zero():
@@ -404,6 +426,16 @@ def train(
     )
 
     summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
+    summary.comms_summary = comms
+    if flops_profiler is not None:
+        summary.flops_profile = flops_profiler.figures(
+            accumulation=training_args.gradient_accumulation_steps,
+            micro_batch=training_args.per_device_train_batch_size,
+            precision=plan.precision.name,
+            tf32=summary.tf32,
+            gpu=memory[0].get("device") if plan.accelerator == "cuda" else None,
+            last_step=trainer.state.global_step,
+        )
     write_summary(summary, plan.output_dir)
     return summary
 
@@ -418,9 +450,7 @@ def build_summary(
     metrics = result.metrics
     trainable, parameters = parameter_counts(trainer.model)
     runtime = metrics.get("train_runtime", 0.0)
-    ds_config = None
-    if trainer.is_deepspeed_enabled:
-        ds_config = trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config
+    ds_config = running_ds_config(trainer)
     return RunSummary.from_dict(
         {
             "run": plan.output_dir.name,

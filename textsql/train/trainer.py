@@ -1,8 +1,10 @@
-"""The Trainer textsql trains with (Seq2SeqTrainer or Trainer by the model family; real tokens and throughput logged,
-execution accuracy at each evaluation), the final model saved in one dtype whatever the strategy, and peak memory."""
+"""The Trainer textsql trains with (Seq2SeqTrainer or Trainer by the model family; one optimizer step's loss over all
+its label tokens whatever the accumulation and ranks, real tokens and throughput logged, execution accuracy at each
+evaluation), the final model saved in one dtype whatever the strategy, and each rank's peak memory."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
@@ -17,9 +19,21 @@ from textsql.train.fsdp import accelerate_fsdp2_kwargs, full_state_dict, group_t
 logger = logging.getLogger("textsql.train")
 
 
+def forward_divides_by_token_count(model) -> bool:
+    """Whether the model's forward turns the Trainer's `num_items_in_batch` (the real label tokens of the whole optimizer
+    step) into its loss: the sum over its micro-batch's tokens divided by it. transformers' causal LMs do, through
+    `self.loss_function`; T5 takes the keyword into its **kwargs and drops it, returning the mean over its own
+    micro-batch's tokens. A class that says so (`accepts_loss_kwargs`) is believed; `model` is unwrapped (no peft)."""
+    declared = getattr(model, "accepts_loss_kwargs", None)
+    if declared is not None:
+        return bool(declared)
+    return "loss_function" in inspect.unwrap(type(model).forward).__code__.co_names
+
+
 def make_trainer_class(family: Family = None):
-    """The family's Trainer (Seq2SeqTrainer for T5, Trainer for causal LMs; T5's without a family) counting real
-    (non-pad) tokens and logging throughput to TensorBoard."""
+    """The family's Trainer (Seq2SeqTrainer for T5, Trainer for causal LMs; T5's without a family) whose step's loss is
+    one batch's whatever the accumulation and ranks, that counts real (non-pad) tokens and logs throughput to
+    TensorBoard."""
     import torch
     import transformers
 
@@ -31,6 +45,15 @@ def make_trainer_class(family: Family = None):
             self.real_tokens = 0
             self._pending_tokens = torch.zeros((), dtype=torch.long)
             self._last_log = (time.perf_counter(), 0, 0)
+            from transformers.loss.loss_utils import ForCausalLMLoss
+            from transformers.trainer_utils import unwrap_peft_model
+
+            base = unwrap_peft_model(self.model)
+            self.forward_divides_by_token_count = forward_divides_by_token_count(base)
+            if self.forward_divides_by_token_count and not getattr(base.config, "is_encoder_decoder", False):
+                # The step's tokens counted as the model's loss function counts them: a causal LM's first position
+                # predicts nothing. The Trainer tells from the class name (loss_type), which GPT-2's does not carry.
+                self._loss_shifts_labels = getattr(base, "loss_function", None) is ForCausalLMLoss
 
         execution_scoring = None  # a textsql.infer.ScoringSet when execution accuracy is scored at each evaluation
         execution_decoding = {"decoding": "greedy", "num_beams": 1}
@@ -79,6 +102,8 @@ def make_trainer_class(family: Family = None):
             )
             return metrics["execution_accuracy"]
 
+        flops_profiling = None  # a textsql.train.dstools.FlopsProfilerCallback profiling a step without DeepSpeed
+
         def training_step(self, model, inputs, num_items_in_batch=None):
             # Accumulated on the batch's device and read only at log time, so no sync per step. A causal LM's labels
             # are its input_ids (the answer's), counted once.
@@ -87,6 +112,39 @@ def make_trainer_class(family: Family = None):
                 tokens = tokens + (inputs["labels"] != -100).sum()
             self._pending_tokens = self._pending_tokens.to(tokens.device) + tokens
             return super().training_step(model, inputs, num_items_in_batch)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            """Each micro-batch's share of its optimizer step's loss: the sum of its label tokens' losses divided by
+            `num_items_in_batch`, the real (non -100) label tokens of the step (every micro-batch it accumulates, and
+            every rank's with average_tokens_across_devices, when the Trainer also multiplies by the world size to
+            undo the ranks' gradient averaging). Summed over the accumulation, that is the loss of the whole batch at
+            once, in value, gradient and update (docs/training.md, "Gradient accumulation and several ranks"). A
+            forward that ignores the count (T5's) returns its micro-batch's mean: weighted here by its share of the
+            tokens, where the Trainer would add the accumulated means and so multiply the step's loss and gradient by
+            the accumulation."""
+            if (
+                num_items_in_batch is None  # the Trainer divides each micro-batch's mean by the accumulation itself
+                or self.forward_divides_by_token_count
+                or self.label_smoother is not None
+                or self.compute_loss_func is not None
+            ):
+                return self._model_loss(model, inputs, return_outputs, num_items_in_batch)
+            # Counted as the Trainer counts num_items_in_batch (a causal LM's first position predicts nothing).
+            labels = inputs.get("shift_labels")
+            if labels is None:
+                labels = inputs["labels"][..., 1:] if self._loss_shifts_labels else inputs["labels"]
+            tokens = labels.ne(-100).sum()
+            loss, outputs = self._model_loss(model, inputs, True, num_items_in_batch)
+            loss = loss * tokens.to(loss.device) / num_items_in_batch
+            return (loss, outputs) if return_outputs else loss
+
+        def _model_loss(self, model, inputs, return_outputs, num_items_in_batch):
+            """The Trainer's loss: the forward, profiled alone when the flops profiler runs without DeepSpeed (as the
+            DeepSpeed engine profiles it)."""
+            if self.flops_profiling is None:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            with self.flops_profiling.forward():
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
         def log(self, logs, start_time=None):
             self.real_tokens += int(self._pending_tokens.item())
