@@ -26,6 +26,7 @@ from textsql.wikisql.synthetic import generate_wikisql
 logger = logging.getLogger(__name__)
 
 OVERLONG_POLICIES = ("error", "truncate", "drop")
+PROMPT_FORMATS = ("plain", "chat")
 PERCENTILES = (50, 90, 95, 99, 100)
 # Where a fine-tuned model records what it was trained to read (the T5 convention for task prefixes).
 MODEL_CONFIG_KEY = "textsql"
@@ -59,6 +60,14 @@ class PrepArguments:
         metadata={
             "help": "What the model reads: 'question' (the walkthrough's format), or 'question+header': the question "
             "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."
+        },
+    )
+    prompt_format: str = field(
+        default="plain",
+        metadata={
+            "help": "A causal LM's prompt: plain ('### Question:', '### Columns:' and '### SQL:' lines) or chat: those "
+            "lines as the user's message in the tokenizer's chat template, the SQL as the assistant's answer (only "
+            "for tokenizers that have a template; T5 reads its prefixed source either way)."
         },
     )
     max_source_length: int = field(
@@ -96,6 +105,10 @@ class PrepArguments:
         if self.source_format not in SOURCE_FORMATS:
             raise TextsqlError(
                 f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'."
+            )
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise TextsqlError(
+                f"--prompt_format must be one of {', '.join(PROMPT_FORMATS)}, not '{self.prompt_format}'."
             )
         if self.overlong not in OVERLONG_POLICIES:
             raise TextsqlError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}, not '{self.overlong}'.")
@@ -145,6 +158,16 @@ def prepare_dataset(args: PrepArguments):
         raise TextsqlError(
             f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
             "release files or a hub copy with a 'table' column, or --source_format question."
+        )
+    if args.prompt_format == "chat" and not family.causal:
+        raise TextsqlError(
+            f"--prompt_format chat lays a causal LM's prompt out in its chat template; '{args.model_id}' is a "
+            f"{family.name} model, which reads a prefixed source. Leave --prompt_format out (plain)."
+        )
+    if args.prompt_format == "chat" and not getattr(base_tokenizer, "chat_template", None):
+        raise TextsqlError(
+            f"The tokenizer of '{args.model_id}' has no chat template (chat_template in tokenizer_config.json or a "
+            "chat_template.jinja file), so --prompt_format chat cannot lay the prompt out. Use --prompt_format plain."
         )
     splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
     prefix = "" if family.causal else args.source_prefix  # a causal LM reads a plain prompt (source_text)
@@ -213,6 +236,7 @@ def prepare_dataset(args: PrepArguments):
         "source_prefix": prefix,
         "source_format": args.source_format,
         "layout": family.kind,
+        "prompt_format": args.prompt_format if family.causal else None,
         "model_family": family.name,
         "byte_level": byte_level(base_tokenizer),
         "prompts_fitted": fitted,
@@ -261,6 +285,28 @@ def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[st
     return DatasetDict(result)
 
 
+def causal_prompt(
+    question: str,
+    header: list[str] | None,
+    source_format: str,
+    prompt_format: str,
+    tokenizer=None,
+    max_columns: int | None = None,
+) -> str:
+    """A causal LM's prompt: the plain layout (textsql.wikisql.format.source_text), or with prompt_format 'chat' those
+    lines as the user's message in the tokenizer's chat template, up to the assistant's turn. The template's own BOS is
+    left to the tokenizer, which adds it (or not) like for any text, so prep and generation tokenize alike."""
+    plain = source_text(question, header, "", source_format, CAUSAL, max_columns=max_columns)
+    if prompt_format != "chat":
+        return plain
+    if tokenizer is None:
+        raise TextsqlError("A chat prompt needs the model's tokenizer (its chat template).")
+    messages = [{"role": "user", "content": plain.rstrip("\n")}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    bos = tokenizer.bos_token
+    return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
+
+
 def tokenize_causal(splits: dict[str, list[Example]], headers: dict[str, list], tokenizer, args: PrepArguments):
     """(DatasetDict, what was fitted) for a causal LM: each example one `input_ids` sequence, the prompt
     (source_text's causal layout) and then the SQL and EOS, with `labels` -100 on the prompt: the model learns to
@@ -285,11 +331,13 @@ def tokenize_causal(splits: dict[str, list[Example]], headers: dict[str, list], 
         }
         cut = dropped = 0
         for example, header in zip(examples, headers[name]):
-            prompt = source_text(example.question, header, "", args.source_format, CAUSAL)
+            prompt = causal_prompt(example.question, header, args.source_format, args.prompt_format, tokenizer)
             prompt_ids = tokenizer(prompt)["input_ids"]
             if len(prompt_ids) > args.max_source_length and args.source_format == "question+header":
                 for keep in range(len(header) - 1, -1, -1):
-                    prompt = source_text(example.question, header, "", args.source_format, CAUSAL, max_columns=keep)
+                    prompt = causal_prompt(
+                        example.question, header, args.source_format, args.prompt_format, tokenizer, max_columns=keep
+                    )
                     prompt_ids = tokenizer(prompt)["input_ids"]
                     if len(prompt_ids) <= args.max_source_length:
                         break
@@ -527,9 +575,13 @@ def tokenizer_for_training(model_tokenizer, dataset_dir: str | Path, metadata: d
     )
 
 
-def model_source(question: str, header: list[str] | None, metadata: dict) -> str:
+def model_source(question: str, header: list[str] | None, metadata: dict, tokenizer=None) -> str:
     """What a model trained on this prepared data reads for a question (typed, or of a split): the T5 source or the
-    causal LM's prompt, built as prep built them (textsql.wikisql.format.source_text), with the whole column list."""
+    causal LM's prompt, built as prep built them, with the whole column list (a chat prompt needs the tokenizer)."""
+    if metadata.get("layout") == CAUSAL:
+        return causal_prompt(
+            question, header, metadata.get("source_format", "question"), metadata.get("prompt_format"), tokenizer
+        )
     return source_text(
         question,
         header,
@@ -541,7 +593,10 @@ def model_source(question: str, header: list[str] | None, metadata: dict) -> str
 
 def source_settings(metadata: dict) -> dict:
     """How a dataset's sources were built: what a model trained on it must be given at inference, too."""
-    return {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
+    settings = {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
+    if metadata.get("prompt_format"):  # a causal LM's: plain or chat
+        settings["prompt_format"] = metadata["prompt_format"]
+    return settings
 
 
 def record_source_settings(model_config, metadata: dict) -> None:
@@ -570,6 +625,12 @@ def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path)
             f"This model was fine-tuned on sources in the '{trained.get('source_format')}' format, but '{dataset_dir}' was "
             f"prepared with --source_format {given['source_format']}. Prepare the data again with --source_format "
             f"{trained.get('source_format')} (or train a model on this format)."
+        )
+    if trained.get("prompt_format", "plain") != given.get("prompt_format", "plain") and family.causal:
+        raise TextsqlError(
+            f"This model was fine-tuned on {trained.get('prompt_format', 'plain')} prompts, but '{dataset_dir}' was "
+            f"prepared with --prompt_format {given.get('prompt_format', 'plain')}. Prepare the data again with "
+            f"--prompt_format {trained.get('prompt_format', 'plain')}."
         )
     if trained.get("source_prefix") != given["source_prefix"]:
         raise TextsqlError(

@@ -227,3 +227,36 @@ def test_a_t5_model_refuses_data_prepared_for_a_causal_lm(causal_assets, assets)
     with pytest.raises(TextsqlError, match="prepared for a causal model .*seq2seq t5 model"):
         check_source_settings(load_config(str(assets[1])), metadata, data_dir)
     assert source_text("Who?", ["A", "B"], "ignored: ", "question", "causal") == "### Question: Who?\n### SQL:\n"
+
+
+def test_chat_prompts_use_the_tokenizer_s_template_and_are_refused_without_one(
+    real_files, causal_assets, assets, tmp_path
+):
+    """--prompt_format chat: the plain lines as the user's message in Qwen2's chat template, the SQL as the assistant's
+    answer; typed questions get the same prompt; a tokenizer without a template, or T5, is refused with the fix."""
+    from conftest import real_causal_folder
+
+    from textsql.prep import model_source
+
+    folder = real_causal_folder(real_files, "qwen2", tmp_path / "qwen2")
+    args = dict(source=str(real_files / "wikisql"), source_format="question+header", max_examples_per_split=40)
+    out = prepare_dataset(
+        PrepArguments(**args, model_id=str(folder), output_dir=str(tmp_path / "d"), prompt_format="chat")
+    )
+    dataset, metadata = load_prepared(out)
+    tokenizer = load_tokenizer(str(folder))
+    row = dataset["test"][0]
+    assert row["prompt"].startswith("<|im_start|>system\n") and "<|im_start|>user\n### Question: " in row["prompt"]
+    assert row["prompt"].endswith("### SQL:<|im_end|>\n<|im_start|>assistant\n")
+    check_causal_rows(dataset["test"], tokenizer)
+    assert metadata["prompt_format"] == "chat"
+    tables = {t["id"]: t for t in map(json.loads, (out / "tables.jsonl").read_text().splitlines())}
+    assert model_source(row["question"], tables[row["table_id"]]["header"], metadata, tokenizer) == row["prompt"]
+    with pytest.raises(TextsqlError, match="has no chat template.*--prompt_format plain"):
+        prepare_dataset(
+            PrepArguments(**args, model_id=str(causal_assets[1]), output_dir=str(tmp_path / "e"), prompt_format="chat")
+        )
+    with pytest.raises(TextsqlError, match="t5 model, which reads a prefixed source"):
+        prepare_dataset(
+            PrepArguments(**args, model_id=str(assets[1]), output_dir=str(tmp_path / "f"), prompt_format="chat")
+        )

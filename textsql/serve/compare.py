@@ -148,7 +148,6 @@ class Comparison:
         gold_sql = gold_query = None
         if example is not None:
             gold_sql, gold_query = self.scoring.gold_texts[example], self.scoring.gold_queries[example]
-        source = model_source(question, table["header"], self.metadata)
         result = {
             "table_id": table_id,
             "question": question,
@@ -162,7 +161,7 @@ class Comparison:
                 generate_sql(
                     loaded.model,
                     loaded.tokenizer,
-                    [source],
+                    [model_source(question, table["header"], self.metadata, loaded.tokenizer)],
                     batch_size=1,
                     max_new_tokens=self.args.max_new_tokens,
                     progress=False,
