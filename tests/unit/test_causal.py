@@ -218,7 +218,7 @@ def test_real_qwen2_and_gpt2_tokenizers_through_prep_and_generation(real_causal_
     assert batched == alone
 
 
-def test_a_t5_model_refuses_data_prepared_for_a_causal_lm(causal_assets, assets):
+def test_a_model_refuses_data_laid_out_for_another_family_or_prompt_format(causal_assets, assets):
     from textsql.hub import load_config
     from textsql.prep import check_source_settings
 
@@ -227,6 +227,14 @@ def test_a_t5_model_refuses_data_prepared_for_a_causal_lm(causal_assets, assets)
     with pytest.raises(TextsqlError, match="prepared for a causal model .*seq2seq t5 model"):
         check_source_settings(load_config(str(assets[1])), metadata, data_dir)
     assert source_text("Who?", ["A", "B"], "ignored: ", "question", "causal") == "### Question: Who?\n### SQL:\n"
+    # a causal model fine-tuned on chat prompts refuses plain ones
+    from textsql.prep import record_source_settings
+
+    causal_config = load_config(str(causal_assets[1]))
+    record_source_settings(causal_config, dict(metadata, prompt_format="chat"))
+    with pytest.raises(TextsqlError, match="fine-tuned on chat prompts.*--prompt_format chat"):
+        check_source_settings(causal_config, metadata, data_dir)
+    check_source_settings(causal_config, dict(metadata, prompt_format="chat"), data_dir)
 
 
 def test_chat_prompts_use_the_tokenizer_s_template_and_are_refused_without_one(
