@@ -8,8 +8,8 @@
 
 Each run is `textsql train` (the same code users run) in a fresh process pinned to one GPU (CUDA_VISIBLE_DEVICES,
 world size 1): a randomly initialised model of the shape (T5Config, seeded, saved in fp32), generated WikiSQL-format
-data, --max_steps steps of the given batch, every strategy's DeepSpeed config (the shipped dsconfig/ files; zero3 and
-zero2_offload are derived from them by switching offload off / on; FSDP's by name, on GPUs; --lora trains a LoRA adapter
+data, --max_steps steps of the given batch, every strategy's DeepSpeed config (the shipped dsconfig/ files, one per strategy; zero3_nvme
+swaps to nvme/ in its runs root; FSDP's by name, on GPUs; --lora trains a LoRA adapter
 under each strategy instead; --concurrent N runs N at once on the GPU, for a short GPU window). The run summary's memory check holds the
 measurement (torch.cuda.max_memory_reserved / max_memory_allocated on the GPU; the process's peak RSS on a CPU) and the
 planner's prediction for that exact run (model, strategy, precision, batch, the longest sequences it trained on, the
@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import emit, machine, prepared_release, prepared_tokenizer  # noqa: E402  (the root is on sys.path)
 from bench.shapes import T5_NAMES, bench_config, build_t5  # noqa: E402
-from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES  # noqa: E402
+from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES, NVME_STRATEGIES  # noqa: E402
 
 # FSDP runs on GPUs only (on a CPU textsql refuses it before training, and the run is recorded as refused).
 STRATEGIES = DEEPSPEED_STRATEGIES + FSDP_STRATEGIES
@@ -254,23 +254,13 @@ def build_shape(shape: str, workdir: Path, tokenizer_dir: Path, t5_configs: str 
 
 
 def strategy_configs(workdir: Path) -> dict[str, str | None]:
-    """Strategy name -> DeepSpeed config path (None: no DeepSpeed). zero3 and zero2_offload are the shipped files with
-    offload switched off / on."""
+    """Strategy name -> DeepSpeed config path (None: no DeepSpeed; an FSDP strategy: its name, for --fsdp_config): the
+    shipped files, one per strategy of the planner's table. (`workdir` is kept for callers; nothing is written there.)"""
     from textsql.strategy.dsconfig import shipped_configs
 
-    shipped = {name: json.loads(path.read_text()) for name, path in shipped_configs().items()}
-    zero3 = json.loads(json.dumps(shipped["zero3_offload"]))
-    for key in ("offload_optimizer", "offload_param"):
-        zero3["zero_optimization"].pop(key)
-    zero2_offload = json.loads(json.dumps(shipped["zero2"]))
-    zero2_offload["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    folder = workdir / "dsconfig"
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {"none": None, **{name: name for name in FSDP_STRATEGIES}}  # FSDP: the shipped name, --fsdp_config
-    for name, config in {**shipped, "zero3": zero3, "zero2_offload": zero2_offload}.items():
-        (folder / f"{name}.json").write_text(json.dumps(config, indent=2))
-        paths[name] = str(folder / f"{name}.json")
-    return paths
+    return {"none": None, **{name: name for name in FSDP_STRATEGIES}} | {  # FSDP: the shipped name, --fsdp_config
+        name: str(path) for name, path in shipped_configs().items()
+    }
 
 
 def longest_lengths(data_dir: Path, examples: int, on_gpu: bool) -> tuple[int, int]:
@@ -332,6 +322,8 @@ def train_argv(
         "--activation_checkpointing",
         str(checkpointing),
     ]
+    if strategy_config and Path(strategy_config).stem in NVME_STRATEGIES:  # ZeRO-Infinity swaps into the run's root
+        argv += ["--nvme_path", str(runs_root / "nvme")]
     if lora:
         argv += ["--lora", "True"]
     if strategy_config in FSDP_STRATEGIES:

@@ -29,8 +29,9 @@ setup_python() {
 }
 
 setup_system() {
-  # Debian packages: g++ for DeepSpeed's ops; for the tests also sshd + pdsh (multi-node over loopback) and
-  # chromium (TensorBoard and compare-app screenshots). Only what is missing is installed; skipped without apt or root.
+  # Debian packages: g++ for DeepSpeed's ops; for the tests also sshd + pdsh (multi-node over loopback), chromium
+  # (TensorBoard and compare-app screenshots) and libaio-dev (DeepSpeed's async I/O op: zero3_nvme trains in the tests).
+  # Only what is missing is installed; skipped without apt or root.
   local missing=()
   command -v g++ >/dev/null || missing+=(g++)
   if [[ "${1:-}" == test ]]; then
@@ -39,6 +40,7 @@ setup_system() {
     command -v pdsh >/dev/null || missing+=(pdsh)
     command -v pkill >/dev/null || missing+=(procps)
     command -v chromium >/dev/null || missing+=(chromium)
+    [[ -e /usr/include/libaio.h ]] || missing+=(libaio-dev)
   fi
   ((${#missing[@]})) || return 0
   if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then

@@ -35,7 +35,7 @@ from textsql.planner.memory import (
 )
 from textsql.strategy.devices import NodeDevices, choose_accelerator, resolve_precision
 from textsql.strategy.fsdpconfig import check_fsdp_devices, is_fsdp_config_name
-from textsql.strategy.table import STRATEGIES, is_fsdp, strategy_rank
+from textsql.strategy.table import NVME_STRATEGIES, STRATEGIES, is_fsdp, strategy_rank
 from textsql.train.arguments import arguments_dict, arguments_from_dict, parse_arguments
 from textsql.train.local_launch import TrainingTimedOut, node_devices, ranks_per_node, run_training
 
@@ -216,7 +216,7 @@ def micro_batch_choices(per_rank: int, requested: str = "") -> list[int]:
 
 def strategy_choices(requested: str, accelerator: str, nodes: int) -> list[str]:
     """The strategies to try: the requested ones, or every table row that applies (FSDP on GPUs; hybrid sharding only
-    across pods, where it differs from full sharding)."""
+    across pods, where it differs from full sharding; not NVMe offload, which needs a folder and is the slowest)."""
     if requested:
         names = [part.strip() for part in requested.split(",") if part.strip()]
         unknown = [n for n in names if n not in STRATEGIES and not n.endswith(".json")]
@@ -229,7 +229,9 @@ def strategy_choices(requested: str, accelerator: str, nodes: int) -> list[str]:
     return [
         name
         for name in STRATEGIES
-        if not (is_fsdp(name) and accelerator == "cpu") and not (name == "fsdp_hybrid_shard" and nodes == 1)
+        if not (is_fsdp(name) and accelerator == "cpu")
+        and not (name == "fsdp_hybrid_shard" and nodes == 1)
+        and name not in NVME_STRATEGIES
     ]
 
 

@@ -505,15 +505,16 @@ def step_causal(ctx) -> dict:
     return result
 
 
+# In the order they run: the most wanted figures first, so a call cut short still has them.
 STEPS = {
     "environment": step_environment,
     "data": step_data,
     "strategies": step_strategies,
     "throughput": step_throughput,
     "flops_profiler": step_flops_profiler,
+    "causal": step_causal,
     "inference": step_inference,
     "two_ranks": step_two_ranks,
-    "causal": step_causal,
 }
 
 
@@ -557,6 +558,13 @@ def main(argv=None) -> int:
         "generated data (bench/gpu/prepare.sh copies it to bench/gpu/real where it exists).",
     )
     parser.add_argument(
+        "--total_budget_s",
+        type=float,
+        default=None,
+        help="Stop starting steps when this much time has passed, and cut the step then running (the device tool "
+        "allows 600 s a command); default: no limit beyond each step's own.",
+    )
+    parser.add_argument(
         "--budget_scale", type=float, default=1.0, help="Multiply every step's time budget (a slower machine)."
     )
     args = parser.parse_args(argv)
@@ -598,9 +606,17 @@ def main(argv=None) -> int:
             env=env,
             start_new_session=True,
         )
+        total_deadline = started + args.total_budget_s if args.total_budget_s else float("inf")
         for name in steps:
             budget = sizes.budgets[name] * args.budget_scale
-            ctx.deadline = time.monotonic() + budget
+            if total_deadline - time.monotonic() < 15:
+                report["steps"][name] = {
+                    "status": "skipped",
+                    "error_tail": "the total budget (--total_budget_s) ran out",
+                }
+                write_report(report, output)
+                continue
+            ctx.deadline = min(time.monotonic() + budget, total_deadline)
             load_before = os.getloadavg()[0]
             step_started = time.monotonic()
             entry = {"budget_s": budget}

@@ -17,7 +17,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 echo "== wheels installed in $((SECONDS - started)) s; torch $(python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")')"
 real=(); [[ -f bench/gpu/real/wikisql/train.jsonl ]] && real=(--real bench/gpu/real)
-python3 bench/gpu/check.py --output "$OUT/gpu_check.json" --log "$OUT/gpu_check.log" "${real[@]}" "$@"
+python3 bench/gpu/check.py --output "$OUT/gpu_check.json" --log "$OUT/gpu_check.log" --total_budget_s "${GPU_CHECK_SECONDS:-500}" "${real[@]}" "$@"
 status=$?
 echo "== bench/gpu/run.sh: $((SECONDS - started)) s in all, exit status $status"
 exit $status

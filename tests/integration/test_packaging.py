@@ -14,6 +14,14 @@ import pytest
 from textsql.errors import TextsqlError
 
 REPO = Path(__file__).resolve().parents[2]
+SHIPPED_DSCONFIGS = [
+    "zero1",
+    "zero2",
+    "zero2_offload",
+    "zero3",
+    "zero3_nvme",
+    "zero3_offload",
+]  # one per DeepSpeed strategy
 # The notebooks extra's packages and the Jupyter machinery under them, hidden from the fresh venv's imports below.
 NOTEBOOKS_EXTRA_MODULES = (
     "matplotlib",
@@ -90,11 +98,7 @@ def test_checkout_has_one_dsconfig_folder_that_the_package_reads():
     link = REPO / "textsql" / "shipped_dsconfig"
     assert link.is_symlink() and link.resolve() == (REPO / "dsconfig").resolve()  # a link, not a second copy
     assert DSCONFIG_DIR == (REPO / "dsconfig").resolve()
-    assert (
-        set(shipped_configs())
-        == {p.stem for p in (REPO / "dsconfig").glob("*.json")}
-        >= {"zero1", "zero2", "zero3_offload"}
-    )
+    assert set(shipped_configs()) == {p.stem for p in (REPO / "dsconfig").glob("*.json")} == set(SHIPPED_DSCONFIGS)
     from textsql.strategy.fsdpconfig import FSDPCONFIG_DIR, shipped_fsdp_configs
 
     link = REPO / "textsql" / "shipped_fsdpconfig"
@@ -120,7 +124,7 @@ def test_wheel_and_editable_installs_run_the_core_commands_anywhere_without_the_
     )
     installed = json.loads(ok([python, "-c", probe], elsewhere, env))
     assert Path(installed["package"]).is_relative_to(site)  # the wheel, not the repository
-    assert Path(installed["dir"]).is_relative_to(site) and installed["configs"] == ["zero1", "zero2", "zero3_offload"]
+    assert Path(installed["dir"]).is_relative_to(site) and installed["configs"] == SHIPPED_DSCONFIGS
     assert installed["matplotlib"] is False  # the extra really is out of reach
 
     textsql = python.parent / "textsql"
@@ -141,7 +145,7 @@ def test_wheel_and_editable_installs_run_the_core_commands_anywhere_without_the_
     )
     editable = json.loads(ok([python, "-c", probe], elsewhere, env))
     assert Path(editable["package"]).is_relative_to(source) and editable["dir"] == str((source / "dsconfig").resolve())
-    assert editable["configs"] == ["zero1", "zero2", "zero3_offload"]
+    assert editable["configs"] == SHIPPED_DSCONFIGS
 
 
 def test_plots_without_matplotlib_name_the_notebooks_extra(monkeypatch, tmp_path):

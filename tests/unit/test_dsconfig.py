@@ -18,9 +18,10 @@ from textsql.strategy.dsconfig import (
     load_dsconfig,
     resolve_for_run,
     shipped_configs,
+    with_nvme_path,
 )
 
-SHIPPED = ["zero1", "zero2", "zero3_offload"]
+SHIPPED = ["zero1", "zero2", "zero2_offload", "zero3", "zero3_nvme", "zero3_offload"]
 EXPECTED = {
     "zero1": {
         "strategy": "zero1",
@@ -35,6 +36,27 @@ EXPECTED = {
         "offload_optimizer": "none",
         "offload_param": "none",
         "label": "zero2",
+    },
+    "zero2_offload": {
+        "strategy": "zero2",
+        "zero_stage": 2,
+        "offload_optimizer": "cpu",
+        "offload_param": "none",
+        "label": "zero2_offload",
+    },
+    "zero3": {
+        "strategy": "zero3",
+        "zero_stage": 3,
+        "offload_optimizer": "none",
+        "offload_param": "none",
+        "label": "zero3",
+    },
+    "zero3_nvme": {
+        "strategy": "zero3",
+        "zero_stage": 3,
+        "offload_optimizer": "nvme",
+        "offload_param": "nvme",
+        "label": "zero3_nvme",
     },
     "zero3_offload": {
         "strategy": "zero3",
@@ -156,7 +178,9 @@ def test_shipped_config_is_accepted_by_trainer_and_deepspeed(name, tiny_t5, tmp_
     from deepspeed.runtime.config import DeepSpeedConfig
 
     cfg = load_dsconfig(shipped_configs()[name])
-    filled = fill_like_trainer(cfg, tiny_t5, tmp_path)
+    filled = fill_like_trainer(
+        with_nvme_path(cfg, tmp_path / "nvme" if name == "zero3_nvme" else None), tiny_t5, tmp_path
+    )
     assert auto_paths(filled) == []
     assert cfg == json.loads(shipped_configs()[name].read_text())  # the Trainer worked on a copy
     ds = DeepSpeedConfig(filled)
@@ -182,6 +206,31 @@ def test_zero3_offload_details(tiny_t5, tmp_path):
     assert zero.offload_param.device == "cpu" and zero.offload_param.pin_memory
     assert zero.gather_16bit_weights_on_model_save
     assert zero.prefetch_bucket_size == int(0.9 * 32 * 32) and zero.param_persistence_threshold == 10 * 32
+
+
+def test_zero3_nvme_swaps_to_the_nvme_path_it_is_given(tiny_t5, tmp_path):
+    """zero3_nvme is zero3_offload's file with both offloads on NVMe at "auto", which --nvme_path fills (nothing else)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    nvme = load_dsconfig(shipped_configs()["zero3_nvme"])
+    offload = load_dsconfig(shipped_configs()["zero3_offload"])
+    assert {k: v for k, v in nvme.items() if k not in ("zero_optimization", "aio", "tensorboard")} == {
+        k: v for k, v in offload.items() if k not in ("zero_optimization", "tensorboard")
+    }
+    with pytest.raises(TextsqlError, match="names no folder to swap to.*--nvme_path DIR.*zero3_offload"):
+        with_nvme_path(nvme, None)
+    filled = with_nvme_path(nvme, tmp_path / "nvme")
+    assert nvme == load_dsconfig(shipped_configs()["zero3_nvme"])  # a copy was filled
+    zero = DeepSpeedConfig(fill_like_trainer(filled, tiny_t5, tmp_path)).zero_config
+    assert zero.offload_optimizer.device == "nvme" and zero.offload_param.device == "nvme"
+    assert str(zero.offload_optimizer.nvme_path) == str(zero.offload_param.nvme_path) == str(tmp_path / "nvme")
+    with pytest.raises(TextsqlError, match="contradicts|but --nvme_path is"):
+        with_nvme_path(filled, tmp_path / "elsewhere")
+    with pytest.raises(TextsqlError, match="offloads nothing to NVMe"):
+        with_nvme_path(offload, tmp_path / "nvme")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(TextsqlError, match="is a file, not a folder"):
+        with_nvme_path(nvme, tmp_path / "a-file")
 
 
 def test_zero2_overlaps_communication():
@@ -530,9 +579,16 @@ def test_cli_reports_shipped_configs_ok(capsys):
     paths = [str(shipped_configs()[name]) for name in SHIPPED]
     assert check_config_cli(paths) == 0
     out = capsys.readouterr().out
-    assert f"{paths[1]}: OK (zero2, offload: none)" in out
-    assert f"{paths[0]}: OK (zero1, offload: none)" in out
-    assert f"{paths[2]}: OK (zero3, offload: cpu)" in out
+    expected = {
+        "zero1": "zero1, offload: none",
+        "zero2": "zero2, offload: none",
+        "zero2_offload": "zero2, offload: optimizer cpu, param none",
+        "zero3": "zero3, offload: none",
+        "zero3_nvme": "zero3, offload: nvme, nvme_path from --nvme_path",
+        "zero3_offload": "zero3, offload: cpu",
+    }
+    for name, path in zip(SHIPPED, paths):
+        assert f"{path}: OK ({expected[name]})" in out
 
 
 def test_cli_reports_a_bad_file_and_fails(tmp_path, capsys):
@@ -580,7 +636,8 @@ def test_resolve_dsconfig_path_takes_files_and_shipped_names(tmp_path):
     assert resolve_dsconfig_path(str(own)) == own
     with pytest.raises(
         TextsqlError,
-        match=r"--dsconfig 'zero9' is neither a JSON file nor a shipped strategy \(zero1, zero2, zero3_offload\)",
+        match=r"--dsconfig 'zero9' is neither a JSON file nor a shipped strategy \(zero1, zero2, zero2_offload, zero3, "
+        r"zero3_nvme, zero3_offload; FSDP strategies, with --fsdp_config: fsdp_full_shard, .*Did you mean zero3\?",
     ):
         resolve_dsconfig_path("zero9", flag="--dsconfig")
     with pytest.raises(TextsqlError, match="--deepspeed '.*missing.json' is neither"):

@@ -715,6 +715,60 @@ def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_sa
     assert "lora" not in plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16)
 
 
+def test_nvme_row_keeps_the_gpu_of_zero3_offload_and_puts_the_states_on_the_disk(tmp_path):
+    """zero3_nvme: the GPU as zero3_offload; the disk (2 + 12) bytes per parameter per rank's share in bf16 (4 + 12
+    in fp32); the host the swap buffers of the dsconfig; the traffic's seconds at the assumed bandwidth."""
+    P = resolve_model("t5-3b").parameters
+    bf16 = plan(model="t5-3b", nodes=2, gpus_per_node=2, nvme_gb_per_s=4.0)
+    nvme, offload = bf16["strategies"]["zero3_nvme"], bf16["strategies"]["zero3_offload"]
+    assert nvme["gpu_bytes"] == offload["gpu_bytes"]
+    assert nvme["cpu_per_node_bytes"] < offload["cpu_per_node_bytes"]  # swap buffers, not the states
+    detail = nvme["nvme"]
+    assert detail["disk_bytes"] == pytest.approx((2 + 12) * P / 2, rel=1e-6)  # a pod holds its 2 ranks' partitions
+    assert detail["traffic_per_step_bytes"] == pytest.approx((3 * 2 + 24) * P / 2, rel=1e-6)
+    assert detail["seconds_per_step_at_least"] == pytest.approx(detail["traffic_per_step_bytes"] / (4 * GIB), abs=1e-3)
+    assert detail["host_detail"]["param_swap_buffers"] == 2 * 5 * 100_000_000 * 2  # 2 ranks x buffer_count x size
+    fp32 = plan(model="t5-3b", nodes=2, gpus_per_node=2, precision="fp32")["strategies"]["zero3_nvme"]["nvme"]
+    assert fp32["disk_bytes"] == pytest.approx((4 + 12) * P / 2, rel=1e-6) and fp32["gb_per_s"] == memory.NVME_GB_PER_S
+    smaller = write_json(
+        tmp_path / "nvme.json",
+        {
+            "train_micro_batch_size_per_gpu": "auto",
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "nvme", "nvme_path": "auto", "buffer_count": 2},
+                "offload_param": {"device": "nvme", "nvme_path": "auto", "buffer_count": 3, "buffer_size": 1e7},
+            },
+        },
+    )
+    lean = plan(model="t5-3b", nodes=2, gpus_per_node=2, dsconfig=str(smaller))["strategies"]["zero3_nvme"]["nvme"]
+    assert lean["host_detail"]["param_swap_buffers"] == 2 * 3 * 10_000_000 * 2
+    assert lean["host_detail"]["optimizer_swap_buffers"] == detail["host_detail"]["optimizer_swap_buffers"] // 2
+    with pytest.raises(TextsqlError, match="--nvme_gb_per_s must be positive"):
+        PlanArguments(nvme_gb_per_s=0)
+
+
+def test_the_nvme_defaults_are_the_shipped_zero3_nvme_files():
+    from textsql.strategy.dsconfig import shipped_configs
+
+    zero = json.loads(shipped_configs()["zero3_nvme"].read_text())["zero_optimization"]
+    assert memory.NVME_DEFAULTS == {
+        "nvme_optimizer_buffer_count": zero["offload_optimizer"]["buffer_count"],
+        "nvme_param_buffer_count": zero["offload_param"]["buffer_count"],
+        "nvme_param_buffer_size": zero["offload_param"]["buffer_size"],
+    }
+
+
+def test_nvme_is_recommended_only_where_the_host_holds_nothing_else_and_says_how_to_train_it():
+    result = plan(model="t5-11b", gpu_memory_gb=80, cpu_memory_gb=200, gradient_checkpointing=True)
+    rows = result["strategies"]
+    assert not rows["zero3_offload"]["fits_with_margin"] and rows["zero3_offload"]["fits_cpu"] is False
+    assert result["recommendation"]["strategy"] == "zero3_nvme"
+    assert "textsql train --deepspeed zero3_nvme --nvme_path DIR" in format_plan(result)
+    roomy = plan(model="t5-11b", gpu_memory_gb=80, cpu_memory_gb=400, gradient_checkpointing=True)
+    assert roomy["recommendation"]["strategy"] != "zero3_nvme"  # the slowest: only where nothing else fits
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The phases of a run: training, evaluation, checkpoint save, final save
 # ---------------------------------------------------------------------------------------------------------------------

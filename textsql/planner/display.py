@@ -6,6 +6,7 @@ import textwrap
 
 from textsql.extras import require_notebooks_extra
 from textsql.planner.memory import COMPONENTS, GIB
+from textsql.strategy.table import NVME_STRATEGIES
 
 COLUMN_TITLES = {
     "parameters": "params",
@@ -21,6 +22,7 @@ COLUMN_TITLES = {
 def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = True) -> str:
     """The plan as text: what was planned, a row per strategy (GB per GPU by component), then the recommendation."""
     m, a = plan["model"], plan["inputs"]
+    width = strategy_column_width(plan)
     lines = [
         f"model      {m['name']} ({m['source']}): {m['parameters'] / 1e6:.1f}M parameters, largest layer "
         f"{m['largest_layer_parameters'] / 1e6:.1f}M",
@@ -34,13 +36,14 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         ),
         f"buckets    from {plan['zero_settings_source']}",
         _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
+        *_nvme_lines(plan["strategies"]),
         "",
         "GPU memory per GPU (GB): the training step by component, then the run's peak over its phases    CPU/node",
-        f"{'strategy':<24}"
+        f"{'strategy':<{width}}"
         + "".join(f"{COLUMN_TITLES[c]:>9}" for c in COMPONENTS)
         + f"{'step':>9}{'PEAK':>9}  {'peak phase':<16}{'GB':>7}  {'host peak':<16}fits",
     ]
-    lines += _rows(plan["strategies"])
+    lines += _rows(plan["strategies"], width)
     lora = plan.get("lora")
     if lora:
         lines.append(
@@ -48,7 +51,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
             f"{lora['trainable_parameters'] / 1e6:.2f}M trainable parameters, "
             f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)"
         )
-        lines += _rows(lora["strategies"])
+        lines += _rows(lora["strategies"], width)
     lines.append(
         "(phases: training step, evaluation (loss, and generate() when it generates SQL), checkpoint_save, final_save "
         "(fp32); PEAK is the largest, and it decides fits and the recommendation)"
@@ -93,10 +96,20 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
 
 def strategy_words(name: str) -> str:
     """A strategy's name as a recommendation reads it: "none" alone would read as "no recommendation"."""
+    if name in NVME_STRATEGIES:
+        return (
+            f"{name} (ZeRO-Infinity: textsql train --deepspeed {name} --nvme_path DIR, a folder on a local NVMe drive)"
+        )
     return "none (no DeepSpeed: plain PyTorch, DDP across GPUs)" if name == "none" else name
 
 
-def _rows(strategies: dict) -> list[str]:
+def strategy_column_width(plan: dict) -> int:
+    """The strategy column's width: the longest name (fsdp_full_shard_offload) and a space, at least 15."""
+    names = [*plan["strategies"], *((plan.get("lora") or {}).get("strategies") or {})]
+    return max(15, *(len(name) + 1 for name in names))
+
+
+def _rows(strategies: dict, width: int) -> list[str]:
     lines = []
     for name, row in strategies.items():
         fits = (
@@ -105,11 +118,32 @@ def _rows(strategies: dict) -> list[str]:
             else ("tight" if row["fits_gpu"] and row["fits_cpu"] is not False else "no")
         )
         lines.append(
-            f"{name:<24}"
+            f"{name:<{width}}"
             + "".join(f"{row['gpu_gb'][c]:>9.2f}" for c in COMPONENTS)
             + f"{row['training_gpu_total_bytes'] / GIB:>9.2f}{row['gpu_total_gb']:>9.2f}  {row['peak_phase']:<16}"
             + f"{row['cpu_per_node_gb']:>7.1f}  {row['cpu_peak_phase']:<16}{fits}"
         )
+    return lines
+
+
+def _nvme_lines(strategies: dict) -> list[str]:
+    """What each NVMe row keeps where: the GPU as under zero3_offload, the host, the disk, and the disk traffic."""
+    lines = []
+    for name, row in strategies.items():
+        nvme = row.get("nvme")
+        if not nvme:
+            continue
+        text = (
+            f"NVMe       {name}: the GPU holds what it holds under zero3_offload; the host "
+            f"{row.get('training_cpu_per_node_bytes', row['cpu_per_node_bytes']) / GIB:.1f} GB per pod in the training "
+            f"step (pinned swap buffers {(nvme['host_detail']['optimizer_swap_buffers'] + nvme['host_detail']['param_swap_buffers']) / GIB:.1f}, "
+            f"fp32 gradient partitions {nvme['host_detail']['fp32_gradient_partitions'] / GIB:.1f}, processes); the disk at "
+            f"--nvme_path {nvme['disk_bytes'] / GIB:.1f} GB per pod (16-bit parameters, fp32 master weights and Adam "
+            f"moments); {nvme['traffic_per_step_bytes'] / GIB:.1f} GB read and written per step: at least "
+            f"{nvme['seconds_per_step_at_least']:.1f} s per step at {nvme['gb_per_s']:g} GB/s (--nvme_gb_per_s, "
+            "assumed: one PCIe NVMe drive)"
+        )
+        lines += textwrap.wrap(text, width=118, subsequent_indent=" " * 11, break_on_hyphens=False)
     return lines
 
 

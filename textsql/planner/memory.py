@@ -21,7 +21,7 @@ from textsql.planner.zero3_trace import (
     zero3_step_events,
 )
 from textsql.strategy.dsconfig import describe_strategy, load_dsconfig, resolve_dsconfig_path
-from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_LAYOUT, STRATEGIES, STRATEGY_LAYOUT
+from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_LAYOUT, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
 
 GIB = (
     2**30
@@ -69,6 +69,18 @@ SHIPPED_ZERO_SETTINGS = {
     "stage3_param_persistence_threshold": "auto",
 }
 SHIPPED_OVERLAP_COMM = {1: False, 2: True, 3: True}
+# ZeRO-Infinity's pinned host buffers through which NVMe swapping goes: DeepSpeed's defaults
+# (deepspeed/runtime/zero/offload_config.py), which the shipped zero3_nvme.json sets too. Keys of zero_settings().
+NVME_DEFAULTS = {
+    "nvme_optimizer_buffer_count": 4,  # offload_optimizer.buffer_count: buffers of the largest sub-group partition
+    "nvme_param_buffer_count": 5,  # offload_param.buffer_count
+    "nvme_param_buffer_size": 100_000_000,  # offload_param.buffer_size, elements of the training dtype
+}
+# Sustained bandwidth of the NVMe folder zero3_nvme swaps to, read and write alike, GB/s per pod: a conservative figure
+# for one PCIe NVMe drive (data-center drives sustain about 2-7 GB/s sequential; several striped, more). Not measured
+# by textsql: DeepSpeed's NVMe profiling guide (microsoft/DeepSpeed issue #998, `ds_nvme_tune`) measures yours; pass
+# it as --nvme_gb_per_s.
+NVME_GB_PER_S = 2.0
 
 # DeepSpeed's own estimators multiply host memory by this (additional_buffer_factor, their default).
 ADDITIONAL_BUFFER_FACTOR = 1.5
@@ -119,6 +131,14 @@ ASSUMPTIONS = [
     "for the caching allocator (not yet calibrated on a GPU; sources in textsql/planner/memory.py).",
     "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
     "3 GB per training process for Python, libraries and data.",
+    "ZeRO-Infinity (zero3_nvme): the GPU holds what it holds under zero3_offload. The host holds the pinned swap "
+    "buffers (offload_optimizer.buffer_count x the largest optimizer sub-group partition in fp32; offload_param."
+    "buffer_count x buffer_size in the training dtype) and the fp32 gradient partitions (4 bytes per trainable "
+    "parameter / N), plus 3 GB per process. The disk (--nvme_path) holds each rank's 16-bit parameter partition and "
+    "fp32 master weights and Adam moments (2 or 4 + 12 bytes per parameter / N). Per step the parameters are read in "
+    "the forward and the backward pass and written after the update, and the optimizer states are read and written: "
+    "(3 x 2 or 4 + 24) bytes per parameter / N; the time that takes at --nvme_gb_per_s (default 2 GB/s per pod, one "
+    "PCIe NVMe drive: an assumption, measure yours with DeepSpeed's ds_nvme_tune) is a lower bound on a step.",
     "FSDP2 (fully_shard): parameters, gradients and Adam moments sharded in fp32 (4 + 4 + 8 bytes per parameter / N, "
     "N the GPUs a parameter is sharded over: all of them, or one pod's with hybrid sharding), on the host with "
     "offload. Weight copies: the gathered units in the compute dtype: T5's tied embeddings (one unit, kept gathered "
@@ -193,7 +213,7 @@ class PlanArguments:
     dsconfig: str | None = field(
         default=None,
         metadata={
-            "help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3_offload): bucket and sub-group "
+            "help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3, ...): bucket and sub-group "
             "sizes and the stage3_* settings (max live parameters, max reuse distance, prefetch bucket, "
             "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."
         },
@@ -216,6 +236,14 @@ class PlanArguments:
     )
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank r (as textsql train --lora_rank)."})
     lora_targets: str = field(default="qv", metadata={"help": "qv or all (as textsql train --lora_targets)."})
+    nvme_gb_per_s: float = field(
+        default=NVME_GB_PER_S,
+        metadata={
+            "help": "Sustained read and write bandwidth of the NVMe folder zero3_nvme swaps to, GB/s per pod: the "
+            "zero3_nvme row's seconds per step of disk traffic. Default 2: one PCIe NVMe drive (an assumption; "
+            "measure yours with DeepSpeed's ds_nvme_tune)."
+        },
+    )
     json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
     assumptions: bool = field(
         default=False, metadata={"help": "Print the assumptions behind the numbers under the table."}
@@ -249,6 +277,10 @@ class PlanArguments:
         LoraArguments(
             lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets
         )  # the same checks as training
+        if not self.nvme_gb_per_s > 0:
+            raise TextsqlError(
+                f"--nvme_gb_per_s must be positive (2 for one PCIe NVMe drive), not {self.nvme_gb_per_s!r}."
+            )
         if not 0 <= self.safety_margin < 1:
             raise TextsqlError(
                 f"--safety_margin is a fraction of memory kept free, from 0 to below 1 (e.g. 0.1), "
@@ -444,17 +476,25 @@ def zero_settings(dsconfig: dict | None) -> dict:
     Keys a config leaves out take DeepSpeed's defaults; "auto" stays (the Trainer fills it from d_model).
     """
     if dsconfig is None:
-        settings = dict(SHIPPED_ZERO_SETTINGS)
+        settings = dict(SHIPPED_ZERO_SETTINGS) | NVME_DEFAULTS
         settings["shipped"] = True
         return settings
     zero = dsconfig.get("zero_optimization") or {}
     settings = {key: zero.get(key, default) for key, default in DEEPSPEED_ZERO_DEFAULTS.items()}
+    optimizer, param = (
+        zero.get(key) if isinstance(zero.get(key), dict) else {} for key in ("offload_optimizer", "offload_param")
+    )
+    settings["nvme_optimizer_buffer_count"] = optimizer.get(
+        "buffer_count", NVME_DEFAULTS["nvme_optimizer_buffer_count"]
+    )
+    settings["nvme_param_buffer_count"] = param.get("buffer_count", NVME_DEFAULTS["nvme_param_buffer_count"])
+    settings["nvme_param_buffer_size"] = param.get("buffer_size", NVME_DEFAULTS["nvme_param_buffer_size"])
     settings["shipped"] = False
     return settings
 
 
 def read_dsconfig(name_or_path: str) -> dict:
-    """Load and validate a DeepSpeed JSON file, or a shipped strategy name (zero1, zero2, zero3_offload)."""
+    """Load and validate a DeepSpeed JSON file, or a shipped strategy name (zero1, zero2, zero3, ...)."""
     return load_dsconfig(resolve_dsconfig_path(name_or_path, flag="--dsconfig"))
 
 
@@ -724,6 +764,35 @@ def lora_activation_bytes(
     return per_block["encoder"] * shape.num_layers + per_block["decoder"] * shape.num_decoder_layers
 
 
+def nvme_bytes(shape: ModelShape, setup: Setup, trainable: int) -> dict:
+    """ZeRO-Infinity (zero3_nvme) per pod: host bytes (pinned swap buffers, fp32 gradient partitions), disk bytes at
+    --nvme_path (16-bit parameters; fp32 master weights and Adam moments of the trainable ones), the bytes read and
+    written per step, and the seconds that takes at the assumed bandwidth."""
+    settings = dict(setup.settings)
+    P, T, N, ranks = shape.parameters, trainable, setup.gpus, setup.gpus_per_node
+    low = 4 if setup.precision == "fp32" else 2
+    sub_group = min(_filled(settings["sub_group_size"], 0), math.ceil(T / N))
+    host = {
+        "optimizer_swap_buffers": ranks * int(settings["nvme_optimizer_buffer_count"]) * sub_group * 4,
+        "param_swap_buffers": ranks
+        * int(settings["nvme_param_buffer_count"])
+        * int(settings["nvme_param_buffer_size"])
+        * low,
+        "fp32_gradient_partitions": ranks * math.ceil(T / N) * 4,
+    }
+    disk = {"parameters": ranks * math.ceil(low * P / N), "optimizer_states": ranks * math.ceil(12 * T / N)}
+    traffic = ranks * math.ceil((3 * low * P + 24 * T) / N)
+    return {
+        "host_bytes": sum(host.values()),
+        "host_detail": host,
+        "disk_bytes": sum(disk.values()),
+        "disk_detail": disk,
+        "traffic_per_step_bytes": traffic,
+        "gb_per_s": setup.nvme_gb_per_s,
+        "seconds_per_step_at_least": round(traffic / (setup.nvme_gb_per_s * GIB), 3),
+    }
+
+
 def weight_copy_bytes(shape: ModelShape, stage: int, precision: str, residency: dict | None) -> dict:
     """GPU bytes of parameter copies beyond the model states: ZeRO-3's gathered and persistent parameters (in the
     training dtype; `residency` is zero3_residency_for's), or, without DeepSpeed in 16-bit mixed precision, autocast's
@@ -805,6 +874,7 @@ class Setup:
     lora_targets: str = "qv"
     eval_batch: int = 32  # per_device_eval_batch_size
     eval_num_beams: int = 1  # beams of the SQL generated during evaluation; 0: evaluation computes the loss only
+    nvme_gb_per_s: float = NVME_GB_PER_S
 
     @property
     def gpus(self) -> int:
@@ -812,10 +882,16 @@ class Setup:
 
 
 def predict(
-    shape: ModelShape, setup: Setup, stage: int, offload_optimizer: bool, offload_param: bool, batch: int
+    shape: ModelShape,
+    setup: Setup,
+    stage: int,
+    offload_optimizer: bool,
+    offload_param: bool,
+    batch: int,
+    nvme: bool = False,
 ) -> dict:
     """Bytes per GPU by component (and their total), host bytes per node, for one strategy and batch (LoRA when
-    setup.lora_rank is set)."""
+    setup.lora_rank is set). `nvme`: what is offloaded goes to NVMe (nvme_bytes) instead of host memory."""
     settings = dict(setup.settings)
     lora = lora_layers(shape, setup.lora_rank, setup.lora_targets) if setup.lora_rank else None
     if lora is None:
@@ -878,8 +954,12 @@ def predict(
     unseen_by_torch = CUDA_CONTEXT_BYTES + (NCCL_BUFFER_BYTES if setup.gpus > 1 else 0)
     gpu["overhead"] = int(ALLOCATOR_OVERHEAD_FRACTION * allocated) + unseen_by_torch
     total = sum(gpu.values())
+    disk = nvme_bytes(shape, setup, shape.parameters if lora is None else lora["trainable"]) if nvme else None
+    if disk is not None:
+        states["cpu_model_states"] = disk["host_bytes"]
     cpu = int(states["cpu_model_states"] + CPU_RUNTIME_BYTES_PER_RANK * setup.gpus_per_node)
     return {
+        "nvme": disk,
         "gpu_bytes": gpu,
         "gpu_total_bytes": total,
         "torch_allocated_bytes": allocated,
@@ -1133,7 +1213,7 @@ def predict_strategy(shape: ModelShape, setup: Setup, strategy: str, batch: int)
         row = predict_fsdp(shape, setup, reshard, offload, hybrid, batch)
         return with_phases(shape, setup, row, 3, offload, fsdp=True)
     stage, offload_optimizer, offload_param = STRATEGY_LAYOUT[strategy]
-    row = predict(shape, setup, stage, offload_optimizer, offload_param, batch)
+    row = predict(shape, setup, stage, offload_optimizer, offload_param, batch, nvme=strategy in NVME_STRATEGIES)
     return with_phases(shape, setup, row, stage, offload_optimizer, fsdp=False)
 
 
@@ -1157,6 +1237,7 @@ def plan_memory(args: PlanArguments) -> dict:
         tuple(sorted(settings.items())),
         eval_batch=args.per_device_eval_batch_size,
         eval_num_beams=args.eval_num_beams,
+        nvme_gb_per_s=args.nvme_gb_per_s,
     )
     limits = _limits(args)
     strategies = {}
@@ -1197,7 +1278,7 @@ def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, 
         "strategies": rows,
     }
     plan["assumptions"] = plan["assumptions"] + LORA_ASSUMPTIONS
-    offload = [n for n in DEEPSPEED_STRATEGIES if STRATEGY_LAYOUT[n][1]]
+    offload = [n for n in DEEPSPEED_STRATEGIES if STRATEGY_LAYOUT[n][1] and n not in NVME_STRATEGIES]
     plan["lora"]["offload_note"] = (
         "; ".join(
             f"{n}: GPU {plan['strategies'][n]['gpu_total_gb']:.1f} -> {rows[n]['gpu_total_gb']:.1f} GB, host "

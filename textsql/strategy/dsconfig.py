@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import difflib
+import sys
 import warnings
+from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 from textsql.errors import TextsqlError
-from textsql.paths import DS_MONITOR_DIR, DSCONFIG_DIR, FLOPS_PROFILE_FILE
+from textsql.paths import DS_MONITOR_DIR, DSCONFIG_DIR, FLOPS_PROFILE_FILE, FSDPCONFIG_DIR
 from textsql.strategy.dsconfig_rules import (
     ACCELERATE_PLUGIN_AUTO,
     _accelerate_plugin,
@@ -172,18 +176,144 @@ def shipped_in(folder: Path, kind: str) -> dict[str, Path]:
     return {p.stem: p for p in sorted(folder.glob("*.json"))}
 
 
+# The other kind of shipped config, named where a name of one kind is asked for: `--deepspeed fsdp_full_shard` means
+# `--fsdp_config fsdp_full_shard`, and a typo's closest name may be of either kind.
+OTHER_KIND = {
+    "DeepSpeed": ("FSDP", "--fsdp_config", FSDPCONFIG_DIR),
+    "FSDP": ("DeepSpeed", "--deepspeed", DSCONFIG_DIR),
+}
+
+
 def resolve_config_path(name_or_path, shipped: dict[str, Path], kind: str, flag: str) -> Path:
-    """An existing JSON file as given, or a shipped strategy's name as its file in `shipped` (shipped_in)."""
+    """An existing JSON file as given, or a shipped strategy's name as its file in `shipped` (shipped_in). An unknown
+    name is refused with the closest shipped name of either kind (difflib) and the other kind's names."""
     path = Path(name_or_path)
     if path.is_file():
         return path
-    if str(name_or_path) in shipped:
-        return shipped[str(name_or_path)]
+    name = str(name_or_path)
+    if name in shipped:
+        return shipped[name]
+    other_kind, other_flag, other_dir = OTHER_KIND[kind]
+    others = sorted(p.stem for p in other_dir.glob("*.json"))
     what = "shipped strategy" if kind == "DeepSpeed" else f"shipped {kind} strategy"
+    if name in others:
+        raise TextsqlError(
+            f"{flag} '{name}' is a shipped {other_kind} strategy, not a {kind} one: pass it as `{other_flag} {name}` "
+            f"(the {kind} strategies: {', '.join(shipped)})."
+        )
+    close = difflib.get_close_matches(name, [*shipped, *others], n=1, cutoff=0.6)
+    hint = ""
+    if close:
+        hint = f" Did you mean {close[0]}?" if close[0] in shipped else f" Did you mean `{other_flag} {close[0]}`?"
     raise TextsqlError(
-        f"{flag} '{name_or_path}' is neither a JSON file nor a {what} ({', '.join(shipped)}): "
-        f"there is no such file. Pass the path of your {kind} JSON file, or a shipped name."
+        f"{flag} '{name}' is neither a JSON file nor a {what} ({', '.join(shipped)}; {other_kind} strategies, with "
+        f"{other_flag}: {', '.join(others)}): there is no such file.{hint} Pass the path of your {kind} JSON file, "
+        "or a shipped name."
     )
+
+
+def nvme_offload_blocks(cfg) -> list[dict]:
+    """The offload blocks of a DeepSpeed config that swap to NVMe (offload_optimizer, offload_param)."""
+    zero = cfg.get("zero_optimization") if isinstance(cfg, dict) else None
+    if not isinstance(zero, dict):
+        return []
+    blocks = [zero.get(key) for key in ("offload_optimizer", "offload_param")]
+    return [block for block in blocks if isinstance(block, dict) and block.get("device") == "nvme"]
+
+
+def with_nvme_path(cfg, nvme_path) -> dict:
+    """A copy of the config whose NVMe offload blocks swap to `nvme_path` (--nvme_path) where they leave nvme_path
+    "auto" or unset; refused before launch when an NVMe block has no path, when --nvme_path contradicts the file's,
+    or when nothing is offloaded to NVMe and --nvme_path was given."""
+    blocks = nvme_offload_blocks(cfg)
+    if not blocks:
+        if nvme_path:
+            raise TextsqlError(
+                f"--nvme_path {nvme_path} was given, but this DeepSpeed config offloads nothing to NVMe, so it would "
+                'not be used. Pass --deepspeed zero3_nvme (or your own config with an offload device "nvme"), or '
+                "leave --nvme_path out."
+            )
+        return cfg
+    resolved = copy.deepcopy(cfg)
+    for block in nvme_offload_blocks(resolved):
+        given = block.get("nvme_path")
+        if given in (None, "auto", "none"):
+            if not nvme_path:
+                raise TextsqlError(
+                    "This DeepSpeed config offloads to NVMe (ZeRO-Infinity: zero3_nvme) but names no folder to swap "
+                    'to (nvme_path is "auto" or unset). Pass --nvme_path DIR, a folder on a local NVMe drive with '
+                    "room for the model's parameters and optimizer states (`textsql plan` says how much), or choose "
+                    "zero3_offload to offload to host memory instead."
+                )
+            block["nvme_path"] = str(Path(nvme_path).absolute())
+        elif nvme_path and Path(given).absolute() != Path(nvme_path).absolute():
+            raise TextsqlError(
+                f'nvme_path is "{given}" in the DeepSpeed config but --nvme_path is {nvme_path}: write "auto" in the '
+                "JSON file so that --nvme_path fills it, or make them agree."
+            )
+    for folder in {Path(block["nvme_path"]) for block in nvme_offload_blocks(resolved)}:
+        if folder.exists() and not folder.is_dir():
+            raise TextsqlError(
+                f"The NVMe folder {folder} is a file, not a folder. Pass --nvme_path DIR, a folder on a local NVMe "
+                "drive (DeepSpeed creates its swap files in it)."
+            )
+    return resolved
+
+
+@contextmanager
+def _stderr_with_a_descriptor():
+    """sys.stderr as a stream with a file descriptor while DeepSpeed's has_function runs: it redirects sys.stderr's
+    descriptor to silence the compiler, and on a stream without one (a notebook's, a captured one) it answers "no
+    libaio" whatever is installed."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        saved, sys.stderr = sys.stderr, sys.__stderr__
+        try:
+            yield
+        finally:
+            sys.stderr = saved
+    else:
+        yield
+
+
+@lru_cache(maxsize=1)
+def async_io_problem() -> str | None:
+    """Why DeepSpeed's async I/O op (the NVMe swapper's) cannot run here, with the fix; None when it can: built
+    already, or buildable (libaio found by AsyncIOBuilder().is_compatible(), which compiles a call to io_submit)."""
+    _import_deepspeed()
+    with _quiet_deepspeed(), _stderr_with_a_descriptor():
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        builder = AsyncIOBuilder()
+        if builder.is_compatible(verbose=False):
+            return None
+    return (
+        "zero3_nvme swaps parameters and optimizer states to NVMe through DeepSpeed's async I/O op (async_io), and "
+        "that op cannot be built here: DeepSpeed's AsyncIOBuilder().is_compatible() found no libaio (its check "
+        "compiles and links a call to io_submit). Install libaio's development files (`apt-get install libaio-dev`; "
+        "`yum install libaio-devel` on RHEL), or point CFLAGS/LDFLAGS at a libaio built from source; DeepSpeed then "
+        "builds the op on the first run. Or offload to host memory instead: --deepspeed zero3_offload."
+    )
+
+
+def load_async_io() -> None:
+    """Load DeepSpeed's async I/O op (built once, into TORCH_EXTENSIONS_DIR) before its NVMe swapper asks for it: loaded
+    here, where sys.stderr gets a file descriptor for the op's compatibility check, it is the one DeepSpeed reuses."""
+    with _stderr_with_a_descriptor():
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        AsyncIOBuilder().load(verbose=False)
+
+
+def check_nvme_offload(cfg, nvme_path) -> dict:
+    """with_nvme_path, then refuse an NVMe config that DeepSpeed's async I/O op cannot serve here (async_io_problem)."""
+    resolved = with_nvme_path(cfg, nvme_path)
+    if nvme_offload_blocks(resolved):
+        problem = async_io_problem()
+        if problem:
+            raise TextsqlError(problem)
+    return resolved
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -192,7 +322,7 @@ def shipped_configs() -> dict[str, Path]:
 
 
 def resolve_dsconfig_path(name_or_path, flag: str = "--deepspeed") -> Path:
-    """An existing JSON file as given, or a shipped strategy name (zero1, zero2, zero3_offload) as dsconfig/NAME.json."""
+    """An existing JSON file as given, or a shipped strategy name (zero1, zero2, zero3, ...) as dsconfig/NAME.json."""
     return resolve_config_path(name_or_path, shipped_configs(), "DeepSpeed", flag)
 
 
@@ -200,4 +330,5 @@ def describe_config(cfg) -> str:
     info = describe_strategy(cfg)
     optimizer, param = info["offload_optimizer"], info["offload_param"]
     offload = optimizer if optimizer == param else f"optimizer {optimizer}, param {param}"
-    return f"zero{info['zero_stage']}, offload: {offload}"
+    unset = any(block.get("nvme_path") in (None, "auto") for block in nvme_offload_blocks(cfg))
+    return f"zero{info['zero_stage']}, offload: {offload}" + (", nvme_path from --nvme_path" if unset else "")

@@ -407,6 +407,8 @@ def _through_accelerate(prepared, review: _Review):
         filled = _value_at(handed, path)
         if path.endswith("stage3_gather_16bit_weights_on_model_save") and (stage != 3 or filled):
             continue
+        if path.endswith("nvme_path"):  # textsql fills it from --nvme_path before accelerate sees it (with_nvme_path)
+            continue
         note = (
             " ZeRO-3 checkpoints then hold no model weights file, only DeepSpeed's shards (textsql saves the final "
             "model itself); the shipped zero3_offload.json sets true."

@@ -141,6 +141,14 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
             "own FSDP JSON file (`textsql check-config FILE` checks it). GPUs only; textsql turns --fsdp on."
         },
     )
+    nvme_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder on a local NVMe drive that ZeRO-Infinity (--deepspeed zero3_nvme) swaps parameters and "
+            "optimizer states to: it fills the config's nvme_path \"auto\". Needs DeepSpeed's async I/O op (libaio: "
+            "`apt-get install libaio-dev`); `textsql plan` says how much disk it takes."
+        },
+    )
     # How textsql sets the run up.
     runs_root: str = field(
         default="runs",

@@ -30,7 +30,7 @@ from textsql.strategy.devices import (
 )
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.train.distributed import free_port
-from textsql.train.run import TrainingInterrupted, interrupted_message, train
+from textsql.train.run import TrainingInterrupted, interrupted_message, load_strategy, train
 
 # DeepSpeed's own INFO lines ("[2026-11-24 19:31:16,466] [INFO] [runner.py:...] ..."), from its launcher and the ranks'
 # start-up: kept for a failure's message, not echoed (the ranks' full log is each run's train.log).
@@ -122,6 +122,8 @@ def run_training(
     `timeout_s`: a limit on the whole training; past it the children run in their own process group, which is killed
     (TERM, then KILL), and TrainingTimedOut is raised. Without a limit they stay in this terminal's group (Ctrl-C)."""
     check_prepared(data_args.dataset_dir)  # the user's input first, before any process starts
+    # a strategy that cannot run here (a mistyped name, NVMe without a path or libaio) is refused before any rank starts
+    load_strategy(training_args.deepspeed, training_args.fsdp_config, training_args.nvme_path)
     devices = node_devices(training_args.accelerator)
     ranks = ranks_per_node(num_gpus, devices)
     with tempfile.TemporaryDirectory(prefix="textsql-launch-") as folder:

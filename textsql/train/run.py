@@ -48,8 +48,11 @@ from textsql.strategy.devices import (
 from textsql.strategy.dsconfig import (
     add_ds_tools,
     check_batch_settings,
+    check_nvme_offload,
     describe_strategy,
+    load_async_io,
     load_dsconfig,
+    nvme_offload_blocks,
     resolve_dsconfig_path,
     resolve_for_run,
 )
@@ -150,19 +153,26 @@ def interrupted_message(model: ModelArguments, training: TextsqlTrainingArgument
     )
 
 
-def load_strategy(deepspeed, fsdp_config=None) -> tuple[dict | None, dict]:
-    """(the DeepSpeed or FSDP config, validated, or None without one; its strategy: stage or sharding, offload, label)."""
+def load_strategy(deepspeed, fsdp_config=None, nvme_path=None) -> tuple[dict | None, dict]:
+    """(the DeepSpeed or FSDP config, validated, or None without one; its strategy: stage or sharding, offload, label).
+    An NVMe config gets --nvme_path and is refused before launch without one, or without DeepSpeed's async I/O op."""
 
     if deepspeed and fsdp_config:
         raise TextsqlError(
             "--deepspeed and --fsdp_config were both given: a run shards either with DeepSpeed ZeRO or with "
             "PyTorch FSDP. Pass one of them."
         )
+    if nvme_path and not deepspeed:
+        raise TextsqlError(
+            f"--nvme_path {nvme_path} was given without --deepspeed: only DeepSpeed's ZeRO-Infinity swaps to NVMe. "
+            "Pass --deepspeed zero3_nvme, or leave --nvme_path out."
+        )
     if fsdp_config:
         return (config := load_fsdp_strategy(fsdp_config)), describe_fsdp_strategy(config)
     if not deepspeed:
         return None, describe_strategy(None)
     config = load_dsconfig(resolve_dsconfig_path(deepspeed)) if not isinstance(deepspeed, dict) else deepspeed
+    config = check_nvme_offload(config, nvme_path)
     return config, describe_strategy(config)
 
 
@@ -183,7 +193,7 @@ def run_dir(
     if training.output_dir:
         return Path(training.output_dir)
     if strategy_label is None:
-        strategy_label = load_strategy(training.deepspeed, training.fsdp_config)[1]["label"]
+        strategy_label = load_strategy(training.deepspeed, training.fsdp_config, training.nvme_path)[1]["label"]
     return Path(training.runs_root) / run_folder_name(
         model.model_id,
         strategy_label,
@@ -227,7 +237,7 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
             "fsdp_full_shard (or fsdp_shard_grad_op, fsdp_full_shard_offload, fsdp_hybrid_shard, or your "
             "own JSON file); textsql turns FSDP on from it."
         )
-    config, strategy = load_strategy(training.deepspeed, training.fsdp_config)
+    config, strategy = load_strategy(training.deepspeed, training.fsdp_config, training.nvme_path)
     fsdpconfig = config if strategy["strategy"] == "fsdp" else None
     dsconfig = None if fsdpconfig is not None else config
     check_fsdp_devices(strategy, accelerator, devices)
@@ -336,6 +346,8 @@ def train(
             own_latencies_in_comms_logger()
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
+        if nvme_offload_blocks(plan.dsconfig):
+            load_async_io()  # ZeRO-Infinity's op, before zero.Init's swapper asks for it
 
     from transformers import DataCollatorForSeq2Seq, set_seed
 
