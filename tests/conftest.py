@@ -274,12 +274,12 @@ def lora_adapter(assets, tmp_path_factory):
     from peft import LoraConfig, get_peft_model
 
     from textsql.adapters import RECORD_VERSION, LoraArguments, adapter_record, base_fingerprint
-    from textsql.hub import load_seq2seq_model, load_tokenizer
+    from textsql.hub import load_model, load_tokenizer
     from textsql.paths import ADAPTER_RECORD_FILE
 
     _, model_dir = assets
     folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"
-    model = get_peft_model(load_seq2seq_model(str(model_dir)), LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"]))
+    model = get_peft_model(load_model(str(model_dir)), LoraConfig(r=4, lora_alpha=8, target_modules=["q", "v"]))
     torch.manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -292,4 +292,47 @@ def lora_adapter(assets, tmp_path_factory):
     lora = LoraArguments(lora=True, lora_rank=4, lora_alpha=8.0, lora_targets="qv")
     record = adapter_record(model, lora, str(model_dir), tokenizer, [], base_fingerprint(str(model_dir)))
     (folder / ADAPTER_RECORD_FILE).write_text(json.dumps({"version": RECORD_VERSION, **record}, indent=2) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def causal_assets(tmp_path_factory):
+    """(data_dir, model_dir): small generated data (question+header prompts) prepared for a tiny Qwen2 whose byte-level
+    BPE tokenizer was trained on it (EOS is its pad token, as in Qwen2), built once per session."""
+    from textsql.demo import release_records
+    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
+    from textsql.wikisql.synthetic import generate_wikisql
+
+    folder = tmp_path_factory.mktemp("causal-assets")
+    raw = generate_wikisql(
+        folder / "wikisql-generated", train_tables=30, dev_tables=6, test_tables=6, questions_per_table=8, seed=1
+    )
+    questions, tables = release_records(raw)
+    model_dir = make_tiny_causal_model(
+        folder / "tiny-qwen2", corpus_for_tokenizer(questions, tables, prefix=""), hidden_size=64, num_layers=2, seed=1
+    )
+    data_dir = prepare_dataset(
+        PrepArguments(
+            source=str(raw), model_id=str(model_dir), output_dir=str(folder / "data"), source_format="question+header"
+        )
+    )
+    return data_dir, model_dir
+
+
+def real_causal_folder(real_files: Path, name: str, folder: Path) -> Path:
+    """`folder` holding the real `name` tokenizer from ../shared/real (qwen2: EOS is also its pad token; gpt2: no pad
+    token) and a tiny random model of that family for it; skips the test where those files are absent."""
+    from transformers import AutoTokenizer
+
+    from textsql.tiny import build_tiny_causal
+
+    source = real_files / name
+    if not (source / "tokenizer.json").is_file():
+        pytest.skip(f"the real {name} tokenizer is not at {source}")
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in source.iterdir():
+        shutil.copy(path, folder / path.name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    build_tiny_causal(tokenizer, name, hidden_size=16, num_layers=1, num_heads=2).save_pretrained(folder)
     return folder

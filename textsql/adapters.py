@@ -12,7 +12,8 @@ from pathlib import Path
 
 from textsql.checkpoints import CHECKPOINT
 from textsql.errors import TextsqlError
-from textsql.hub import load_seq2seq_model, load_tokenizer
+from textsql.families import LORA_PRESETS, family_of, lora_target_modules
+from textsql.hub import load_model, load_tokenizer
 from textsql.paths import ADAPTER_CONFIG_FILE, ADAPTER_RECORD_FILE
 from textsql.prep import tokenizer_fingerprint
 from textsql.vocabulary import fit_embeddings
@@ -20,14 +21,8 @@ from textsql.vocabulary import fit_embeddings
 logger = logging.getLogger("textsql.adapters")
 
 PEFT_EXTRA = "textsql[peft]"
-# The target presets: T5's module names of the nn.Linear layers LoRA adapts in every attention and feed-forward block.
-# `all` is peft's "all-linear" (every nn.Linear but the output layer, lm_head): on T5 exactly these (tests check it);
-# gated T5 v1.1 / flan-t5 name the feed-forward input wi_0 and wi_1.
-LORA_TARGETS = {"qv": ("q", "v"), "all": ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo")}
-PEFT_TARGETS = {"qv": ["q", "v"], "all": "all-linear"}
-# The module whose rows peft's trainable_token_indices trains: T5's shared input embedding (tied to the encoder's,
-# the decoder's and, in T5 v1, the lm head). modules_to_save=["shared"] trains nothing on T5 in transformers 5.
-EMBEDDING_MODULE = "shared"
+# The target presets (--lora_targets) and each family's module names for them are in textsql.families (LORA_PRESETS,
+# Family.lora_targets): qv, the query and value projections; all, peft's "all-linear" (every nn.Linear but lm_head).
 RECORD_VERSION = 1
 
 
@@ -51,9 +46,10 @@ class LoraArguments:
     lora_targets: str = field(
         default="qv",
         metadata={
-            "help": "Which layers get adapters: qv (the query and value projections of every attention) or all "
-            "(q, k, v, o of every attention and the feed-forward wi, wo; never the lm head). The characters prep "
-            "added to the tokenizer always train their embedding rows."
+            "help": "Which layers get adapters: qv (the query and value projections of every attention; the fused "
+            "query-key-value layer of bloom, falcon, gpt2, gpt_bigcode and codegen) or all (every linear layer of "
+            "every attention and feed-forward block; never the lm head). The characters prep added to the tokenizer "
+            "always train their embedding rows."
         },
     )
 
@@ -71,8 +67,8 @@ class LoraArguments:
             raise TextsqlError(
                 f"--lora_dropout is a probability from 0 to below 1 (e.g. 0.05), not {self.lora_dropout!r}."
             )
-        if self.lora_targets not in LORA_TARGETS:
-            raise TextsqlError(f"--lora_targets must be one of {', '.join(LORA_TARGETS)}, not '{self.lora_targets}'.")
+        if self.lora_targets not in LORA_PRESETS:
+            raise TextsqlError(f"--lora_targets must be one of {', '.join(LORA_PRESETS)}, not '{self.lora_targets}'.")
 
     def lora_settings(self) -> dict | None:
         """What the run summary's strategy records: None without --lora."""
@@ -143,17 +139,25 @@ def _embedding_gathered_for_peft(model, token_ids):
         trainable_tokens_layer.check_deepspeed_zero3_enabled = saved
 
 
+def input_embedding_name(model) -> str:
+    """The name of the module holding the input embedding, the first of those sharing its weight: T5's `shared`, a
+    Llama's `model.embed_tokens`, GPT-2's `transformer.wte`. peft's trainable_token_indices trains rows there."""
+    weight = model.get_input_embeddings().weight
+    return next(name for name, module in model.named_modules() if getattr(module, "weight", None) is weight)
+
+
 def apply_lora(model, lora: LoraArguments, token_ids: list[int]):
-    """`model` wrapped by peft for training: LoRA on the preset's layers, the rows of `token_ids` in the shared
-    embedding trainable (peft's trainable_token_indices), everything else frozen."""
+    """`model` wrapped by peft for training: LoRA on the preset's layers of the model's family (textsql.families), the
+    rows of `token_ids` in the input embedding trainable (peft's trainable_token_indices), everything else frozen."""
     peft = require_peft()
+    family = family_of(model.config)
     config = peft.LoraConfig(
         r=lora.lora_rank,
         lora_alpha=lora.lora_alpha,
         lora_dropout=lora.lora_dropout,
-        target_modules=PEFT_TARGETS[lora.lora_targets],
-        task_type="SEQ_2_SEQ_LM",
-        trainable_token_indices={EMBEDDING_MODULE: list(token_ids)} if token_ids else None,
+        target_modules=lora_target_modules(family, lora.lora_targets),
+        task_type=family.peft_task_type,
+        trainable_token_indices={input_embedding_name(model): list(token_ids)} if token_ids else None,
     )
     with _embedding_gathered_for_peft(model, token_ids):
         return peft.get_peft_model(model, config)
@@ -334,7 +338,7 @@ def load_base_for_adapter(adapter_dir, base_model: str | None = None):
             f"Pass --base_model with the model the run trained from ('{record['base_model']}', or a "
             "local copy of it)."
         )
-    model = load_seq2seq_model(base_id, dtype=torch.float32)
+    model = load_model(base_id, dtype=torch.float32)
     fit_embeddings(model, tokenizer)
     return model, tokenizer, record
 

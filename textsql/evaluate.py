@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 
 from textsql.errors import TextsqlError
-from textsql.prep import load_prepared, load_tables
-from textsql.wikisql.format import source_text
+from textsql.families import ensure_pad_token, family_of, pad_token_id
+from textsql.prep import load_prepared, load_tables, model_source
 from textsql.wikisql.sql import aggregate_metrics, exact_match, executes_plausibly, score_prediction
 
 DECODINGS = ("greedy", "execution_guided")
@@ -53,7 +53,8 @@ def generate_sql(
     device=None,
 ) -> list[list[str]]:
     """The `num_candidates` best generations (beam order) for each source, batch by batch, longest first so each batch
-    pads little; input order kept."""
+    pads little; input order kept. A causal LM's prompts are padded on the left (its new tokens follow every prompt
+    directly), it stops at EOS, and only the tokens after the prompt are decoded."""
     import torch
     from tqdm.auto import tqdm
 
@@ -61,12 +62,20 @@ def generate_sql(
     outputs: list[list[str]] = [[] for _ in sources]
     # Under ZeRO-3 parameters are placeholders, so the caller names the device.
     device = device if device is not None else next(model.parameters()).device
+    causal = family_of(model.config).causal
+    if causal:
+        ensure_pad_token(tokenizer)
     was_training = model.training
     model.eval()
     batches = range(0, len(order), batch_size)
     for start in tqdm(batches, desc="generating", unit="batch", disable=not progress):
         indices = order[start : start + batch_size]
-        encoded = tokenizer([sources[i] for i in indices], return_tensors="pt", padding=True).to(device)
+        encoded = tokenizer(
+            [sources[i] for i in indices],
+            return_tensors="pt",
+            padding=True,
+            padding_side="left" if causal else "right",
+        ).to(device)
         with torch.no_grad():
             generated = model.generate(
                 **encoded,
@@ -74,7 +83,11 @@ def generate_sql(
                 num_return_sequences=num_candidates,
                 max_new_tokens=max_new_tokens,
                 synced_gpus=synced_gpus,
+                pad_token_id=pad_token_id(tokenizer),
+                eos_token_id=tokenizer.eos_token_id,
             )
+        if causal:  # the prompt comes back first
+            generated = generated[:, encoded["input_ids"].shape[1] :]
         texts = [" ".join(text.split()) for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
         for n, i in enumerate(indices):
             outputs[i] = texts[n * num_candidates : (n + 1) * num_candidates]
@@ -117,16 +130,15 @@ def load_scoring_set(
     if max_examples:
         rows = rows.select(range(min(max_examples, len(rows))))
     tables = load_tables(dataset_dir)
-    source_format = metadata.get("source_format", "question")
-
-    def header(table_id: str):
-        return tables[table_id]["header"] if table_id in tables else None
-
-    return ScoringSet(
-        sources=[
-            source_text(q, header(t), metadata["source_prefix"], source_format)
+    if "prompt" in rows.column_names:  # a causal LM's prompts, as prep fitted them (column lists cut to fit)
+        sources = list(rows["prompt"])
+    else:
+        sources = [
+            model_source(q, tables[t]["header"] if t in tables else None, metadata)
             for q, t in zip(rows["question"], rows["table_id"])
-        ],
+        ]
+    return ScoringSet(
+        sources=sources,
         questions=list(rows["question"]),
         table_ids=list(rows["table_id"]),
         gold_texts=list(rows["target"]),

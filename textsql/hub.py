@@ -1,4 +1,5 @@
-"""Load tokenizers and seq2seq models from a hub name or a local folder, with an offline-aware error."""
+"""Load tokenizers, configs and models (seq2seq or causal, by the model family) from a hub name or a local folder, with
+an offline-aware error."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import urllib.parse
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.families import Family, auto_model_class, family_of
 
 
 def hub_offline() -> bool:
@@ -83,11 +85,26 @@ def load_tokenizer(name: str):
         raise _not_found(name, error) from None
 
 
-def load_seq2seq_model(name: str, **kwargs):
-    """A seq2seq LM for `name` (hub id or folder); kwargs go to from_pretrained."""
-    from transformers import AutoModelForSeq2SeqLM
+def load_config(name: str):
+    """The model's config (config.json) for `name` (hub id or folder)."""
+    from transformers import AutoConfig
 
     try:
-        return AutoModelForSeq2SeqLM.from_pretrained(name, **_hub_kwargs(name), **kwargs)
+        return AutoConfig.from_pretrained(name, **_hub_kwargs(name))
+    except (OSError, ValueError) as error:
+        raise _not_found(name, error) from None
+
+
+def model_family(name: str) -> Family:
+    """The family of the model `name` (textsql.families), decided from its config."""
+    return family_of(load_config(name))
+
+
+def load_model(name: str, **kwargs):
+    """The language model `name` (hub id or folder) with its family's Auto class (seq2seq or causal); kwargs go to
+    from_pretrained."""
+    model_class = auto_model_class(model_family(name))
+    try:
+        return model_class.from_pretrained(name, **_hub_kwargs(name), **kwargs)
     except (OSError, ValueError) as error:
         raise _not_found(name, error) from None

@@ -19,9 +19,8 @@ from textsql.evaluate import (
     load_scoring_set,
 )
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE, in_project
-from textsql.prep import check_source_settings, load_prepared, load_tables
+from textsql.prep import check_source_settings, load_prepared, load_tables, model_source
 from textsql.quantize import load_for_inference
-from textsql.wikisql.format import source_text
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
 
 DTYPES = ("float32", "bfloat16")
@@ -155,10 +154,7 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
             f"The model reads '{source_format}' sources and decodes {args.decoding}: name the questions' table with "
             "--table_id (an id from tables.jsonl)."
         )
-    sources = [
-        source_text(q, table["header"] if table else None, metadata["source_prefix"], source_format)
-        for q in args.question
-    ]
+    sources = [model_source(q, table["header"] if table else None, metadata, tokenizer) for q in args.question]
     candidates = generate_sql(
         model,
         tokenizer,

@@ -1,4 +1,5 @@
-"""Prepare WikiSQL for training: load a source, tokenize with a task prefix (no fixed padding), report lengths, save to disk."""
+"""Prepare WikiSQL for training: load a source, tokenize it as the model's family reads it (T5: a prefixed source and
+a separate target; a causal LM: prompt and SQL in one sequence), no fixed padding, report lengths, save to disk."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import numpy as np
 
 from textsql import __version__
 from textsql.errors import TextsqlError
-from textsql.hub import load_tokenizer
+from textsql.families import CAUSAL, family_of
+from textsql.hub import load_tokenizer, model_family
 from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR, in_project
-from textsql.vocabulary import add_characters, missing_characters
+from textsql.vocabulary import add_characters, byte_level, missing_characters
 from textsql.wikisql.format import SOURCE_FORMATS, Example, WikiSQLData, source_text
 from textsql.wikisql.release import load_wikisql
 from textsql.wikisql.sql import SQLParseError, parse_sql, same_logical_form
@@ -24,6 +26,7 @@ from textsql.wikisql.synthetic import generate_wikisql
 logger = logging.getLogger(__name__)
 
 OVERLONG_POLICIES = ("error", "truncate", "drop")
+PROMPT_FORMATS = ("plain", "chat")
 PERCENTILES = (50, 90, 95, 99, 100)
 # Where a fine-tuned model records what it was trained to read (the T5 convention for task prefixes).
 MODEL_CONFIG_KEY = "textsql"
@@ -40,10 +43,17 @@ class PrepArguments:
             "copy (the script-based 'wikisql' cannot be loaded by current datasets)."
         }
     )
-    model_id: str = field(default="t5-small", metadata={"help": "Tokenizer to use: hub name or local model folder."})
+    model_id: str = field(
+        default="t5-small",
+        metadata={
+            "help": "The model to prepare for: hub name or local model folder (its config.json decides the family: "
+            "T5 or a causal LM) and its tokenizer."
+        },
+    )
     output_dir: str = field(default="data/wikisql", metadata={"help": "Folder to save the tokenized DatasetDict in."})
     source_prefix: str = field(
-        default="translate English to SQL: ", metadata={"help": "T5 task prefix put before every question."}
+        default="translate English to SQL: ",
+        metadata={"help": "T5 task prefix put before every question (a causal LM reads a plain prompt instead)."},
     )
     source_format: str = field(
         default="question",
@@ -52,12 +62,26 @@ class PrepArguments:
             "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."
         },
     )
-    max_source_length: int = field(default=512, metadata={"help": "Longest question in tokens (prefix included)."})
-    max_target_length: int = field(default=256, metadata={"help": "Longest SQL target in tokens."})
+    prompt_format: str = field(
+        default="plain",
+        metadata={
+            "help": "A causal LM's prompt: plain ('### Question:', '### Columns:' and '### SQL:' lines) or chat: those "
+            "lines as the user's message in the tokenizer's chat template, the SQL as the assistant's answer (only "
+            "for tokenizers that have a template; T5 reads its prefixed source either way)."
+        },
+    )
+    max_source_length: int = field(
+        default=512, metadata={"help": "Longest question in tokens (prefix included; a causal LM's whole prompt)."}
+    )
+    max_target_length: int = field(
+        default=256, metadata={"help": "Longest SQL target in tokens (a causal LM's with its end-of-sequence token)."}
+    )
     overlong: str = field(
         default="error",
         metadata={
-            "help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported)."
+            "help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported). "
+            "For a causal LM the prompt's column list is cut first, never the SQL; what still does not fit is an "
+            "error, or dropped with truncate and drop."
         },
     )
     max_examples_per_split: int | None = field(
@@ -81,6 +105,10 @@ class PrepArguments:
         if self.source_format not in SOURCE_FORMATS:
             raise TextsqlError(
                 f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'."
+            )
+        if self.prompt_format not in PROMPT_FORMATS:
+            raise TextsqlError(
+                f"--prompt_format must be one of {', '.join(PROMPT_FORMATS)}, not '{self.prompt_format}'."
             )
         if self.overlong not in OVERLONG_POLICIES:
             raise TextsqlError(f"--overlong must be one of {', '.join(OVERLONG_POLICIES)}, not '{self.overlong}'.")
@@ -120,6 +148,7 @@ def prepare_dataset(args: PrepArguments):
             f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir."
         )
     data = load_source(args)  # the user's data first: a missing folder is named before any model is looked for
+    family = model_family(args.model_id)
     base_tokenizer = load_tokenizer(args.model_id)
     if not data.splits.get("train"):
         raise TextsqlError(
@@ -130,9 +159,20 @@ def prepare_dataset(args: PrepArguments):
             f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
             "release files or a hub copy with a 'table' column, or --source_format question."
         )
+    if args.prompt_format == "chat" and not family.causal:
+        raise TextsqlError(
+            f"--prompt_format chat lays a causal LM's prompt out in its chat template; '{args.model_id}' is a "
+            f"{family.name} model, which reads a prefixed source. Leave --prompt_format out (plain)."
+        )
+    if args.prompt_format == "chat" and not getattr(base_tokenizer, "chat_template", None):
+        raise TextsqlError(
+            f"The tokenizer of '{args.model_id}' has no chat template (chat_template in tokenizer_config.json or a "
+            "chat_template.jinja file), so --prompt_format chat cannot lay the prompt out. Use --prompt_format plain."
+        )
     splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
+    prefix = "" if family.causal else args.source_prefix  # a causal LM reads a plain prompt (source_text)
     sources = {
-        name: [source_text(e.question, _header(data, e), args.source_prefix, args.source_format) for e in examples]
+        name: [source_text(e.question, _header(data, e), prefix, args.source_format, family.kind) for e in examples]
         for name, examples in splits.items()
     }
     # Every character the model reads or writes must be one it can produce: add what the tokenizer lacks.
@@ -140,6 +180,12 @@ def prepare_dataset(args: PrepArguments):
         base_tokenizer, (text for name in splits for text in sources[name] + [e.target for e in splits[name]])
     )
     tokenizer = base_tokenizer
+    if byte_level(base_tokenizer):
+        logger.info(
+            "'%s' is a byte-level BPE tokenizer: it writes every character, so nothing is added to its vocabulary%s.",
+            args.model_id,
+            f" (yet it cannot produce {missing['unknown']})" if missing["unknown"] else "",
+        )
     if missing["unknown"]:
         tokenizer = add_characters(base_tokenizer, missing["unknown"], output_dir / TOKENIZER_DIR)
         logger.info(
@@ -148,7 +194,13 @@ def prepare_dataset(args: PrepArguments):
             args.model_id,
             ", ".join(repr(c) for c in missing["unknown"]),
         )
-    dataset = tokenize_splits(splits, sources, tokenizer)
+    fitted = {}
+    if family.causal:
+        dataset, fitted = tokenize_causal(
+            splits, {name: [_header(data, e) for e in splits[name]] for name in splits}, tokenizer, args
+        )
+    else:
+        dataset = tokenize_splits(splits, sources, tokenizer)
     report = length_report(dataset, args.max_source_length, args.max_target_length)
     lost = characters_lost_in_targets(dataset, tokenizer, data.tables)
     recovered = lost["column_names_recovered"]
@@ -168,7 +220,8 @@ def prepare_dataset(args: PrepArguments):
             args.model_id,
             ", ".join(f"{c!r} x{n}" for c, n in lost["characters"].items()),
         )
-    dataset = apply_overlong_policy(dataset, report, args)
+    if not family.causal:  # a causal LM's examples were fitted or dropped as they were tokenized
+        dataset = apply_overlong_policy(dataset, report, args)
     output_dir.mkdir(parents=True, exist_ok=True)
     dataset.save_to_disk(str(output_dir))
     _save_tables(output_dir, data, splits)
@@ -180,8 +233,13 @@ def prepare_dataset(args: PrepArguments):
         "tokenizer_dir": TOKENIZER_DIR if tokenizer is not base_tokenizer else None,
         "added_characters": missing["unknown"],
         "characters_changed_by_normalizer": missing["normalized"],
-        "source_prefix": args.source_prefix,
+        "source_prefix": prefix,
         "source_format": args.source_format,
+        "layout": family.kind,
+        "prompt_format": args.prompt_format if family.causal else None,
+        "model_family": family.name,
+        "byte_level": byte_level(base_tokenizer),
+        "prompts_fitted": fitted,
         "max_source_length": args.max_source_length,
         "max_target_length": args.max_target_length,
         "overlong": args.overlong,
@@ -227,6 +285,98 @@ def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[st
     return DatasetDict(result)
 
 
+def causal_prompt(
+    question: str,
+    header: list[str] | None,
+    source_format: str,
+    prompt_format: str,
+    tokenizer=None,
+    max_columns: int | None = None,
+) -> str:
+    """A causal LM's prompt: the plain layout (textsql.wikisql.format.source_text), or with prompt_format 'chat' those
+    lines as the user's message in the tokenizer's chat template, up to the assistant's turn. The template's own BOS is
+    left to the tokenizer, which adds it (or not) like for any text, so prep and generation tokenize alike."""
+    plain = source_text(question, header, "", source_format, CAUSAL, max_columns=max_columns)
+    if prompt_format != "chat":
+        return plain
+    if tokenizer is None:
+        raise TextsqlError("A chat prompt needs the model's tokenizer (its chat template).")
+    messages = [{"role": "user", "content": plain.rstrip("\n")}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    bos = tokenizer.bos_token
+    return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
+
+
+def tokenize_causal(splits: dict[str, list[Example]], headers: dict[str, list], tokenizer, args: PrepArguments):
+    """(DatasetDict, what was fitted) for a causal LM: each example one `input_ids` sequence, the prompt
+    (source_text's causal layout) and then the SQL and EOS, with `labels` -100 on the prompt: the model learns to
+    write the SQL and to stop, never the prompt. Padding comes at collation, masked there by position.
+
+    A prompt over --max_source_length loses columns from the end of its list until it fits; the SQL is never cut.
+    What still does not fit (a question alone too long, an SQL over --max_target_length) is an error with --overlong
+    error, else dropped; both counted per split in the returned dict (columns_cut, dropped)."""
+    from datasets import Dataset, DatasetDict
+
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise TextsqlError(
+            f"The tokenizer of '{args.model_id}' has no end-of-sequence token, so the model could never learn where "
+            "a query ends. Use a tokenizer whose tokenizer_config.json names eos_token."
+        )
+    result, fitted, overlong = {}, {}, {}
+    for name, examples in splits.items():
+        rows = {
+            key: []
+            for key in ("question", "target", "table_id", "sql", "prompt", "input_ids", "attention_mask", "labels")
+        }
+        cut = dropped = 0
+        for example, header in zip(examples, headers[name]):
+            prompt = causal_prompt(example.question, header, args.source_format, args.prompt_format, tokenizer)
+            prompt_ids = tokenizer(prompt)["input_ids"]
+            if len(prompt_ids) > args.max_source_length and args.source_format == "question+header":
+                for keep in range(len(header) - 1, -1, -1):
+                    prompt = causal_prompt(
+                        example.question, header, args.source_format, args.prompt_format, tokenizer, max_columns=keep
+                    )
+                    prompt_ids = tokenizer(prompt)["input_ids"]
+                    if len(prompt_ids) <= args.max_source_length:
+                        break
+                cut += 1
+            answer_ids = tokenizer(example.target, add_special_tokens=False)["input_ids"] + [eos]
+            if len(prompt_ids) > args.max_source_length or len(answer_ids) > args.max_target_length:
+                dropped += 1
+                continue
+            rows["question"].append(example.question)
+            rows["target"].append(example.target)
+            rows["table_id"].append(example.table_id)
+            rows["sql"].append(json.dumps(example.sql) if example.sql is not None else "")
+            rows["prompt"].append(prompt)
+            rows["input_ids"].append(prompt_ids + answer_ids)
+            rows["attention_mask"].append([1] * (len(prompt_ids) + len(answer_ids)))
+            rows["labels"].append([-100] * len(prompt_ids) + answer_ids)
+        result[name] = Dataset.from_dict(rows)
+        fitted[name] = {"columns_cut": cut, "dropped": dropped}
+        if dropped:
+            overlong[name] = dropped
+        if cut:
+            logger.info(
+                "%s: %d prompts over %d tokens lost columns from the end of their list",
+                name,
+                cut,
+                args.max_source_length,
+            )
+    if overlong:
+        counts = "; ".join(f"{name}: {n}" for name, n in overlong.items())
+        if args.overlong == "error":
+            raise TextsqlError(
+                f"Some examples do not fit even with their column lists cut ({counts}): a question over "
+                f"--max_source_length {args.max_source_length} tokens or an SQL over --max_target_length "
+                f"{args.max_target_length}. Raise them, or pass --overlong drop to leave those examples out."
+            )
+        logger.warning("Dropping examples that do not fit even with their column lists cut: %s", counts)
+    return DatasetDict(result), fitted
+
+
 def characters_lost_in_targets(dataset, tokenizer, tables: dict[str, dict] | None = None) -> dict:
     """Targets whose decode(encode(text)) differs, and the characters missing (after prep's additions, only characters
     the tokenizer's normalizer rewrites can be left), told apart by what they change:
@@ -240,7 +390,8 @@ def characters_lost_in_targets(dataset, tokenizer, tables: dict[str, dict] | Non
     recovered: Counter = Counter()
     lost_examples = recovered_examples = 0
     for split in dataset.values():
-        decoded_texts = tokenizer.batch_decode(list(split["labels"]), skip_special_tokens=True)
+        answers = [[i for i in labels if i != -100] for labels in split["labels"]]  # a causal LM's prompt is -100
+        decoded_texts = tokenizer.batch_decode(answers, skip_special_tokens=True)
         for index, (target, decoded) in enumerate(zip(split["target"], decoded_texts)):
             decoded = " ".join(decoded.split())
             if decoded == target:
@@ -271,11 +422,19 @@ def _reads_as_gold(text: str, row: dict, tables: dict[str, dict]) -> bool:
 
 
 def length_report(dataset, max_source_length: int, max_target_length: int) -> dict:
-    """Token-length percentiles per split, mean real tokens per example, and how many exceed the max lengths."""
+    """Token-length percentiles per split, mean real tokens per example, and how many exceed the max lengths. A causal
+    LM's source is its prompt (the -100 labels) and its target the rest of its one sequence."""
     report = {}
     for name, split in dataset.items():
-        source = np.array([len(ids) for ids in split["input_ids"]])
-        target = np.array([len(ids) for ids in split["labels"]])
+        labels = split["labels"]
+        if "prompt" in split.column_names:  # causal: prompt and answer in one sequence
+            source = np.array([sum(1 for i in ids if i == -100) for ids in labels], dtype=int)
+            target = np.array([len(ids) for ids in labels], dtype=int) - source
+        else:
+            source = np.array([len(ids) for ids in split["input_ids"]], dtype=int)
+            target = np.array([len(ids) for ids in labels], dtype=int)
+        if not len(source):
+            source = target = np.zeros(1, dtype=int)
         report[name] = {
             "source_percentiles": {f"p{p}": int(np.percentile(source, p)) for p in PERCENTILES},
             "target_percentiles": {f"p{p}": int(np.percentile(target, p)) for p in PERCENTILES},
@@ -296,6 +455,25 @@ def format_length_report(report: dict) -> str:
             f"  {t['p50']:>5}/{t['p95']}/{t['p99']}/{t['p100']:<10}  {r['source_over_max']}/{r['target_over_max']}"
         )
     return "\n".join(lines)
+
+
+def format_layout(metadata: dict) -> str:
+    """One line on how the data was laid out: T5's source and target, or a causal LM's one sequence with what was fitted,
+    and whether the tokenizer writes every character (byte-level BPE) or had characters added."""
+    if metadata.get("layout", "seq2seq") == "causal":
+        fitted = metadata.get("prompts_fitted", {})
+        cut = sum(split["columns_cut"] for split in fitted.values())
+        dropped = sum(split["dropped"] for split in fitted.values())
+        line = (
+            f"layout: causal LM ({metadata.get('model_family')}): prompt + SQL + EOS in one sequence, the prompt "
+            f"masked; {cut} prompts lost columns to fit, {dropped} examples dropped"
+        )
+    else:
+        line = f"layout: seq2seq ({metadata.get('model_family', 't5')}): source and target apart"
+    if metadata.get("byte_level"):
+        return line + "; byte-level BPE: every character can be written, nothing added"
+    added = metadata.get("added_characters") or {}
+    return line + (f"; {len(added)} characters added to the tokenizer" if added else "")
 
 
 def apply_overlong_policy(dataset, report: dict, args: PrepArguments):
@@ -397,9 +575,28 @@ def tokenizer_for_training(model_tokenizer, dataset_dir: str | Path, metadata: d
     )
 
 
+def model_source(question: str, header: list[str] | None, metadata: dict, tokenizer=None) -> str:
+    """What a model trained on this prepared data reads for a question (typed, or of a split): the T5 source or the
+    causal LM's prompt, built as prep built them, with the whole column list (a chat prompt needs the tokenizer)."""
+    if metadata.get("layout") == CAUSAL:
+        return causal_prompt(
+            question, header, metadata.get("source_format", "question"), metadata.get("prompt_format"), tokenizer
+        )
+    return source_text(
+        question,
+        header,
+        metadata["source_prefix"],
+        metadata.get("source_format", "question"),
+        metadata.get("layout", "seq2seq"),
+    )
+
+
 def source_settings(metadata: dict) -> dict:
     """How a dataset's sources were built: what a model trained on it must be given at inference, too."""
-    return {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
+    settings = {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
+    if metadata.get("prompt_format"):  # a causal LM's: plain or chat
+        settings["prompt_format"] = metadata["prompt_format"]
+    return settings
 
 
 def record_source_settings(model_config, metadata: dict) -> None:
@@ -411,7 +608,14 @@ def record_source_settings(model_config, metadata: dict) -> None:
 
 def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path) -> None:
     """Refuse data whose sources differ from what the model was fine-tuned to read (a model not fine-tuned by textsql
-    carries no settings and accepts any)."""
+    carries no settings and accepts any), and data laid out for another model family (T5's or a causal LM's)."""
+    family = family_of(model_config)
+    layout = metadata.get("layout", "seq2seq")
+    if layout != family.kind:
+        raise TextsqlError(
+            f"'{dataset_dir}' was prepared for a {layout} model ({metadata.get('model_family', 't5')}), and this is a "
+            f"{family.kind} {family.name} model. Run `textsql prep` again with --model_id set to the model you use."
+        )
     trained = (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
     if not trained:
         return
@@ -421,6 +625,12 @@ def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path)
             f"This model was fine-tuned on sources in the '{trained.get('source_format')}' format, but '{dataset_dir}' was "
             f"prepared with --source_format {given['source_format']}. Prepare the data again with --source_format "
             f"{trained.get('source_format')} (or train a model on this format)."
+        )
+    if trained.get("prompt_format", "plain") != given.get("prompt_format", "plain") and family.causal:
+        raise TextsqlError(
+            f"This model was fine-tuned on {trained.get('prompt_format', 'plain')} prompts, but '{dataset_dir}' was "
+            f"prepared with --prompt_format {given.get('prompt_format', 'plain')}. Prepare the data again with "
+            f"--prompt_format {trained.get('prompt_format', 'plain')}."
         )
     if trained.get("source_prefix") != given["source_prefix"]:
         raise TextsqlError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -14,12 +15,13 @@ from textsql.adapters import load_adapter_model
 from textsql.errors import TextsqlError
 from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set, pick_device
 from textsql.extras import require_lifecycle_extra
-from textsql.hub import load_seq2seq_model, load_tokenizer
+from textsql.hub import load_model, load_tokenizer
 from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE
 from textsql.prep import check_source_settings, load_prepared
 from textsql.strategy.devices import NodeDevices
 
 RECORD_VERSION = 1
+logger = logging.getLogger("textsql.quantize")
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,23 @@ def apply_dynamic_int8(model):
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
 
 
+def layers_left_unquantized(model) -> list[str]:
+    """Names of the model's own linear layers still in full precision after quantizing: subclasses of nn.Linear that a
+    model family defines (falcon's FalconLinear) and GPT-2's Conv1D. transformers' bitsandbytes and torchao swaps and
+    torch's dynamic int8 replace only layers whose type is exactly nn.Linear and leave these as they are, silently (the
+    model's size then hardly changes). On an unquantized model: what dynamic int8 will leave."""
+    import torch
+
+    left = []
+    for name, module in model.named_modules():
+        own = type(module).__module__.startswith("transformers.")
+        linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+        weight = getattr(module, "weight", None)
+        if own and linear and isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point:
+            left.append(name)
+    return left
+
+
 def folder_kind(model_dir: str | Path) -> str:
     """'adapter' (a peft LoRA adapter), 'quantized' (by textsql quantize) or 'plain' (any other folder, a hub name)."""
     folder = Path(model_dir)
@@ -195,7 +214,7 @@ def load_for_inference(model_dir: str, device_choice: str = "auto", dtype: str =
     if kind == "quantized":
         model = load_quantized(model_dir, device)
     else:
-        model = load_seq2seq_model(model_dir, dtype=getattr(torch, dtype)).to(device)
+        model = load_model(model_dir, dtype=getattr(torch, dtype)).to(device)
     return model.eval(), tokenizer
 
 
@@ -209,9 +228,9 @@ def load_quantized(model_dir: str, device):
     if method == "dynamic-int8":
         import torch
 
-        return apply_dynamic_int8(load_seq2seq_model(model_dir, dtype=torch.float32, use_safetensors=True))
+        return apply_dynamic_int8(load_model(model_dir, dtype=torch.float32, use_safetensors=True))
     # The config's quantization_config rebuilds the quantized layers; quantized weights cannot be moved by .to().
-    return load_seq2seq_model(model_dir, device_map=str(device), use_safetensors=True)
+    return load_model(model_dir, device_map=str(device), use_safetensors=True)
 
 
 def weights_bytes(model_dir: str | Path) -> int:
@@ -248,13 +267,22 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
     tokenizer = load_tokenizer(args.model_dir)
     config = quantization_config(args.method, device)
     if config is None:  # dynamic-int8: the fp32 weights are what is saved
-        model = load_seq2seq_model(args.model_dir, dtype=torch.float32)
+        model = load_model(args.model_dir, dtype=torch.float32)
     else:
-        model = load_seq2seq_model(
+        model = load_model(
             args.model_dir,
             quantization_config=config,
             device_map=str(device),
             dtype=getattr(torch, compute_dtype(device)),
+        )
+    left = layers_left_unquantized(model)
+    if left:
+        logger.warning(
+            "%s leaves %d of this model's linear layers in full precision: their type is the model's own subclass of "
+            "nn.Linear (or GPT-2's Conv1D), which the quantizer does not replace (%s, ...).",
+            args.method,
+            len(left),
+            ", ".join(left[:3]),
         )
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
@@ -266,6 +294,7 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
         "source_model": str(args.model_dir),
         "quantized_on": device.type,
         "compute_dtype": compute_dtype(device),
+        "layers_left_unquantized": left,
     }
     (output / QUANTIZATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return output

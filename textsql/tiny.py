@@ -1,4 +1,5 @@
-"""A tokenizer trained on local text and a tiny T5 built from scratch, so tests and demos download nothing."""
+"""Tokenizers trained on local text and tiny models built from scratch (T5, causal LMs), so tests and demos download
+nothing."""
 
 from __future__ import annotations
 
@@ -193,4 +194,122 @@ def make_tiny_model(
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir)
     model.save_pretrained(out_dir)
+    return out_dir
+
+
+# The tiny causal LM's tokenizer: byte-level BPE with Qwen2's normalizer and pre-tokenizer, so that transformers'
+# Qwen2Tokenizer, which rebuilds both in code when a folder's config says qwen2, gives the ids the file gives.
+END_OF_TEXT = "<|endoftext|>"  # EOS and pad, as in Qwen2: padding is masked by position, never by this id
+QWEN2_SPLIT_PATTERN = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# Widths of the tiny causal configs, in each family's own config names (read by tiny_causal_config).
+CAUSAL_CONFIG_NAMES = {
+    "llama": {"num_key_value_heads": 2, "intermediate_size": 4},
+    "qwen2": {"num_key_value_heads": 2, "intermediate_size": 4},
+    "mistral": {"num_key_value_heads": 2, "intermediate_size": 4},
+    "opt": {"ffn_dim": 4, "word_embed_proj_dim": 1, "max_position_embeddings": 512},
+    "bloom": {},
+    "falcon": {},
+    "gpt_bigcode": {"n_positions": 512},
+    "codegen": {"n_positions": 512, "rotary_dim": 8},
+    "gpt2": {"n_positions": 512},
+}
+
+
+def train_byte_level_tokenizer(texts: Iterable[str], *, vocab_size: int = 2000):
+    """A byte-level BPE tokenizer trained on `texts` (a `tokenizers` BpeTrainer run), shaped like Qwen2's: NFC, Qwen2's
+    split pattern, every byte in the vocabulary (so every character can be written), `<|endoftext|>` as EOS and pad."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=END_OF_TEXT, pad_token=END_OF_TEXT, clean_up_tokenization_spaces=False
+    )
+
+
+def tiny_causal_config(model_type: str, tokenizer, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4):
+    """A tiny config of a causal LM family (textsql.families): `hidden_size` wide, `num_layers` deep, the feed-forward
+    4x wider, grouped-query attention where the family has it, the tokenizer's size and special ids."""
+    from transformers import AutoConfig
+
+    if model_type not in CAUSAL_CONFIG_NAMES:
+        raise TextsqlError(
+            f"No tiny config for '{model_type}'; textsql builds tiny {', '.join(CAUSAL_CONFIG_NAMES)} models."
+        )
+    if hidden_size % num_heads:
+        raise TextsqlError(f"hidden_size={hidden_size} must be a multiple of num_heads={num_heads}.")
+    extra = {
+        name: value * hidden_size if name in ("intermediate_size", "ffn_dim", "word_embed_proj_dim") else value
+        for name, value in CAUSAL_CONFIG_NAMES[model_type].items()
+    }
+    eos = tokenizer.eos_token_id
+    return AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        bos_token_id=eos,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id,
+        **extra,
+    )
+
+
+def build_tiny_causal(tokenizer, model_type: str = "qwen2", *, seed: int = 0, **sizes):
+    """A randomly initialised causal LM of `model_type` sized for tests (tiny_causal_config's sizes)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_causal_config(model_type, tokenizer, **sizes)
+    with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's random state
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def make_tiny_causal_model(
+    out_dir: str | Path,
+    texts: Iterable[str],
+    *,
+    model_type: str = "qwen2",
+    vocab_size: int = 2000,
+    tokenizer=None,
+    **sizes,
+) -> Path:
+    """Train a byte-level BPE tokenizer on `texts` (or take `tokenizer`), build a tiny causal LM for it, and save both
+    into out_dir; the tokenizer is loaded back from there as AutoTokenizer loads it and refused when its ids differ.
+    `sizes` go to build_tiny_causal (hidden_size, num_layers, num_heads, seed). Returns out_dir."""
+    from transformers import AutoTokenizer
+
+    texts = list(texts)
+    tokenizer = tokenizer or train_byte_level_tokenizer(texts, vocab_size=vocab_size)
+    model = build_tiny_causal(tokenizer, model_type, **sizes)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    reloaded = AutoTokenizer.from_pretrained(out_dir)
+    sample = texts[:200]
+    differ = sum(reloaded(text)["input_ids"] != tokenizer(text)["input_ids"] for text in sample)
+    if differ:
+        raise TextsqlError(
+            f"The tokenizer saved in '{out_dir}' gives other ids once loaded back ({type(reloaded).__name__}: {differ} "
+            f"of {len(sample)} texts differ); transformers rebuilds some families' pre-tokenizers in code. Use another "
+            "model_type, or a tokenizer shaped like that family's."
+        )
     return out_dir

@@ -18,6 +18,20 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 
 
+def byte_level(tokenizer) -> bool:
+    """Whether the tokenizer is byte-level BPE (GPT-2's, Qwen2's, Llama 3's): its pre-tokenizer maps every byte to a
+    symbol of its vocabulary, so it writes every character and has nothing to add. SentencePiece BPE (Llama 2's) and
+    Unigram (T5's) vocabularies may lack characters."""
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+
+    def has_byte_level(part) -> bool:
+        if not isinstance(part, dict):
+            return False
+        return part.get("type") == "ByteLevel" or any(has_byte_level(p) for p in part.get("pretokenizers", []))
+
+    return has_byte_level(state.get("pre_tokenizer")) and (state.get("decoder") or {}).get("type") == "ByteLevel"
+
+
 def missing_characters(tokenizer, texts: Iterable[str]) -> dict[str, dict[str, int]]:
     """Characters of `texts` the tokenizer cannot give back, by kind, with how many texts hold each:
     "unknown" (no piece covers it: it becomes <unk>) and "normalized" (the tokenizer's normalizer rewrites it).
@@ -64,7 +78,8 @@ def add_characters(tokenizer, characters: Iterable[str], save_dir: str | Path):
     if model.get("type") != "Unigram":
         raise TextsqlError(
             f"Cannot add characters to a {model.get('type')} tokenizer: textsql extends SentencePiece "
-            "Unigram vocabularies (T5's). Prepare the data with --overlong drop, or use a T5 tokenizer."
+            "Unigram vocabularies (T5's), and byte-level BPE ones (GPT-2, Qwen2, Llama 3) need nothing added. Use "
+            "one of those tokenizers, or remove the characters it lacks from the data."
         )
     vocab = model["vocab"]
     beyond = [t["content"] for t in state.get("added_tokens", []) if t["id"] >= len(vocab)]

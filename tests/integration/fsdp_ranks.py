@@ -1,6 +1,7 @@
-"""One rank of textsql's FSDP2 logic on the CPU (gloo): accelerate's real FSDP2 wrapping of the tiny T5 with and without
-textsql's tied-embedding unit, one training step against an unsharded copy, generation with synced_gpus, and the full
-state dict gathered and saved. Each rank writes RESULTS_DIR/rank<N>.json for tests/integration/test_fsdp.py.
+"""One rank of textsql's FSDP2 logic on the CPU (gloo): accelerate's real FSDP2 wrapping of a tiny model (T5 with and
+without textsql's tied-embedding unit, or a causal LM), its own decoder layers as the units, one training step against an
+unsharded copy, generation with synced_gpus, and the full state dict gathered and saved. Each rank writes
+RESULTS_DIR/rank<N>.json for tests/integration/test_fsdp.py.
 
     python -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port P \\
         tests/integration/fsdp_ranks.py MODEL_DIR RESULTS_DIR
@@ -21,7 +22,8 @@ from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, register_fsdp_forward_method
 
-from textsql.hub import load_seq2seq_model
+from textsql.families import family_of
+from textsql.hub import load_model
 from textsql.strategy.fsdpconfig import load_fsdpconfig, resolve_fsdpconfig_path
 from textsql.train.fsdp import (
     accelerate_fsdp2_kwargs,
@@ -29,6 +31,7 @@ from textsql.train.fsdp import (
     group_tied_embeddings,
     synced_generation,
     tied_embedding_modules,
+    wrapped_layer_classes,
 )
 
 STRATEGIES = ("fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_full_shard_offload", "fsdp_hybrid_shard")
@@ -40,7 +43,8 @@ def accelerator_for(config: dict, rank: int):
     plugin = FullyShardedDataParallelPlugin(
         fsdp_version=2,
         auto_wrap_policy="transformer_based_wrap",
-        transformer_cls_names_to_wrap=",".join(config["transformer_layer_cls_to_wrap"]),
+        # None, as the shipped configs leave it out: accelerate wraps the model's own _no_split_modules
+        transformer_cls_names_to_wrap=config.get("transformer_layer_cls_to_wrap"),
         reshard_after_forward=config["reshard_after_forward"],
         # The Trainer's CPUOffloadPolicy() pins host memory, which needs a GPU; unpinned, the same offload path runs.
         cpu_offload=CPUOffloadPolicy(pin_memory=False) if config["cpu_offload"] else False,
@@ -59,11 +63,12 @@ def accelerator_for(config: dict, rank: int):
     )
 
 
-def batch(rank: int | None):
-    """A fixed batch of 4 (equal lengths: the mean of two halves' losses is the whole batch's); a rank its half."""
+def batch(rank: int | None, causal: bool = False):
+    """A fixed batch of 4 (equal lengths: the mean of two halves' losses is the whole batch's); a rank its half. A causal
+    LM's labels are its inputs."""
     generator = torch.Generator().manual_seed(7)
     inputs = torch.randint(5, 100, (4, 12), generator=generator)
-    labels = torch.randint(5, 100, (4, 6), generator=generator)
+    labels = inputs.clone() if causal else torch.randint(5, 100, (4, 6), generator=generator)
     if rank is None:
         return inputs, labels
     return inputs[2 * rank : 2 * rank + 2], labels[2 * rank : 2 * rank + 2]
@@ -83,32 +88,37 @@ def main(model_dir: str, results_dir: str) -> None:
     torch.manual_seed(0)
     report = {"rank": rank, "world_size": dist.get_world_size(), "strategies": {}}
 
-    # Without textsql's unit, accelerate's own wrapping stops at the first forward pass.
-    config = load_fsdpconfig(resolve_fsdpconfig_path("fsdp_full_shard"))
-    plain = load_seq2seq_model(model_dir)
-    report["tied_modules"] = sorted(
-        name for name, m in plain.named_modules() if any(m is t for t in tied_embedding_modules(plain))
-    )
-    try:
-        wrapped = fsdp2_prepare_model(accelerator_for(config, rank), plain)
-        wrapped(input_ids=batch(rank)[0], labels=batch(rank)[1])
-        report["without_grouping"] = "ran"
-    except ValueError as error:
-        report["without_grouping"] = str(error)
+    plain = load_model(model_dir)
+    causal = family_of(plain.config).causal
+    report["family"] = family_of(plain.config).name
+    if not causal:  # Without textsql's unit, accelerate's own wrapping stops on T5 at the first forward pass.
+        config = load_fsdpconfig(resolve_fsdpconfig_path("fsdp_full_shard"))
+        report["tied_modules"] = sorted(
+            name for name, m in plain.named_modules() if any(m is t for t in tied_embedding_modules(plain))
+        )
+        try:
+            wrapped = fsdp2_prepare_model(accelerator_for(config, rank), plain)
+            wrapped(input_ids=batch(rank)[0], labels=batch(rank)[1])
+            report["without_grouping"] = "ran"
+        except ValueError as error:
+            report["without_grouping"] = str(error)
 
-    reference = load_seq2seq_model(model_dir)  # unsharded, the whole batch
-    reference_loss = step(reference, *batch(None))
+    reference = load_model(model_dir)  # unsharded, the whole batch
+    reference_loss = step(reference, *batch(None, causal))
     whole = {name: p.detach() for name, p in reference.named_parameters()}
-    question = batch(None)[0][rank : rank + 1, : 4 + 4 * rank]  # each rank its own question, of its own length
+    question = batch(None, causal)[0][rank : rank + 1, : 4 + 4 * rank]  # each rank its own question, of its own length
     reference_answer = reference.generate(question, max_new_tokens=8 + 6 * rank, do_sample=False)
 
     for name in STRATEGIES:
         config = load_fsdpconfig(resolve_fsdpconfig_path(name))
-        model = load_seq2seq_model(model_dir)
+        model = load_model(model_dir)
         accelerator = accelerator_for(config, rank)
-        grouped = group_tied_embeddings(model, **accelerate_fsdp2_kwargs(accelerator))
+        units = wrapped_layer_classes(model, config)  # what train() checks and logs before the Trainer wraps
+        layers = [m for m in model.modules() if type(m).__name__ in units]
+        # as the Trainer does: T5's tied modules grouped first; a causal LM's two accelerate groups itself
+        grouped = [] if causal else group_tied_embeddings(model, **accelerate_fsdp2_kwargs(accelerator))
         model = fsdp2_prepare_model(accelerator, model)
-        loss = step(model, *batch(rank))
+        loss = step(model, *batch(rank, causal))
         dist.all_reduce(loss)
         register_fsdp_forward_method(model, "generate")  # as the Trainer does
         synced = synced_generation(zero3=False, fsdp=True, world_size=dist.get_world_size())
@@ -116,7 +126,10 @@ def main(model_dir: str, results_dir: str) -> None:
         state = full_state_dict(model, torch.float32)
         row = {
             "grouped": len(grouped),
-            "embeddings_one_unit": isinstance(model.shared, FSDPModule),
+            "embeddings_one_unit": isinstance(model.get_input_embeddings(), FSDPModule),
+            "units": units,
+            "decoder_layers": len(layers),
+            "decoder_layers_sharded": all(isinstance(m, FSDPModule) for m in layers),
             "offload_policy": type(accelerate_fsdp2_kwargs(accelerator)["offload_policy"]).__name__,
             "mean_loss": float(loss) / dist.get_world_size(),
             "reference_loss": float(reference_loss),
@@ -130,7 +143,7 @@ def main(model_dir: str, results_dir: str) -> None:
             row["all_float32"] = all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
             folder = Path(results_dir) / name
             model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
-            again = load_seq2seq_model(str(folder))
+            again = load_model(str(folder))
             row["saved_architectures"] = again.config.architectures
             row["reloaded_max_difference"] = max(
                 float((p.detach() - whole[k]).abs().max()) for k, p in again.named_parameters()

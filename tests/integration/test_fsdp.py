@@ -1,6 +1,7 @@
-"""textsql's FSDP2 logic on two real processes (gloo on the CPU): the tied-embedding unit accelerate's wrapping needs on
-T5, one training step against an unsharded run, generation with synced_gpus, and the gathered fp32 save; and, on a
-machine with two GPUs, the Trainer itself under every FSDP strategy."""
+"""textsql's FSDP2 logic on two real processes (gloo on the CPU), for the tiny T5 and a tiny causal LM: the model's own
+decoder layers as the units, the tied-embedding unit accelerate's wrapping needs on T5, one training step against an
+unsharded run, generation with synced_gpus, and the gathered fp32 save; and, on a machine with two GPUs, the Trainer
+itself under every FSDP strategy."""
 
 import json
 import os
@@ -17,9 +18,11 @@ RANKS_SCRIPT = Path(__file__).resolve().parent / "fsdp_ranks.py"
 STRATEGIES = ("fsdp_full_shard", "fsdp_shard_grad_op", "fsdp_full_shard_offload", "fsdp_hybrid_shard")
 
 
-@pytest.fixture(scope="module")
-def fsdp_ranks(assets, tmp_path_factory):
-    """Both ranks' reports of tests/integration/fsdp_ranks.py (started once by torchrun, two processes)."""
+@pytest.fixture(scope="module", params=["t5", "causal"])
+def fsdp_ranks(request, tmp_path_factory):
+    """Both ranks' reports of tests/integration/fsdp_ranks.py (started once per model by torchrun, two processes) on the
+    tiny T5 and on the tiny Qwen2 (a causal LM with tied embeddings)."""
+    assets = request.getfixturevalue("assets" if request.param == "t5" else "causal_assets")
     out = tmp_path_factory.mktemp("fsdp-ranks")
     command = [
         sys.executable,
@@ -44,6 +47,8 @@ def fsdp_ranks(assets, tmp_path_factory):
 
 
 def test_without_the_tied_unit_accelerates_wrapping_stops_on_t5(fsdp_ranks):
+    if fsdp_ranks[0]["family"] != "t5":
+        pytest.skip("T5's four tied modules; a causal LM ties two, which accelerate groups itself")
     for report in fsdp_ranks:
         assert report["tied_modules"] == ["decoder.embed_tokens", "encoder.embed_tokens", "lm_head", "shared"]
         assert (
@@ -55,8 +60,15 @@ def test_without_the_tied_unit_accelerates_wrapping_stops_on_t5(fsdp_ranks):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_each_strategy_steps_generates_and_saves_like_an_unsharded_run(fsdp_ranks, strategy):
     rows = [report["strategies"][strategy] for report in fsdp_ranks]
+    t5 = fsdp_ranks[0]["family"] == "t5"
     for row in rows:
-        assert row["grouped"] == 4 and row["embeddings_one_unit"]
+        # the units: the model's own decoder layers (its _no_split_modules; the shipped configs name none), each sharded
+        assert row["units"] == (["T5Block"] if t5 else ["Qwen2DecoderLayer"])
+        assert row["decoder_layers"] == (4 if t5 else 2) and row["decoder_layers_sharded"]
+        if t5:
+            assert row["grouped"] == 4 and row["embeddings_one_unit"]
+        else:
+            assert row["grouped"] == 0
         assert row["mean_loss"] == pytest.approx(row["reference_loss"], abs=1e-5)
         # each rank generated a different number of tokens: with synced_gpus neither waited on the other for ever
         assert row["synced_gpus"] and row["same_answer"]
@@ -65,7 +77,8 @@ def test_each_strategy_steps_generates_and_saves_like_an_unsharded_run(fsdp_rank
     assert one["state_on_rank"] == 0  # gathered on rank 0 only
     assert zero["names_match"] and zero["all_float32"]
     assert zero["max_difference"] < 2e-5  # one AdamW step (lr 1e-3) on half a batch per rank = the whole batch at once
-    assert zero["reloaded_max_difference"] < 2e-5 and zero["saved_architectures"] == ["T5ForConditionalGeneration"]
+    architecture = "T5ForConditionalGeneration" if t5 else "Qwen2ForCausalLM"
+    assert zero["reloaded_max_difference"] < 2e-5 and zero["saved_architectures"] == [architecture]
 
 
 def gpus() -> int:

@@ -39,7 +39,8 @@ def test_shipped_fsdp_configs_load_and_name_their_row():
             strategy["offload_param"] == "cpu",
             strategy["hybrid_shard"],
         )
-        assert config["version"] == 2 and config["transformer_layer_cls_to_wrap"] == ["T5Block"]
+        # no class named: accelerate wraps each model's own decoder layers (T5Block, LlamaDecoderLayer, ...)
+        assert config["version"] == 2 and "transformer_layer_cls_to_wrap" not in config
         assert "hybrid_shard" not in trainer_fsdp_config(config)  # textsql's key, not the Trainer's
 
 
@@ -90,15 +91,22 @@ def test_bad_fsdp_config_lists_every_problem_with_its_fix(tmp_path):
         load_fsdpconfig(write(tmp_path, "broken.json", "{"))
 
 
-def test_fsdp_config_that_runs_but_misses_t5_blocks_is_warned_about(tmp_path):
+def test_fsdp_config_whose_layer_classes_would_be_ignored_is_warned_about(tmp_path):
     path = write(
-        tmp_path, "whole.json", {"version": 2, "transformer_layer_cls_to_wrap": ["T5Stack"], "fsdp_cpu_offload": False}
+        tmp_path,
+        "size.json",
+        {
+            "version": 2,
+            "auto_wrap_policy": "SIZE_BASED_WRAP",
+            "transformer_layer_cls_to_wrap": ["T5Block"],
+            "fsdp_cpu_offload": False,
+        },
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FsdpConfigWarning)
         config = load_fsdpconfig(path)
     assert config["cpu_offload"] is False  # the Trainer's fsdp_ prefix is read as the Trainer reads it
-    assert any("does not name T5Block" in str(w.message) for w in caught)
+    assert any("read only with auto_wrap_policy TRANSFORMER_BASED_WRAP" in str(w.message) for w in caught)
 
 
 def test_check_config_tells_fsdp_files_from_deepspeed_ones(tmp_path, capsys):

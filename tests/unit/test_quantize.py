@@ -147,3 +147,30 @@ def test_a_lora_adapter_loads_on_its_base_for_inference(assets, lora_adapter):
             base(**encoded, decoder_input_ids=encoded.input_ids[:, :3]).logits,
         )
     assert generate_sql(adapted, tokenizer, sources, max_new_tokens=8, progress=False)[0][0] is not None
+
+
+@pytest.mark.parametrize("model_type", ["falcon", "qwen2"])
+def test_layers_a_quantizer_leaves_in_full_precision_are_named_and_recorded(model_type, causal_assets, tmp_path):
+    """torch's dynamic int8 replaces layers of exactly nn.Linear: falcon's FalconLinear layers stay fp32, silently
+    unless textsql names them; a Qwen2's are all quantized."""
+    import torch
+
+    from textsql.hub import load_tokenizer
+    from textsql.quantize import layers_left_unquantized, quantize_and_save
+    from textsql.tiny import build_tiny_causal
+
+    data_dir, qwen2_dir = causal_assets
+    tokenizer = load_tokenizer(str(qwen2_dir))
+    folder = tmp_path / model_type
+    tokenizer.save_pretrained(folder)
+    build_tiny_causal(tokenizer, model_type, hidden_size=32, num_layers=1).save_pretrained(folder)
+    args = QuantizeArguments(model_dir=str(folder), method="dynamic-int8", dataset_dir=str(data_dir), **SMALL)
+    output = quantize_and_save(args, torch.device("cpu"))
+    left = json.loads((output / "textsql_quantization.json").read_text())["layers_left_unquantized"]
+    model, _ = load_for_inference(str(output), "cpu")
+    assert layers_left_unquantized(model) == left
+    if model_type == "falcon":
+        assert "transformer.h.0.self_attention.query_key_value" in left and len(left) == 4
+        assert type(model.transformer.h[0].self_attention.query_key_value).__name__ == "FalconLinear"
+    else:
+        assert left == [] and "quantized" in type(model.model.layers[0].self_attn.q_proj).__module__

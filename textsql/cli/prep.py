@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from textsql.cli.parsing import parse_arguments
-from textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset
+from textsql.prep import PrepArguments, format_layout, format_length_report, load_prepared, prepare_dataset
 
 
 def prep_command(argv: list[str]) -> int:
@@ -11,5 +11,6 @@ def prep_command(argv: list[str]) -> int:
     folder = prepare_dataset(args)
     _, metadata = load_prepared(folder)
     print(format_length_report(metadata["lengths"]))
+    print(format_layout(metadata))
     print(f"saved {sum(metadata['examples'].values())} examples ({metadata['examples']}) to {folder}")
     return 0

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
 
-from textsql.adapters import LORA_TARGETS, LoraArguments
+from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
+from textsql.families import t5_lora_module_names
 from textsql.hub import download_command, hub_offline
 from textsql.planner.zero3_trace import (
     NARROW_WIDTHS,
@@ -674,7 +675,7 @@ def bucket_bytes(
 
 
 def lora_layers(shape: ModelShape, rank: int, targets: str) -> dict:
-    """The nn.Linear layers LoRA adapts under a preset (textsql.adapters.LORA_TARGETS): for each, how many there are,
+    """The nn.Linear layers LoRA adapts under a preset (textsql.families: T5's module names): for each, how many there are,
     their input and output widths and which tokens pass through them; and the trainable parameters, r (in + out) each."""
     d, f, inner = shape.d_model, shape.d_ff, shape.num_heads * shape.d_kv
     enc, dec = shape.num_layers, shape.num_decoder_layers
@@ -692,7 +693,7 @@ def lora_layers(shape: ModelShape, rank: int, targets: str) -> dict:
         ("decoder cross-attention v", dec, d, inner, "source"),
         ("decoder cross-attention o", dec, inner, d, "target"),
     ]
-    chosen = [layer for layer in layers if layer[0].rsplit(" ", 1)[1] in LORA_TARGETS[targets]]
+    chosen = [layer for layer in layers if layer[0].rsplit(" ", 1)[1] in t5_lora_module_names(targets)]
     return {
         "rank": rank,
         "targets": targets,

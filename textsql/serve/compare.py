@@ -15,10 +15,9 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.evaluate import choose_prediction, decode_and_score, generate_sql, load_scoring_set, pick_device
 from textsql.extras import require_lifecycle_extra
-from textsql.prep import check_source_settings, load_prepared
+from textsql.prep import check_source_settings, load_prepared, model_source
 from textsql.quantize import folder_kind, load_for_inference, read_record
 from textsql.serve.tensorboard import DEFAULT_HOST
-from textsql.wikisql.format import source_text
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql, score_prediction
 
 DEFAULT_PORT = 7860
@@ -149,9 +148,6 @@ class Comparison:
         gold_sql = gold_query = None
         if example is not None:
             gold_sql, gold_query = self.scoring.gold_texts[example], self.scoring.gold_queries[example]
-        source = source_text(
-            question, table["header"], self.metadata["source_prefix"], self.metadata.get("source_format", "question")
-        )
         result = {
             "table_id": table_id,
             "question": question,
@@ -165,7 +161,7 @@ class Comparison:
                 generate_sql(
                     loaded.model,
                     loaded.tokenizer,
-                    [source],
+                    [model_source(question, table["header"], self.metadata, loaded.tokenizer)],
                     batch_size=1,
                     max_new_tokens=self.args.max_new_tokens,
                     progress=False,

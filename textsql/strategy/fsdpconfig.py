@@ -38,11 +38,10 @@ FSDP1_KEYS = (
     "sync_module_states",
     "limit_all_gathers",
 )
-T5_BLOCK = "T5Block"
 
 
 class FsdpConfigWarning(UserWarning):
-    """A setting that runs but is probably not what was meant (no T5Block unit: the whole model would be one unit)."""
+    """A setting that runs but is probably not what was meant (a whole stack gathered at once, say)."""
 
 
 def load_fsdpconfig(path) -> dict:
@@ -121,14 +120,13 @@ def check_fsdpconfig(raw) -> tuple[list[str], list[str]]:
         isinstance(layers, list) and layers and all(isinstance(n, str) and n for n in layers)
     ):
         problems.append(
-            f'transformer_layer_cls_to_wrap must be a list of module class names, like ["{T5_BLOCK}"], not {layers!r}'
+            'transformer_layer_cls_to_wrap must be a list of module class names, like ["LlamaDecoderLayer"], or left '
+            f"out (each model's own decoder layers: its _no_split_modules), not {layers!r}"
         )
-    elif cfg.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP") == "TRANSFORMER_BASED_WRAP" and T5_BLOCK not in (
-        layers or []
-    ):
+    elif layers and cfg.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP") != "TRANSFORMER_BASED_WRAP":
         cautions.append(
-            f"transformer_layer_cls_to_wrap does not name {T5_BLOCK}: T5's blocks would not be FSDP units of "
-            "their own, so whole stacks are gathered at once (more memory)"
+            f"transformer_layer_cls_to_wrap is read only with auto_wrap_policy TRANSFORMER_BASED_WRAP, not "
+            f"{cfg['auto_wrap_policy']}"
         )
     if cfg.get("hybrid_shard") and cfg.get("cpu_offload"):
         cautions.append("hybrid_shard with cpu_offload keeps a whole replica of the model states on every pod's host")

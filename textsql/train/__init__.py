@@ -1,4 +1,4 @@
-"""Fine-tune a seq2seq model on prepared WikiSQL with the Seq2SeqTrainer, with or without a DeepSpeed ZeRO config.
+"""Fine-tune a T5 or causal LM on prepared WikiSQL with the Trainer, with or without a DeepSpeed ZeRO config.
 
 Run it as `textsql train ...` (one rank per visible GPU), `textsql train recipe.yaml`, `python -m textsql.train ...`,
 or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t5-small --deepspeed zero2`. From Python:

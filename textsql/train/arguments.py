@@ -30,7 +30,11 @@ class ModelArguments:
     """Which model to fine-tune."""
 
     model_id: str = field(
-        default="t5-small", metadata={"help": "Hub name (t5-small, t5-large, t5-3b) or a local model folder."}
+        default="t5-small",
+        metadata={
+            "help": "Hub name (t5-small, t5-large, t5-3b; a causal LM such as Qwen/Qwen2.5-0.5B) or a local model "
+            "folder; its config.json decides the family (docs/causal-lm.md)."
+        },
     )
 
     def __post_init__(self):
@@ -266,7 +270,7 @@ def argument_parser():
     return HfArgumentParser(
         ARGUMENT_CLASSES,
         prog="textsql train",
-        description="Fine-tune a seq2seq model on prepared WikiSQL. Arguments, or one JSON/YAML recipe file.",
+        description="Fine-tune a T5 or causal LM on prepared WikiSQL. Arguments, or one JSON/YAML recipe file.",
     )
 
 

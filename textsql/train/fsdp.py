@@ -1,10 +1,31 @@
-"""The part of FSDP2 textsql owns around the Trainer: T5's tied embeddings in one FSDP unit before accelerate wraps the
-model, generation with every rank stepping together, and the full state dict gathered for the final save."""
+"""The part of FSDP2 textsql owns around the Trainer: the units checked against the model's own decoder layers, T5's
+tied embeddings in one FSDP unit before accelerate wraps the model, generation with every rank stepping together, and
+the full state dict gathered for the final save."""
 
 from __future__ import annotations
 
+from textsql.errors import TextsqlError
+from textsql.families import decoder_layer_classes, family_of
+
 # torch is imported inside the functions: textsql.train.run imports this module in processes (the CLI, a notebook)
 # that decide a run before any rank starts.
+
+
+def wrapped_layer_classes(model, fsdpconfig: dict) -> list[str]:
+    """The classes accelerate makes FSDP units of: the config's transformer_layer_cls_to_wrap, else the model's own
+    decoder layers (its _no_split_modules: T5Block, LlamaDecoderLayer, BloomBlock, ...). A class the model lacks is
+    refused here, with the model's own, instead of deep inside accelerate once the ranks have loaded the model."""
+    names = fsdpconfig.get("transformer_layer_cls_to_wrap") or decoder_layer_classes(model)
+    present = {type(module).__name__ for module in model.modules()}
+    missing = [name for name in names if name not in present]
+    if missing:
+        family = family_of(model.config)
+        raise TextsqlError(
+            f"The FSDP config's transformer_layer_cls_to_wrap names {', '.join(missing)}, which this {family.name} "
+            f"model does not have; its decoder layers are {', '.join(decoder_layer_classes(model)) or 'not declared'}. "
+            "Leave the key out (each model's own decoder layers become the units) or name those."
+        )
+    return list(names)
 
 
 def tied_embedding_modules(model) -> list:

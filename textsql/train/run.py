@@ -25,7 +25,8 @@ from textsql.adapters import (
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set
-from textsql.hub import load_seq2seq_model, load_tokenizer
+from textsql.families import family_of, pad_token_id
+from textsql.hub import load_model, load_tokenizer
 from textsql.paths import LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
 from textsql.planner.check import compare_with_run
 from textsql.prep import (
@@ -66,6 +67,7 @@ from textsql.strategy.fsdpconfig import (
     trainer_fsdp_config,
 )
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
+from textsql.train.collate import CausalLMCollator
 from textsql.train.distributed import ensure_distributed_env, gather_to_all, nodes_in_launch, world_size
 from textsql.train.dstools import (
     attach_flops_profiler,
@@ -74,6 +76,7 @@ from textsql.train.dstools import (
     running_ds_config,
     write_comms_summary,
 )
+from textsql.train.fsdp import wrapped_layer_classes
 from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
 from textsql.train.trainer import make_trainer_class, peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
 from textsql.vocabulary import fit_embeddings
@@ -354,7 +357,10 @@ def train(
         raise TextsqlError(
             f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation."
         )
-    model = load_seq2seq_model(model_args.model_id)
+    model = load_model(model_args.model_id)
+    family = family_of(model.config)  # seq2seq (T5) or causal: the collator and the Trainer follow
+    if plan.fsdpconfig is not None:
+        logger.info("FSDP units: %s", ", ".join(wrapped_layer_classes(model, plan.fsdpconfig)))
     check_source_settings(model.config, data_meta, data_args.dataset_dir)
     record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
     # The rows grown for the added characters are drawn at random: from the seed alone, whatever the strategy drew
@@ -367,10 +373,12 @@ def train(
     adapter = None
     if training_args.lora:
         model, adapter = wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer)
-    collator = DataCollatorForSeq2Seq(
-        tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if plan.accelerator == "cuda" else None
-    )
-    trainer = make_trainer_class()(
+    multiple = 8 if plan.accelerator == "cuda" else None
+    if family.causal:
+        collator = CausalLMCollator(pad_token_id(tokenizer), pad_to_multiple_of=multiple)
+    else:
+        collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=multiple)
+    trainer = make_trainer_class(family)(
         model=model,
         args=training_args,
         train_dataset=train_set,

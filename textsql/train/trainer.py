@@ -1,6 +1,6 @@
-"""The Seq2SeqTrainer textsql trains with (one optimizer step's loss over all its label tokens whatever the accumulation
-and ranks, real tokens and throughput logged, execution accuracy at each evaluation), the final model saved in one
-dtype whatever the strategy, and each rank's peak memory."""
+"""The Trainer textsql trains with (Seq2SeqTrainer or Trainer by the model family; one optimizer step's loss over all
+its label tokens whatever the accumulation and ranks, real tokens and throughput logged, execution accuracy at each
+evaluation), the final model saved in one dtype whatever the strategy, and each rank's peak memory."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from textsql.evaluate import decode_and_score
+from textsql.families import Family, family_named
 from textsql.train.distributed import rank
 from textsql.train.fsdp import accelerate_fsdp2_kwargs, full_state_dict, group_tied_embeddings, synced_generation
 
@@ -29,13 +30,16 @@ def forward_divides_by_token_count(model) -> bool:
     return "loss_function" in inspect.unwrap(type(model).forward).__code__.co_names
 
 
-def make_trainer_class():
-    """Seq2SeqTrainer whose step's loss is one batch's whatever the accumulation and ranks, that counts real (non-pad)
-    tokens and logs throughput to TensorBoard."""
+def make_trainer_class(family: Family = None):
+    """The family's Trainer (Seq2SeqTrainer for T5, Trainer for causal LMs; T5's without a family) whose step's loss is
+    one batch's whatever the accumulation and ranks, that counts real (non-pad) tokens and logs throughput to
+    TensorBoard."""
     import torch
-    from transformers import Seq2SeqTrainer
+    import transformers
 
-    class TextsqlTrainer(Seq2SeqTrainer):
+    family = family or family_named("t5")
+
+    class TextsqlTrainer(getattr(transformers, family.trainer_class_name)):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.real_tokens = 0
@@ -74,7 +78,8 @@ def make_trainer_class():
 
         def _prepare_for_training(self, *args, **kwargs):
             # Before accelerate wraps the model (inside the Trainer's preparation): T5's tied embeddings in one unit.
-            if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) == 2:
+            fsdp2 = self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) == 2
+            if fsdp2 and not family.causal:  # a causal LM ties two modules at most, which accelerate groups itself
                 if group_tied_embeddings(self.model, **accelerate_fsdp2_kwargs(self.accelerator)):
                     logger.info("FSDP: T5's tied embeddings (shared, embed_tokens, lm_head) form one FSDP unit")
             return super()._prepare_for_training(*args, **kwargs)
@@ -100,8 +105,11 @@ def make_trainer_class():
         flops_profiling = None  # a textsql.train.dstools.FlopsProfilerCallback profiling a step without DeepSpeed
 
         def training_step(self, model, inputs, num_items_in_batch=None):
-            # Accumulated on the batch's device and read only at log time, so no sync per step.
-            tokens = inputs["attention_mask"].sum() + (inputs["labels"] != -100).sum()
+            # Accumulated on the batch's device and read only at log time, so no sync per step. A causal LM's labels
+            # are its input_ids (the answer's), counted once.
+            tokens = inputs["attention_mask"].sum()
+            if not family.causal:
+                tokens = tokens + (inputs["labels"] != -100).sum()
             self._pending_tokens = self._pending_tokens.to(tokens.device) + tokens
             return super().training_step(model, inputs, num_items_in_batch)
 

@@ -51,12 +51,34 @@ HEADER_SEPARATOR = " | "
 HEADER_LEAD = " columns: "
 
 
-def source_text(question: str, header: list[str] | None, prefix: str, source_format: str) -> str:
-    """What the model reads for a question: the prefix and the question, and with 'question+header' the column names."""
-    if source_format == "question":
-        return prefix + question
+# How a prompt is laid out: "seq2seq" (the source an encoder reads; the target is separate) or "causal" (one text a
+# decoder-only LM continues with the SQL; textsql.families decides which a model takes).
+LAYOUTS = ("seq2seq", "causal")
+PROMPT_QUESTION, PROMPT_COLUMNS, PROMPT_SQL = "### Question: ", "### Columns: ", "### SQL:\n"
+
+
+def source_text(
+    question: str,
+    header: list[str] | None,
+    prefix: str,
+    source_format: str,
+    layout: str = "seq2seq",
+    max_columns: int | None = None,
+) -> str:
+    """What the model reads for a question: the prefix and the question, and with 'question+header' the column names
+    (the first `max_columns` of them when given). A causal LM reads a plain prompt it continues with the SQL
+    (no prefix): `### Question: ...`, `### Columns: a | b` with 'question+header', then `### SQL:` and a new line."""
+    if source_format not in SOURCE_FORMATS:
+        raise TextsqlError(f"Unknown source format '{source_format}'; textsql knows {', '.join(SOURCE_FORMATS)}.")
+    if layout not in LAYOUTS:
+        raise TextsqlError(f"Unknown prompt layout '{layout}'; textsql knows {', '.join(LAYOUTS)}.")
+    columns = None
     if source_format == "question+header":
         if header is None:
             raise TextsqlError("--source_format question+header needs the question's table; this question has none.")
-        return prefix + question + HEADER_LEAD + HEADER_SEPARATOR.join(" ".join(str(name).split()) for name in header)
-    raise TextsqlError(f"Unknown source format '{source_format}'; textsql knows {', '.join(SOURCE_FORMATS)}.")
+        columns = HEADER_SEPARATOR.join(" ".join(str(name).split()) for name in header[:max_columns])
+    question = " ".join(question.split()) if layout == "causal" else question
+    if layout == "causal":
+        lines = [PROMPT_QUESTION + question] + ([PROMPT_COLUMNS + columns] if columns is not None else [])
+        return "\n".join(lines) + "\n" + PROMPT_SQL
+    return prefix + question + (HEADER_LEAD + columns if columns is not None else "")

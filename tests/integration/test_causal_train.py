@@ -1,0 +1,195 @@
+"""Causal LMs through `textsql train` and `textsql infer` (in this process, on the CPU): the tiny Qwen2 without
+DeepSpeed, with ZeRO-2 and with LoRA, scored by infer; and a two-step training of a tiny model of every causal family."""
+
+import json
+
+import pytest
+from conftest import real_causal_folder, tiny_train_argv
+
+from textsql.tiny import CAUSAL_CONFIG_NAMES
+
+pytestmark = pytest.mark.slow
+
+SHORT = dict(
+    max_steps=8,
+    per_device_train_batch_size=16,
+    per_device_eval_batch_size=32,
+    learning_rate="3e-3",
+    logging_steps=2,
+    eval_strategy="no",
+    save_strategy="no",
+    dataloader_num_workers=0,
+)
+
+
+def summary_of(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if line.startswith("textsql-run-summary: "))
+    return json.loads(open(line.split(": ", 1)[1]).read())
+
+
+@pytest.fixture(scope="module")
+def causal_runs(causal_assets, tmp_path_factory):
+    return tmp_path_factory.mktemp("causal-runs")
+
+
+def test_full_fine_tuning_without_deepspeed_and_with_zero2_trains_alike_and_infer_scores_it(
+    causal_assets, causal_runs, textsql_in_process
+):
+    status, out, err = textsql_in_process(["train", *tiny_train_argv(causal_assets, causal_runs, **SHORT)])
+    assert status == 0, err[-3000:]
+    plain = summary_of(out)
+    assert plain["global_step"] == 8 and plain["model_id"].endswith("tiny-qwen2")
+    assert plain["last_logged_loss"] < plain["first_logged_loss"]
+    status, out, err = textsql_in_process(
+        ["train", *tiny_train_argv(causal_assets, causal_runs, "--deepspeed", "zero2", **SHORT)]
+    )
+    assert status == 0, err[-3000:]
+    zero2 = summary_of(out)
+    assert zero2["strategy"]["label"] == "zero2"
+    # the same data, seed and fp32 arithmetic: the same loss curve
+    assert zero2["first_logged_loss"] == pytest.approx(plain["first_logged_loss"], rel=1e-4)
+    assert zero2["last_logged_loss"] == pytest.approx(plain["last_logged_loss"], rel=1e-3)
+    data_dir, _ = causal_assets
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", plain["output_dir"], "--dataset_dir", str(data_dir), "--max_examples", "16",
+         "--max_new_tokens", "24", "--show_examples", "1"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    metrics = json.loads(open(f"{plain['output_dir']}/eval_metrics.json").read())
+    assert metrics["examples"] == 16 and "execution_accuracy" in metrics
+    records = [json.loads(line) for line in open(f"{plain['output_dir']}/predictions.jsonl")]
+    assert len(records) == 16 and not any("### Question" in r["predicted_sql"] for r in records)
+    # typed questions get the same prompt layout, with the named table's columns
+    table_id = records[0]["table_id"]
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", plain["output_dir"], "--dataset_dir", str(data_dir), "--question",
+         records[0]["question"], "--table_id", table_id, "--max_new_tokens", "24"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    assert f"Model Prediction: {records[0]['predicted_sql']}" in out  # the same prompt as the split's
+
+
+def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads_and_merge_folds_in(
+    causal_assets, causal_runs, textsql_in_process
+):
+    status, out, err = textsql_in_process(
+        ["train", *tiny_train_argv(causal_assets, causal_runs, "--lora", "True", "--lora_targets", "all", **SHORT)]
+    )
+    assert status == 0, err[-3000:]
+    summary = summary_of(out)
+    assert 0 < summary["trainable_parameters"] < summary["parameters"] / 5
+    run = summary["output_dir"]
+    adapter = json.loads(open(f"{run}/adapter_config.json").read())
+    assert adapter["task_type"] == "CAUSAL_LM"
+    assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"} <= {
+        name.rsplit(".", 1)[-1] for name in adapter["target_modules"]
+    }
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", run, "--dataset_dir", str(causal_assets[0]), "--max_examples", "8",
+         "--max_new_tokens", "16"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    adapter_metrics = json.loads(open(f"{run}/eval_metrics.json").read())
+    assert adapter_metrics["examples"] == 8
+    # merged into its base: a plain causal LM whose generations are the adapter's
+    merged_dir = causal_runs / "merged"
+    status, out, err = textsql_in_process(["merge", run, "--output_dir", str(merged_dir)])
+    assert status == 0, err[-3000:]
+    from textsql.adapters import load_adapter_model
+    from textsql.evaluate import generate_sql, load_scoring_set
+    from textsql.hub import load_model
+
+    merged = load_model(str(merged_dir))
+    assert type(merged).__name__ == "Qwen2ForCausalLM" and not (merged_dir / "adapter_config.json").exists()
+    adapter_model, tokenizer = load_adapter_model(run)
+    prompts = load_scoring_set(str(causal_assets[0]), "test", 8).sources
+    from_adapter = generate_sql(adapter_model, tokenizer, prompts, max_new_tokens=16, progress=False)
+    assert generate_sql(merged.eval(), tokenizer, prompts, max_new_tokens=16, progress=False) == from_adapter
+
+
+@pytest.mark.parametrize("model_type", sorted(CAUSAL_CONFIG_NAMES))
+def test_every_causal_family_trains_two_steps(model_type, causal_assets, causal_runs, textsql_in_process):
+    """A tiny random model of each family, with the tiny Qwen2's tokenizer (the same ids: the prepared data fits)."""
+    from textsql.hub import load_tokenizer
+    from textsql.tiny import build_tiny_causal
+
+    data_dir, qwen2_dir = causal_assets
+    tokenizer = load_tokenizer(str(qwen2_dir))
+    folder = causal_runs / "models" / f"tiny-{model_type}"
+    tokenizer.save_pretrained(folder)
+    build_tiny_causal(tokenizer, model_type, hidden_size=32, num_layers=2, num_heads=4, seed=1).save_pretrained(folder)
+    argv = tiny_train_argv((data_dir, folder), causal_runs, **dict(SHORT, max_steps=2, logging_steps=1))
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    summary = summary_of(out)
+    assert summary["global_step"] == 2 and summary["train_loss"] > 0
+    saved = json.loads(open(f"{summary['output_dir']}/config.json").read())
+    assert saved["model_type"] == model_type and saved["architectures"][0].endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def test_an_interrupted_causal_run_resumes_from_its_checkpoint(causal_assets, tmp_path, textsql_in_process):
+    """A run whose last checkpoint and summary are gone (as a pod taken back leaves it) resumes from the one before
+    and ends with the loss of the uninterrupted run."""
+    import shutil
+
+    argv = tiny_train_argv(causal_assets, tmp_path / "runs", **dict(SHORT, max_steps=4, logging_steps=1))
+    argv += ["--save_strategy", "steps", "--save_steps", "2", "--save_total_limit", "3"]
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    whole = summary_of(out)
+    run = tmp_path / "runs" / whole["run"]
+    shutil.rmtree(run / "checkpoint-4")
+    (run / "run_summary.json").unlink()
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    resumed = summary_of(out)
+    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 4
+    assert resumed["last_logged_loss"] == pytest.approx(whole["last_logged_loss"], rel=1e-4)
+
+
+def test_two_ranks_with_zero3_offload_train_a_causal_lm_and_generate_together(
+    causal_assets, tmp_path, cpu_env, monkeypatch
+):
+    """`deepspeed --num_gpus 2 --module textsql.train` on the CPU: ZeRO-3 partitions the tiny Qwen2 over two ranks,
+    both generate together (synced, left-padded) for execution accuracy, and the saved model reloads whole."""
+    from textsql.hub import load_model
+    from textsql.train.arguments import parse_arguments
+    from textsql.train.local_launch import run_training
+
+    for key, value in cpu_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    argv = tiny_train_argv(
+        causal_assets,
+        tmp_path / "runs",
+        "--deepspeed",
+        "zero3_offload",
+        **dict(SHORT, max_steps=6, eval_strategy="steps", eval_steps=6, max_eval_samples=16),
+        execution_accuracy_samples=8,
+    )
+    summary = run_training(*parse_arguments(argv), num_gpus=2, echo=lambda line: None)
+    assert summary.world_size == 2 and sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
+    assert summary.global_step == 6 and 0.0 <= summary.execution_accuracy <= 1.0
+    model = load_model(summary.output_dir)
+    assert type(model).__name__ == "Qwen2ForCausalLM" and model.lm_head.weight.shape[0] > 0
+
+
+def test_gpt2_without_a_pad_token_prepares_trains_and_generates(real_files, tmp_path, textsql_in_process):
+    """GPT-2's real tokenizer has no pad token: batches are padded with EOS and masked by position."""
+    folder = real_causal_folder(real_files, "gpt2", tmp_path / "tiny-gpt2")
+    data = tmp_path / "data"
+    status, out, err = textsql_in_process(
+        ["prep", "--source", str(real_files / "wikisql"), "--model_id", str(folder), "--output_dir", str(data),
+         "--source_format", "question+header", "--max_examples_per_split", "48"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    assert "layout: causal LM (gpt2)" in out and "byte-level BPE: every character can be written" in out
+    argv = tiny_train_argv((data, folder), tmp_path / "runs", **dict(SHORT, max_steps=2, per_device_train_batch_size=8))
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    run = summary_of(out)["output_dir"]
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", run, "--dataset_dir", str(data), "--max_examples", "8", "--max_new_tokens", "6"]
+    )
+    assert status == 0, err[-3000:]
+    assert json.loads(open(f"{run}/eval_metrics.json").read())["examples"] == 8

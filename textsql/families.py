@@ -1,0 +1,151 @@
+"""Model families: what every layer needs to know about a model, decided from its config, never from its name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from textsql.errors import TextsqlError
+
+SEQ2SEQ = "seq2seq"  # an encoder reads the source, a decoder writes the target (T5)
+CAUSAL = "causal"  # one decoder reads the prompt and continues it with the answer (Llama, Qwen2, GPT-2, ...)
+ALL_LINEAR = "all-linear"  # peft's every nn.Linear (and GPT-2's Conv1D) but the output layer
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: how textsql loads, prompts, adapts and trains it.
+
+    `lora_targets` maps textsql's LoRA presets (--lora_targets) to peft's target_modules: the module names of the
+    attention's query and value projections ("qv": fused query-key-value layers where the family fuses them) or
+    `all-linear`. `fp16_safe` is False where the family's checkpoints overflow fp16 (T5 was pretrained in bf16)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    kind: str
+    lora_targets: dict = field(default_factory=dict)
+    fp16_safe: bool = True
+    fp16_reason: str = ""
+
+    @property
+    def causal(self) -> bool:
+        return self.kind == CAUSAL
+
+    @property
+    def peft_task_type(self) -> str:
+        return "CAUSAL_LM" if self.causal else "SEQ_2_SEQ_LM"
+
+    @property
+    def trainer_class_name(self) -> str:
+        """The transformers Trainer textsql subclasses: Seq2SeqTrainer (generation-aware evaluation) or Trainer."""
+        return "Trainer" if self.causal else "Seq2SeqTrainer"
+
+
+def _causal(name: str, qv: tuple[str, ...], *model_types: str) -> Family:
+    return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR})
+
+
+# T5's module names: q, k, v, o in every attention, wi (wi_0, wi_1 when gated: T5 v1.1, flan-t5) and wo in every
+# feed-forward block; on T5 peft's all-linear is exactly these (tests check it).
+T5_LINEAR_NAMES = ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo")
+FAMILIES = (
+    Family(
+        "t5",
+        ("t5", "mt5", "umt5"),
+        SEQ2SEQ,
+        {"qv": ["q", "v"], "all": ALL_LINEAR},
+        fp16_safe=False,
+        fp16_reason="T5 checkpoints were pretrained in bf16 and their activations overflow fp16, giving NaN losses "
+        "(t5-large and larger)",
+    ),
+    _causal("llama", ("q_proj", "v_proj")),
+    _causal("qwen2", ("q_proj", "v_proj")),
+    _causal("mistral", ("q_proj", "v_proj")),
+    _causal("opt", ("q_proj", "v_proj")),
+    _causal("bloom", ("query_key_value",)),  # fused query-key-value
+    _causal("falcon", ("query_key_value",)),
+    _causal("gpt_bigcode", ("c_attn",)),
+    _causal("codegen", ("qkv_proj",)),
+    _causal("gpt2", ("c_attn",)),  # a Conv1D, which peft adapts too
+)
+LORA_PRESETS = ("qv", "all")
+
+
+def family_named(name: str) -> Family:
+    """The family called `name` ("t5", "llama", ...)."""
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise TextsqlError(f"textsql knows no model family '{name}'; it knows {', '.join(f.name for f in FAMILIES)}.")
+
+
+def t5_lora_module_names(preset: str) -> tuple[str, ...]:
+    """T5's module names a LoRA preset adapts (all-linear spelled out), for the planner's T5 layer model."""
+    targets = lora_target_modules(family_named("t5"), preset)
+    return T5_LINEAR_NAMES if targets == ALL_LINEAR else tuple(targets)
+
+
+def family_of(config) -> Family:
+    """The family of a model config (a transformers PretrainedConfig or its dict), by `model_type`; an encoder-decoder
+    model that is not T5, or a model type textsql does not know, is refused with the list of those it knows."""
+    get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
+    model_type = get("model_type")
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    known = ", ".join(t for family in FAMILIES for t in family.model_types)
+    kind = "an encoder-decoder" if get("is_encoder_decoder", False) else "a"
+    raise TextsqlError(
+        f"The model is {kind} '{model_type}' model, a family textsql does not know; it fine-tunes these model types: "
+        f"{known}. Choose a model of one of them (its config.json names the type), or add its family to "
+        "textsql/families.py (its LoRA module names, whether fp16 is safe)."
+    )
+
+
+def auto_model_class(family: Family):
+    """transformers' Auto class that loads the family's language model."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM if family.causal else transformers.AutoModelForSeq2SeqLM
+
+
+def decoder_layer_classes(model) -> list[str]:
+    """The class names of the model's repeated blocks, which FSDP wraps one unit each: the model's own
+    `_no_split_modules` (T5Block, LlamaDecoderLayer, BloomBlock, GPT2Block, ...), as accelerate's
+    TRANSFORMER_BASED_WRAP reads it."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = getattr(model, "_no_split_modules", None) or []
+    return sorted(names)
+
+
+def tied_embeddings(config) -> bool:
+    """Whether the output layer shares the input embedding's weight (T5, bloom, gpt2, opt, tiny Qwen2 models)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def lora_target_modules(family: Family, preset: str):
+    """peft's target_modules for a LoRA preset (textsql.adapters.LoraArguments.lora_targets) on this family."""
+    if preset not in family.lora_targets:
+        raise TextsqlError(f"--lora_targets must be one of {', '.join(LORA_PRESETS)}, not '{preset}'.")
+    return family.lora_targets[preset]
+
+
+def pad_token_id(tokenizer) -> int:
+    """The id that pads batches: the tokenizer's pad token, else its EOS (GPT-2 has no pad token). Padding is always
+    masked by position (the attention mask, -100 labels), never by this id, which may equal EOS."""
+    if tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    if tokenizer.eos_token_id is None:
+        raise TextsqlError(
+            "The tokenizer has neither a pad nor an end-of-sequence token, so batches cannot be padded and the model "
+            "cannot learn where a query ends. Use a tokenizer that defines eos_token (tokenizer_config.json)."
+        )
+    return tokenizer.eos_token_id
+
+
+def ensure_pad_token(tokenizer):
+    """The tokenizer with a pad token (its EOS when it has none, as GPT-2's): batched tokenizer calls need one."""
+    if tokenizer.pad_token is None:
+        pad_token_id(tokenizer)  # refuses a tokenizer without EOS
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
