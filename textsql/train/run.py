@@ -328,6 +328,21 @@ def train(
 
     The arguments are left as given: the Trainer gets a finalized copy.
     """
+    import torch.nn.functional as F
+
+    linear = F.linear
+    try:
+        return _train(model_args, data_args, training_args)
+    finally:
+        # ZeRO-3 replaces torch's F.linear for the rest of the process (DeepSpeed: "This will persist unless manually
+        # reset"): a notebook or test that trains in-process and then runs another model gets torch's own back (a
+        # torchao-quantized model fails on DeepSpeed's, which transposes its int8 weight).
+        F.linear = linear
+
+
+def _train(
+    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
+) -> RunSummary | None:
     check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
     plan = set_up_run(model_args, training_args)
     if plan.dsconfig is not None or plan.fsdpconfig is not None or world_size() > 1:
