@@ -32,6 +32,7 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         "flops_profiler",
         "inference",
         "two_ranks",
+        "causal",
         "op_builds",
     }
     assert set(steps) == expected

@@ -129,6 +129,7 @@ def test_every_strategy_textsql_names_trains_two_steps_or_is_refused_before_laun
     assets, tmp_path, monkeypatch, textsql_in_process
 ):
     import torch.nn.functional as F
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
     monkeypatch.chdir(tmp_path)
     seen = every_strategy_name(textsql_in_process)
@@ -150,8 +151,10 @@ def test_every_strategy_textsql_names_trains_two_steps_or_is_refused_before_laun
         (summary_file,) = runs.glob("*/run_summary.json")
         summary = json.loads(summary_file.read_text())
         assert summary["strategy"]["label"] == name and summary["global_step"] == 2, where
-        # ZeRO-3 swaps torch's F.linear for the whole process; a run in a notebook's process gives it back.
+        # ZeRO-3 swaps torch's F.linear and transformers keeps the DeepSpeed config for the whole process; a run in a
+        # notebook's process gives both back.
         assert F.linear is linear, f"{where} left torch.nn.functional.linear replaced"
+        assert not is_deepspeed_zero3_enabled(), f"{where} left its DeepSpeed config as the process's"
         trained[name] = summary
     assert set(trained) | set(refused) == set(seen)
     nvme = trained["zero3_nvme"]["strategy"]

@@ -329,15 +329,19 @@ def train(
     The arguments are left as given: the Trainer gets a finalized copy.
     """
     import torch.nn.functional as F
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     linear = F.linear
     try:
         return _train(model_args, data_args, training_args)
     finally:
-        # ZeRO-3 replaces torch's F.linear for the rest of the process (DeepSpeed: "This will persist unless manually
-        # reset"): a notebook or test that trains in-process and then runs another model gets torch's own back (a
-        # torchao-quantized model fails on DeepSpeed's, which transposes its int8 weight).
+        # What a DeepSpeed run changes for the rest of the process, given back, so that a notebook or test that trains
+        # in-process and then loads or runs another model gets plain torch and transformers: ZeRO-3 replaces torch's
+        # F.linear (DeepSpeed: "This will persist unless manually reset"; a torchao-quantized model fails on it), and
+        # transformers keeps the run's DeepSpeed config as the process's, so every later from_pretrained would
+        # partition the model under zero.Init.
         F.linear = linear
+        unset_hf_deepspeed_config()
 
 
 def _train(
