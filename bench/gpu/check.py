@@ -67,6 +67,7 @@ class Sizes:
     throughput_warmup: int
     flops_runs: tuple  # (strategy, precision) of each profiled run
     questions: int
+    batching_questions: int  # one question at a time is slow: fewer for that comparison
     causal_batch: int
     causal_strategies: tuple  # (strategy, lora) trained on the causal LM
     quantize_methods: str
@@ -86,6 +87,7 @@ GPU = Sizes(
     throughput_warmup=3,
     flops_runs=(("zero1", "fp32"), ("none", "bf16")),  # the walkthrough's setting, then textsql's default precision
     questions=256,
+    batching_questions=48,
     causal_batch=16,
     causal_strategies=(("none", True), ("zero2", True), ("none", False)),
     quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
@@ -95,7 +97,7 @@ GPU = Sizes(
         "strategies": 170,
         "throughput": 150,
         "flops_profiler": 75,
-        "inference": 100,
+        "inference": 150,
         "two_ranks": 45,
         "causal": 150,
         "op_builds": 30,
@@ -115,6 +117,7 @@ CPU = Sizes(
     throughput_warmup=1,
     flops_runs=(("zero1", "fp32"),),
     questions=8,
+    batching_questions=8,
     causal_batch=8,
     causal_strategies=(("none", True),),
     quantize_methods="dynamic-int8",
@@ -394,7 +397,7 @@ def step_inference(ctx) -> dict:
     sizes = ctx.sizes
     shape = [] if sizes.shape == "tiny" else ["--shape", sizes.shape]
     batching_output, quantize_output = ctx.work / "infer_batching.json", ctx.work / "quantize_methods.json"
-    batching = [sys.executable, str(REPO / "bench" / "infer_batching.py"), "--questions", str(sizes.questions)]
+    batching = [sys.executable, str(REPO / "bench" / "infer_batching.py"), "--questions", str(sizes.batching_questions)]
     batching += ["--repeats", "2", "--output", str(batching_output)]
     batching += [*shape, "--dataset_dir", str(ctx.data_dir)] if shape else []
     run(batching, ctx.deadline, ctx.log, ctx.env)

@@ -85,15 +85,20 @@ NVME_GB_PER_S = 2.0
 # DeepSpeed's own estimators multiply host memory by this (additional_buffer_factor, their default).
 ADDITIONAL_BUFFER_FACTOR = 1.5
 # What torch does not see. CUDA context with torch's kernels loaded lazily (CUDA >= 11.7, torch's default since 1.13):
-# not yet calibrated on a GPU: pytorch/pytorch#86509 measured 287 MB for the bare context with lazy loading (667 MB
-# eager); the kernels a training step loads (cuBLAS, cuDNN, NCCL's) come on top, hence 0.5 GB.
-CUDA_CONTEXT_BYTES = int(0.5 * GIB)
-# NCCL's communicator buffers with more than one GPU: not yet calibrated on a GPU: NCCL_BUFFSIZE is 4 MiB per channel
-# and peer (NCCL's environment-variable documentation), times up to 32 channels, for send and receive.
-NCCL_BUFFER_BYTES = int(0.25 * GIB)
-# The caching allocator reserves more than it hands out (block rounding, fragmentation). Not yet calibrated on a GPU:
-# pytorch/pytorch#40989 shows peak reserved / peak allocated of 1.11 for a training step (16726 / 15006 MB); 10% of
-# everything allocated.
+# measured by the GPU check (bench/gpu, 2026-11-26: NVIDIA H200, CUDA 13.0, torch 2.11, driver 580.159) as the device
+# memory in use beyond torch's reservation after the first allocation: 648,871,936 bytes (0.60 GiB; the estimate it
+# replaces was 0.5 GiB, from pytorch/pytorch#86509's 287 MB bare context plus the kernels a step loads).
+CUDA_CONTEXT_BYTES = 648_871_936
+# NCCL's communicator buffers with more than one GPU: measured by the same check after a one-rank NCCL all-reduce on
+# that H200 (NCCL 2.28.9): 585,105,408 bytes beyond the context (0.54 GiB; the estimate it replaces was 0.25 GiB from
+# NCCL_BUFFSIZE's 4 MiB per channel and peer). A lower bound: more peers (several GPUs, several pods) add channels.
+NCCL_BUFFER_BYTES = 585_105_408
+# The caching allocator reserves more than it hands out (block rounding, fragmentation): pytorch/pytorch#40989 shows
+# peak reserved / peak allocated of 1.11 for a training step (16726 / 15006 MB); 10% of everything allocated. The GPU
+# check (bench/gpu, H200, 2026-11-26; 11 runs of t5-small's shape in bf16, batch 32, 48/40 tokens, every strategy and
+# LoRA) measured 1.11-1.54 (median 1.32), but the planner's allocated bytes came out 12-18% high on the same runs, so
+# its reserved prediction landed within -11% / +2% of the measurement except ZeRO-2/3 with CPU offload (+31% / +35%:
+# under-predicted, the next thing to model). Kept at 10% until the allocated terms are calibrated too.
 ALLOCATOR_OVERHEAD_FRACTION = 0.10
 # Host memory of one training process besides model states: Python, torch + CUDA libraries, transformers,
 # DeepSpeed, the tokenized dataset.
