@@ -406,12 +406,13 @@ def test_tune_measures_each_candidate_on_both_nodes_keeps_the_workers_and_stops_
     assert values["per_device_train_batch_size"] == 8 and values["gradient_accumulation_steps"] == 1
     assert [cluster.node0.pid] + [worker.pid for worker in cluster.nodes] == agents and cluster.started
 
-    # A candidate far longer than its limit is stopped on every node; the workers stay for the next.
+    # A candidate far longer than its limit (3,000 steps: about 90 s on an idle 2-core machine, against 20 s) is stopped
+    # on every node; the workers stay for the next.
     timed_out = tune(
-        "tune-limit", strategies="none", warmup_steps=1, timed_steps=100000, repeat_top=0, candidate_timeout_s=20
+        "tune-limit", strategies="none", warmup_steps=1, timed_steps=3000, repeat_top=0, candidate_timeout_s=20
     )
     (row,) = [json.loads(line) for line in (project / "tune-limit" / "tune_results.jsonl").read_text().splitlines()]
-    assert (row["status"], row["timeout_s"]) == ("timed out", 20) and timed_out.winner is None
+    assert (row["status"], row.get("timeout_s")) == ("timed out", 20) and timed_out.winner is None
     assert rank_pids(project) and not [pid for pid in rank_pids(project).values() if alive(pid)]
     deadline = time.monotonic() + 30  # the launchers and ranks of every node: gone (the agents stay)
     while (
