@@ -8,6 +8,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -45,6 +46,7 @@ TEXTSQL_DEFAULT_MICRO_BATCH = 32  # textsql train's --per_device_train_batch_siz
 # more row here ({"lora": True, <its quantization argument>}), a TuneArguments flag beside --lora, and its planner rank.
 ADAPTERS = {"lora": {"lora": True}}
 RETRIED = ("failed", "out of memory", "timed out")  # what --retry_failed measures again
+RANK_QUOTE = re.compile(r"^(rank \d+ )?\| ")  # how textsql.cluster.launch.failure_message quotes a rank's output
 OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "cannot allocate memory")
 
 
@@ -162,13 +164,13 @@ class TuneArguments:
             raise TextsqlError(
                 f"--candidate_timeout_s is a number of seconds (0: chosen from the steps), not {self.candidate_timeout_s!r}."
             )
+        if not 0 <= self.tolerance < 1:
+            raise TextsqlError(f"--tolerance is a fraction (0.05 = 5 percent), not {self.tolerance!r}.")
 
     @property
     def timeout_s(self) -> float:
         """The limit on one measurement: --candidate_timeout_s, or 900 s plus 30 s per step."""
         return self.candidate_timeout_s or 900 + 30 * (self.warmup_steps + self.timed_steps)
-        if not 0 <= self.tolerance < 1:
-            raise TextsqlError(f"--tolerance is a fraction (0.05 = 5 percent), not {self.tolerance!r}.")
 
 
 @dataclass
@@ -447,6 +449,7 @@ def measure(candidate: Candidate, args: TuneArguments, base: dict, world: int, r
         seconds_per_step=round(timed[1], 4),
         peak_memory_bytes=peak,
         memory_kind=kind,
+        world_size=summary.world_size,
         final_loss=summary.last_logged_loss,
         run_dir=summary.output_dir,
         log=str(log),
@@ -461,8 +464,9 @@ def _last_lines(text: str, count: int = 6) -> str:
 
 
 def failure_reason(text: str) -> str:
-    """The line that says why a training failed: textsql's own message, else the last exception line, else the last."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    """The line that says why a training failed: textsql's own message, else the last exception line, else the last.
+    A cluster launch's error quotes the failing rank's last lines as "  | line" (or "  rank N | line")."""
+    lines = [RANK_QUOTE.sub("", line.strip()) for line in text.strip().splitlines() if line.strip()]
     for line in reversed(lines):
         if line.startswith("textsql train:"):
             return line.removeprefix("textsql train:").strip()
@@ -480,11 +484,17 @@ def local_trainer(arguments, echo, timeout_s: float | None = None) -> object:
 
 
 def cluster_trainer(cluster):
-    """One measurement through a started textsql cluster (textsql.cluster.Cluster) on several pods; the workers are
-    kept between candidates, also after a failure. The cluster's launch has no time limit yet."""
+    """One measurement through a started textsql cluster (textsql.cluster.Cluster) on several pods: past `timeout_s`
+    every node's launch is stopped (TrainingTimedOut, as on one pod); the workers are kept between candidates, also
+    after a failure or a time-out. Every line the launch shows also goes to the candidate's log."""
 
     def train(arguments, echo, timeout_s=None):
-        return cluster.train(*arguments, stop_on_failure=False)["summary"]
+        shown = cluster.echo
+        cluster.echo = lambda line: (echo(line), shown(line))
+        try:
+            return cluster.train(*arguments, stop_on_failure=False, timeout_s=timeout_s)["summary"]
+        finally:
+            cluster.echo = shown
 
     return train
 
@@ -856,7 +866,14 @@ def write_recipe(path: Path, winner: dict, model, data, training, args: TuneArgu
     arguments_from_dict(values)  # the recipe must parse as `textsql train` reads it
     header = (
         f"# The fastest setting `textsql tune` measured ({winner['samples_per_second']:.1f} samples/s, global batch "
-        f"of {args.global_batch_size}; table: {TUNE_TABLE_FILE}).\n# Run: textsql train {path}\n"
+        f"of {args.global_batch_size}; table: {TUNE_TABLE_FILE}).\n"
+        + (
+            f"# Run: textsql train {path}\n"
+            if args.nodes == 1
+            else f"# Measured on {args.nodes} pods: run it on as many, through a started cluster of {args.nodes} pods "
+            f"(textsql.cluster.Cluster(workers={args.nodes - 1}, ...).train(['{path}'])); the accumulation keeps the "
+            "global batch at that number of ranks only.\n"
+        )
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(values, sort_keys=False))

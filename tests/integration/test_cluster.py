@@ -334,6 +334,107 @@ def test_two_nodes_zero3_offload_cml_backend_against_the_standin(assets, project
     assert files_holding(project, CANARY) == [] and key_files(project) == []
 
 
+@pytest.mark.slow
+def test_tune_measures_each_candidate_on_both_nodes_keeps_the_workers_and_stops_one_past_its_limit(
+    assets, project, clusters
+):
+    """`textsql tune` through a started two-node cluster: plain DDP and ZeRO-2 measured on both nodes (world size 2), a
+    DeepSpeed file that contradicts the candidate's micro-batch recorded as failed, the fastest measured again after
+    it, the results, table and recipe written; then a candidate far longer than its limit stopped on every node and
+    recorded as timed out. The same workers serve every candidate and are still up at the end."""
+    from textsql.tune import TuneArguments, run_tune
+
+    data_dir, model_dir = assets
+    contradicting = project / "contradicting.json"  # a valid file; the training refuses micro-batch 3 against 8
+    contradicting.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 3,
+                "gradient_accumulation_steps": "auto",
+                "train_batch_size": "auto",
+                "zero_optimization": {"stage": 1},
+            }
+        )
+    )
+    cluster = clusters("local")
+    agents = [cluster.node0.pid] + [worker.pid for worker in cluster.nodes]
+    train_argv = ["--runs_root", str(project / "runs"), "--dataloader_num_workers", "0", "--learning_rate", "1e-3"]
+
+    def tune(folder, **settings):
+        args = TuneArguments(
+            model_id=str(model_dir),
+            dataset_dir=str(data_dir),
+            tune_dir=str(project / folder),
+            global_batch_size=16,
+            micro_batches="8",
+            nodes=2,
+            **settings,
+        )
+        return run_tune(args, train_argv, cluster=cluster)
+
+    result = tune(
+        "tune",
+        strategies=f"none,zero2,{contradicting}",
+        warmup_steps=1,
+        timed_steps=2,
+        repeat_top=1,
+        repeats=2,
+    )
+    tune_dir = project / "tune"
+    rows = [json.loads(line) for line in (tune_dir / "tune_results.jsonl").read_text().splitlines()]
+    print(*(f"{r['key']} r{r['repeat']}: {r['status']} {r.get('samples_per_second')} {r.get('error')}" for r in rows))
+    assert [(r["key"], r["repeat"], r["status"]) for r in rows[:3]] == [
+        ("none-mb8-acc1", 0, "ok"),
+        ("zero2-mb8-acc1", 0, "ok"),
+        ("contradicting-mb8-acc1", 0, "failed"),
+    ]
+    assert "contradicts the training arguments" in rows[2]["error"]
+    winner = max(rows[:2], key=lambda r: r["samples_per_second"])["key"]
+    # After the failure the fastest (and the default settings, when they are not the fastest) were measured again.
+    assert {(r["key"], r["status"]) for r in rows[3:]} == {(winner, "ok"), ("none-mb8-acc1", "ok")}
+    for row in (r for r in rows if r["status"] == "ok"):
+        assert row["world_size"] == 2 and row["samples_per_second"] > 0, row
+        log = Path(row["log"]).read_text()  # the launch's lines, from both nodes
+        assert f"{NODES[0]}: " in log and f"{NODES[1]}: " in log
+    assert result.winner is not None and result.measured_now == len(rows)
+    assert (tune_dir / "tune_table.md").read_text().startswith("| candidate |")
+    recipe = (tune_dir / "tune_recipe.yaml").read_text()
+    assert "# Measured on 2 pods" in recipe and "workers=1" in recipe
+    import yaml
+
+    values = yaml.safe_load(recipe)
+    assert values["per_device_train_batch_size"] == 8 and values["gradient_accumulation_steps"] == 1
+    assert [cluster.node0.pid] + [worker.pid for worker in cluster.nodes] == agents and cluster.started
+
+    # A candidate far longer than its limit (3,000 steps: about 90 s on an idle 2-core machine, against 20 s) is stopped
+    # on every node; the workers stay for the next.
+    timed_out = tune(
+        "tune-limit", strategies="none", warmup_steps=1, timed_steps=3000, repeat_top=0, candidate_timeout_s=20
+    )
+    (row,) = [json.loads(line) for line in (project / "tune-limit" / "tune_results.jsonl").read_text().splitlines()]
+    assert (row["status"], row.get("timeout_s")) == ("timed out", 20) and timed_out.winner is None
+    assert rank_pids(project) and not [pid for pid in rank_pids(project).values() if alive(pid)]
+    deadline = time.monotonic() + 30  # the launchers and ranks of every node: gone (the agents stay)
+    while (
+        left := [p for p in leftovers(project) if int(p.split(":")[0]) not in agents]
+    ) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == []
+    assert [cluster.node0.pid] + [worker.pid for worker in cluster.nodes] == agents and cluster.started
+    assert all(alive(pid) for pid in agents)
+    cluster.stop()
+    wait_until_clean(project)
+
+
+def alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def gpus() -> int:
     import torch
 

@@ -104,6 +104,8 @@ def test_tune_arguments_refuse_a_timed_first_step_and_give_a_limit():
         TuneArguments(warmup_steps=0)
     with pytest.raises(TextsqlError, match="candidate_timeout_s"):
         TuneArguments(candidate_timeout_s=-1)
+    with pytest.raises(TextsqlError, match="--tolerance is a fraction"):
+        TuneArguments(tolerance=5)
     assert TuneArguments(warmup_steps=3, timed_steps=20).timeout_s == 900 + 30 * 23
     assert TuneArguments(candidate_timeout_s=5).timeout_s == 5
 
@@ -128,6 +130,10 @@ def test_failures_are_named():
     text = "noise\ntextsql train: The DeepSpeed config contradicts the training arguments: ...\n[ERROR] [launch.py]"
     assert failure_status(text) == "failed"
     assert failure_reason(text).startswith("The DeepSpeed config contradicts")
+    # A cluster launch's error quotes the failing rank's lines ("  | ..."; "  rank N | ..." when a node was lost).
+    for quote in ("  | ", "  rank 1 | "):
+        launch = f"Rank 1 failed first.\n{quote}textsql train: Out of disk.\nLaunch again with the same arguments."
+        assert failure_reason(launch) == "Out of disk."
 
 
 def row(key, strategy, accumulation, rate, status="ok", repeat=0):

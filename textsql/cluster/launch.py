@@ -17,6 +17,7 @@ import re
 import secrets
 import shlex
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -695,10 +696,19 @@ def resume_sentence(plan: LaunchPlan, ask) -> str:
         return f"cannot tell which checkpoint it resumes from: {error}"
 
 
-def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=print, grace_seconds: float = 5) -> dict:
+def run_on_agents(
+    links: list,
+    plan: LaunchPlan,
+    *,
+    events: queue.Queue,
+    echo=print,
+    grace_seconds: float = 5,
+    timeout_s: float | None = None,
+) -> dict:
     """The launch through node agents (links in node order): prepare every node, start `deepspeed --no_ssh --node_rank
-    i` on each, stream, and stop every node on the first failure or an interrupt. Returns the result dict; raises
-    LaunchFailed (or the interrupt, after stopping)."""
+    i` on each, stream, and stop every node on the first failure, an interrupt or past `timeout_s` (seconds from the
+    start, start-up included). Returns the result dict; raises LaunchFailed, the interrupt or
+    textsql.train.local_launch.TrainingTimedOut, after stopping every node's processes (the agents stay)."""
     from textsql.cluster.coordinator import ask_all
     from textsql.cluster.interrupts import interrupts_deferred
 
@@ -725,6 +735,8 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
     running = {link.address for link in links}
     stopping_since = None
     started = []
+    tail: deque[str] = deque(maxlen=6)  # a time-out's message ends with the last lines
+    deadline = time.monotonic() + timeout_s if timeout_s else None
     with open_unlinked(plan.log_dir / "launch.log", "w", buffering=1) as log:
         try:
             for index, link in enumerate(links):
@@ -746,6 +758,7 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
                         log.write(line + "\n")
                         echo(line)
                         monitor.feed(line)
+                        tail.append(line)
                     elif op in ("exit", "lost"):
                         running.discard(link.address)
                         if op == "exit":
@@ -753,6 +766,10 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
                         else:
                             monitor.node_ended(link.address, f"lost: {message.get('reason')}", at=message.get("at"))
                 now = time.monotonic()
+                if deadline is not None and now > deadline and stopping_since is None and monitor.failed_at is None:
+                    from textsql.train.local_launch import TrainingTimedOut
+
+                    raise TrainingTimedOut(timeout_s, list(tail))  # stopped below, as an interrupt is
                 if (
                     stopping_since is None
                     and monitor.failed_at is not None
@@ -766,7 +783,8 @@ def run_on_agents(links: list, plan: LaunchPlan, *, events: queue.Queue, echo=pr
                     break
         except BaseException:
             with interrupts_deferred(echo):
-                echo(f"textsql: interrupted; stopping launch {plan.launch_id} on every node")
+                why = "past its time limit" if deadline is not None and time.monotonic() > deadline else "interrupted"
+                echo(f"textsql: {why}; stopping launch {plan.launch_id} on every node")
                 _stop_all(started)
                 _wait_for_exits(events, {link.address for link in started} & running, log)
             raise

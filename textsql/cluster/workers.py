@@ -604,9 +604,10 @@ class Cluster:
         self.echo(f"preflight OK: {len(plan.hosts)} nodes, world size {plan.decision.world_size}")
         return plan
 
-    def train(self, *arguments, stop_on_failure: bool = True, grace_seconds: float = 5):
-        """One multi-node launch (textsql.cluster.launch): on any failure or interrupt every node's processes are
-        stopped, and (stop_on_failure) the workers too, since idle workers still hold their GPUs."""
+    def train(self, *arguments, stop_on_failure: bool = True, grace_seconds: float = 5, timeout_s: float | None = None):
+        """One multi-node launch (textsql.cluster.launch): on any failure or interrupt, or past `timeout_s` seconds
+        (textsql.train.local_launch.TrainingTimedOut), every node's processes are stopped, and (stop_on_failure) the
+        workers too, since idle workers still hold their GPUs."""
         from textsql.cluster.launch import run_on_agents
         from textsql.cluster.runs import run_lock
 
@@ -615,7 +616,12 @@ class Cluster:
             self.echo(plan.describe())
             with run_lock(plan.run_dir, plan.launch_id):
                 return run_on_agents(
-                    self.links, plan, events=self.coordinator.events, echo=self.echo, grace_seconds=grace_seconds
+                    self.links,
+                    plan,
+                    events=self.coordinator.events,
+                    echo=self.echo,
+                    grace_seconds=grace_seconds,
+                    timeout_s=timeout_s,
                 )
         except BaseException:
             if stop_on_failure:
