@@ -474,7 +474,7 @@ def step_causal(ctx) -> dict:
     textsql = [sys.executable, "-m", "textsql.cli"]
     prep = [*textsql, "prep", "--source", str(raw), "--model_id", str(model_dir), "--output_dir", str(data_dir)]
     run([*prep, "--source_format", "question+header", "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
-    result = {"model": model, "runs": []}
+    result, summary_paths = {"model": model, "runs": []}, []
     for strategy, lora in sizes.causal_strategies:
         runs_root = ctx.work / "causal-runs" / f"{strategy}{'-lora' if lora else ''}"
         train = [*textsql, "train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir)]
@@ -484,6 +484,7 @@ def step_causal(ctx) -> dict:
         train += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--num_gpus", "1"]
         run([*train, "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
         (summary_path,) = runs_root.glob("*/run_summary.json")
+        summary_paths.append(summary_path)
         summary = read_summary(summary_path)
         result["runs"].append(
             {
@@ -500,7 +501,7 @@ def step_causal(ctx) -> dict:
                 "memory_check": summary.memory_check,
             }
         )
-    first_run = next((ctx.work / "causal-runs").glob("*/*/run_summary.json")).parent
+    first_run = summary_paths[0].parent  # the first setting's model is the one scored
     scored = ctx.work / "causal-infer"
     infer = [*textsql, "infer", "--model_dir", str(first_run), "--dataset_dir", str(data_dir), "--split", "test"]
     run([*infer, "--max_examples", str(sizes.questions), "--output_dir", str(scored)], ctx.deadline, ctx.log, ctx.env)

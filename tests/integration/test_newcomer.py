@@ -33,9 +33,9 @@ def tiny_argv(assets, runs_root, *extra):
 
 
 def wait_for(path: Path, process: subprocess.Popen, seconds: float = 300) -> None:
-    """Until `path` exists (a glob pattern's last parts may hold `*`), while `process` runs."""
+    """Until `path` exists (its last two parts may hold `*`), while `process` runs."""
     deadline = time.monotonic() + seconds
-    while not (any(path.parent.parent.glob(f"{path.parent.name}/{path.name}")) if "*" in str(path) else path.exists()):
+    while not any(path.parent.parent.glob(f"{path.parent.name}/{path.name}")):
         assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"{path} did not appear"
         time.sleep(0.2)
