@@ -26,6 +26,9 @@ PEFT_EXTRA = "textsql[peft]"
 RECORD_VERSION = 1
 
 
+QUANTIZED_BASES = ("none", "nf4", "int8")  # --quantize_base: the base's bitsandbytes format under a LoRA adapter
+
+
 @dataclass
 class LoraArguments:
     """LoRA on top of any strategy: the base model stays frozen (in the training dtype), only the adapter trains."""
@@ -53,6 +56,15 @@ class LoraArguments:
         },
     )
 
+    quantize_base: str = field(
+        default="none",
+        metadata={
+            "help": "QLoRA: load the frozen base quantized with bitsandbytes, nf4 (4-bit NormalFloat with double "
+            "quantization) or int8, so a 7B causal LM fits on one A100-40GB; none keeps it in the training dtype. "
+            "Needs --lora True (a quantized base cannot be fully fine-tuned) and the lifecycle extra."
+        },
+    )
+
     def __post_init__(self):
         self.check_lora()
 
@@ -69,6 +81,16 @@ class LoraArguments:
             )
         if self.lora_targets not in LORA_PRESETS:
             raise TextsqlError(f"--lora_targets must be one of {', '.join(LORA_PRESETS)}, not '{self.lora_targets}'.")
+        if self.quantize_base not in QUANTIZED_BASES:
+            raise TextsqlError(
+                f"--quantize_base must be one of {', '.join(QUANTIZED_BASES)}, not '{self.quantize_base}'."
+            )
+        if self.quantize_base != "none" and not self.lora:
+            raise TextsqlError(
+                f"--quantize_base {self.quantize_base} needs --lora True: a quantized base's weights cannot be "
+                "trained, only an adapter beside them (QLoRA). Add --lora True, or drop --quantize_base to fine-tune "
+                "every weight."
+            )
 
     def lora_settings(self) -> dict | None:
         """What the run summary's strategy records: None without --lora."""
