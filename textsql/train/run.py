@@ -27,7 +27,7 @@ from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set
 from textsql.families import family_of, pad_token_id
 from textsql.hub import load_model, load_tokenizer
-from textsql.paths import LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
+from textsql.paths import LOG_FILE, MODEL_NAME_LIMIT, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE, short_name
 from textsql.planner.check import compare_with_run
 from textsql.prep import (
     check_prepared,
@@ -129,9 +129,11 @@ def run_folder_name(
     lora_label: str = "",
 ) -> str:
     """<model>-<strategy>[-lora-r<rank>]-ws<ranks>-bs<batch>, then the settings that differ from the defaults
-    (run_name_settings): LoRA is an option on top of any strategy, named beside it."""
-    name = f"{Path(model_id.rstrip('/')).name}-{strategy_label}{lora_label}-ws{ranks}-bs{per_device_batch}"
-    return "-".join([name, *settings])
+    (run_name_settings): LoRA is an option on top of any strategy, named beside it. Short (textsql.paths.short_name):
+    a long model name (a run folder as the base) and a long tail of settings are cut and end in a hash; every setting
+    is in the run's run_summary.json."""
+    model = short_name(Path(model_id.rstrip("/")).name, limit=MODEL_NAME_LIMIT)
+    return short_name("-".join([f"{model}-{strategy_label}{lora_label}-ws{ranks}-bs{per_device_batch}", *settings]))
 
 
 class TrainingInterrupted(TextsqlError):
