@@ -35,7 +35,9 @@ def test_a_lora_run_on_a_run_folder_base_does_not_repeat_the_base():
 
 
 def test_merging_and_quantizing_again_and_again_stay_within_the_limit():
-    name = run_folder_name("runs/" + "-".join(["tiny-t5-zero2-ws1-bs16", *DEMO_SETTINGS]), "none", 16, 1, [], "-lora-r16")
+    name = run_folder_name(
+        "runs/" + "-".join(["tiny-t5-zero2-ws1-bs16", *DEMO_SETTINGS]), "none", 16, 1, [], "-lora-r16"
+    )
     seen = {name}
     for suffix in ["merged", "torchao-int8", "checkpoint-120-merged", "bnb-nf4", "dynamic-int8"]:
         name = short_name(name, suffix)
