@@ -160,10 +160,16 @@ def tiny_train_argv(assets, runs_root, *extra, **flags) -> list[str]:
 def headless_chromium(*args, user_data_dir: Path, window: str = "1400,900", timeout: int = 180):
     """Run headless Chromium on `args` (a page to dump or shoot) with a fresh profile and none of its background
     connections (the machine's network is closed; they would be refused, many at a time): the CompletedProcess."""
+    command = chromium_command(*args, user_data_dir=user_data_dir, window=window)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def chromium_command(*args, user_data_dir: Path, window: str = "1400,900") -> list[str]:
+    """headless_chromium's command line (for a browser driven over --remote-debugging-pipe)."""
     browser = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
     if browser is None:
         pytest.fail("Headless Chromium is needed: as root, `apt-get update && apt-get install -y chromium` (Debian's).")
-    command = [
+    return [
         browser,
         "--headless",
         "--no-sandbox",
@@ -177,7 +183,6 @@ def headless_chromium(*args, user_data_dir: Path, window: str = "1400,900", time
         f"--window-size={window}",
         *args,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
