@@ -182,19 +182,22 @@ NOTEBOOKS = {
             "(as `textsql merge` does), quantizes the merged model (`textsql quantize`: the method's size, questions/s and "
             "execution-accuracy delta against the unquantized model), and compares base, adapter, merged and quantized "
             "models on the same questions (`textsql compare --output`). The side-by-side web app is `textsql compare` "
-            "(a CML Application: `scripts/compare_app.py`). Needs the lifecycle extra (`pip install '.[lifecycle]'`)."
+            "(a CML Application: `scripts/compare_app.py`). Needs the lifecycle extra (`pip install '.[lifecycle]'`).\n\n"
+            "Offline, the base is the model `textsql demo` fine-tuned (a few minutes on a CPU): it writes SQL's shape, "
+            "so the adapter's few epochs change answers the last cell shows. An untrained base writes the same tokens "
+            "whatever the adapter, and the last cell says so."
         ),
         new_code_cell(
-            "model_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\n"
+            "model_id = None  # None: the model textsql demo fine-tuned (offline), else its tiny T5, else t5-small\n"
             'dataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
             "lora_rank = 8\nepochs = 3\nper_device_train_batch_size = 32\n"
             'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU)\nmax_examples = 200\nextra_args = {}  # any other Trainer argument',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id\n"
+            "from textsql.notebook import default_model_id, trained_demo_model\n"
             "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments, run_training\n\n"
-            "model_id = model_id or default_model_id()\n"
+            "model_id = model_id or trained_demo_model() or default_model_id()\n"
             "training = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, lora_rank=lora_rank,\n"
             "                                    num_train_epochs=epochs, per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
             "summary = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), training)\n"
@@ -219,6 +222,9 @@ NOTEBOOKS = {
             "import pandas as pd\n\n"
             "rows = [{'question': q['question'], 'gold': q['gold_sql'], **{label: m['sql'] for label, m in q['models'].items()}}\n"
             "        for q in report['questions'] if len({m['sql'] for m in q['models'].values()}) > 1]\n"
+            "if not rows:\n"
+            "    print('The models wrote the same SQL on every question: an untrained base (the tiny T5 before `textsql demo` '\n"
+            "          'fine-tunes it) writes the same few tokens whatever the adapter. Run `textsql demo`, or train longer.')\n"
             "pd.DataFrame(rows).head(10)  # questions where the models disagree"
         ),
     ],
