@@ -25,6 +25,14 @@ class Family:
     lora_targets: dict = field(default_factory=dict)
     fp16_safe: bool = True
     fp16_reason: str = ""
+    # The memory planner's reading of a causal family's config (textsql.planner.causal), checked against the model
+    # built on the meta device for every family: the config keys of the feed-forward width (none set: 4 x hidden), of
+    # the key-value heads (none set: one per query head; `multi_query` without falcon's new decoder architecture: 1),
+    # whether the feed-forward block is gated (gate, up and down projections) and whether rotary embeddings save q, k.
+    ffn_keys: tuple[str, ...] = ()
+    kv_heads_keys: tuple[str, ...] = ()
+    gated_mlp: bool = False
+    rotary: bool = False
 
     @property
     def causal(self) -> bool:
@@ -40,8 +48,11 @@ class Family:
         return "Trainer" if self.causal else "Seq2SeqTrainer"
 
 
-def _causal(name: str, qv: tuple[str, ...], *model_types: str) -> Family:
-    return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR})
+def _causal(name: str, qv: tuple[str, ...], *model_types: str, **planner) -> Family:
+    return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR}, **planner)
+
+
+_LLAMA_LIKE = {"ffn_keys": ("intermediate_size",), "kv_heads_keys": ("num_key_value_heads",), "gated_mlp": True}
 
 
 # T5's module names: q, k, v, o in every attention, wi (wi_0, wi_1 when gated: T5 v1.1, flan-t5) and wo in every
@@ -57,15 +68,17 @@ FAMILIES = (
         fp16_reason="T5 checkpoints were pretrained in bf16 and their activations overflow fp16, giving NaN losses "
         "(t5-large and larger)",
     ),
-    _causal("llama", ("q_proj", "v_proj")),
-    _causal("qwen2", ("q_proj", "v_proj")),
-    _causal("mistral", ("q_proj", "v_proj")),
-    _causal("opt", ("q_proj", "v_proj")),
+    _causal("llama", ("q_proj", "v_proj"), rotary=True, **_LLAMA_LIKE),
+    _causal("qwen2", ("q_proj", "v_proj"), rotary=True, **_LLAMA_LIKE),
+    _causal("mistral", ("q_proj", "v_proj"), rotary=True, **_LLAMA_LIKE),
+    _causal("opt", ("q_proj", "v_proj"), ffn_keys=("ffn_dim",)),
     _causal("bloom", ("query_key_value",)),  # fused query-key-value
-    _causal("falcon", ("query_key_value",)),
-    _causal("gpt_bigcode", ("c_attn",)),
-    _causal("codegen", ("qkv_proj",)),
-    _causal("gpt2", ("c_attn",)),  # a Conv1D, which peft adapts too
+    _causal(
+        "falcon", ("query_key_value",), ffn_keys=("ffn_hidden_size",), kv_heads_keys=("num_kv_heads",), rotary=True
+    ),
+    _causal("gpt_bigcode", ("c_attn",), ffn_keys=("n_inner",), kv_heads_keys=("num_key_value_heads",)),
+    _causal("codegen", ("qkv_proj",), ffn_keys=("n_inner",), rotary=True),
+    _causal("gpt2", ("c_attn",), ffn_keys=("n_inner",)),  # a Conv1D, which peft adapts too
 )
 LORA_PRESETS = ("qv", "all")
 
