@@ -1541,12 +1541,18 @@ def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
     }
     plan[key]["recommendation"] = lora_recommendation
     if quantize != "none":
-        if full is None:
+        faster = full is not None and STRATEGIES.index(name) < STRATEGIES.index(full["strategy"])
+        if full is None or (full.get("lora") and faster):
+            why = (
+                f"neither full fine-tuning nor LoRA on a {args.precision} base fits under any strategy"
+                if full is None
+                else f"full fine-tuning fits under no strategy, and LoRA on a {args.precision} base only under "
+                f"{full['strategy']}, a slower strategy"
+            )
             plan["recommendation"] = dict(
                 lora_recommendation,
                 reason=(
-                    f"neither full fine-tuning nor LoRA on a {args.precision} base fits under any strategy on "
-                    f"{args.nodes} pod(s) of {args.gpus_per_node} GPU(s). QLoRA (LoRA r={args.lora_rank} on "
+                    f"{why} on {args.nodes} pod(s) of {args.gpus_per_node} GPU(s). QLoRA (LoRA r={args.lora_rank} on "
                     f"{args.lora_targets}, the base in {quantize}) under {name} fits in {1 - args.safety_margin:.0%} "
                     f"of {args.gpu_memory_gb:g} GB: textsql train --lora True --lora_rank {args.lora_rank} "
                     f"--lora_targets {args.lora_targets} --quantize_base {quantize}"
@@ -1554,6 +1560,10 @@ def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
                 ),
             )
             plan["problem"] = None
+        elif faster:
+            full["alternative"] = (
+                f"QLoRA ({quantize} base) fits under {name}, a faster strategy ({rows[name]['gpu_total_gb']:.1f} GB)"
+            )
         return
     if full is None:
         from dataclasses import replace
