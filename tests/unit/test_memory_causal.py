@@ -262,7 +262,8 @@ def test_a_causal_run_s_memory_check_predicts_it(causal_assets, tmp_path, textsq
     line = next(line for line in out.splitlines() if line.startswith("textsql-run-summary: "))
     summary = json.loads(open(line.split(": ", 1)[1]).read())
     check = summary["memory_check"]
-    assert check["predicted_gpu_total_bytes"] > 0, check
+    assert check["predicted_gpu_total_bytes"] > 0 and check["model_kind"] == "causal", check
+    assert check["lora_rank"] == 8 and check["quantize_base"] == "none"
     assert check["comparable"] is False and "trained on the CPU" in check["reason"]
     meta = json.loads((causal_assets[0] / METADATA_FILE).read_text())["lengths"]["train"]
     assert check["lengths"] == [meta["source_percentiles"]["p100"], meta["target_percentiles"]["p100"]]

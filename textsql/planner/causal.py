@@ -279,7 +279,7 @@ def activation_bytes(
     back through the hidden states; and the logits term: transformers' ForCausalLMLoss upcasts the logits of every
     position to fp32 and takes their log-softmax, so the loss peaks at the start of the backward pass with the fp32
     log-softmax, its gradient and the logits' fp32 gradient, plus the 16-bit gradient in bf16/fp16 (batch x sequence
-    x vocabulary each: 7.2 GB for bloom's 250,880 ids at batch 8 x 256 tokens in bf16)."""
+    x vocabulary each: 6.7 GB for bloom's 250,880 ids at batch 8 x 256 tokens in bf16)."""
     e = 4 if precision == "fp32" else 2
     tokens = batch * sequence
     layer = layer_activation_bytes(w, tokens, sequence, e, eager, padded)

@@ -1542,12 +1542,17 @@ def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
     plan[key]["recommendation"] = lora_recommendation
     if quantize != "none":
         faster = full is not None and STRATEGIES.index(name) < STRATEGIES.index(full["strategy"])
-        if full is None or (full.get("lora") and faster):
+        # LoRA on the unquantized base wins unless it fits only by offloading to host memory or NVMe, which moves
+        # the model states over PCIe at every step: slower than dequantizing each weight on the GPU
+        offloaded = (
+            full is not None and full["strategy"] in STRATEGY_LAYOUT and any(STRATEGY_LAYOUT[full["strategy"]][1:])
+        )
+        if full is None or (full.get("lora") and faster and offloaded):
             why = (
                 f"neither full fine-tuning nor LoRA on a {args.precision} base fits under any strategy"
                 if full is None
                 else f"full fine-tuning fits under no strategy, and LoRA on a {args.precision} base only under "
-                f"{full['strategy']}, a slower strategy"
+                f"{full['strategy']}, which offloads to the host or NVMe"
             )
             plan["recommendation"] = dict(
                 lora_recommendation,
