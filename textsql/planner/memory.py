@@ -44,7 +44,6 @@ T5_SHAPES = {
     "t5-11b": {"d_model": 1024, "d_ff": 65536, "num_layers": 24, "num_heads": 128, "d_kv": 128},
 }
 T5_VOCAB_SIZE = 32128
-T5_MODEL_TYPES = ("t5", "mt5", "umt5")
 
 # DeepSpeed's defaults for zero_optimization keys a config file leaves out (deepspeed/runtime/zero/config.py).
 # overlap_comm None means DeepSpeed's dynamic default: on for stage 3, off below.
