@@ -105,10 +105,28 @@ def planner_rows(args) -> list[dict]:
     return found
 
 
+def load_quantized(folder, name: str):
+    """The model in `folder` loaded by bitsandbytes in `name`'s format (nf4: double quantization; fp32 compute, as on
+    a CPU); tests/unit/test_memory_causal.py loads its models through this too."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if name == "nf4":
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.float32,
+        )
+    else:
+        quantization = BitsAndBytesConfig(load_in_8bit=True)
+    return AutoModelForCausalLM.from_pretrained(folder, quantization_config=quantization, dtype=torch.float32)
+
+
 def measured_tiny() -> list[dict]:
     """A tiny Qwen2 loaded by bitsandbytes on this CPU: the planner's bytes against the storage the model holds."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from textsql.planner import causal
     from textsql.planner.memory import resolve_model
@@ -129,19 +147,10 @@ def measured_tiny() -> list[dict]:
         AutoModelForCausalLM.from_config(config).save_pretrained(folder)
         shape = resolve_model(folder)
         weights = sum(n for n, _ in shape.quantizable)
-        formats = {
-            "nf4": BitsAndBytesConfig(
-                load_in_4bit=True,
-                bnb_4bit_quant_type="nf4",
-                bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=torch.float32,
-            ),
-            "int8": BitsAndBytesConfig(load_in_8bit=True),
-        }
-        for name, quantization in formats.items():
-            model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=quantization, dtype=torch.float32)
+        for name in causal.QUANTIZED_FORMATS:
+            model = load_quantized(folder, name)
             predicted = causal.quantized_bytes(name, shape.quantizable) + 4 * (shape.parameters - weights)
-            measured = held_bytes(model)
+            measured = causal.loaded_model_bytes(model)
             results.append(
                 {
                     "format": name,
@@ -154,27 +163,6 @@ def measured_tiny() -> list[dict]:
                 }
             )
     return results
-
-
-def held_bytes(model) -> int:
-    """Parameters, buffers and bitsandbytes' quantization state, each storage once."""
-    import torch
-
-    tensors = [*model.parameters(), *model.buffers()]
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        state = getattr(weight, "quant_state", None)
-        if state is not None:
-            tensors += [state.absmax, state.code, state.offset]
-            if state.nested:
-                tensors += [state.state2.absmax, state.state2.code]
-        if getattr(weight, "SCB", None) is not None:
-            tensors.append(weight.SCB)
-    seen = {}
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor):
-            seen.setdefault(tensor.data_ptr(), tensor.untyped_storage().nbytes())
-    return sum(seen.values())
 
 
 def main(argv=None) -> None:

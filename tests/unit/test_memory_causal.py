@@ -180,27 +180,16 @@ def test_lora_trainable_parameters_match_peft_on_every_preset(tmp_path):
             assert memory.lora_layers(shape, 4, preset)["trainable"] == trainable, (model_type, preset)
 
 
-def real_bytes(model) -> int:
-    """Every tensor the quantized model holds: parameters, buffers, and bitsandbytes' quantization state (absmax,
-    nested absmax, codes, offsets, int8 row scales), each storage once."""
-    import torch
+def load_bench():
+    """bench/plan_rows.py as a module: the test loads its quantized models as the benchmark does."""
+    import importlib.util
+    from pathlib import Path
 
-    tensors = [*model.parameters(), *model.buffers()]
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        state = getattr(weight, "quant_state", None)
-        if state is not None:
-            tensors += [state.absmax, state.code, state.offset]
-            if state.nested:
-                tensors += [state.state2.absmax, state.state2.code]
-        if getattr(weight, "SCB", None) is not None:
-            tensors.append(weight.SCB)
-    seen, total = set(), 0
-    for tensor in tensors:
-        if isinstance(tensor, torch.Tensor) and tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            total += tensor.untyped_storage().nbytes()
-    return total
+    path = Path(__file__).resolve().parents[2] / "bench" / "plan_rows.py"
+    spec = importlib.util.spec_from_file_location("plan_rows_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 @pytest.mark.parametrize("model_type", ["qwen2", "gpt2"])
@@ -209,29 +198,21 @@ def test_quantized_base_bytes_match_bitsandbytes_on_this_cpu(model_type, tmp_pat
     bytes (quantized weights with their constants, the rest in the fp32 it was loaded in) against the storage the
     loaded model really holds."""
     import torch
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM
 
     config = tiny_config(model_type, hidden=128, vocab_size=1000)
     folder = tmp_path / model_type
     with torch.random.fork_rng(devices=[]):
         AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     shape = memory.resolve_model(str(folder))
-    formats = {
-        "nf4": BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.float32,
-        ),
-        "int8": BitsAndBytesConfig(load_in_8bit=True),
-    }
-    for name, quantization in formats.items():
-        model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=quantization, dtype=torch.float32)
+    bench = load_bench()
+    for name in causal.QUANTIZED_FORMATS:
+        model = bench.load_quantized(folder, name)
         swapped = sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
         assert swapped == len(shape.quantizable), (model_type, name)  # gpt2's Conv1D layers are quantized too
         quantized = causal.quantized_bytes(name, shape.quantizable)
         predicted = quantized + 4 * (shape.parameters - sum(n for n, _ in shape.quantizable))
-        measured = real_bytes(model)
+        measured = causal.loaded_model_bytes(model)
         print(
             f"{model_type} {name}: predicted {predicted} bytes, measured {measured} ({measured / predicted - 1:+.2%})"
         )

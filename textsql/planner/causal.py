@@ -355,3 +355,22 @@ def quantized_base_bytes(quantize: str, weights, other_parameters: int, other_by
         "other": other_parameters * other_bytes_each,
         "total": quantized + other_parameters * other_bytes_each,
     }
+
+
+def loaded_model_bytes(model) -> int:
+    """Bytes a loaded model holds, each storage once: its parameters and buffers and bitsandbytes' quantization state
+    (NF4's absmax, nested absmax, codes and offset; int8's row scales), which get_memory_footprint() leaves out."""
+    import torch
+
+    tensors = [*model.parameters(), *model.buffers()]
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        state = getattr(weight, "quant_state", None)
+        if state is not None:
+            tensors += [state.absmax, state.code, state.offset]
+            if state.nested:
+                tensors += [state.state2.absmax, state.state2.code]
+        if getattr(weight, "SCB", None) is not None:
+            tensors.append(weight.SCB)
+    storages = {t.data_ptr(): t.untyped_storage().nbytes() for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(storages.values())
