@@ -118,7 +118,9 @@ def one(kind: str | None, assets, project: Path) -> dict:
         if "Training starts" in line and "training_starts" not in seen:
             seen["training_starts"] = time.monotonic()
             if kind:
-                threading.Timer(1.0, lambda: (strike(kind, holder[0]), seen.setdefault("struck", time.monotonic()))).start()
+                threading.Timer(
+                    1.0, lambda: (strike(kind, holder[0]), seen.setdefault("struck", time.monotonic()))
+                ).start()
 
     began = time.monotonic()
     cluster = Cluster("local", workers=1, cpu=1, memory=2, project_dir=project, echo=echo)
@@ -161,7 +163,11 @@ def main() -> None:
 
         work = tempfile.mkdtemp(prefix="cluster-faults-")
         command = [sys.executable, str(Path(__file__).resolve()), "--faults", args.faults, "--work", work]
-        sys.exit(subprocess.run(command + (["--output", str(Path(args.output).absolute())] if args.output else []), cwd=work).returncode)
+        sys.exit(
+            subprocess.run(
+                command + (["--output", str(Path(args.output).absolute())] if args.output else []), cwd=work
+            ).returncode
+        )
     import textsql
     from textsql.demo import build_assets
 

@@ -362,6 +362,11 @@ def test_a_killed_pod_then_a_raising_rank_end_the_launch_named_and_the_next_laun
     resume = step_of(failure.value.resume)
     assert resume >= 4 and f"the next launch resumes from checkpoint-{resume}" in message
     wait_until_clean(project)
+    # The same run with another world size is refused, naming both sizes (no silent restart from step 0).
+    with pytest.raises(
+        PreflightError, match=r"holds an interrupted run of world size 2, but this launch has world size 1"
+    ):
+        clusters("local", workers=0, name="one").train(argv)
 
     monkeypatch.setenv("TEXTSQL_TEST_FAULT", f"enospc:1:checkpoint-{resume + 4}/rng_state_1.pth")
     with pytest.raises(LaunchFailed) as failure:
@@ -382,8 +387,6 @@ def test_a_killed_pod_then_a_raising_rank_end_the_launch_named_and_the_next_laun
     assert [r["global_step"] for r in result["ranks"]] == [16, 16]
     assert list(output_dir.glob(f"incomplete-checkpoint-{resume + 4}-*"))
     assert json.loads((output_dir / "textsql-launch.json").read_text())["world_size"] == 2
-    with pytest.raises(PreflightError, match=r"holds an interrupted run of world size 2|holds a finished run"):
-        clusters("local", workers=0, name="one").train(argv)
     wait_until_clean(project)
 
 

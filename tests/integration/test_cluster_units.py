@@ -9,10 +9,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -328,37 +326,6 @@ def test_host_selection_is_checked_against_the_hostfile_with_the_fix(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The control channel
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _handshake(server_token, client_token):
-    from textsql.cluster.channel import HandshakeFailed, client_handshake, server_handshake
-
-    a, b = socket.socketpair()
-    outcome = {}
-
-    def serve():
-        try:
-            outcome["server"] = server_handshake(a, server_token, timeout=5)[1]
-        except HandshakeFailed as error:
-            outcome["server"] = error
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    try:
-        channel = client_handshake(b, client_token, {"address": "10.0.0.2"}, timeout=5)
-        channel.send(op="hello")
-        outcome["client"] = "ok"
-    except HandshakeFailed as error:
-        outcome["client"] = error
-    thread.join()
-    a.close()
-    b.close()
-    return outcome
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # Runs: the lock, checkpoints, resume
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -510,37 +477,6 @@ def test_the_planned_run_folder_is_the_one_train_writes(tmp_path):
     assert interrupted_siblings(tmp_path / "runs" / "tiny-t5-none-ws3-bs16", 3) == {
         2: tmp_path / "runs" / "tiny-t5-none-ws2-bs16"
     }
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Failures: who failed first, and the report
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def record(rank, how, tail, ended, told=False, node="10.0.0.2"):
-    return {
-        "rank": rank,
-        "host": f"pod-{rank}",
-        "node_address": node,
-        "how": how,
-        "log": f"/x/rank-{rank}.log",
-        "tail": tail,
-        "ended_at": ended,
-        "told_to_stop": told,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The command every node runs, and what its ranks receive
-# ---------------------------------------------------------------------------------------------------------------------
-
-NASTY = {
-    "run_name": "a b;$(touch pwned) `id` * ~ $HOME \"q\" 'q' \\ é\nnewline",
-    "runs_root": "runs dir/$USER;*",
-    "output_dir": "x y&&z",
-    "report_to": ["tensorboard"],
-    "learning_rate": 0.001,
-}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -59,7 +59,10 @@ def _parser(command: str) -> argparse.ArgumentParser:
             "--start_timeout", type=float, default=600, help="seconds to wait for the worker pods to start"
         )
         parser.add_argument(
-            "--min_workers", type=int, default=None, help="elastic: start once this many workers joined (--nnodes MIN:MAX)"
+            "--min_workers",
+            type=int,
+            default=None,
+            help="elastic: start once this many workers joined (--nnodes MIN:MAX)",
         )
         parser.add_argument(
             "--max_restarts", type=int, default=0, help="torchrun restarts every pod's ranks this often after a failure"

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from textsql.cluster.hostfile import Host, HostSelection, read_hostfile, select_hosts
+from textsql.cluster.hostfile import Host, HostSelection, check_addresses, read_hostfile, select_hosts
 from textsql.cluster.launch import (
     LaunchFailed,
     PreflightError,
@@ -42,18 +42,10 @@ from textsql.sharedfiles import open_unlinked
 
 LAUNCH_FLAG = "--textsql_launch="  # in every rank's argv: how a stop finds this launch's processes on a host
 
-SSH_OPTIONS = (
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "StrictHostKeyChecking=yes",
-    "-o",
-    "ConnectTimeout=10",
-    "-o",
-    "ServerAliveInterval=5",
-    "-o",
-    "ServerAliveCountMax=3",
-)
+# fmt: off
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
+               "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+# fmt: on
 # What DeepSpeed's pdsh runner leaves unquoted in the remote shell command (it wraps anything else in double quotes,
 # inside which a shell still expands $(...) and `...`; the working folder and the interpreter it does not quote at all).
 SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+")
@@ -129,6 +121,7 @@ def plan_user_managed(hostfile, arguments, *, ssh_config=None, workdir=None, log
     from textsql.strategy.devices import local_devices
 
     chosen = [host for host, _ in select_hosts(read_hostfile(hostfile), selection or HostSelection())]
+    check_addresses(chosen)  # unresolvable names, two entries that are one machine
     workdir = Path(workdir or os.getcwd()).absolute()
     check_hosts(chosen, ssh_config, workdir)
     plan = plan_launch(
@@ -167,8 +160,8 @@ def runner_environment(
     """The environment of DeepSpeed's runner for a pdsh launch. The runner copies every variable named MLFLOW*,
     PYTHON* or NCCL*, and each line of a .deepspeed_env file, into the remote shell command: into pdsh's argv (readable by
     every user of the machine) and through a shell on every node. So it gets this machine's basics, the ssh options,
-    PYTHONPATH (checked) and the accelerator; the ranks read their allowlisted environment from the private file each
-    node's prepare wrote (textsql.cluster.environment.save_rank_env), and no .deepspeed_env is read."""
+    PYTHONPATH (checked) and the accelerator; the ranks get each host's own login environment, and no .deepspeed_env
+    is read."""
     from textsql.cluster.environment import system
 
     env = system(os.environ)

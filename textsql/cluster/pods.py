@@ -40,24 +40,26 @@ GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive 
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _narrow_store_server() -> None:
-    """torchrun's node-rank-0 agent hosts the trainers' store (MASTER_ADDR/PORT); torch binds it to every address
-    ('::'). Bind it to the pod's own address (--local-addr) instead, through a socket made here."""
+def narrow_store(address: str, port: int = 0):
+    """A torch TCPStore server bound to `address` only, through a socket made here (torch's own binds every address,
+    '::'). The store owns the socket from then on: it closes it when it is dropped."""
     import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, port))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    return dist.TCPStore(address, port, is_master=True, master_listen_fd=sock.detach())
+
+
+def _narrow_store_server() -> None:
+    """torchrun's node-rank-0 agent hosts the trainers' store (MASTER_ADDR/PORT): bind it to the pod's own address."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     def create(self, master_addr, master_port):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((master_addr, master_port))
-        sock.listen(128)
-        store = dist.TCPStore(master_addr, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno())
-        _KEEP.append(sock)
-        return store
+        return narrow_store(master_addr, master_port)
 
     dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = create
-
-
-_KEEP: list = []
 
 
 def _heartbeat(endpoint: str, address: str, every: float, silence: float) -> None:
@@ -106,7 +108,7 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
     return env
 
 
-def torchrun_args(spec: dict, address: str, ranks: int) -> list[str]:
+def torchrun_args(spec: dict, address: str, ranks) -> list[str]:
     return [
         *("--nnodes", spec["nnodes"], "--nproc-per-node", str(ranks)),
         *("--rdzv-backend", "c10d", "--rdzv-endpoint", spec["store"], "--rdzv-id", spec["launch_id"]),
@@ -334,17 +336,6 @@ def interrupts_deferred(echo=print, doing: str = "stopping the pods"):
             raise KeyboardInterrupt
 
 
-def host_store(address: str):
-    """The rendezvous store on the session, bound to its address only (torch's own binds every address)."""
-    import torch.distributed as dist
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((address, 0))
-    sock.listen(128)
-    store = dist.TCPStore(address, sock.getsockname()[1], is_master=True, master_listen_fd=sock.fileno())
-    return store, sock
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The Cluster
 # ---------------------------------------------------------------------------------------------------------------------
@@ -462,7 +453,7 @@ class Cluster:
         self.echo(plan.describe())
         with run_lock(plan.run_dir, plan.launch_id):
             prepare(plan)
-            store, sock = host_store(self.session)
+            store = narrow_store(self.session)  # the rendezvous store, on the session's address only
             try:
                 spec = plan.spec(
                     store=f"{self.session}:{store.port}",
@@ -473,7 +464,7 @@ class Cluster:
                     silence=self.silence_seconds,
                     start_timeout=self.start_timeout,
                 )
-                command = ["torchrun", *torchrun_args(spec, self.session, 0)]
+                command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
                 self.echo("every pod: " + " ".join(command[:-2]) + " -m textsql.cluster.rank")
                 try:
                     self._start_pods(plan, spec)
@@ -490,7 +481,7 @@ class Cluster:
                     raise LaunchFailed(message, failures, plan.launch_dir, resume)
                 return launch_result(plan, command)
             finally:
-                store, _ = None, sock.close()
+                store = None  # stops listening
 
     def _start_pods(self, plan, spec: dict) -> None:
         from textsql.cluster.environment import is_secret
