@@ -455,7 +455,7 @@ def test_a_pod_that_never_starts_is_named_and_stopped(project, clusters, assets,
     cluster = clusters("cml", start_timeout=3)
     with pytest.raises(
         LaunchFailed,
-        match=r"Pod standin-\S+ was lost first: it did not start within 3 s \(its worker standin-\S+ is scheduling\)",
+        match=r"Pod \S+ was lost first: it did not start within 3 s \(its worker standin-\S+ is scheduling\)",
     ):
         cluster.train(cluster_argv(assets, project / "runs", steps=2))
     assert [w["status"] for w in standin.list_workers()] == ["stopped"]

@@ -622,15 +622,16 @@ def test_a_rank_checks_its_pod_against_the_session(tmp_path):
         "dirs": [str(tmp_path)],
         "files": {str(tmp_path / "ds.json"): digest(tmp_path / "ds.json")},
     }
-    check_pod({"expect": good, "accelerator": "cpu", "precision": "fp32"}, "pod 10.0.0.2")
+    check_pod({"expect": good, "accelerator": "cpu", "precision": "fp32", "workdir": os.getcwd()}, "pod 10.0.0.2")
     bad = {
         "versions": dict(versions(), torch="0.0"),
         "dirs": [str(tmp_path / "missing")],
         "files": {str(tmp_path / "ds.json"): "0" * 64, str(tmp_path / "shared-marker"): "1" * 64},
     }
     with pytest.raises(TextsqlError) as error:
-        check_pod({"expect": bad, "accelerator": "cuda", "precision": "fp32"}, "pod 10.0.0.2 (rank 1)")
+        check_pod({"expect": bad, "accelerator": "cuda", "precision": "fp32", "workdir": "/x"}, "pod 10.0.0.2 (rank 1)")
     message = str(error.value)
     assert message.startswith("The preflight failed on pod 10.0.0.2 (rank 1): torch ")
     assert "does not exist here" in message and "differs from the session copy" in message
     assert "launch folder is not shared with this pod" in message and "this rank has none" in message
+    assert "the session in /x (relative paths would differ)" in message

@@ -52,6 +52,8 @@ def check_pod(spec: dict, where: str) -> None:
         if have != want:
             problems.append(f"{name} {have or 'is not installed'}, but the session has {want}")
     problems += [f"the folder {path} does not exist here" for path in expect["dirs"] if not os.path.isdir(path)]
+    if spec.get("workdir") and os.path.realpath(os.getcwd()) != os.path.realpath(spec["workdir"]):
+        problems.append(f"it works in {os.getcwd()}, the session in {spec['workdir']} (relative paths would differ)")
     for path, want in expect["files"].items():
         have = digest(path)
         if have != want:
@@ -80,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     set_parent_death_signal(signal.SIGKILL)  # dies with its torchrun (or DeepSpeed's node launcher)
     spec = read_spec(sys.argv[1:] if argv is None else argv)
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    address = os.environ.get(POD_ENV) or socket.gethostname()
+    hosts = spec.get("hosts")  # pdsh: the hostfile's addresses; DeepSpeed's node launcher sets CROSS_RANK
+    address = os.environ.get(POD_ENV) or (hosts[int(os.environ.get("CROSS_RANK", "0"))] if hosts else None)
+    address = address or socket.gethostname()
     if spec["accelerator"] == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed is imported
     record = dict(rank=rank, local_rank=local_rank, node_address=address, host=socket.gethostname(), pid=os.getpid())
