@@ -485,8 +485,9 @@ def local_trainer(arguments, echo, timeout_s: float | None = None) -> object:
 
 def cluster_trainer(cluster):
     """One measurement through a started textsql cluster (textsql.cluster.Cluster) on several pods: past `timeout_s`
-    every node's launch is stopped (TrainingTimedOut, as on one pod); the workers are kept between candidates, also
-    after a failure or a time-out. Every line the launch shows also goes to the candidate's log."""
+    every pod is stopped (TrainingTimedOut, as on one pod); each candidate runs on pods of its own (a pod's command is
+    fixed when it is created), also after a failure or a time-out. Every line the launch shows also goes to the
+    candidate's log."""
 
     def train(arguments, echo, timeout_s=None):
         shown = cluster.echo
