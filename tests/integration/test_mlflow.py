@@ -4,7 +4,6 @@ MLflow run), a tune (its candidates nested), all read back with MLflow's client,
 experiment, and the run page of MLflow's UI in headless Chromium. Without a URI or --report_to mlflow, nothing imports
 mlflow; with --report_to mlflow and no server, the store is a SQLite file under the runs root."""
 
-import logging
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import child_cpu_env, headless_chromium, tiny_train_argv
+from conftest import child_cpu_env, headless_chromium, main_in_process, tiny_train_argv
 
 SECRET = "sk-fake-secret-4f7a1c"  # given as --hub_token and in the environment: must reach MLflow nowhere
 EXPERIMENT = "textsql-tiny-t5"  # the default rule: textsql-<model folder name>
@@ -58,24 +57,6 @@ def wait_for(uri: str, process, log: Path, timeout: float = 300) -> None:
     pytest.fail(f"mlflow server did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def in_process_train(argv: list[str], env: dict) -> None:
-    from textsql.cli import main
-
-    saved = dict(os.environ)
-    os.environ.update(env)
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        os.environ.pop(name, None)
-    try:
-        assert main(["train", *argv]) == 0
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        root = logging.getLogger()  # textsql train configured logging for its run
-        for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
-            root.removeHandler(handler)
-            handler.close()
-
-
 @pytest.fixture(scope="module")
 def tracked(server_process, assets, tmp_path_factory):
     """Four tracked jobs against the server: the two-rank run and the tune in child processes while the T5 and the
@@ -91,7 +72,7 @@ def tracked(server_process, assets, tmp_path_factory):
     )
     data_dir, model_dir = assets
     tune = ["tune", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--tune_dir", str(tune_dir)]
-    tune += ["--global_batch_size", "16", "--micro_batches", "8,16", "--strategies", "none", "--warmup_steps", "1"]
+    tune += ["--global_batch_size", "16", "--micro_batches", "16", "--strategies", "none", "--warmup_steps", "1"]
     tune += ["--timed_steps", "1", "--repeat_top", "0", "--repeats", "1", "--", "--runs_root", str(runs)]
     tune += ["--max_steps", "2", "--dataloader_num_workers", "0", "--eval_strategy", "no", "--save_strategy", "no"]
     children = [
@@ -106,32 +87,29 @@ def tracked(server_process, assets, tmp_path_factory):
         for command in (["train", *two_ranks], tune)
     ]
     in_process = dict(env, OMP_NUM_THREADS="2")
-    in_process_train(
-        tiny_train_argv(
-            assets,
-            runs,
-            "--hub_token",
-            SECRET,
-            max_steps=6,
-            per_device_train_batch_size=16,
-            logging_steps=2,
-            eval_strategy="steps",
-            eval_steps=6,
-            max_eval_samples=32,
-            execution_accuracy_samples=8,
-            report_to="mlflow",
-            mlflow_log_model="True",
-            **common,
-        ),
-        in_process,
+    scored = tiny_train_argv(
+        assets,
+        runs,
+        "--hub_token",
+        SECRET,
+        max_steps=6,
+        per_device_train_batch_size=16,
+        logging_steps=2,
+        eval_strategy="steps",
+        eval_steps=6,
+        max_eval_samples=32,
+        execution_accuracy_samples=8,
+        report_to="mlflow",
+        mlflow_log_model="True",
+        **common,
     )
-    in_process_train(  # tracked because MLFLOW_TRACKING_URI is set (as in a CML session), --report_to left alone
-        tiny_train_argv(
-            assets, runs, max_steps=4, per_device_train_batch_size=8, lora="True", lora_rank=4, eval_strategy="no"
-        )
-        + ["--mlflow_log_model", "True", "--dataloader_num_workers", "0", "--save_strategy", "no"],
-        in_process,
+    assert main_in_process(["train", *scored], in_process) == 0
+    # Tracked because MLFLOW_TRACKING_URI is set (as in a CML session), --report_to left alone.
+    lora = tiny_train_argv(
+        assets, runs, max_steps=4, per_device_train_batch_size=8, lora="True", lora_rank=4, eval_strategy="no"
     )
+    lora += ["--mlflow_log_model", "True", "--dataloader_num_workers", "0", "--save_strategy", "no"]
+    assert main_in_process(["train", *lora], in_process) == 0
     for child in children:
         output, _ = child.communicate(timeout=900)
         assert child.returncode == 0, output[-5000:]
@@ -236,7 +214,7 @@ def test_a_tune_nests_each_candidate_under_its_run(tracked):
     parent = runs[f"tune-{tune_dir.name}"]
     assert parent.info.status == "FINISHED" and parent.data.tags["textsql.kind"] == "tune"
     children = {name for name, run in runs.items() if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    assert children == {"none-mb8-acc2-r0", "none-mb16-acc1-r0"}
+    assert children == {"none-mb16-acc1-r0"}  # one candidate: the default, measured once
     assert parent.data.tags["textsql.winner"] in {name.removesuffix("-r0") for name in children}
     assert {"tune_table.md", "tune_recipe.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert parent.data.params["global_batch_size"] == "16"
@@ -250,7 +228,7 @@ def test_report_reads_the_runs_from_mlflow(tracked, tmp_path, textsql_in_process
         ["report", "--mlflow_experiment", EXPERIMENT, "--output_dir", str(tmp_path), "--no_plots"]
     )
     assert status == 0, err
-    for name in ("tiny-t5-none-ws1-bs16-steps6", "tiny-t5-zero2-ws2-bs8-steps4", "none-mb8-acc2-r0"):
+    for name in ("tiny-t5-none-ws1-bs16-steps6", "tiny-t5-zero2-ws2-bs8-steps4", "none-mb16-acc1-r0"):
         assert name in out
     assert (tmp_path / "report.csv").is_file()
 
