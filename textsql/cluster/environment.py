@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.redaction import is_secret
 
 # Variables a user sets to tune or debug a run; they reach every rank on every node.
 FORWARDED = frozenset(
@@ -37,25 +38,15 @@ FORWARDED = frozenset(
         "TRANSFORMERS_OFFLINE",
         "TRANSFORMERS_VERBOSITY",
         "TRANSFORMERS_CACHE",
+        "MLFLOW_TRACKING_URI",  # rank 0 logs the run to the session's tracking server (textsql.tracking)
+        "MLFLOW_EXPERIMENT_NAME",
     }
 )
 FORWARDED_PREFIXES = ("TORCH_NCCL_", "NCCL_", "GLOO_", "DS_", "HF_", "TEXTSQL_")
 # A machine's basics that DeepSpeed's pdsh runner gets (never a secret).
 SYSTEM = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "HOSTNAME"})
 SYSTEM_PREFIXES = ("LC_",)
-# A name that looks like it holds a credential is never forwarded and never printed, whatever the lists above say:
-# TOKEN (not TOKENIZERS_...), SECRET, PASSW(ORD), PASSPHRASE, CREDENTIAL, PRIVATE, AUTH, COOKIE anywhere in it, KEY at the end of a word
-# (HF_KEY, APIKEY, AWS_ACCESS_KEY_ID), and PWD, PASS, PAT as a word of it (TEXTSQL_DB_PWD, DB_PASS, GITHUB_PAT).
-SECRET = re.compile(
-    r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|KEYS?(?:_|$)|(?:^|_)(?:PWD|PASS|PAT)(?:_|$)",
-    re.IGNORECASE,
-)
-# Nor is a value holding a URL with credentials in it (scheme://user:password@host, scheme://token@host).
-URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE)
-
-
-def is_secret(name: str, value: str = "") -> bool:
-    return bool(SECRET.search(name)) or bool(URL_CREDENTIALS.search(value))
+# What counts as a secret, by name or value, is textsql.redaction's decision: such a variable never goes.
 
 
 def forwarded(environ=os.environ) -> dict[str, str]:

@@ -14,6 +14,7 @@ from textsql.errors import TextsqlError
 from textsql.evaluate import check_decoding
 from textsql.paths import in_project
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
+from textsql.tracking import TrackingArguments
 from textsql.train.dstools import DsToolsArguments
 
 # The original walkthrough's flag names, kept so its commands still work.
@@ -91,7 +92,7 @@ _TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
 
 
 @dataclass
-class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments):
+class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments):
     """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
 
     Building one is cheap and touches no device, so a notebook kernel or the multi-pod session (perhaps without a GPU)
@@ -99,8 +100,8 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
     TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
     (textsql.adapters.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.train.dstools.
-    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger) are training arguments like the others, so they
-    travel with them to every rank and node.
+    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger) and MLflow's (textsql.tracking.TrackingArguments:
+    --mlflow_log_model, ...) are training arguments like the others, so they travel with them to every rank and node.
     """
 
     output_dir: str | None = field(
@@ -210,6 +211,7 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
         self._check_numbers()
         self.check_lora()
         self.check_ds_tools(self.deepspeed)
+        self.check_tracking(self.report_to)
         self.finalized = False
 
     def _check_numbers(self) -> None:

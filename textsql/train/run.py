@@ -66,7 +66,8 @@ from textsql.strategy.fsdpconfig import (
     resolve_fsdpconfig_path,
     trainer_fsdp_config,
 )
-from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
+from textsql.tracking import attach, end_failed_run, for_training
+from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.train.collate import CausalLMCollator
 from textsql.train.distributed import ensure_distributed_env, gather_to_all, nodes_in_launch, world_size
 from textsql.train.dstools import (
@@ -334,6 +335,9 @@ def train(
     linear = F.linear
     try:
         return _train(model_args, data_args, training_args)
+    except BaseException:
+        end_failed_run()  # a tracked run's MLflow run ends as FAILED
+        raise
     finally:
         # What a DeepSpeed run changes for the rest of the process, given back, so that a notebook or test that trains
         # in-process and then loads or runs another model gets plain torch and transformers: ZeRO-3 replaces torch's
@@ -419,6 +423,11 @@ def _train(
             "num_beams": data_args.execution_accuracy_num_beams,
         }
     flops_profiler = attach_flops_profiler(trainer, training_args.flops_profiler, plan.output_dir)
+    arguments = arguments_dict(model_args, data_args, training_args)
+    tracking = for_training(
+        training_args, arguments, model_args.model_id, family.name, plan.strategy, nodes_in_launch(), plan.output_dir
+    )
+    attach(trainer, tracking)  # MLflow (textsql.tracking): the curves on rank 0, the run's figures after its summary
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
     logger.info(
@@ -468,6 +477,8 @@ def _train(
             last_step=trainer.state.global_step,
         )
     write_summary(summary, plan.output_dir)
+    if tracking is not None:
+        tracking.finish(summary, plan.output_dir, plan.fsdpconfig, training_args.mlflow_log_model)
     return summary
 
 
