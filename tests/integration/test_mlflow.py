@@ -34,6 +34,8 @@ def server_process(tmp_path_factory):
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its workers in one process group, stopped together
         cwd=folder,
+        # MLflow 3's job runner (huey consumers, some 40 worker threads) serves GenAI jobs textsql never submits.
+        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
     )
     yield f"http://127.0.0.1:{port}", process, folder / "server.log"
     os.killpg(process.pid, signal.SIGKILL)  # its graceful stop takes tens of seconds; nothing of it is kept
