@@ -194,6 +194,15 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
         default=False,
         metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."},
     )
+    packing: bool = field(
+        default=False,
+        metadata={
+            "help": "Causal LMs: put each batch's examples end to end in one row, without padding, the position ids "
+            "restarting at each example so that no example attends to another (transformers' "
+            "DataCollatorWithFlattening); the loss is the padded batch's. Refused for T5 and for the families whose "
+            "attention cannot keep packed examples apart (opt, bloom, falcon); see docs/causal-lm.md."
+        },
+    )
 
     def __post_init__(self):
         """textsql's own checks only; the Trainer's __post_init__ runs in finalize()."""

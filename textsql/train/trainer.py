@@ -112,8 +112,9 @@ def make_trainer_class(family: Family = None):
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             # Accumulated on the batch's device and read only at log time, so no sync per step. A causal LM's labels
-            # are its input_ids (the answer's), counted once.
-            tokens = inputs["attention_mask"].sum()
+            # are its input_ids (the answer's), counted once; a packed batch has no padding and no attention mask.
+            mask = inputs.get("attention_mask")
+            tokens = mask.sum() if mask is not None else inputs["input_ids"].new_tensor(inputs["input_ids"].numel())
             if not family.causal:
                 tokens = tokens + (inputs["labels"] != -100).sum()
             self._pending_tokens = self._pending_tokens.to(tokens.device) + tokens
