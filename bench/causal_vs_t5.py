@@ -118,6 +118,8 @@ def train_run(name: str, assets: dict, runs_root: Path, args) -> dict:
     command = [sys.executable, "-m", "textsql", "train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir)]
     command += ["--runs_root", str(runs_root / name), *train_flags(args), *extra, "--overwrite", "True"]
     env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     runs_root.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=runs_root)
@@ -218,6 +220,7 @@ def main(argv=None) -> None:
     parser.add_argument("--train_tables", type=int, default=40, help="Generated training tables (10 questions each).")
     parser.add_argument("--score_questions", type=int, default=100, help="Generated test questions scored.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every run (default: torch's own choice).")
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     parser.add_argument("--workdir", help="Where the data, models and runs go (default: a temporary folder).")
     parser.add_argument("--output", help="Also write the JSON here.")
