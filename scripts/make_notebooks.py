@@ -74,18 +74,18 @@ NOTEBOOKS = {
     "train_multi_pod.ipynb": [
         new_markdown_cell(
             "# Train on several pods with DeepSpeed\n\n"
-            "This session is node 0. `Cluster.start()` launches `workers` worker pods (CML: `cml.workers_v1.launch_workers`); each "
-            "runs a small node agent that connects back to this session and proves it belongs to this cluster with a token "
-            "passed in its environment. No ssh and no keys: nothing secret is written to the project folder. The preflight "
-            "decides once, from every node, CPU or GPU, precision, ranks and threads per node, and which checkpoint to resume "
-            "from; then every node runs `deepspeed --no_ssh --node_rank i` and the ranks' output streams here. On any failure "
-            "or interrupt every node is stopped, the rank that failed first is named, and the message says which checkpoint "
-            "the next run resumes from: run the notebook again to resume.\n\n"
+            "Every pod — this session and `workers` worker pods (CML: `cml.workers_v1.launch_workers`) — runs torchrun's "
+            "elastic agent (c10d rendezvous at this session's address); each pod's command and environment are fixed when "
+            "it is created, so no pod listens for orders. No ssh and no keys. `cluster.train` decides once CPU or GPU, "
+            "precision and which checkpoint to resume from, starts the pods, shows every rank's output here, and stops "
+            "every pod when it ends: on any failure, interrupt (Ctrl-C) or a pod that is lost, frozen or never starts, "
+            "the rank or pod that failed first is named, and the message says which checkpoint the next run resumes "
+            "from: run the cell again to resume.\n\n"
             "Long trainings: CML ends an idle session (and its workers) after its idle timeout. Run the same training as a "
             "CML Job instead: `textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- <training arguments>`.\n\n"
-            '`backend = "local"` runs the same on this machine (node 0 = 127.0.0.1, workers 127.0.0.2, ...). Runs land in `runs/`; '
-            "launch logs in `.textsql/cluster/`. Variables you set to tune or debug (`NCCL_*`, `TORCH_NCCL_*`, `DS_*`, `HF_*`, "
-            "`PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
+            '`backend = "local"` runs the same on this machine (the session 127.0.0.1, workers 127.0.0.2, ...). Runs land in '
+            "`runs/`; launch logs in `.textsql/cluster/`. Variables you set to tune or debug (`NCCL_*`, `TORCH_NCCL_*`, "
+            "`DS_*`, `HF_*`, `PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
         ),
         new_code_cell(
             'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\ndataset_dir = "data/wikisql"\n'

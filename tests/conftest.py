@@ -126,6 +126,29 @@ def textsql_in_process(restored_environ, monkeypatch, capsys):
         handler.close()
 
 
+def main_in_process(argv: list[str], env: dict[str, str]) -> int:
+    """`textsql ARGV` in this process with `env` over os.environ, for fixtures wider than one test (where
+    textsql_in_process cannot serve): os.environ and the root logger's handlers are as before afterwards, and no
+    launcher's rank variables are seen."""
+    import logging
+
+    from textsql.cli import main
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # a single process, not a rank
+        os.environ.pop(name, None)
+    try:
+        return main(list(argv))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        root = logging.getLogger()  # textsql train configured logging for its run
+        for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
+            root.removeHandler(handler)
+            handler.close()
+
+
 @pytest.fixture
 def cpu_env(tmp_path):
     """Environment for child processes: DeepSpeed on the CPU, offline hub, one thread per rank."""

@@ -1,10 +1,11 @@
-"""The optional extras, `notebooks` (plots, notebooks, JupyterLab) and `lifecycle` (LoRA, quantization, the compare
-app): a clear error naming the extra when a part of it is missing, and their packages' log noise kept out of the
-terminal."""
+"""The optional extras, `notebooks` (plots, notebooks, JupyterLab), `lifecycle` (LoRA, quantization, the compare
+app) and `mlflow` (tracking runs in MLflow): a clear error naming the extra when a part of it is missing, and the
+packages' log noise kept out of the terminal."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import sys
 
@@ -12,6 +13,7 @@ from textsql.errors import TextsqlError
 
 NOTEBOOKS_EXTRA = "textsql[notebooks]"
 LIFECYCLE_EXTRA = "textsql[lifecycle]"
+MLFLOW_EXTRA = "textsql[mlflow]"
 
 
 def require_notebooks_extra(module: str, purpose: str) -> None:
@@ -22,6 +24,12 @@ def require_notebooks_extra(module: str, purpose: str) -> None:
 def require_lifecycle_extra(module: str, purpose: str) -> None:
     """The same for the lifecycle extra (peft, torchao, bitsandbytes, gradio)."""
     _require_extra(module, purpose, LIFECYCLE_EXTRA)
+
+
+def require_mlflow_extra(purpose: str) -> None:
+    """The same for the mlflow extra, asked without importing mlflow (seconds): only whether it is installed."""
+    if importlib.util.find_spec("mlflow") is None:
+        _require_extra("mlflow", purpose, MLFLOW_EXTRA)
 
 
 def _require_extra(module: str, purpose: str, extra: str) -> None:

@@ -115,3 +115,8 @@ def in_project(path: str | None, *, only_if_exists: bool = False) -> str | None:
     if root == Path.cwd() or (only_if_exists and not (root / path).exists()):
         return path
     return str(root / path)
+
+
+# MLflow's local store (textsql.tracking), under the runs root, when no tracking server is configured.
+MLFLOW_STORE_FILE = "mlflow.db"  # runs, parameters and metrics (SQLite)
+MLFLOW_ARTIFACTS_DIR = "mlartifacts"  # their artifacts: run summaries, configs, models
