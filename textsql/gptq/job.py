@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
 
+    import warnings
+
     import torch
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from datasets import Dataset
@@ -62,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     seconds = time.perf_counter() - started
     output = Path(args.output_dir)
+    # transformers warns of "offloaded modules" when saving after llmcompressor's layer-by-layer pipeline: on one
+    # machine the model is whole in memory, so the warning (about a 50 GB shard) says nothing here.
+    warnings.filterwarnings("ignore", message=".*offloaded modules.*")
     model.save_pretrained(output, save_compressed=True, safe_serialization=True)
     for path in output.iterdir():  # llmcompressor also writes its recipe as YAML; the record below says the same
         if path.suffix not in KEPT_SUFFIXES:
