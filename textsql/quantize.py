@@ -92,7 +92,10 @@ class QuantizeArguments:
         },
     )
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where the quantized model goes (default: <model_dir>-<method>)."}
+        default=None,
+        metadata={
+            "help": "Where the quantized model goes (default: <model_dir>-<method>, gptq: <model_dir>-gptq-4bit)."
+        },
     )
     dataset_dir: str = field(
         default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep) whose split scores both models."}
@@ -359,6 +362,11 @@ def quantize_and_save(args: QuantizeArguments, device, echo=print) -> Path:
         )
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
+    return _finish_folder(output, args, device, tokenizer, left, compute_dtype(device))
+
+
+def _finish_folder(output: Path, args: QuantizeArguments, device, tokenizer, left: list[str], dtype: str, **extra):
+    """The tokenizer and the record (method, source, layers left in full precision, what else the method ran)."""
     tokenizer.save_pretrained(output)
     record = {
         "version": RECORD_VERSION,
@@ -366,8 +374,9 @@ def quantize_and_save(args: QuantizeArguments, device, echo=print) -> Path:
         "summary": METHODS[args.method].summary,
         "source_model": str(args.model_dir),
         "quantized_on": device.type,
-        "compute_dtype": compute_dtype(device),
+        "compute_dtype": dtype,
         "layers_left_unquantized": left,
+        **extra,
     }
     (output / QUANTIZATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return output
@@ -397,21 +406,10 @@ def _save_gptq(args: QuantizeArguments, device, output: Path, tokenizer, echo) -
             len(left),
             ", ".join(left[:3]),
         )
-    tokenizer.save_pretrained(output)
-    record = {
-        "version": RECORD_VERSION,
-        "method": args.method,
-        "summary": METHODS[args.method].summary,
-        "source_model": str(args.model_dir),
-        "quantized_on": device.type,
-        "compute_dtype": "float32",  # llmcompressor calibrates in fp32; loaded, the weights decompress to fp32
-        "layers_left_unquantized": left,
-        "bits": args.bits,
-        "group_size": ran["group_size"],
-        "gptq": ran,
-    }
-    (output / QUANTIZATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
-    return output
+    # llmcompressor calibrates in fp32, and loaded, the weights decompress to fp32.
+    return _finish_folder(
+        output, args, device, tokenizer, left, "float32", bits=args.bits, group_size=ran["group_size"], gptq=ran
+    )
 
 
 def score_model(model, tokenizer, scoring, args: QuantizeArguments) -> tuple[list[dict], dict]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.families import Family, auto_model_class, family_of
 from textsql.gptq.environment import ensure_environment, run_job
-from textsql.hub import load_config
+from textsql.hub import download_command, load_config
 from textsql.prep import load_prepared
 
 logger = logging.getLogger("textsql.quantize")
@@ -48,8 +48,6 @@ def choose_group_size(widths: Iterable[int], requested: int = 0) -> int:
     widths = sorted(set(widths))
     if not widths:
         raise TextsqlError("The model has no Linear layer for GPTQ to quantize (its output layer is left as it is).")
-    if requested < 0:
-        raise TextsqlError(f"--group_size must be 0 (chosen from the model) or a positive number, not {requested}.")
     if requested:
         if all(width % requested == 0 for width in widths):
             return requested
@@ -130,7 +128,7 @@ def quantize_with_gptq(
     if not Path(model_dir).is_dir():
         raise TextsqlError(
             f"--method gptq needs the model as a local folder, and '{model_dir}' is not one: download it first "
-            "(`huggingface-cli download NAME --local-dir DIR`) and pass DIR."
+            f"(`{download_command(model_dir, local_dir='DIR')}`) and pass DIR."
         )
     if not list(Path(model_dir).glob("*.safetensors")):
         raise TextsqlError(
