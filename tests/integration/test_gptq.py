@@ -23,8 +23,6 @@ def gptq_environment():
 
 @pytest.mark.slow
 def test_gptq_4bit_quantizes_reloads_in_textsqls_stack_and_scores_like_infer(gptq_environment, causal_assets, tmp_path):
-    from textsql.infer import InferArguments, run_inference
-
     data_dir, model_dir = causal_assets
     output = tmp_path / "gptq"
     lines = []
@@ -64,19 +62,6 @@ def test_gptq_4bit_quantizes_reloads_in_textsqls_stack_and_scores_like_infer(gpt
     q_proj = model.model.layers[0].self_attn.q_proj
     assert q_proj.quantization_scheme.weights.num_bits == 4 and q_proj.weight_packed.shape == (64, 64 // 8)
     assert not hasattr(model.lm_head, "quantization_scheme")
-    metrics = run_inference(
-        InferArguments(
-            model_dir=str(output),
-            dataset_dir=str(data_dir),
-            max_examples=8,
-            max_new_tokens=16,
-            device="cpu",
-            output_dir=str(tmp_path / "infer"),
-            show_examples=0,
-        ),
-        echo=lambda *_: None,
-    )
-    assert metrics["execution_accuracy"] == result["quantized"]["execution_accuracy"]
 
 
 @pytest.mark.slow
@@ -113,6 +98,14 @@ def test_gptq_8bit_from_the_command_line(gptq_environment, causal_assets, tmp_pa
     assert (weights["weights"]["num_bits"], weights["weights"]["group_size"]) == (8, 32)
     model, _ = load_for_inference(str(output), "cpu")
     assert model.model.layers[1].mlp.down_proj.quantization_scheme.weights.num_bits == 8
+    # `textsql infer` loads the folder and scores it to the figure `textsql quantize` recorded.
+    flags = ["--dataset_dir", str(data_dir), "--max_examples", "4", "--max_new_tokens", "8", "--device", "cpu"]
+    status, out, err = textsql_in_process(["infer", "--model_dir", str(output), *flags, "--output_dir", str(tmp_path)])
+    assert status == 0, err[-3000:]
+    recorded = json.loads((output / "textsql_quantization.json").read_text())["scored"]["quantized"]
+    assert (
+        json.loads((tmp_path / "eval_metrics.json").read_text())["execution_accuracy"] == recorded["execution_accuracy"]
+    )
 
 
 def test_gptq_refuses_t5_and_a_group_size_that_does_not_divide_before_creating_anything(
