@@ -68,38 +68,16 @@ def test_gptq_4bit_quantizes_reloads_in_textsqls_stack_and_scores_like_infer(gpt
 def test_gptq_8bit_from_the_command_line(gptq_environment, causal_assets, tmp_path, textsql_in_process):
     data_dir, model_dir = causal_assets
     output = tmp_path / "gptq8"
-    status, out, err = textsql_in_process(
-        [
-            "quantize",
-            str(model_dir),
-            "--method",
-            "gptq",
-            "--bits",
-            "8",
-            "--group_size",
-            "32",
-            "--calibration_samples",
-            "8",
-            "--dataset_dir",
-            str(data_dir),
-            "--max_examples",
-            "4",
-            "--max_new_tokens",
-            "8",
-            "--device",
-            "cpu",
-            "--output_dir",
-            str(output),
-        ]
-    )
+    # The same scoring flags for both commands: infer then scores the folder to the figure quantize recorded.
+    flags = ["--dataset_dir", str(data_dir), "--max_examples", "4", "--max_new_tokens", "8", "--device", "cpu"]
+    gptq = "--method gptq --bits 8 --group_size 32 --calibration_samples 8".split()
+    status, out, err = textsql_in_process(["quantize", str(model_dir), *gptq, *flags, "--output_dir", str(output)])
     assert status == 0, err[-3000:]
     assert "GPTQ 8-bit, groups of 32 (as asked)" in out and "gptq-8bit" in out and "execution accuracy" in out
     weights = json.loads((output / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]
     assert (weights["weights"]["num_bits"], weights["weights"]["group_size"]) == (8, 32)
     model, _ = load_for_inference(str(output), "cpu")
     assert model.model.layers[1].mlp.down_proj.quantization_scheme.weights.num_bits == 8
-    # `textsql infer` loads the folder and scores it to the figure `textsql quantize` recorded.
-    flags = ["--dataset_dir", str(data_dir), "--max_examples", "4", "--max_new_tokens", "8", "--device", "cpu"]
     status, out, err = textsql_in_process(["infer", "--model_dir", str(output), *flags, "--output_dir", str(tmp_path)])
     assert status == 0, err[-3000:]
     recorded = json.loads((output / "textsql_quantization.json").read_text())["scored"]["quantized"]
