@@ -4,7 +4,10 @@ and agreement (identical SQL) with the unquantized model, on the same questions.
     python bench/quantize_methods.py --model_dir RUN_FOLDER --dataset_dir DATA [--questions 200] [--repeats 2]
 
 RUN_FOLDER is a fine-tuned model (quantizing an untrained one says nothing about agreement): `textsql demo` writes one
-(textsql-demo/runs/tiny-t5-none-ws1-bs16 with --deepspeed none). `--shape t5-small` instead measures size and speed on a
+(textsql-demo/runs/tiny-t5-none-ws1-bs16 with --deepspeed none); a fine-tuned causal LM goes through GPTQ too
+(gptq-4bit, gptq-8bit: llmcompressor in textsql's GPTQ environment, created first when missing, calibrated on
+--calibration_samples training examples of DATA). A method `textsql quantize` refuses for the model (GPTQ for T5) is
+reported with its reason instead of figures. `--shape t5-small` instead measures size and speed on a
 randomly initialised model of t5-small's shape (its layers, the dataset's tokenizer): every question generates
 exactly --max_new_tokens tokens, so questions/s compare; it has no accuracy, and its agreement says little (random
 weights tend to repeat a few tokens). Each model is quantized into a
@@ -40,7 +43,8 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=64)
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--methods", default="torchao-int8,bnb-int8,bnb-nf4,dynamic-int8")
+    parser.add_argument("--methods", default="torchao-int8,bnb-int8,bnb-nf4,dynamic-int8,gptq-4bit,gptq-8bit")
+    parser.add_argument("--calibration_samples", type=int, default=128, help="GPTQ's calibration examples.")
     parser.add_argument("--output", help="Also write the JSON here.")
     args = parser.parse_args()
     if bool(args.model_dir) == bool(args.shape):
@@ -48,6 +52,7 @@ def main() -> None:
 
     import torch
 
+    from textsql.errors import TextsqlError
     from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set
     from textsql.quantize import QuantizeArguments, load_for_inference, memory_bytes, quantize_and_save, weights_bytes
 
@@ -64,14 +69,23 @@ def main() -> None:
             "weights_bytes": weights_bytes(args.model_dir),
             "memory_bytes": memory_bytes(models["unquantized"][0]),
         }
+        refused = {}
         for method in methods:
             started = time.perf_counter()
-            folder = quantize_and_save(
-                QuantizeArguments(
-                    model_dir=args.model_dir, method=method, output_dir=f"{tmp}/{method}", dataset_dir=args.dataset_dir
-                ),
-                device,
-            )
+            try:
+                folder = quantize_and_save(
+                    QuantizeArguments(
+                        model_dir=args.model_dir,
+                        output_dir=f"{tmp}/{method}",
+                        dataset_dir=args.dataset_dir,
+                        **method_arguments(method, args.calibration_samples),
+                    ),
+                    device,
+                    echo=lambda line: print(line, file=sys.stderr),
+                )
+            except TextsqlError as error:  # GPTQ for T5: the reason, not figures
+                refused[method] = str(error)
+                continue
             models[method] = load_for_inference(str(folder), device.type)
             results[method] = {
                 "weights_bytes": weights_bytes(folder),
@@ -87,6 +101,8 @@ def main() -> None:
                 max_new_tokens=args.max_new_tokens,
                 progress=False,
             )
+        for name, (model, _) in models.items():  # GPTQ's compressed-tensors weights decompress at the first forward
+            results[name]["memory_bytes_in_use"] = memory_bytes(model)
         rounds: dict[str, list[float]] = {name: [] for name in models}
         for _ in range(args.repeats):
             for name, (model, tokenizer) in models.items():
@@ -114,6 +130,7 @@ def main() -> None:
         row["questions_per_second_rounds"] = [round(x, 2) for x in rounds[name]]
         row["speedup"] = round(row["questions_per_second"] / base["questions_per_second"], 2)
         row["size_vs_unquantized"] = round(row["memory_bytes"] / base["memory_bytes"], 3)
+        row["in_use_vs_unquantized"] = round(row["memory_bytes_in_use"] / base["memory_bytes_in_use"], 3)
     for row in results.values():
         same = sum(a == b for a, b in zip(row["predictions"], base["predictions"], strict=True))
         row["agreement"] = same / len(base["predictions"])
@@ -121,6 +138,7 @@ def main() -> None:
             row["execution_accuracy_delta"] = row["execution_accuracy"] - base["execution_accuracy"]
     for row in results.values():
         del row["predictions"]
+    results.update({method: {"refused": reason} for method, reason in refused.items()})
     emit(
         {
             "benchmark": "quantize_methods",
@@ -139,6 +157,14 @@ def main() -> None:
         },
         args.output,
     )
+
+
+def method_arguments(method: str, calibration_samples: int) -> dict:
+    """QuantizeArguments' fields for a --methods entry: a method's name, or gptq-4bit / gptq-8bit."""
+    if method.startswith("gptq-"):
+        bits = int(method.removeprefix("gptq-").removesuffix("bit"))
+        return {"method": "gptq", "bits": bits, "calibration_samples": calibration_samples}
+    return {"method": method}
 
 
 def fixed_length_generation(model, tokenizer, sources: list[str], args) -> list[str]:

@@ -1,5 +1,6 @@
-"""Post-training quantization of a model folder (torchao, bitsandbytes, torch's dynamic int8), scored like `textsql
-infer` against the unquantized model; and loading any model folder textsql writes (plain, LoRA adapter, quantized)."""
+"""Post-training quantization of a model folder (torchao, bitsandbytes, torch's dynamic int8, GPTQ for causal LMs),
+scored like `textsql infer` against the unquantized model; and loading any model folder textsql writes (plain, LoRA
+adapter, quantized)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from textsql.adapters import load_adapter_model
 from textsql.errors import TextsqlError
 from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set, pick_device
 from textsql.extras import require_lifecycle_extra
-from textsql.hub import load_model, load_tokenizer
+from textsql.gptq.calibrate import BITS, DEFAULT_CALIBRATION_SAMPLES, quantize_with_gptq
+from textsql.hub import load_config, load_model, load_tokenizer
 from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE, short_name
 from textsql.prep import check_source_settings, load_prepared
 from textsql.strategy.devices import NodeDevices
@@ -64,6 +66,13 @@ METHODS = {
         ("cpu",),
         "torch",
     ),
+    "gptq": Method(
+        "gptq",
+        "GPTQ (llmcompressor, run in textsql's GPTQ environment), 4- or 8-bit weights in groups, calibrated on the "
+        "dataset's own training examples; causal LMs only; saved compressed (compressed-tensors) in safetensors",
+        ("cpu", "cuda"),
+        "compressed_tensors",
+    ),
 }
 DEFAULT_METHOD = "torchao-int8"
 
@@ -77,10 +86,16 @@ class QuantizeArguments:
     )
     method: str = field(
         default=DEFAULT_METHOD,
-        metadata={"help": "torchao-int8 (default), bnb-int8, bnb-nf4, dynamic-int8 (CPU only): docs/lifecycle.md."},
+        metadata={
+            "help": "torchao-int8 (default), bnb-int8, bnb-nf4, dynamic-int8 (CPU only), gptq (causal LMs): "
+            "docs/lifecycle.md."
+        },
     )
     output_dir: str | None = field(
-        default=None, metadata={"help": "Where the quantized model goes (default: <model_dir>-<method>)."}
+        default=None,
+        metadata={
+            "help": "Where the quantized model goes (default: <model_dir>-<method>, gptq: <model_dir>-gptq-4bit)."
+        },
     )
     dataset_dir: str = field(
         default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep) whose split scores both models."}
@@ -93,6 +108,35 @@ class QuantizeArguments:
         default="auto",
         metadata={"help": "auto (GPU when there is one), cuda, or cpu: where both models are quantized and scored."},
     )
+    bits: int | None = field(default=None, metadata={"help": "--method gptq: 4 (default) or 8 bits per weight."})
+    group_size: int = field(
+        default=0,
+        metadata={
+            "help": "--method gptq: weights per group sharing one scale (0: 128 where it divides every layer's input "
+            "width, else 64, else 32)."
+        },
+    )
+    calibration_samples: int | None = field(
+        default=None,
+        metadata={
+            "help": f"--method gptq: training examples of --dataset_dir (prompt and SQL, drawn at random) it calibrates "
+            f"on (default {DEFAULT_CALIBRATION_SAMPLES})."
+        },
+    )
+    gptq_env_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "--method gptq: textsql's GPTQ environment (llmcompressor; created there once when missing; "
+            "default: the user's cache, ~/.cache/textsql/gptq/<pinned versions>)."
+        },
+    )
+    gptq_wheels: str | None = field(
+        default=None,
+        metadata={
+            "help": "--method gptq, air-gapped: create the GPTQ environment from this folder of wheels only "
+            "(pip --no-index --find-links; docs/lifecycle.md says how to fill it)."
+        },
+    )
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -103,6 +147,36 @@ class QuantizeArguments:
             raise TextsqlError("--max_examples must be 0 (the whole split) or a positive number.")
         if self.device not in ("auto", "cuda", "cpu"):
             raise TextsqlError(f"--device must be auto, cuda or cpu, not '{self.device}'.")
+        gptq_flags = {
+            "--bits": self.bits is not None,
+            "--group_size": self.group_size != 0,
+            "--calibration_samples": self.calibration_samples is not None,
+            "--gptq_env_dir": self.gptq_env_dir is not None,
+            "--gptq_wheels": self.gptq_wheels is not None,
+        }
+        if self.method != "gptq":
+            given = [flag for flag, set_ in gptq_flags.items() if set_]
+            if given:
+                raise TextsqlError(
+                    f"{', '.join(given)} only apply to --method gptq; --method {self.method} has its own width "
+                    "(docs/lifecycle.md). Leave them out, or pass --method gptq."
+                )
+            return
+        self.bits = 4 if self.bits is None else self.bits
+        if self.bits not in BITS:
+            raise TextsqlError(f"--bits must be 4 or 8 for GPTQ, not {self.bits}.")
+        if self.group_size < 0:
+            raise TextsqlError(f"--group_size must be 0 (chosen from the model) or positive, not {self.group_size}.")
+        self.calibration_samples = (
+            DEFAULT_CALIBRATION_SAMPLES if self.calibration_samples is None else self.calibration_samples
+        )
+        if self.calibration_samples < 1:
+            raise TextsqlError("--calibration_samples must be at least 1.")
+
+    @property
+    def label(self) -> str:
+        """The method as folders and tables name it: gptq with its width (gptq-4bit), the others by their name."""
+        return f"gptq-{self.bits}bit" if self.method == "gptq" else self.method
 
 
 def compute_dtype(device) -> str:
@@ -247,7 +321,7 @@ def memory_bytes(model) -> int:
     return buffer.tell()
 
 
-def quantize_and_save(args: QuantizeArguments, device) -> Path:
+def quantize_and_save(args: QuantizeArguments, device, echo=print) -> Path:
     """Quantize args.model_dir with args.method on `device`; save the model, tokenizer and record; return the folder."""
     import torch
 
@@ -264,8 +338,10 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
         )
     check_method_device(args.method, device)
     source = Path(str(args.model_dir).rstrip("/"))
-    output = Path(args.output_dir) if args.output_dir else source.parent / short_name(source.name, args.method)
+    output = Path(args.output_dir) if args.output_dir else source.parent / short_name(source.name, args.label)
     tokenizer = load_tokenizer(args.model_dir)
+    if args.method == "gptq":
+        return _save_gptq(args, device, output, tokenizer, echo)
     config = quantization_config(args.method, device)
     if config is None:  # dynamic-int8: the fp32 weights are what is saved
         model = load_model(args.model_dir, dtype=torch.float32)
@@ -287,6 +363,11 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
         )
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
+    return _finish_folder(output, args, device, tokenizer, left, compute_dtype(device))
+
+
+def _finish_folder(output: Path, args: QuantizeArguments, device, tokenizer, left: list[str], dtype: str, **extra):
+    """The tokenizer and the record (method, source, layers left in full precision, what else the method ran)."""
     tokenizer.save_pretrained(output)
     record = {
         "version": RECORD_VERSION,
@@ -294,11 +375,42 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
         "summary": METHODS[args.method].summary,
         "source_model": str(args.model_dir),
         "quantized_on": device.type,
-        "compute_dtype": compute_dtype(device),
+        "compute_dtype": dtype,
         "layers_left_unquantized": left,
+        **extra,
     }
     (output / QUANTIZATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return output
+
+
+def _save_gptq(args: QuantizeArguments, device, output: Path, tokenizer, echo) -> Path:
+    """GPTQ in textsql's GPTQ environment (textsql.gptq), then the tokenizer and the record, as the other methods.
+    The data must suit the model before it calibrates on it (the check `textsql quantize` makes before scoring)."""
+    check_source_settings(load_config(args.model_dir), load_prepared(args.dataset_dir)[1], args.dataset_dir)
+    ran = quantize_with_gptq(
+        str(args.model_dir),
+        output,
+        bits=args.bits,
+        group_size=args.group_size,
+        samples=args.calibration_samples,
+        dataset_dir=args.dataset_dir,
+        device=device.type,
+        env_dir=args.gptq_env_dir,
+        wheels=args.gptq_wheels,
+        echo=echo,
+    )
+    left = ran.pop("layers_left_unquantized")
+    if left:
+        logger.warning(
+            "GPTQ leaves %d of this model's linear layers in full precision: GPT-2's Conv1D is not an nn.Linear, which "
+            "llmcompressor's recipe targets (%s, ...).",
+            len(left),
+            ", ".join(left[:3]),
+        )
+    # llmcompressor calibrates in fp32, and loaded, the weights decompress to fp32.
+    return _finish_folder(
+        output, args, device, tokenizer, left, "float32", bits=args.bits, group_size=ran["group_size"], gptq=ran
+    )
 
 
 def score_model(model, tokenizer, scoring, args: QuantizeArguments) -> tuple[list[dict], dict]:
@@ -337,7 +449,7 @@ def quantize_model(args: QuantizeArguments, echo=print) -> dict:
     prepared = load_prepared(args.dataset_dir)
     device = pick_device(args.device)
     check_method_device(args.method, device)
-    output = quantize_and_save(args, device)
+    output = quantize_and_save(args, device, echo)
     scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples or None, prepared=prepared)
     base_model, base_tokenizer = load_for_inference(args.model_dir, str(device.type))
     check_source_settings(base_model.config, prepared[1], args.dataset_dir)
@@ -348,6 +460,7 @@ def quantize_model(args: QuantizeArguments, echo=print) -> dict:
     quantized = score_model(model, tokenizer, scoring, args)
     result = {
         "method": args.method,
+        "label": args.label,
         "output_dir": str(output),
         "device": device.type,
         "split": args.split,
@@ -384,7 +497,7 @@ def format_quantize_result(result: dict) -> str:
     def size(n):
         return f"{n / 2**20:.1f} MiB" if n else "-"
 
-    rows = [("unquantized", result["unquantized"]), (result["method"], result["quantized"])]
+    rows = [("unquantized", result["unquantized"]), (result.get("label", result["method"]), result["quantized"])]
     lines = [f"{'model':<14} {'weights on disk':>15} {'in memory':>10} {'questions/s':>12} {'execution':>10}"]
     for label, row in rows:
         lines.append(

@@ -120,12 +120,12 @@ def test_refusals_name_the_fix(assets, lora_adapter, tmp_path):
 
     data_dir, model_dir = assets
     with pytest.raises(TextsqlError, match="--method must be one of"):
-        QuantizeArguments(model_dir=str(model_dir), method="gptq")
+        QuantizeArguments(model_dir=str(model_dir), method="awq")
     with pytest.raises(TextsqlError, match="textsql merge"):
         quantize_model(QuantizeArguments(model_dir=str(lora_adapter), dataset_dir=str(data_dir), **SMALL))
     with pytest.raises(TextsqlError, match="CPU only.*--device cpu"):
         check_method_device("dynamic-int8", torch.device("cuda"))
-    assert set(METHODS) == {"torchao-int8", "bnb-int8", "bnb-nf4", "dynamic-int8"}
+    assert set(METHODS) == {"torchao-int8", "bnb-int8", "bnb-nf4", "dynamic-int8", "gptq"}
 
 
 def test_a_lora_adapter_loads_on_its_base_for_inference(assets, lora_adapter):
@@ -174,3 +174,68 @@ def test_layers_a_quantizer_leaves_in_full_precision_are_named_and_recorded(mode
         assert type(model.transformer.h[0].self_attention.query_key_value).__name__ == "FalconLinear"
     else:
         assert left == [] and "quantized" in type(model.model.layers[0].self_attn.q_proj).__module__
+
+
+def test_gptq_group_size_is_chosen_from_the_layer_widths_or_refused():
+    """128 where it divides every quantized layer's input width, else 64, else 32; a requested size must divide them
+    all (each group holds whole rows of a weight's input)."""
+    from textsql.gptq.calibrate import choose_group_size
+
+    assert choose_group_size([4096, 11008]) == 128  # a 7B llama: hidden 4096, MLP 11008 = 86 x 128
+    assert choose_group_size([896, 4864]) == 128  # Qwen2.5-0.5B
+    assert choose_group_size([64, 256]) == 64  # the tiny test model
+    assert choose_group_size([96, 384]) == 32
+    assert choose_group_size([64, 256], requested=32) == 32
+    with pytest.raises(TextsqlError, match=r"--group_size 48 does not divide.*64, 256.*\(64, 32 would do\)"):
+        choose_group_size([64, 256], requested=48)
+    with pytest.raises(TextsqlError, match="None of the group sizes 128, 64, 32 divides.*48"):
+        choose_group_size([48, 192])
+    with pytest.raises(TextsqlError, match="no Linear layer"):
+        choose_group_size([])
+
+
+def test_gptq_refuses_t5_from_the_family_registry():
+    from textsql.families import FAMILIES, family_named
+    from textsql.gptq.calibrate import refuse_unless_causal
+
+    with pytest.raises(TextsqlError, match="causal LMs, and this is a t5 .seq2seq. model.*encoder-decoder.*bnb-nf4"):
+        refuse_unless_causal(family_named("t5"))
+    for family in FAMILIES:
+        if family.causal:
+            refuse_unless_causal(family)
+
+
+def test_gptq_arguments_default_refuse_and_name_the_folder():
+    args = QuantizeArguments(model_dir="m", method="gptq")
+    assert (args.bits, args.group_size, args.calibration_samples, args.label) == (4, 0, 128, "gptq-4bit")
+    assert QuantizeArguments(model_dir="m", method="gptq", bits=8).label == "gptq-8bit"
+    assert QuantizeArguments(model_dir="m").label == "torchao-int8"
+    with pytest.raises(TextsqlError, match="--bits must be 4 or 8"):
+        QuantizeArguments(model_dir="m", method="gptq", bits=3)
+    with pytest.raises(TextsqlError, match="--bits, --gptq_wheels only apply to --method gptq"):
+        QuantizeArguments(model_dir="m", method="bnb-nf4", bits=4, gptq_wheels="w")
+    with pytest.raises(TextsqlError, match="--calibration_samples must be at least 1"):
+        QuantizeArguments(model_dir="m", method="gptq", calibration_samples=0)
+
+
+def test_gptq_environment_is_named_by_its_pins_and_the_job_imports_nothing_of_textsql():
+    """The environment's folder changes with any pin, the torch build or the Python; the job script run in it
+    imports only the standard library and that environment's packages (it cannot import textsql there)."""
+    import ast
+
+    from textsql.gptq import environment
+
+    text = environment.REQUIREMENTS_FILE.read_text()
+    pins = environment.pinned_requirements(text)
+    assert pins["llmcompressor"] and pins["transformers"] and "torch" not in pins  # torch: textsql's own build
+    name = environment.environment_name("2.13.0+cpu", text, (3, 11))
+    assert name.startswith(
+        f"llmcompressor-{pins['llmcompressor']}_transformers-{pins['transformers']}_torch-2.13.0+cpu"
+    )
+    assert environment.environment_name("2.13.0", text, (3, 11)) != name
+    assert environment.environment_name("2.13.0+cpu", text, (3, 12)) != name
+    assert environment.environment_name("2.13.0+cpu", text + "loguru==0.7.3\n", (3, 11)) != name
+    tree = ast.parse(environment.JOB_SCRIPT.read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not any(name.startswith("textsql") for name in imported) and "llmcompressor" in imported

@@ -1,0 +1,1 @@
+"""GPTQ for causal LMs, run by llmcompressor in an environment of its own (textsql.gptq.environment)."""
