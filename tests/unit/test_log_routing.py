@@ -13,6 +13,9 @@ from textsql.train.logs import configure_logging
 
 @pytest.fixture
 def logging_restored():
+    # An earlier test's command may have left warnings captured; pytest resets warnings.showwarning for every test, so
+    # captureWarnings(True) would then do nothing (it patches only once): start from the uncaptured state.
+    logging.captureWarnings(False)
     yield
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
