@@ -25,6 +25,7 @@ class Family:
     lora_targets: dict = field(default_factory=dict)
     fp16_safe: bool = True
     fp16_reason: str = ""
+    quantize_refusal: str = ""  # why bitsandbytes cannot quantize the family's layers (--quantize_base); "" if it can
 
     @property
     def causal(self) -> bool:
@@ -40,8 +41,8 @@ class Family:
         return "Trainer" if self.causal else "Seq2SeqTrainer"
 
 
-def _causal(name: str, qv: tuple[str, ...], *model_types: str) -> Family:
-    return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR})
+def _causal(name: str, qv: tuple[str, ...], *model_types: str, **quirks) -> Family:
+    return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR}, **quirks)
 
 
 # T5's module names: q, k, v, o in every attention, wi (wi_0, wi_1 when gated: T5 v1.1, flan-t5) and wo in every
@@ -62,7 +63,13 @@ FAMILIES = (
     _causal("mistral", ("q_proj", "v_proj")),
     _causal("opt", ("q_proj", "v_proj")),
     _causal("bloom", ("query_key_value",)),  # fused query-key-value
-    _causal("falcon", ("query_key_value",)),
+    _causal(
+        "falcon",
+        ("query_key_value",),
+        quantize_refusal="falcon's linear layers are FalconLinear, a subclass of nn.Linear that transformers' "
+        "bitsandbytes swap skips silently (it swaps only layers whose type is exactly nn.Linear): the base would stay "
+        "in full precision under a QLoRA name",
+    ),
     _causal("gpt_bigcode", ("c_attn",)),
     _causal("codegen", ("qkv_proj",)),
     _causal("gpt2", ("c_attn",)),  # a Conv1D, which peft adapts too
