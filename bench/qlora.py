@@ -63,7 +63,9 @@ def train_once(folder: str, mode: str, batch: int, length: int, steps: int, warm
         model = load_model(folder, dtype=torch.float32)
     else:
         model = load_quantized_base(folder, quantize_base, "float32")
-    lora = LoraArguments(lora=True, lora_rank=rank, lora_alpha=2 * rank, lora_targets="all", quantize_base=quantize_base)
+    lora = LoraArguments(
+        lora=True, lora_rank=rank, lora_alpha=2 * rank, lora_targets="all", quantize_base=quantize_base
+    )
     model = apply_lora(model, lora, [])
     model.train()
     rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

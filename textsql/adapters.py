@@ -110,7 +110,8 @@ class LoraArguments:
         """The run folder's part for LoRA ('-lora-r8'; on a quantized base '-qlora-nf4-r8'), empty without it."""
         if not self.lora:
             return ""
-        return f"-qlora-{self.quantize_base}-r{self.lora_rank}" if self.quantize_base != "none" else f"-lora-r{self.lora_rank}"
+        kind = f"-qlora-{self.quantize_base}" if self.quantize_base != "none" else "-lora"
+        return f"{kind}-r{self.lora_rank}"
 
 
 def lora_arguments(values) -> LoraArguments:
@@ -592,7 +593,9 @@ def merge_adapter(args: MergeArguments) -> Path:
                     "base: its merge into that base is exact. Leave --merge_onto out."
                 )
             quantized = load_quantized_base(args.base_model or record["base_model"], quantize_base, "float32")
-            logger.info("Rounded %d layers of the base as %s rounds them", round_to_quantized(base, quantized), quantize_base)
+            logger.info(
+                "Rounded %d layers of the base as %s rounds them", round_to_quantized(base, quantized), quantize_base
+            )
             del quantized
         model = peft.PeftModel.from_pretrained(base, str(args.adapter), is_trainable=False)
         merged = model.merge_and_unload()

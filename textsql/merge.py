@@ -78,7 +78,9 @@ def merge_and_score(args: MergeArguments, echo=print) -> dict:
 
 
 def format_merge_result(result: dict) -> str:
-    onto = "its full-precision base" if result["merge_onto"] == "full" else f"its {result['quantize_base']}-rounded base"
+    onto = (
+        "its full-precision base" if result["merge_onto"] == "full" else f"its {result['quantize_base']}-rounded base"
+    )
     before, after = result["adapter_on_quantized_base"], result["merged"]
     return "\n".join(
         [
