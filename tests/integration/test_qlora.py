@@ -6,25 +6,13 @@ import json
 
 import pytest
 from conftest import tiny_train_argv
+from test_causal_train import SHORT, summary_of
 
 from textsql.errors import TextsqlError
 
 pytestmark = pytest.mark.slow
 
-TWO_STEPS = dict(
-    max_steps=2,
-    per_device_train_batch_size=8,
-    logging_steps=1,
-    learning_rate="3e-3",
-    eval_strategy="no",
-    save_strategy="no",
-    dataloader_num_workers=0,
-)
-
-
-def summary_of(stdout: str) -> dict:
-    line = next(line for line in stdout.splitlines() if line.startswith("textsql-run-summary: "))
-    return json.loads(open(line.split(": ", 1)[1]).read())
+TWO_STEPS = dict(SHORT, max_steps=2, per_device_train_batch_size=8, logging_steps=1)
 
 
 @pytest.fixture(scope="module")
