@@ -9,9 +9,10 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
-from textsql.paths import in_project
+from textsql.paths import SUMMARY_FILE, in_project
 
 DEMO_MODEL = "textsql-demo/tiny-t5"  # what `textsql demo` leaves in the project: a model that works offline
+DEMO_RUNS = "textsql-demo/runs"  # and the run that fine-tuned it
 HUB_MODEL = "t5-small"
 
 
@@ -21,6 +22,14 @@ def default_model_id() -> str:
     models/t5-small` on a machine with internet access)."""
     demo = Path(in_project(DEMO_MODEL))
     return str(demo) if (demo / "config.json").is_file() else HUB_MODEL
+
+
+def trained_demo_model() -> str | None:
+    """The demo's fine-tuned model (its newest finished run) when the project has one, else None: a base that already
+    writes SQL's shape, so that an adapter trained for minutes on top of it changes answers one can see (on the demo's
+    untrained tiny T5 every model writes the same few tokens)."""
+    finished = sorted(Path(in_project(DEMO_RUNS)).glob(f"*/{SUMMARY_FILE}"), key=lambda path: path.stat().st_mtime)
+    return str(finished[-1].parent) if finished else None
 
 
 def show_error(shell, exception_type, exception, traceback, tb_offset=None):
