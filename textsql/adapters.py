@@ -12,8 +12,9 @@ from pathlib import Path
 
 from textsql.checkpoints import CHECKPOINT
 from textsql.errors import TextsqlError
+from textsql.extras import require_lifecycle_extra
 from textsql.families import LORA_PRESETS, family_of, lora_target_modules
-from textsql.hub import load_model, load_tokenizer
+from textsql.hub import load_model, load_tokenizer, model_family
 from textsql.paths import ADAPTER_CONFIG_FILE, ADAPTER_RECORD_FILE, short_name
 from textsql.prep import tokenizer_fingerprint
 from textsql.vocabulary import fit_embeddings
@@ -27,6 +28,7 @@ RECORD_VERSION = 1
 
 
 QUANTIZED_BASES = ("none", "nf4", "int8")  # --quantize_base: the base's bitsandbytes format under a LoRA adapter
+QUANTIZED_LAYER_TYPES = {"nf4": "Linear4bit", "int8": "Linear8bitLt"}  # what bitsandbytes swaps nn.Linear for
 
 
 @dataclass
@@ -96,16 +98,20 @@ class LoraArguments:
         """What the run summary's strategy records: None without --lora."""
         if not self.lora:
             return None
-        return {
+        settings = {
             "rank": self.lora_rank,
             "alpha": self.lora_alpha,
             "dropout": self.lora_dropout,
             "targets": self.lora_targets,
         }
+        return settings | ({"quantize_base": self.quantize_base} if self.quantize_base != "none" else {})
 
     def lora_label(self) -> str:
-        """The run folder's part for LoRA ('-lora-r8'), empty without it."""
-        return f"-lora-r{self.lora_rank}" if self.lora else ""
+        """The run folder's part for LoRA ('-lora-r8'; on a quantized base '-qlora-nf4-r8'), empty without it."""
+        if not self.lora:
+            return ""
+        kind = f"-qlora-{self.quantize_base}" if self.quantize_base != "none" else "-lora"
+        return f"{kind}-r{self.lora_rank}"
 
 
 def lora_arguments(values) -> LoraArguments:
@@ -125,6 +131,131 @@ def require_peft():
             f"'{PEFT_EXTRA}'` (from a checkout: `pip install '.[peft]'`). ({error})"
         ) from error
     return peft
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# QLoRA: the frozen base quantized by bitsandbytes
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def quantized_base(values) -> str:
+    """'nf4', 'int8' or 'none': the base format of a run's arguments, a summary's arguments or an adapter's record."""
+    if isinstance(values, dict) and "lora" in values and "base_model" in values:  # an adapter record
+        return (values.get("lora") or {}).get("quantize_base", "none")
+    return lora_arguments(values).quantize_base
+
+
+def bnb_config(quantize_base: str, compute_dtype: str, sharded: bool = False):
+    """transformers' BitsAndBytesConfig for --quantize_base: NF4 with double quantization (the constants quantized
+    too, ~0.4 bit per weight less) computing in `compute_dtype` (textsql.strategy.devices.quantized_compute_dtype), or
+    LLM.int8. Where ZeRO-3 or FSDP shards the model (`sharded`) the 4-bit weights are stored in the compute dtype:
+    both flatten the parameters of a unit into one tensor of one dtype, and uint8 storage would not join them."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if quantize_base == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    dtype = getattr(torch, compute_dtype)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=dtype,
+        bnb_4bit_quant_storage=dtype if sharded else torch.uint8,
+    )
+
+
+def check_quantizable(model_id: str, quantize_base: str) -> None:
+    """Refuse a model family bitsandbytes cannot quantize (textsql.families: Family.quantize_refusal), before loading."""
+    family = model_family(model_id)
+    if family.quantize_refusal:
+        raise TextsqlError(
+            f"--quantize_base {quantize_base} cannot quantize '{model_id}': {family.quantize_refusal}. Train a LoRA "
+            "adapter on the unquantized base (leave --quantize_base out), or choose a model of another family."
+        )
+
+
+def load_quantized_base(model_id: str, quantize_base: str, compute_dtype: str, sharded: bool = False, **kwargs):
+    """The base model with its linear layers quantized by bitsandbytes (bnb_config), the rest (embeddings, norms, the
+    output layer) in `compute_dtype`; its layers checked to be really swapped (check_quantized_layers)."""
+    import torch
+
+    check_quantizable(model_id, quantize_base)
+    require_lifecycle_extra("bitsandbytes", f"--quantize_base {quantize_base}")
+    config = bnb_config(quantize_base, compute_dtype, sharded)
+    model = load_model(model_id, quantization_config=config, dtype=getattr(torch, compute_dtype), **kwargs)
+    check_quantized_layers(model, quantize_base)
+    return model
+
+
+def unquantized_linear_layers(model) -> list[str]:
+    """Names of the linear layers of a bitsandbytes-loaded model that transformers meant to swap and did not: a
+    family's own subclass of nn.Linear (falcon's FalconLinear) stays in full precision without a word. The layers it
+    skips on purpose (the output layer, a family's _keep_in_fp32_modules such as T5's wo) are not counted."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    skipped = list(getattr(getattr(model, "hf_quantizer", None), "modules_to_not_convert", None) or [])
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, (torch.nn.Linear, Conv1D))
+        and type(module).__name__ not in QUANTIZED_LAYER_TYPES.values()
+        and should_convert_module(name, skipped)
+    ]
+
+
+def quantized_layer_count(model, quantize_base: str) -> int:
+    return sum(type(module).__name__ == QUANTIZED_LAYER_TYPES[quantize_base] for module in model.modules())
+
+
+def check_quantized_layers(model, quantize_base: str) -> None:
+    """Refuse a model whose linear layers were not all swapped for bitsandbytes' (the base would train as QLoRA in
+    full precision, its memory unchanged), naming the layers left."""
+    left = unquantized_linear_layers(model)
+    if left or not quantized_layer_count(model, quantize_base):
+        shown = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+        raise TextsqlError(
+            f"--quantize_base {quantize_base}: bitsandbytes left {len(left)} linear layers of "
+            f"{type(model).__name__} unquantized ({shown or 'all of them'}; their type is "
+            f"{type(model.get_submodule(left[0])).__name__ if left else 'not nn.Linear'}, and transformers swaps only "
+            "layers of type nn.Linear). Train LoRA on the unquantized base (leave --quantize_base out), or add the "
+            "family's quantize_refusal to textsql/families.py."
+        )
+
+
+def prepare_quantized_for_training(model):
+    """peft's prepare_model_for_kbit_training on a quantized base (the other parameters, norms and embeddings, in fp32;
+    the input embedding's output requiring grad); a model that is not quantized is returned as it is. Activation
+    checkpointing is left to --activation_checkpointing."""
+    if not getattr(model, "is_quantized", False):
+        return model
+    for module in model.modules():
+        if type(module).__name__ == QUANTIZED_LAYER_TYPES["nf4"]:
+            # bitsandbytes' CPU backend repacks NF4 weights for its inference kernel on the first forward without
+            # gradients (an evaluation) and keeps them so: later training steps then run a kernel without autograd
+            # (wrong gradients below it, and an in-place error on layers with a bias). Training never repacks.
+            module.support_avx512bf16_for_cpu = False
+    return require_peft().prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def round_to_quantized(model, quantized) -> int:
+    """Replace the weights of `model` (full precision) by those of the same model loaded quantized, dequantized: the
+    NF4- or int8-rounded values a QLoRA adapter learned against. Returns how many layers were rounded."""
+    import torch
+    from transformers.integrations.bitsandbytes import dequantize_bnb_weight
+
+    rounded = 0
+    for name, module in quantized.named_modules():
+        if type(module).__name__ not in QUANTIZED_LAYER_TYPES.values():
+            continue
+        weight = dequantize_bnb_weight(module.weight, getattr(module, "state", None)).to(torch.float32)
+        target = model.get_submodule(name).weight
+        with torch.no_grad():  # GPT-2's Conv1D keeps its weight transposed (in x out)
+            target.copy_(weight if weight.shape == target.shape else weight.T)
+        rounded += 1
+    return rounded
 
 
 def added_token_ids(tokenizer, base_tokenizer) -> list[int]:
@@ -173,6 +304,7 @@ def apply_lora(model, lora: LoraArguments, token_ids: list[int]):
     rows of `token_ids` in the input embedding trainable (peft's trainable_token_indices), everything else frozen."""
     peft = require_peft()
     family = family_of(model.config)
+    model = prepare_quantized_for_training(model)
     config = peft.LoraConfig(
         r=lora.lora_rank,
         lora_alpha=lora.lora_alpha,
@@ -323,9 +455,10 @@ def read_adapter_record(adapter_dir) -> dict:
         raise TextsqlError(f"{path} cannot be read ({error}).") from None
 
 
-def load_base_for_adapter(adapter_dir, base_model: str | None = None):
+def load_base_for_adapter(adapter_dir, base_model: str | None = None, quantized: dict | None = None):
     """(base model fp32 on the CPU with its embeddings grown to the adapter's tokenizer, that tokenizer, the record),
-    refusing a base or tokenizer other than the adapter was trained on, with the fix in the message."""
+    refusing a base or tokenizer other than the adapter was trained on, with the fix in the message. A QLoRA adapter's
+    base quantized as it trained, with `quantized` = load_quantized_base's compute_dtype and placement."""
     import torch
 
     adapter_dir = Path(adapter_dir)
@@ -360,17 +493,24 @@ def load_base_for_adapter(adapter_dir, base_model: str | None = None):
             f"Pass --base_model with the model the run trained from ('{record['base_model']}', or a "
             "local copy of it)."
         )
-    model = load_model(base_id, dtype=torch.float32)
+    if quantized is not None and quantized_base(record) != "none":
+        model = load_quantized_base(base_id, quantized_base(record), **quantized)
+    else:
+        model = load_model(base_id, dtype=torch.float32)
     fit_embeddings(model, tokenizer)
     return model, tokenizer, record
 
 
-def load_adapter_model(adapter_dir, base_model: str | None = None):
-    """(base model + adapter, fp32 on the CPU, for generation; its tokenizer), checked as load_base_for_adapter."""
+def load_adapter_model(adapter_dir, base_model: str | None = None, quantized: dict | None = None):
+    """(base model + adapter, fp32 on the CPU, for generation; its tokenizer), checked as load_base_for_adapter; a QLoRA
+    adapter on its quantized base with `quantized` (load_quantized_base's compute_dtype and placement)."""
     peft = require_peft()
-    model, tokenizer, _ = load_base_for_adapter(adapter_dir, base_model)
+    model, tokenizer, _ = load_base_for_adapter(adapter_dir, base_model, quantized)
     model = peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
     return model.eval(), tokenizer
+
+
+MERGE_ONTO = ("full", "rounded")  # a QLoRA adapter merged into the full-precision base, or onto its rounded weights
 
 
 @dataclass
@@ -391,10 +531,34 @@ class MergeArguments:
         metadata={"help": "The base model (hub name or folder) if it moved; default: the one the run trained from."},
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace a merged model already in --output_dir."})
+    merge_onto: str = field(
+        default="full",
+        metadata={
+            "help": "A QLoRA adapter (--quantize_base nf4|int8) only: merge into the full-precision base (full), or "
+            "onto the base's weights rounded as the adapter saw them, the quantized base dequantized (rounded). "
+            "Either way the merged model is scored against the adapter on its quantized base."
+        },
+    )
+    dataset_dir: str | None = field(
+        default=None,
+        metadata={"help": "A QLoRA merge's scoring: the prepared dataset; default: the one the run trained on."},
+    )
+    score_examples: int = field(
+        default=64, metadata={"help": "A QLoRA merge's scoring: the first N validation questions (at least 1)."}
+    )
+    batch_size: int = field(default=16, metadata={"help": "A QLoRA merge's scoring: questions per generate() call."})
+    max_new_tokens: int = field(default=64, metadata={"help": "A QLoRA merge's scoring: longest SQL, in tokens."})
+    device: str = field(
+        default="auto", metadata={"help": "A QLoRA merge's scoring: auto (a GPU when there is one), cuda or cpu."}
+    )
 
     def __post_init__(self):
         if not str(self.adapter).strip():
             raise TextsqlError("Pass the adapter folder: the run folder of a `textsql train --lora True` run.")
+        if self.merge_onto not in MERGE_ONTO:
+            raise TextsqlError(f"--merge_onto must be one of {', '.join(MERGE_ONTO)}, not '{self.merge_onto}'.")
+        if self.score_examples < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
+            raise TextsqlError("--score_examples, --batch_size and --max_new_tokens must be at least 1.")
 
 
 def merged_dir(args: MergeArguments) -> Path:
@@ -421,6 +585,18 @@ def merge_adapter(args: MergeArguments) -> Path:
     peft = require_peft()
     with torch.device("cpu"):
         base, tokenizer, record = load_base_for_adapter(args.adapter, args.base_model)
+        quantize_base = quantized_base(record)
+        if args.merge_onto == "rounded":
+            if quantize_base == "none":
+                raise TextsqlError(
+                    f"--merge_onto rounded is for a QLoRA adapter, and '{args.adapter}' was trained on an unquantized "
+                    "base: its merge into that base is exact. Leave --merge_onto out."
+                )
+            quantized = load_quantized_base(args.base_model or record["base_model"], quantize_base, "float32")
+            logger.info(
+                "Rounded %d layers of the base as %s rounds them", round_to_quantized(base, quantized), quantize_base
+            )
+            del quantized
         model = peft.PeftModel.from_pretrained(base, str(args.adapter), is_trainable=False)
         merged = model.merge_and_unload()
     merged = merged.to(torch.float32)

@@ -36,6 +36,7 @@ class Family:
     gated_mlp: bool = False
     rotary: bool = False
     packing_refusal: str = ""
+    quantize_refusal: str = ""  # why bitsandbytes cannot quantize the family's layers (--quantize_base); "" if it can
 
     @property
     def causal(self) -> bool:
@@ -95,6 +96,9 @@ FAMILIES = (
         kv_heads_keys=("num_kv_heads",),
         rotary=True,
         packing_refusal=MASK_WITHOUT_POSITIONS,
+        quantize_refusal="falcon's linear layers are FalconLinear, a subclass of nn.Linear that transformers' "
+        "bitsandbytes swap skips silently (it swaps only layers whose type is exactly nn.Linear): the base would stay "
+        "in full precision under a QLoRA name",
     ),
     _causal("gpt_bigcode", ("c_attn",), ffn_keys=("n_inner",), kv_heads_keys=("num_key_value_heads",)),
     _causal("codegen", ("qkv_proj",), ffn_keys=("n_inner",), rotary=True),

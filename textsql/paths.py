@@ -29,6 +29,9 @@ ADAPTER_CONFIG_FILE = (
 ADAPTER_RECORD_FILE = (
     "textsql_adapter.json"  # a LoRA run: its base model, tokenizer and token rows, for merging (textsql.adapters)
 )
+MERGE_RECORD_FILE = (
+    "textsql_merge.json"  # a merged QLoRA adapter: what it was merged onto and its score (textsql.merge)
+)
 QUANTIZATION_FILE = "textsql_quantization.json"  # a quantized model folder: the method and its score against the unquantized model (textsql.quantize)
 # DeepSpeed's tools in a run folder (textsql.train.dstools; --flops_profiler, --ds_monitor, --comms_logger).
 FLOPS_PROFILE_FILE = "flops_profile.txt"  # the flops profiler's per-module table of the profiled step (rank 0)

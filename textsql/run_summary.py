@@ -192,7 +192,8 @@ def _lora_text(s: RunSummary) -> str:
     if not s.lora:
         return ""
     trainable = f", {s.trainable_parameters / 1e6:.3f}M trainable parameters" if s.trainable_parameters else ""
-    return f" + LoRA r={s.lora['rank']} alpha={s.lora['alpha']:g} on {s.lora['targets']}{trainable}"
+    base = f" on an {s.lora['quantize_base']} base (QLoRA)" if s.lora.get("quantize_base") else ""
+    return f" + LoRA r={s.lora['rank']} alpha={s.lora['alpha']:g} on {s.lora['targets']}{base}{trainable}"
 
 
 def format_flops_profile(profile: dict) -> str:

@@ -20,8 +20,9 @@ def test_recipes_are_shipped():
 def test_recipe_parses_and_sets_up_a_run(recipe, tmp_path, monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)  # set_up_run decides it; monkeypatch restores it afterwards
     model, data, training = parse_arguments([str(recipe)])
-    assert model.model_id.startswith("t5-") and training.deepspeed
+    assert training.deepspeed or training.quantize_base != "none"  # sharded, or one GPU holds a quantized base
     training.runs_root = str(tmp_path / "runs")
     setup = set_up_run(model, training, devices=NodeDevices((A100_40GB,), 16))
-    assert setup.precision.name == "bf16" and setup.dsconfig is not None
+    assert setup.precision.name == "bf16" and (setup.dsconfig is not None) == bool(training.deepspeed)
     assert setup.output_dir.parent == tmp_path / "runs"
+    assert ("-qlora-nf4-r16-" in setup.output_dir.name) == (training.quantize_base == "nf4")

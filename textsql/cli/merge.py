@@ -1,9 +1,11 @@
-"""`textsql merge ADAPTER`: fold a LoRA run's adapter into its base model, giving a plain model folder."""
+"""`textsql merge ADAPTER`: fold a LoRA run's adapter into its base model, giving a plain model folder; a QLoRA
+adapter's merge scored again against the adapter on its quantized base."""
 
 from __future__ import annotations
 
-from textsql.adapters import MergeArguments, merge_adapter
+from textsql.adapters import MergeArguments
 from textsql.cli.parsing import parse_arguments
+from textsql.merge import merge_and_score
 
 
 def merge_cli(argv: list[str]) -> int:
@@ -11,10 +13,5 @@ def merge_cli(argv: list[str]) -> int:
     argv = list(argv)
     if argv and not argv[0].startswith("-"):
         argv = ["--adapter", *argv[:1], *argv[1:]]
-    args = parse_arguments(MergeArguments, "merge", argv)
-    folder = merge_adapter(args)
-    print(
-        f"merged {args.adapter} into its base model: {folder} (fp32; `textsql infer --model_dir {folder}` and "
-        "from_pretrained load it without peft)"
-    )
+    merge_and_score(parse_arguments(MergeArguments, "merge", argv))
     return 0

@@ -286,6 +286,13 @@ def precision_from_trainer_flags(precision: str, bf16: bool | None, fp16: bool |
     return flagged[0]
 
 
+def quantized_compute_dtype(gpus: tuple[Gpu, ...]) -> str:
+    """The dtype a quantized (bitsandbytes) base computes in, by torch's name: bfloat16 where every GPU has native bf16
+    (Ampere and newer), float32 on older GPUs and on the CPU. Never float16: its range overflows (T5, large
+    activations), and the LoRA update added to an fp16 product loses its small values."""
+    return "bfloat16" if gpus and all(gpu.native_bf16 for gpu in gpus) else "float32"
+
+
 def _oldest(gpus: tuple[Gpu, ...]) -> Gpu:
     return min(gpus, key=lambda gpu: tuple(gpu.capability))
 

@@ -19,6 +19,7 @@ from textsql.adapters import (
     added_token_ids,
     apply_lora,
     base_fingerprint,
+    load_quantized_base,
     parameter_counts,
     save_adapter,
 )
@@ -42,6 +43,7 @@ from textsql.strategy.devices import (
     NodeDevices,
     choose_accelerator,
     precision_from_trainer_flags,
+    quantized_compute_dtype,
     resolve_precision,
     use_accelerator,
 )
@@ -386,7 +388,7 @@ def _train(
         raise TextsqlError(
             f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation."
         )
-    model = load_model(model_args.model_id)
+    model = load_base_model(model_args.model_id, training_args, plan)
     family = family_of(model.config)  # seq2seq (T5) or causal: the collator and the Trainer follow
     if plan.fsdpconfig is not None:
         logger.info("FSDP units: %s", ", ".join(wrapped_layer_classes(model, plan.fsdpconfig)))
@@ -550,6 +552,19 @@ def build_summary(
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
     )
+
+
+def load_base_model(model_id: str, training_args: TextsqlTrainingArguments, plan: RunSetup):
+    """The model to train: as saved, or for QLoRA (--quantize_base) quantized, computing in bf16 on Ampere and newer
+    GPUs and fp32 elsewhere, its 4-bit weights stored in that dtype where ZeRO-3 or FSDP shards them."""
+    if training_args.quantize_base == "none":
+        return load_model(model_id)
+    sharded = plan.strategy.get("zero_stage") == 3 or plan.fsdpconfig is not None
+    gpus = plan.devices.gpus if plan.accelerator == "cuda" else ()
+    # bitsandbytes quantizes while loading onto the rank's own GPU; ZeRO-3 and FSDP place the shards themselves
+    placement = {"device_map": {"": training_args.local_process_index}} if gpus and not sharded else {}
+    compute = quantized_compute_dtype(gpus)
+    return load_quantized_base(model_id, training_args.quantize_base, compute, sharded, **placement)
 
 
 def wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer):
