@@ -20,7 +20,7 @@ from textsql.gptq.calibrate import BITS, DEFAULT_CALIBRATION_SAMPLES, quantize_w
 from textsql.hub import load_config, load_model, load_tokenizer
 from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE, short_name
 from textsql.prep import check_source_settings, load_prepared
-from textsql.strategy.devices import NodeDevices
+from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
 
 RECORD_VERSION = 1
 logger = logging.getLogger("textsql.quantize")
@@ -186,7 +186,7 @@ def compute_dtype(device) -> str:
         return "float32"
     gpus = NodeDevices.local().gpus
     index = min(getattr(device, "index", None) or 0, len(gpus) - 1)
-    return "bfloat16" if gpus and gpus[index].native_bf16 else "float32"
+    return quantized_compute_dtype(gpus[index : index + 1])
 
 
 def quantization_config(method: str, device):

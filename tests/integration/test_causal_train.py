@@ -220,3 +220,21 @@ def test_packing_t5_is_refused_before_a_run_folder_is_made(assets, tmp_path, tex
     assert status != 0
     assert "--packing True was asked for, but the t5 family cannot: T5 is an encoder-decoder" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_checkpoint_saved_in_bf16_trains_from_fp32_weights(causal_assets, tmp_path):
+    """Qwen2.5 and Llama checkpoints say bf16 in their config, which transformers 5 loads by default: the model to train
+    must hold fp32 weights (the optimizer's states and updates), mixed precision computing from them."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from textsql.hub import load_model
+    from textsql.train.run import load_base_model
+
+    _, model_dir = causal_assets
+    saved = tmp_path / "bf16"
+    load_model(str(model_dir), dtype=torch.bfloat16).save_pretrained(saved)
+    assert {p.dtype for p in load_model(str(saved)).parameters()} == {torch.bfloat16}  # what a plain load gives
+    model = load_base_model(str(saved), SimpleNamespace(quantize_base="none"), None)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}

@@ -555,10 +555,15 @@ def build_summary(
 
 
 def load_base_model(model_id: str, training_args: TextsqlTrainingArguments, plan: RunSetup):
-    """The model to train: as saved, or for QLoRA (--quantize_base) quantized, computing in bf16 on Ampere and newer
+    """The model to train: in fp32, or for QLoRA (--quantize_base) quantized, computing in bf16 on Ampere and newer
     GPUs and fp32 elsewhere, its 4-bit weights stored in that dtype where ZeRO-3 or FSDP shards them."""
     if training_args.quantize_base == "none":
-        return load_model(model_id)
+        import torch
+
+        # fp32 whatever the checkpoint's config says (Qwen2.5 and Llama save bf16, bloom and opt fp16; transformers 5
+        # loads that dtype by default): the optimizer's states and updates need fp32 weights, and --precision's
+        # mixed precision (autocast, DeepSpeed's bf16) computes in the lower dtype from them.
+        return load_model(model_id, dtype=torch.float32)
     sharded = plan.strategy.get("zero_stage") == 3 or plan.fsdpconfig is not None
     gpus = plan.devices.gpus if plan.accelerator == "cuda" else ()
     # bitsandbytes quantizes while loading onto the rank's own GPU; ZeRO-3 and FSDP place the shards themselves
