@@ -11,16 +11,19 @@ from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
 from textsql.paths import in_project
 
-DEMO_MODEL = "textsql-demo/tiny-t5"  # what `textsql demo` leaves in the project: a model that works offline
-HUB_MODEL = "t5-small"
+# What `textsql demo` (--family t5 or causal) leaves in the project, a model that works offline; else a hub model.
+DEMO_MODELS = {"t5": "textsql-demo/tiny-t5", "causal": "textsql-demo/tiny-qwen2"}
+HUB_MODELS = {"t5": "t5-small", "causal": "Qwen/Qwen2.5-0.5B"}
 
 
-def default_model_id() -> str:
-    """The demo's tiny T5 when the project has one (it trains on a CPU, offline), else t5-small from the hub. Pass a
-    model_id to use another: a hub name, or a folder copied into the project (`hf download t5-small --local-dir
-    models/t5-small` on a machine with internet access)."""
-    demo = Path(in_project(DEMO_MODEL))
-    return str(demo) if (demo / "config.json").is_file() else HUB_MODEL
+def default_model_id(family: str = "t5") -> str:
+    """The demo's tiny model of `family` (t5 or causal) when the project has one (it trains on a CPU, offline), else
+    t5-small or Qwen2.5-0.5B from the hub. Pass a model_id to use another: a hub name, or a folder copied into the
+    project (`hf download t5-small --local-dir models/t5-small` on a machine with internet access)."""
+    if family not in DEMO_MODELS:
+        raise TextsqlError(f"family is one of {', '.join(DEMO_MODELS)}, not '{family}'.")
+    demo = Path(in_project(DEMO_MODELS[family]))
+    return str(demo) if (demo / "config.json").is_file() else HUB_MODELS[family]
 
 
 def show_error(shell, exception_type, exception, traceback, tb_offset=None):
