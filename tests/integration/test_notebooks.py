@@ -133,3 +133,38 @@ def test_finetune_lora_notebook_executes(assets, tmp_path, cpu_env, monkeypatch)
     assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()  # merged: a plain model
     assert (adapter.parent / f"{adapter.name}-merged-dynamic-int8" / "textsql_quantization.json").is_file()
     assert "dynamic-int8" in text and "Traceback" not in text
+
+
+@pytest.mark.slow
+def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_path, cpu_env, monkeypatch):
+    """prep -> LoRA -> merge -> quantize -> compare on the tiny causal LM, with no model_id (the demo's, offline) and a
+    T5 run compared beside it on the same questions."""
+    for key, value in cpu_env.items():
+        monkeypatch.setenv(key, value)
+    _, model_dir = causal_assets
+    (tmp_path / "textsql-demo").mkdir()
+    (tmp_path / "textsql-demo" / "tiny-qwen2").symlink_to(model_dir)
+    notebook = execute(
+        "finetune_causal_lm.ipynb",
+        tmp_path,
+        {
+            "source": str(causal_assets[0].parent / "wikisql-generated"),
+            "max_examples_per_split": 48,
+            "lora_rank": 4,
+            "per_device_train_batch_size": 16,
+            "method": "dynamic-int8",
+            "max_examples": 6,
+            "max_new_tokens": 12,
+            "t5_model": str(trained_run[0]),
+            "extra_args": {"max_steps": 4, "eval_strategy": "no", "save_strategy": "no", "learning_rate": 1e-2},
+        },
+    )
+    text = outputs_text(notebook)
+    assert "layout: causal LM (qwen2)" in text and "### Question: " in text and "### Columns: " in text
+    (adapter,) = (tmp_path / "runs").glob("tiny-qwen2-none-lora-r4-*-steps4")
+    assert (adapter / "adapter_config.json").is_file()
+    assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()
+    assert (adapter.parent / f"{adapter.name}-merged-dynamic-int8" / "textsql_quantization.json").is_file()
+    for row in ("base ", "lora ", "merged ", "dynamic-int8 ", "t5 "):
+        assert f"\n{row}" in text, f"{row!r} is not a row of the comparison"
+    assert "qwen2" in text and "Traceback" not in text
