@@ -6,6 +6,13 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+# After a split comparison (textsql.serve.compare): the questions where the models wrote different SQL.
+DISAGREEMENTS_CELL = (
+    "import pandas as pd\n\n"
+    "rows = [{'question': q['question'], 'gold': q['gold_sql'], **{label: m['sql'] for label, m in q['models'].items()}}\n"
+    "        for q in report['questions'] if len({m['sql'] for m in q['models'].values()}) > 1]\n"
+    "pd.DataFrame(rows).head(10)  # questions where the models disagree"
+)
 NOTEBOOKS = {
     "prep_dataset.ipynb": [
         new_markdown_cell(
@@ -287,12 +294,7 @@ NOTEBOOKS = {
             "report = comparison.compare_split(max_examples)\n"
             "print(format_split_comparison(report))"
         ),
-        new_code_cell(
-            "import pandas as pd\n\n"
-            "rows = [{'question': q['question'], 'gold': q['gold_sql'], **{label: m['sql'] for label, m in q['models'].items()}}\n"
-            "        for q in report['questions'] if len({m['sql'] for m in q['models'].values()}) > 1]\n"
-            "pd.DataFrame(rows).head(10)  # questions where the models disagree"
-        ),
+        new_code_cell(DISAGREEMENTS_CELL),
     ],
 }
 

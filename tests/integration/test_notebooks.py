@@ -24,6 +24,12 @@ def execute(name: str, tmp_path: Path, parameters: dict) -> dict:
     return nbformat.read(output, as_version=4)
 
 
+def demo_model_in_project(project: Path, name: str, model_dir: Path) -> None:
+    """`project`/textsql-demo/`name` as `textsql demo` leaves it: a notebook's default model, which works offline."""
+    (project / "textsql-demo").mkdir(exist_ok=True)
+    (project / "textsql-demo" / name).symlink_to(model_dir)
+
+
 def outputs_text(notebook) -> str:
     texts = []
     for cell in notebook.cells:
@@ -51,8 +57,7 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
         monkeypatch.setenv(key, value)
     _, model_dir = assets
     # No model_id: a notebook's default is the demo's tiny T5 when the project has one, which works offline.
-    (tmp_path / "textsql-demo").mkdir()
-    (tmp_path / "textsql-demo" / "tiny-t5").symlink_to(model_dir)
+    demo_model_in_project(tmp_path, "tiny-t5", model_dir)
     prep = execute(
         "prep_dataset.ipynb",
         tmp_path,
@@ -141,9 +146,7 @@ def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_pa
     T5 run compared beside it on the same questions."""
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
-    _, model_dir = causal_assets
-    (tmp_path / "textsql-demo").mkdir()
-    (tmp_path / "textsql-demo" / "tiny-qwen2").symlink_to(model_dir)
+    demo_model_in_project(tmp_path, "tiny-qwen2", causal_assets[1])
     notebook = execute(
         "finetune_causal_lm.ipynb",
         tmp_path,
