@@ -207,9 +207,9 @@ def demo_step(echo, number: int, title: str):
 
 
 DEMO_STEPS = 4
-# Minutes on 2 idle CPU cores: T5's measured (README, "Measured"); the causal LM's scaled by its training time against
-# T5's, both measured in one run on the same machine (docs/causal-lm.md, "The demo").
-DEMO_IDLE_MINUTES = {"t5": 4, "causal": 5}
+# Minutes on 2 idle CPU cores: T5's measured (README, "Measured"); the causal LM's from its training time against T5's,
+# measured alternately in one run on the same machine: about the same (docs/causal-lm.md, "The demo").
+DEMO_IDLE_MINUTES = {"t5": 4, "causal": 4}
 
 
 def demo_estimate(cores: int, load_average: float, idle_minutes: float = DEMO_IDLE_MINUTES["t5"]) -> str:
