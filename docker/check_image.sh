@@ -3,9 +3,9 @@
 # docker/Dockerfile.workbench. Any failure fails the build, with the reason.
 # Inputs (environment): TORCH_VERSION, DS_BUILD_OPS / DS_BUILD_CPU_ADAM / DS_BUILD_FUSED_ADAM (1 = pre-built),
 # CPU_ARCH (the target of pre-built CPU ops), ML_RUNTIME_CUDA_VERSION (from the CML base), CUDA_HOME,
-# TEXTSQL_REQUIREMENTS (default /etc/textsql/requirements.txt).
+# TEXTSQL_REQUIREMENTS (default: every /etc/textsql/requirements*.txt the image copied, space-separated).
 set -euo pipefail
-export TEXTSQL_REQUIREMENTS="${TEXTSQL_REQUIREMENTS:-/etc/textsql/requirements.txt}"
+export TEXTSQL_REQUIREMENTS="${TEXTSQL_REQUIREMENTS:-$(echo /etc/textsql/requirements*.txt)}"
 fail() { echo "check_image: FAILED: $*" >&2; exit 1; }
 ok() { echo "check_image: ok: $*"; }
 
@@ -41,7 +41,9 @@ if found="$(grep -rIil -E 'StrictHostKeyChecking[[:space:]=]+no' /etc/ssh 2>/dev
 ok "no host keys, no private keys, host key checking not disabled"
 
 # 4. torch: the pinned version, a CUDA build of the same CUDA major as nvcc (DeepSpeed's JIT refuses a major
-#    mismatch); then every pin of requirements.txt installed at exactly its version.
+#    mismatch); then every pin of every requirements file installed at exactly its version, and the extras' packages
+#    a CML user reaches for importable (LoRA/QLoRA and the causal-LM road: peft, bitsandbytes; quantization: torchao;
+#    the compare app: gradio; CML Experiments: mlflow).
 python3 - "$nvcc_release" <<'EOF'
 import re, sys
 from importlib.metadata import version, PackageNotFoundError
@@ -60,22 +62,31 @@ if torch.version.cuda.split(".")[0] != nvcc.split(".")[0]:
              "(choose a torch CUDA variant of the same major with TORCH_INDEX_URL, or a base of that CUDA)")
 print(f"check_image: ok: torch {torch.__version__} (CUDA {torch.version.cuda}), nvcc {nvcc}")
 
-bad = []
-for line in open(os.environ["TEXTSQL_REQUIREMENTS"]):
-    line = line.split("#", 1)[0].strip()
-    m = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)==(\S+)", line)
-    if not m:
-        continue
-    name, pinned = re.sub(r"\[.*\]", "", m.group(1)), m.group(2)
-    try:
-        installed = version(name)
-    except PackageNotFoundError:
-        installed = None
-    if installed != pinned:
-        bad.append(f"{name}: {installed or 'missing'} installed, {pinned} pinned")
+bad, files = [], os.environ["TEXTSQL_REQUIREMENTS"].split()
+for path in files:
+    for line in open(path):
+        line = line.split("#", 1)[0].strip()
+        m = re.fullmatch(r"([A-Za-z0-9_.\-\[\]]+)==(\S+)", line)
+        if not m:
+            continue
+        name, pinned = re.sub(r"\[.*\]", "", m.group(1)), m.group(2)
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            installed = None
+        if installed != pinned:
+            bad.append(f"{os.path.basename(path)}: {name}: {installed or 'missing'} installed, {pinned} pinned")
 if bad:
-    sys.exit("check_image: FAILED: requirements.txt not honoured: " + "; ".join(bad))
-print("check_image: ok: every pin of requirements.txt installed")
+    sys.exit("check_image: FAILED: requirements not honoured: " + "; ".join(bad))
+print("check_image: ok: every pin installed (" + ", ".join(os.path.basename(p) for p in files) + ")")
+
+import importlib
+for module in ("peft", "bitsandbytes", "torchao", "gradio", "mlflow"):
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # noqa: BLE001 - any failure to import is the finding
+        sys.exit(f"check_image: FAILED: {module} (a textsql extra) does not import: {error}")
+print("check_image: ok: peft, bitsandbytes, torchao, gradio and mlflow import")
 EOF
 
 # 5. Pre-built DeepSpeed ops, when asked for.

@@ -81,18 +81,18 @@ NOTEBOOKS = {
     "train_multi_pod.ipynb": [
         new_markdown_cell(
             "# Train on several pods with DeepSpeed\n\n"
-            "This session is node 0. `Cluster.start()` launches `workers` worker pods (CML: `cml.workers_v1.launch_workers`); each "
-            "runs a small node agent that connects back to this session and proves it belongs to this cluster with a token "
-            "passed in its environment. No ssh and no keys: nothing secret is written to the project folder. The preflight "
-            "decides once, from every node, CPU or GPU, precision, ranks and threads per node, and which checkpoint to resume "
-            "from; then every node runs `deepspeed --no_ssh --node_rank i` and the ranks' output streams here. On any failure "
-            "or interrupt every node is stopped, the rank that failed first is named, and the message says which checkpoint "
-            "the next run resumes from: run the notebook again to resume.\n\n"
+            "Every pod — this session and `workers` worker pods (CML: `cml.workers_v1.launch_workers`) — runs torchrun's "
+            "elastic agent (c10d rendezvous at this session's address); each pod's command and environment are fixed when "
+            "it is created, so no pod listens for orders. No ssh and no keys. `cluster.train` decides once CPU or GPU, "
+            "precision and which checkpoint to resume from, starts the pods, shows every rank's output here, and stops "
+            "every pod when it ends: on any failure, interrupt (Ctrl-C) or a pod that is lost, frozen or never starts, "
+            "the rank or pod that failed first is named, and the message says which checkpoint the next run resumes "
+            "from: run the cell again to resume.\n\n"
             "Long trainings: CML ends an idle session (and its workers) after its idle timeout. Run the same training as a "
             "CML Job instead: `textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- <training arguments>`.\n\n"
-            '`backend = "local"` runs the same on this machine (node 0 = 127.0.0.1, workers 127.0.0.2, ...). Runs land in `runs/`; '
-            "launch logs in `.textsql/cluster/`. Variables you set to tune or debug (`NCCL_*`, `TORCH_NCCL_*`, `DS_*`, `HF_*`, "
-            "`PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
+            '`backend = "local"` runs the same on this machine (the session 127.0.0.1, workers 127.0.0.2, ...). Runs land in '
+            "`runs/`; launch logs in `.textsql/cluster/`. Variables you set to tune or debug (`NCCL_*`, `TORCH_NCCL_*`, "
+            "`DS_*`, `HF_*`, `PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
         ),
         new_code_cell(
             'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
@@ -189,19 +189,22 @@ NOTEBOOKS = {
             "(as `textsql merge` does), quantizes the merged model (`textsql quantize`: the method's size, questions/s and "
             "execution-accuracy delta against the unquantized model), and compares base, adapter, merged and quantized "
             "models on the same questions (`textsql compare --output`). The side-by-side web app is `textsql compare` "
-            "(a CML Application: `scripts/compare_app.py`). Needs the lifecycle extra (`pip install '.[lifecycle]'`)."
+            "(a CML Application: `scripts/compare_app.py`). Needs the lifecycle extra (`pip install '.[lifecycle]'`).\n\n"
+            "Offline, the base is the model `textsql demo` fine-tuned (a few minutes on a CPU): it writes SQL's shape, "
+            "so the adapter's few epochs change answers the last cell shows. An untrained base writes the same tokens "
+            "whatever the adapter, and the last cell says so."
         ),
         new_code_cell(
-            "model_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\n"
+            "model_id = None  # None: the model textsql demo fine-tuned (offline), else its tiny T5, else t5-small\n"
             'dataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
             "lora_rank = 8\nepochs = 3\nper_device_train_batch_size = 32\n"
             'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU)\nmax_examples = 200\nextra_args = {}  # any other Trainer argument',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id\n"
+            "from textsql.notebook import default_model_id, trained_demo_model\n"
             "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments, run_training\n\n"
-            "model_id = model_id or default_model_id()\n"
+            "model_id = model_id or trained_demo_model() or default_model_id()\n"
             "training = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, lora_rank=lora_rank,\n"
             "                                    num_train_epochs=epochs, per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
             "summary = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), training)\n"
@@ -226,6 +229,9 @@ NOTEBOOKS = {
             "import pandas as pd\n\n"
             "rows = [{'question': q['question'], 'gold': q['gold_sql'], **{label: m['sql'] for label, m in q['models'].items()}}\n"
             "        for q in report['questions'] if len({m['sql'] for m in q['models'].values()}) > 1]\n"
+            "if not rows:\n"
+            "    print('The models wrote the same SQL on every question: an untrained base (the tiny T5 before `textsql demo` '\n"
+            "          'fine-tunes it) writes the same few tokens whatever the adapter. Run `textsql demo`, or train longer.')\n"
             "pd.DataFrame(rows).head(10)  # questions where the models disagree"
         ),
     ],

@@ -126,6 +126,29 @@ def textsql_in_process(restored_environ, monkeypatch, capsys):
         handler.close()
 
 
+def main_in_process(argv: list[str], env: dict[str, str]) -> int:
+    """`textsql ARGV` in this process with `env` over os.environ, for fixtures wider than one test (where
+    textsql_in_process cannot serve): os.environ and the root logger's handlers are as before afterwards, and no
+    launcher's rank variables are seen."""
+    import logging
+
+    from textsql.cli import main
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # a single process, not a rank
+        os.environ.pop(name, None)
+    try:
+        return main(list(argv))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        root = logging.getLogger()  # textsql train configured logging for its run
+        for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
+            root.removeHandler(handler)
+            handler.close()
+
+
 @pytest.fixture
 def cpu_env(tmp_path):
     """Environment for child processes: DeepSpeed on the CPU, offline hub, one thread per rank."""
@@ -160,10 +183,16 @@ def tiny_train_argv(assets, runs_root, *extra, **flags) -> list[str]:
 def headless_chromium(*args, user_data_dir: Path, window: str = "1400,900", timeout: int = 180):
     """Run headless Chromium on `args` (a page to dump or shoot) with a fresh profile and none of its background
     connections (the machine's network is closed; they would be refused, many at a time): the CompletedProcess."""
+    command = chromium_command(*args, user_data_dir=user_data_dir, window=window)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def chromium_command(*args, user_data_dir: Path, window: str = "1400,900") -> list[str]:
+    """headless_chromium's command line (for a browser driven over --remote-debugging-pipe)."""
     browser = shutil.which("chromium") or (CHROMIUM if Path(CHROMIUM).exists() else None)
     if browser is None:
         pytest.fail("Headless Chromium is needed: as root, `apt-get update && apt-get install -y chromium` (Debian's).")
-    command = [
+    return [
         browser,
         "--headless",
         "--no-sandbox",
@@ -177,7 +206,6 @@ def headless_chromium(*args, user_data_dir: Path, window: str = "1400,900", time
         f"--window-size={window}",
         *args,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

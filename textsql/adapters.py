@@ -14,7 +14,7 @@ from textsql.checkpoints import CHECKPOINT
 from textsql.errors import TextsqlError
 from textsql.families import LORA_PRESETS, family_of, lora_target_modules
 from textsql.hub import load_model, load_tokenizer
-from textsql.paths import ADAPTER_CONFIG_FILE, ADAPTER_RECORD_FILE
+from textsql.paths import ADAPTER_CONFIG_FILE, ADAPTER_RECORD_FILE, short_name
 from textsql.prep import tokenizer_fingerprint
 from textsql.vocabulary import fit_embeddings
 
@@ -404,8 +404,8 @@ def merged_dir(args: MergeArguments) -> Path:
         return Path(args.output_dir)
     adapter = Path(str(args.adapter).rstrip("/"))
     if is_lora_checkpoint(adapter):
-        return adapter.parent.parent / f"{adapter.parent.name}-{adapter.name}-merged"
-    return Path(f"{adapter}-merged")
+        return adapter.parent.parent / short_name(adapter.parent.name, f"{adapter.name}-merged")
+    return adapter.parent / short_name(adapter.name, "merged")
 
 
 def merge_adapter(args: MergeArguments) -> Path:

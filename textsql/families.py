@@ -17,7 +17,9 @@ class Family:
 
     `lora_targets` maps textsql's LoRA presets (--lora_targets) to peft's target_modules: the module names of the
     attention's query and value projections ("qv": fused query-key-value layers where the family fuses them) or
-    `all-linear`. `fp16_safe` is False where the family's checkpoints overflow fp16 (T5 was pretrained in bf16)."""
+    `all-linear`. `fp16_safe` is False where the family's checkpoints overflow fp16 (T5 was pretrained in bf16).
+    `packing_refusal` says why the family cannot train on packed batches (textsql.train.collate.check_packing); empty
+    where it can."""
 
     name: str
     model_types: tuple[str, ...]
@@ -25,6 +27,15 @@ class Family:
     lora_targets: dict = field(default_factory=dict)
     fp16_safe: bool = True
     fp16_reason: str = ""
+    # The memory planner's reading of a causal family's config (textsql.planner.causal), checked against the model
+    # built on the meta device for every family: the config keys of the feed-forward width (none set: 4 x hidden), of
+    # the key-value heads (none set: one per query head; `multi_query` without falcon's new decoder architecture: 1),
+    # whether the feed-forward block is gated (gate, up and down projections) and whether rotary embeddings save q, k.
+    ffn_keys: tuple[str, ...] = ()
+    kv_heads_keys: tuple[str, ...] = ()
+    gated_mlp: bool = False
+    rotary: bool = False
+    packing_refusal: str = ""
 
     @property
     def causal(self) -> bool:
@@ -40,8 +51,21 @@ class Family:
         return "Trainer" if self.causal else "Seq2SeqTrainer"
 
 
-def _causal(name: str, qv: tuple[str, ...], *model_types: str) -> Family:
-    return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR})
+def _causal(name: str, qv: tuple[str, ...], *model_types: str, **extra) -> Family:
+    return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR}, **extra)
+
+
+_LLAMA_LIKE = {"ffn_keys": ("intermediate_size",), "kv_heads_keys": ("num_key_value_heads",), "gated_mlp": True}
+
+
+# Packed batches keep examples apart through the position ids, which restart at each example: transformers 5.23's
+# mask builder (masking_utils.create_causal_mask) turns them into a block-diagonal mask for sdpa and eager attention,
+# and flash-attention reads them as the examples' boundaries. These families call it without the position ids
+# (measured: the loss of a packed batch differs from the padded one's, and a packed example's logits from its own).
+MASK_WITHOUT_POSITIONS = (
+    "its transformers modeling code builds the attention mask without the position ids, so the examples packed "
+    "into one row would attend to the ones before them"
+)
 
 
 # T5's module names: q, k, v, o in every attention, wi (wi_0, wi_1 when gated: T5 v1.1, flan-t5) and wo in every
@@ -56,16 +80,25 @@ FAMILIES = (
         fp16_safe=False,
         fp16_reason="T5 checkpoints were pretrained in bf16 and their activations overflow fp16, giving NaN losses "
         "(t5-large and larger)",
+        packing_refusal="T5 is an encoder-decoder: packing flattens one sequence per batch, which only a decoder-only "
+        "model reads (T5's encoder and decoder each need the examples' own lengths)",
     ),
-    _causal("llama", ("q_proj", "v_proj")),
-    _causal("qwen2", ("q_proj", "v_proj")),
-    _causal("mistral", ("q_proj", "v_proj")),
-    _causal("opt", ("q_proj", "v_proj")),
-    _causal("bloom", ("query_key_value",)),  # fused query-key-value
-    _causal("falcon", ("query_key_value",)),
-    _causal("gpt_bigcode", ("c_attn",)),
-    _causal("codegen", ("qkv_proj",)),
-    _causal("gpt2", ("c_attn",)),  # a Conv1D, which peft adapts too
+    _causal("llama", ("q_proj", "v_proj"), rotary=True, **_LLAMA_LIKE),
+    _causal("qwen2", ("q_proj", "v_proj"), rotary=True, **_LLAMA_LIKE),
+    _causal("mistral", ("q_proj", "v_proj"), rotary=True, **_LLAMA_LIKE),
+    _causal("opt", ("q_proj", "v_proj"), ffn_keys=("ffn_dim",), packing_refusal=MASK_WITHOUT_POSITIONS),
+    _causal("bloom", ("query_key_value",), packing_refusal=MASK_WITHOUT_POSITIONS),  # fused query-key-value
+    _causal(
+        "falcon",
+        ("query_key_value",),
+        ffn_keys=("ffn_hidden_size",),
+        kv_heads_keys=("num_kv_heads",),
+        rotary=True,
+        packing_refusal=MASK_WITHOUT_POSITIONS,
+    ),
+    _causal("gpt_bigcode", ("c_attn",), ffn_keys=("n_inner",), kv_heads_keys=("num_key_value_heads",)),
+    _causal("codegen", ("qkv_proj",), ffn_keys=("n_inner",), rotary=True),
+    _causal("gpt2", ("c_attn",), ffn_keys=("n_inner",)),  # a Conv1D, which peft adapts too
 )
 LORA_PRESETS = ("qv", "all")
 

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
-from textsql.paths import in_project
+from textsql.paths import SUMMARY_FILE, in_project
 
 # What `textsql demo` (--family t5 or causal) leaves in the project, a model that works offline; else a hub model.
 DEMO_MODELS = {"t5": "textsql-demo/tiny-t5", "causal": "textsql-demo/tiny-qwen2"}
+DEMO_RUNS = "textsql-demo/runs"  # and the runs that fine-tuned them
 HUB_MODELS = {"t5": "t5-small", "causal": "Qwen/Qwen2.5-0.5B"}
 
 
@@ -24,6 +25,16 @@ def default_model_id(family: str = "t5") -> str:
         raise TextsqlError(f"family is one of {', '.join(DEMO_MODELS)}, not '{family}'.")
     demo = Path(in_project(DEMO_MODELS[family]))
     return str(demo) if (demo / "config.json").is_file() else HUB_MODELS[family]
+
+
+def trained_demo_model() -> str | None:
+    """The demo's fine-tuned model (its newest finished run) when the project has one, else None: a base that already
+    writes SQL's shape, so that an adapter trained for minutes on top of it changes answers one can see (on the demo's
+    untrained tiny T5 every model writes the same few tokens)."""
+    # the tiny T5's runs only: `textsql demo --family causal` leaves its runs (tiny-qwen2-...) in the same folder
+    runs = Path(in_project(DEMO_RUNS)).glob(f"{Path(DEMO_MODELS['t5']).name}-*/{SUMMARY_FILE}")
+    finished = sorted(runs, key=lambda path: path.stat().st_mtime)
+    return str(finished[-1].parent) if finished else None
 
 
 def show_error(shell, exception_type, exception, traceback, tb_offset=None):

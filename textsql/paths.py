@@ -4,6 +4,7 @@ docs/architecture.md has the same table for people. A file's format has one modu
 beside each name here); everything else asks that module, or takes the name from here.
 """
 
+import hashlib
 import os
 from importlib import resources
 from pathlib import Path
@@ -36,6 +37,30 @@ COMMS_SUMMARY_FILE = "comms_summary.txt"  # DeepSpeed's comms logger: deepspeed.
 LAUNCH_RECORD_FILE = (
     "textsql-launch.json"  # multi-pod: the world size and nodes of the launch that trains it (textsql.cluster.runs)
 )
+
+# Folder names textsql makes (a run, a merged adapter, a quantized model) stay short: every setting is in the folder's
+# own record (run_summary.json, textsql_adapter.json, textsql_quantization.json), the name only has to be readable and
+# unique. A model's own name in a run's name is cut at MODEL_NAME_LIMIT (a run folder used as a base is not repeated
+# whole), a whole name at NAME_LIMIT; a cut name ends in a hash of the whole one, so two names never meet.
+NAME_LIMIT = 80
+MODEL_NAME_LIMIT = 28
+NAME_HASH_LENGTH = 6
+
+
+def short_name(name: str, suffix: str = "", limit: int = NAME_LIMIT) -> str:
+    """`name-suffix` when it fits in `limit` characters; else the leading dash-separated parts of `name` that fit,
+    a hash of the whole `name-suffix`, and `suffix` (what the step adds, such as 'merged', is kept): e.g.
+    'tiny-t5-zero2-ws1-bs16-lr0.002-ep8-seed0-warmup50-3f9a1c'."""
+    whole = f"{name}-{suffix}" if suffix else name
+    if len(whole) <= limit:
+        return whole
+    digest = hashlib.sha256(whole.encode()).hexdigest()[:NAME_HASH_LENGTH]
+    room = limit - len(digest) - 1 - (len(suffix) + 1 if suffix else 0)
+    head = name[: max(room, 1)]
+    if len(name) > len(head) and name[len(head)] != "-" and "-" in head:
+        head = head[: head.rindex("-")]  # whole parts only (never 'constant_with_' of a cut part)
+    return "-".join(part for part in (head.rstrip("-_."), digest, suffix) if part)
+
 
 # A local launch (textsql.train.local_launch): a private temporary folder, removed afterwards.
 ARGUMENTS_FILE = "train-arguments.json"  # the three argument dataclasses as one JSON object, parsed once by each rank
@@ -90,3 +115,8 @@ def in_project(path: str | None, *, only_if_exists: bool = False) -> str | None:
     if root == Path.cwd() or (only_if_exists and not (root / path).exists()):
         return path
     return str(root / path)
+
+
+# MLflow's local store (textsql.tracking), under the runs root, when no tracking server is configured.
+MLFLOW_STORE_FILE = "mlflow.db"  # runs, parameters and metrics (SQLite)
+MLFLOW_ARTIFACTS_DIR = "mlartifacts"  # their artifacts: run summaries, configs, models

@@ -94,7 +94,14 @@ class PrepArguments:
     generate_questions_per_table: int = field(
         default=10, metadata={"help": "With --source generate: questions per table."}
     )
-    seed: int = field(default=0, metadata={"help": "Seed for the generator."})
+    seed: int = field(default=0, metadata={"help": "Seed for the generator (and for --validation_from_train)."})
+    validation_from_train: float = field(
+        default=0.0,
+        metadata={
+            "help": "For a source without a validation (dev) split: hold out this fraction of the train split's "
+            "tables as validation (e.g. 0.1), so training can evaluate. 0: none."
+        },
+    )
     overwrite: bool = field(default=False, metadata={"help": "Replace a prepared dataset already in output_dir."})
 
     def __post_init__(self):
@@ -116,6 +123,11 @@ class PrepArguments:
             raise TextsqlError("--max_source_length and --max_target_length must be at least 8 tokens.")
         if self.max_examples_per_split is not None and self.max_examples_per_split < 1:
             raise TextsqlError("--max_examples_per_split must be a positive number (or left out for all).")
+        if not 0 <= self.validation_from_train < 0.5:
+            raise TextsqlError(
+                f"--validation_from_train is the fraction of train held out as validation, from 0 to below 0.5 "
+                f"(e.g. 0.1), not {self.validation_from_train!r}."
+            )
         if self.generate_train_tables < 5 or self.generate_questions_per_table < 1:
             raise TextsqlError(
                 "--generate_train_tables must be at least 5 and --generate_questions_per_table at least 1."
@@ -154,6 +166,7 @@ def prepare_dataset(args: PrepArguments):
         raise TextsqlError(
             f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}."
         )
+    data = validation_split(data, args)
     if args.source_format != "question" and not data.tables:
         raise TextsqlError(
             f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
@@ -253,6 +266,56 @@ def prepare_dataset(args: PrepArguments):
     }
     (output_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
     return output_dir
+
+
+def validation_split(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
+    """The source's own validation split; else, with --validation_from_train, that fraction of train's tables held out
+    (whole tables, as WikiSQL's own splits are: a question on a table seen in training would flatter the score); else a
+    warning now rather than training stopping at its first evaluation."""
+    if data.splits.get("validation"):
+        if args.validation_from_train:
+            raise TextsqlError(
+                f"'{args.source}' has its own validation (dev) split, so --validation_from_train "
+                f"{args.validation_from_train:g} would set part of train aside for nothing. Leave the flag out."
+            )
+        return data
+    train = data.splits["train"]
+    if not args.validation_from_train:
+        logger.warning(
+            "'%s' has no validation (dev) split, so the prepared data has none: `textsql train` evaluates each epoch by "
+            "default and would stop at the first evaluation. Prepare again with --validation_from_train 0.1 (a tenth of "
+            "train's tables held out as validation), or train with --eval_strategy no.",
+            args.source,
+        )
+        return data
+    keys = [example.table_id or f"#{i}" for i, example in enumerate(train)]  # a copy without tables: each question
+    count = Counter(keys)
+    tables = sorted(count)
+    np.random.default_rng(args.seed).shuffle(tables)
+    held_out, taken = set(), 0
+    for table in tables:
+        if taken >= args.validation_from_train * len(train):
+            break
+        held_out.add(table)
+        taken += count[table]
+    if len(held_out) == len(tables):
+        raise TextsqlError(
+            f"'{args.source}' has {len(tables)} table(s) in its train split: holding out whole tables as validation "
+            "would leave nothing to train on. Use a source with a dev split, or a larger train split."
+        )
+    validation = [e for e, key in zip(train, keys) if key in held_out]
+    kept = [e for e, key in zip(train, keys) if key not in held_out]
+    data.splits = {**data.splits, "train": kept, "validation": validation}
+    logger.warning(
+        "'%s' has no validation (dev) split: %d questions on %d of train's %d tables are held out as validation "
+        "(--validation_from_train %g).",
+        args.source,
+        len(validation),
+        len(held_out),
+        len(tables),
+        args.validation_from_train,
+    )
+    return data
 
 
 def _header(data: WikiSQLData, example: Example) -> list[str] | None:

@@ -16,7 +16,7 @@ from textsql.errors import TextsqlError
 from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set, pick_device
 from textsql.extras import require_lifecycle_extra
 from textsql.hub import load_model, load_tokenizer
-from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE
+from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE, short_name
 from textsql.prep import check_source_settings, load_prepared
 from textsql.strategy.devices import NodeDevices
 
@@ -263,7 +263,8 @@ def quantize_and_save(args: QuantizeArguments, device) -> Path:
             "unquantized model it came from."
         )
     check_method_device(args.method, device)
-    output = Path(args.output_dir or f"{str(args.model_dir).rstrip('/')}-{args.method}")
+    source = Path(str(args.model_dir).rstrip("/"))
+    output = Path(args.output_dir) if args.output_dir else source.parent / short_name(source.name, args.method)
     tokenizer = load_tokenizer(args.model_dir)
     config = quantization_config(args.method, device)
     if config is None:  # dynamic-int8: the fp32 weights are what is saved

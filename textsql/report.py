@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from textsql.paths import METRICS_FILE as EVAL_METRICS_FILE
 from textsql.paths import REPORT_DIR, SUMMARY_FILE, in_project
 from textsql.run_summary import GIB, RunSummary, read_summary
 from textsql.strategy.table import strategy_rank
+from textsql.tracking import download_summaries
 from textsql.wikisql.sql import COMPONENTS
 
 logger = logging.getLogger(__name__)
@@ -438,12 +440,24 @@ def plot_loss_curves(records: list[RunRecord], table, path: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_report(runs_root: str | Path = "runs", output_dir: str | Path | None = None, *, plots: bool = True) -> Report:
+def build_report(
+    runs_root: str | Path = "runs",
+    output_dir: str | Path | None = None,
+    *,
+    plots: bool = True,
+    mlflow_experiment: str | None = None,
+) -> Report:
     """Collect every run under runs_root, save report.md, report.csv and the PNG plots in output_dir.
 
-    output_dir defaults to <runs_root>/report. Returns a Report (its `table` is a pandas DataFrame).
+    output_dir defaults to <runs_root>/report. Returns a Report (its `table` is a pandas DataFrame). With
+    `mlflow_experiment`, the runs are those of that MLflow experiment (textsql.tracking: $MLFLOW_TRACKING_URI, else
+    the local store under runs_root), their summaries fetched into a temporary folder.
     """
     runs_root = Path(in_project(str(runs_root)))  # the project's runs/, from notebooks/ too
+    if mlflow_experiment:
+        with tempfile.TemporaryDirectory(prefix="textsql-mlflow-") as fetched:
+            download_summaries(mlflow_experiment, Path(fetched), runs_root)
+            return build_report(fetched, output_dir or runs_root / REPORT_DIR, plots=plots)
     skipped: list[str] = []
     records = find_runs(runs_root, skipped=skipped)
     if not records:

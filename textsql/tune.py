@@ -11,7 +11,7 @@ import os
 import re
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from textsql.errors import TextsqlError
@@ -37,6 +37,7 @@ from textsql.planner.memory import (
 from textsql.strategy.devices import NodeDevices, choose_accelerator, resolve_precision
 from textsql.strategy.fsdpconfig import check_fsdp_devices, is_fsdp_config_name
 from textsql.strategy.table import NVME_STRATEGIES, STRATEGIES, is_fsdp, strategy_rank
+from textsql.tracking import candidate_values, end_tune_run, start_tune_run
 from textsql.train.arguments import arguments_dict, arguments_from_dict, parse_arguments
 from textsql.train.local_launch import TrainingTimedOut, node_devices, ranks_per_node, run_training
 
@@ -338,6 +339,7 @@ def candidate_arguments(base: dict, candidate: Candidate, args: TuneArguments, o
     )
     values.update(strategy_values(candidate.strategy))
     values.update(ADAPTERS.get(candidate.adapter, {}))
+    values.update(candidate_values(base.get("mlflow_parent_run_id")))  # a tracked tune: nested MLflow runs
     return arguments_from_dict(values)
 
 
@@ -485,8 +487,9 @@ def local_trainer(arguments, echo, timeout_s: float | None = None) -> object:
 
 def cluster_trainer(cluster):
     """One measurement through a started textsql cluster (textsql.cluster.Cluster) on several pods: past `timeout_s`
-    every node's launch is stopped (TrainingTimedOut, as on one pod); the workers are kept between candidates, also
-    after a failure or a time-out. Every line the launch shows also goes to the candidate's log."""
+    every pod is stopped (TrainingTimedOut, as on one pod); each candidate runs on pods of its own (a pod's command is
+    fixed when it is created), also after a failure or a time-out. Every line the launch shows also goes to the
+    candidate's log."""
 
     def train(arguments, echo, timeout_s=None):
         shown = cluster.echo
@@ -712,7 +715,7 @@ def run_tune(
             )
         else:
             echo(f"{position} {candidate.key}: training {args.warmup_steps} + {args.timed_steps} steps ...")
-            row = measure(candidate, args, base, world, repeat, train)
+            row = measure(candidate, args, runs_base, world, repeat, train)
             measured_now += 1
         row["fingerprint"] = print_
         append_result(results_path, row)
@@ -723,12 +726,18 @@ def run_tune(
         echo(f"{position} {candidate.key}: {describe_row(row)}")
 
     ordered = sorted(candidates, key=lambda c: (strategy_rank(c.strategy), c.strategy, c.micro_batch, c.adapter))
-    for i, candidate in enumerate(ordered, 1):
-        run_one(candidate, 0, f"[{i}/{len(ordered)}]")
+    parent = start_tune_run(base, asdict(args), tune_dir)  # MLflow: the tune's run, each candidate nested under it
+    runs_base = dict(base, mlflow_parent_run_id=parent["run_id"]) if parent else base
+    try:
+        for i, candidate in enumerate(ordered, 1):
+            run_one(candidate, 0, f"[{i}/{len(ordered)}]")
+        for round_, contenders in enumerate(repeat_rounds(rows, ordered, args), 1):
+            for i, candidate in enumerate(contenders, 1):
+                run_one(candidate, round_, f"[round {round_ + 1}/{args.repeats}, {i}/{len(contenders)}]")
+    except BaseException:
+        end_tune_run(parent, failed=True)
+        raise
     by_key = {c.key: c for c in candidates}
-    for round_, contenders in enumerate(repeat_rounds(rows, ordered, args), 1):
-        for i, candidate in enumerate(contenders, 1):
-            run_one(candidate, round_, f"[round {round_ + 1}/{args.repeats}, {i}/{len(contenders)}]")
 
     table = summarize([r for r in rows if r["key"] in by_key])
     winner = choose_winner(table, args.tolerance)
@@ -738,6 +747,7 @@ def run_tune(
     if winner is not None:
         result.recipe = write_recipe(tune_dir / TUNE_RECIPE_FILE, winner, base_model, base_data, base_training, args)
     result.plot = plot_tune(result, tune_dir / TUNE_PLOT_FILE)
+    end_tune_run(parent, [tune_dir / TUNE_TABLE_FILE, result.plot, result.recipe], winner and winner["key"])
     return result
 
 

@@ -1,6 +1,6 @@
 """Fault injection for the cluster tests. Every Python process of a test launch loads this (the tests put this folder
-first on PYTHONPATH, which reaches the ranks like any PYTHONPATH); it acts only in a rank's training process, and
-only when $TEXTSQL_TEST_FAULT asks for it:
+first on PYTHONPATH, which reaches the ranks like any PYTHONPATH); it acts only in a rank's process
+(`-m textsql.cluster.rank`), and only when $TEXTSQL_TEST_FAULT asks for it:
 
     kill:<rank>:<path suffix>    that rank writes half of the file, then SIGKILLs itself (killed while saving)
     enospc:<rank>:<path suffix>  that rank writes half of the file, then fails with ENOSPC (a failing writer: the
@@ -11,7 +11,7 @@ import os
 import sys
 
 _FAULT = os.environ.get("TEXTSQL_TEST_FAULT")
-if _FAULT and any("train_main" in arg for arg in getattr(sys, "orig_argv", ())):
+if _FAULT and "textsql.cluster.rank" in getattr(sys, "orig_argv", ()):
     _kind, _rank, _suffix = _FAULT.split(":", 2)
     if os.environ.get("RANK") == _rank:
         import errno

@@ -89,7 +89,7 @@ def collate(rows: list[dict]) -> dict:
     }
 
 
-def one_step(build, rows, tmp_path, micro_batch, accumulation):
+def one_step(build, rows, tmp_path, micro_batch, accumulation, collator=collate):
     """(logged loss, logged gradient norm, weights) after one SGD step of textsql's Trainer, no clipping."""
     from transformers import Seq2SeqTrainingArguments
 
@@ -111,7 +111,7 @@ def one_step(build, rows, tmp_path, micro_batch, accumulation):
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = make_trainer_class()(model=model, args=args, train_dataset=rows, data_collator=collate)
+    trainer = make_trainer_class()(model=model, args=args, train_dataset=rows, data_collator=collator)
     trainer.train()
     logged = next(h for h in trainer.state.log_history if "loss" in h)
     return logged["loss"], logged["grad_norm"], {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -128,14 +128,30 @@ def test_accumulation_trains_as_one_batch_for_both_model_families(tmp_path, fami
         means = [model(**collate(rows[i : i + 8])).loss.item() for i in (0, 8)]
         whole = model(**collate(rows)).loss.item()
     assert abs(whole - sum(means) / 2) > 0.05, "the data cannot tell token weighting from the mean of the means"
-    loss, grad_norm, weights = one_step(build, rows, tmp_path, 16, 1)
-    assert loss == pytest.approx(whole, rel=1e-5)  # the logged loss is the batch's, over its tokens
+    reference = one_step(build, rows, tmp_path, 16, 1)
+    assert reference[0] == pytest.approx(whole, rel=1e-5)  # the logged loss is the batch's, over its tokens
     for micro_batch, accumulation in ((8, 2), (4, 4)):
-        got_loss, got_norm, got_weights = one_step(build, rows, tmp_path, micro_batch, accumulation)
-        assert got_loss == pytest.approx(loss, rel=1e-5), (micro_batch, accumulation)
-        assert got_norm == pytest.approx(grad_norm, rel=1e-5), (micro_batch, accumulation)
-        for name, value in weights.items():
-            torch.testing.assert_close(got_weights[name], value, rtol=1e-5, atol=1e-6, msg=name)
+        check_same_one_step(one_step(build, rows, tmp_path, micro_batch, accumulation), reference)
+
+
+def check_same_one_step(got, reference, rel=1e-5):
+    """one_step's loss, gradient norm and weights equal."""
+    assert got[0] == pytest.approx(reference[0], rel=rel)
+    assert got[1] == pytest.approx(reference[1], rel=rel)
+    for name, value in reference[2].items():
+        torch.testing.assert_close(got[2][name], value, rtol=rel, atol=1e-6, msg=name)
+
+
+def test_packed_micro_batches_accumulate_to_the_padded_batch_s_step(tmp_path):
+    """--packing (a causal LM's examples end to end in one row, no padding) keeps the token-weighted step: packed
+    micro-batches of 16, 8 x 2 and 4 x 4 train as the padded batch of 16 does."""
+    from textsql.train.collate import PackedCausalLMCollator
+
+    rows = examples(causal=True)
+    reference = one_step(tiny_gpt2, rows, tmp_path / "padded", 16, 1)
+    for micro_batch, accumulation in ((16, 1), (8, 2), (4, 4)):
+        packed = one_step(tiny_gpt2, rows, tmp_path / "packed", micro_batch, accumulation, PackedCausalLMCollator())
+        check_same_one_step(packed, reference, rel=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -193,3 +193,30 @@ def test_gpt2_without_a_pad_token_prepares_trains_and_generates(real_files, tmp_
     )
     assert status == 0, err[-3000:]
     assert json.loads(open(f"{run}/eval_metrics.json").read())["examples"] == 8
+
+
+def test_a_packed_run_logs_the_padded_run_s_loss_and_tokens_and_records_packing(
+    causal_assets, tmp_path, textsql_in_process
+):
+    summaries = {}
+    for packing in ("False", "True"):
+        flags = dict(SHORT, max_steps=2, logging_steps=1, per_device_train_batch_size=8)
+        argv = tiny_train_argv(causal_assets, tmp_path / "runs", "--packing", packing, **flags)
+        status, out, err = textsql_in_process(["train", *argv])
+        assert status == 0, err[-3000:]
+        summaries[packing] = summary_of(out)
+    padded, packed = summaries["False"], summaries["True"]
+    assert packed["run"] == padded["run"] + "-packed"  # another experiment: never the padded run's folder
+    assert packed["strategy"]["packing"] is True and padded["strategy"]["packing"] is False
+    assert packed["arguments"]["training"]["packing"] is True
+    assert packed["first_logged_loss"] == pytest.approx(padded["first_logged_loss"], rel=1e-4)
+    assert packed["last_logged_loss"] == pytest.approx(padded["last_logged_loss"], rel=1e-3)
+    assert packed["real_tokens"] == padded["real_tokens"]  # a packed batch's tokens are all real
+
+
+def test_packing_t5_is_refused_before_a_run_folder_is_made(assets, tmp_path, textsql_in_process):
+    argv = tiny_train_argv(assets, tmp_path / "runs", "--packing", "True", max_steps=1, eval_strategy="no")
+    status, _, err = textsql_in_process(["train", *argv])
+    assert status != 0
+    assert "--packing True was asked for, but the t5 family cannot: T5 is an encoder-decoder" in err
+    assert not (tmp_path / "runs").exists()

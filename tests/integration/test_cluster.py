@@ -1,12 +1,12 @@
-"""Multi-node training for real on this machine: two nodes (127.0.0.1 and 127.0.0.2), each a node agent started by
-the local backend or by the CML stand-in (tests/cml_standin: the `cml.workers_v1` signatures, real local processes),
-the real `deepspeed --no_ssh` launcher on each node, gloo on the CPU; and user-managed nodes over real pdsh and sshd.
+"""Several pods for real on this machine: every pod (the session's own on 127.0.0.1, workers on 127.0.0.2) runs
+torchrun's elastic agent as a real local process, started by the local backend or by the CML stand-in
+(tests/cml_standin: the `cml.workers_v1` signatures, real local processes), gloo on the CPU; and user-managed nodes
+over real pdsh and sshd.
 
-ZeRO-2 and ZeRO-3 + offload across two nodes; every fault of issue #13 (a rank killed mid-step, killed while saving,
-the disk full while saving, workers that never start or never connect or die at start, Ctrl-C and a dead kernel at
-each phase, a second launch into a running one, another world size, nodes without a shared run folder); the canary
-secret never in a log or the notebook. Fault tests run plain DDP ranks (no DeepSpeed config): DeepSpeed adds nothing
-to what they prove. Every test checks that nothing it started is left running.
+ZeRO-2 full fine-tuning and a LoRA run across two pods; each fault of issue #30 (a rank that raises, a pod killed, the
+session that hosts the store killed, a pod that never starts, a frozen pod, Ctrl-C) ends the launch naming the rank or
+pod within 60 s with no process left; the next launch resumes after a lost pod; the canary secret is never in a log, a
+rank's environment or the notebook; nothing listens beyond the pods' own addresses. Fault tests run plain DDP ranks.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from conftest import tiny_train_argv
 from test_notebooks import execute, outputs_text
 from test_train import check_model_reloads_and_generates
 
-from textsql.cluster import Cluster, LaunchFailed, LocalBackend, PreflightError
+from textsql.cluster import Cluster, LaunchFailed, PreflightError
 from textsql.errors import TextsqlError
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -36,29 +36,25 @@ STANDIN = TESTS / "cml_standin"
 FAULTS = TESTS / "faults"
 NODES = ("127.0.0.1", "127.0.0.2")
 CANARY = "hf_canary_7c1d0e5a9b3f24680"
-ROOT = os.geteuid() == 0
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Fixtures and helpers
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def check_rank_arguments(rank: dict, argv: list[str]):
     """A rank trained with exactly the arguments of `argv` (parsed once, on the session), plus what the launch decided
-    for every rank: the CPU, fp32 (the Trainer's own precision flags folded in) and the DeepSpeed file every node reads."""
+    for every rank: the CPU, fp32 (the Trainer's own precision flags folded in) and the DeepSpeed file every pod reads."""
     from textsql.train.arguments import arguments_dict, parse_arguments
 
     decided = {"accelerator": "cpu", "precision": "fp32", "bf16": False, "fp16": False}
     got, given = rank["arguments"], arguments_dict(*parse_arguments(argv))
     assert {k: got[k] for k in decided} == decided
     if given["deepspeed"]:
-        assert Path(got["deepspeed"]).is_absolute() and Path(got["deepspeed"]).stem in (
-            given["deepspeed"],
-            f"node-local-{given['deepspeed']}",
-        )
-    same = set(given) - set(decided) - {"deepspeed", "save_on_each_node"}
+        assert Path(got["deepspeed"]).is_absolute() and Path(got["deepspeed"]).stem == given["deepspeed"]
+    same = set(given) - set(decided) - {"deepspeed"}
     assert {k: got[k] for k in same} == {k: given[k] for k in same}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Fixtures and helpers
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def leftovers(root: Path) -> list[str]:
@@ -148,29 +144,19 @@ def cluster_argv(assets, runs_root, *extra, steps=10, logging_steps=5):
     )
 
 
-def check_two_node_run(result, assets, stage, offload, steps=10):
+def check_two_pod_run(result, assets, stage, offload, steps=10):
     summary = result["summary"]
     assert summary.world_size == 2 and summary.global_step == steps
     assert summary.strategy["zero_stage"] == stage and summary.strategy["offload_optimizer"] == offload
-    assert sorted(m["rank"] for m in summary.peak_memory_per_rank) == [0, 1]
     ranks = result["ranks"]
-    for rank in ranks:
-        print(
-            f"rank {rank['rank']} on node {rank['node_address']}: world size {rank['world_size']}, step {rank['global_step']}, "
-            f"final loss {rank['final_loss']:.6f}, train loss {rank['train_loss']:.6f}"
-        )
     assert [(r["rank"], r["node_address"], r["world_size"], r["global_step"]) for r in ranks] == [
         (0, NODES[0], 2, steps),
         (1, NODES[1], 2, steps),
     ]
     assert ranks[0]["final_loss"] == pytest.approx(ranks[1]["final_loss"], rel=1e-6)
-    assert ranks[0]["train_loss"] == pytest.approx(ranks[1]["train_loss"], rel=1e-6)
     assert ranks[0]["logged_losses"][-1] < ranks[0]["logged_losses"][0]
-    assert "Training starts" in (result["launch_dir"] / "rank-0.log").read_text()  # each rank's own log, kept
-    assert (result["launch_dir"] / "rank-1.log").exists() and "[rank 1]" in (
-        result["launch_dir"] / "launch.log"
-    ).read_text()
-    check_model_reloads_and_generates(Path(summary.output_dir), assets[1])
+    for address in NODES:  # each pod's log, with its ranks' output (torchrun's --tee)
+        assert "[default0]:" in (result["launch_dir"] / f"pod-{address}.log").read_text()
 
 
 def listeners(pids: list[int]) -> list[tuple[int, str, str, int]]:
@@ -196,9 +182,11 @@ def listeners(pids: list[int]) -> list[tuple[int, str, str, int]]:
 
 
 def rank_pids(project: Path) -> dict[int, int]:
+    """Each rank's process id, from the records the ranks write when they start (the newest launch's)."""
     pids = {}
-    for path in project.glob(".textsql/cluster/*/launches/*/rank-*.pid"):
-        pids[int(path.stem.split("-")[1])] = int(path.read_text())
+    for path in sorted(project.glob(".textsql/cluster/*/launches/*/ranks/rank-*.started.json")):
+        record = json.loads(path.read_text())
+        pids[record["rank"]] = record["pid"]
     return pids
 
 
@@ -249,24 +237,20 @@ def interrupt_soon(delay: float = 0.0) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Two nodes, for real
+# Two pods, for real
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_two_nodes_zero2_local_backend(assets, project, clusters, monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", CANARY)  # a secret in the session: it must reach no rank, log or file
+def test_two_pods_zero2_full_fine_tuning_local_backend(assets, project, clusters, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", CANARY)  # a secret in the session: it must reach no pod, rank, log or file
     monkeypatch.setenv("TEXTSQL_TEST_PASSWORD", CANARY)
-    for name, value in (
-        ("NCCL_DEBUG", "WARN"),
-        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
-        ("DS_TEXTSQL_TEST", "reached"),
-    ):
+    for name, value in (("NCCL_DEBUG", "WARN"), ("DS_TEXTSQL_TEST", "reached")):
         monkeypatch.setenv(name, value)  # a user's tuning and debugging variables: they must reach every rank
-    monkeypatch.delenv("OMP_NUM_THREADS")  # textsql chooses: each local node has 1 of this machine's cores
+    monkeypatch.delenv("OMP_NUM_THREADS")  # textsql chooses: each local pod has 1 of this machine's cores
     seen, lines = {}, []
-    # Sockets this test process had before the cluster: another test's in-process training leaves torch's TCPStore
-    # listening (its rendezvous store outlives destroy_process_group); not the cluster's doing.
+    # Sockets this test process had before: another test's in-process training leaves torch's TCPStore listening on
+    # every address (its rendezvous store outlives destroy_process_group); not the cluster's doing.
     before = {(pid, address, port) for pid, _, address, port in listeners([os.getpid()])}
 
     def snapshot(line):
@@ -280,34 +264,21 @@ def test_two_nodes_zero2_local_backend(assets, project, clusters, monkeypatch):
         assets, runs, "--deepspeed", "zero2", "--run_name", "a b;$(touch pwned) `touch pwned2` * 'q' \"q\" é\\"
     )
     result = cluster.train(argv)
-    check_two_node_run(result, assets, stage=2, offload="none")
-
-    # The training arguments reached both ranks exactly, through no shell; device and precision decided once.
-    for rank in result["ranks"]:
+    check_two_pod_run(result, assets, stage=2, offload="none")
+    check_model_reloads_and_generates(Path(result["summary"].output_dir), assets[1])
+    for rank in result["ranks"]:  # the training arguments reached both ranks exactly, through no shell
         check_rank_arguments(rank, argv)
-        assert rank["arguments"]["run_name"] == argv[argv.index("--run_name") + 1]
     assert not list(project.rglob("pwned*")) and Path(result["summary"].output_dir).parent == runs
-    assert result["command"][result["command"].index("--node_rank") + 1] == "0" and "--no_ssh" in result["command"]
-    # The ranks' environment: the allowlist and textsql's choices, no secret, no cluster token.
+    assert "--rdzv-backend" in result["command"] and "c10d" in result["command"]
     assert sorted(seen["environ"]) == [0, 1]
     for env in seen["environ"].values():
-        assert (
-            env["NCCL_DEBUG"] == "WARN"
-            and env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-            and env["DS_TEXTSQL_TEST"] == "reached"
-        )
-        assert env["DS_ACCELERATOR"] == "cpu" and env["OMP_NUM_THREADS"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo"
-        assert "HF_TOKEN" not in env and "TEXTSQL_TEST_PASSWORD" not in env and "TEXTSQL_CLUSTER_TOKEN" not in env
-        assert CANARY not in json.dumps(env)
-    # Everything listens on loopback only; the one exception is torch's rendezvous store, which rank 0 opens on
-    # MASTER_PORT for every address (torch has no setting for its bind address).
-    master_port = int(result["command"][result["command"].index("--master_port") + 1])
-    outside = [
-        s
-        for s in seen["listeners"]
-        if not s[2].startswith("127.") and s[3] != master_port and (s[0], s[2], s[3]) not in before
-    ]
-    assert seen["listeners"] and not outside, outside
+        assert env["NCCL_DEBUG"] == "WARN" and env["DS_TEXTSQL_TEST"] == "reached" and env["DS_ACCELERATOR"] == "cpu"
+        assert env["OMP_NUM_THREADS"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo"
+        assert "HF_TOKEN" not in env and "TEXTSQL_TEST_PASSWORD" not in env and CANARY not in json.dumps(env)
+    # No textsql process listens beyond the pods' own addresses: the session's rendezvous store, each torchrun's
+    # store and gloo are bound to 127.0.0.x, never to every address; no port takes orders (there is none left).
+    new = [s for s in seen["listeners"] if (s[0], s[2], s[3]) not in before]
+    assert new and all(s[2] in NODES for s in new), new
     cluster.stop()
     wait_until_clean(project)
     assert CANARY not in "\n".join(lines) and files_holding(project, CANARY) == []
@@ -315,56 +286,188 @@ def test_two_nodes_zero2_local_backend(assets, project, clusters, monkeypatch):
 
 
 @pytest.mark.slow
-def test_two_nodes_zero3_offload_cml_backend_against_the_standin(assets, project, clusters, monkeypatch):
+def test_lora_on_two_pods_through_the_cml_standin(assets, project, clusters, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", CANARY)
     monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "2")  # the worker pod starts late, well within the timeout
     import cml.workers_v1 as standin
 
     standin.calls.clear()
     cluster = clusters("cml", nvidia_gpu=1)
+    argv = cluster_argv(assets, project / "runs", "--lora", "True", "--lora_targets", "all", "--learning_rate", "1e-2")
+    result = cluster.train(argv)
     (launch,) = [c for c in standin.calls if c[0] == "launch_workers"]
     assert launch[1:7] == (1, 1, 2, 1, True, False)  # n, cpu, memory, nvidia_gpu, code, no script
-    env = launch[7]  # what the pod learns, in its environment only
-    assert (
-        env["TEXTSQL_CLUSTER_ADDRESS"] == f"{NODES[0]}:{cluster.coordinator.port}"
-        and len(env["TEXTSQL_CLUSTER_TOKEN"]) == 64
-    )
-    assert "HF_TOKEN" not in env and CANARY not in json.dumps(env)
-    assert ("await_workers", [cluster.nodes[0].id], False) in [c[:3] for c in standin.calls]
-    assert [link.address for link in cluster.links] == list(NODES)
-    result = cluster.train(cluster_argv(assets, project / "runs", "--deepspeed", "zero3_offload"))
-    check_two_node_run(result, assets, stage=3, offload="cpu")
-    cluster.stop()
-    assert standin.calls[-1] == ("stop_workers", cluster.nodes[0].id)
-    assert [w["status"] for w in standin.list_workers()] == ["stopped"]
+    env = launch[7]  # what the pod learns, in its environment only: the launch's spec, no secret
+    assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
+    check_two_pod_run(result, assets, stage=None, offload="none")
+    assert result["summary"].lora and (Path(result["summary"].output_dir) / "adapter_model.safetensors").exists()
+    assert standin.calls[-1][0] == "stop_workers" and [w["status"] for w in standin.list_workers()] == ["stopped"]
     wait_until_clean(project)
     assert files_holding(project, CANARY) == [] and key_files(project) == []
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Faults, and resuming
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def step_of(sentence: str) -> int:
+    import re
+
+    return int(re.search(r"resumes from checkpoint-(\d+)", sentence)[1])
+
+
+def pod_tree(cluster: Cluster, address: str) -> list:
+    import psutil
+
+    root = psutil.Process(cluster.backend.processes[f"local-{address}"].pid)
+    return [root, *root.children(recursive=True)]
+
+
 @pytest.mark.slow
-def test_tune_measures_each_candidate_on_both_nodes_keeps_the_workers_and_stops_one_past_its_limit(
-    assets, project, clusters
+def test_a_killed_pod_then_a_raising_rank_end_the_launch_named_and_the_next_launch_resumes(
+    assets, project, clusters, monkeypatch
 ):
-    """`textsql tune` through a started two-node cluster: plain DDP and ZeRO-2 measured on both nodes (world size 2), a
-    DeepSpeed file that contradicts the candidate's micro-batch recorded as failed, the fastest measured again after
-    it, the results, table and recipe written; then a candidate far longer than its limit stopped on every node and
-    recorded as timed out. The same workers serve every candidate and are still up at the end."""
+    """Pod 127.0.0.2 killed (every process of it) once checkpoint-4 is complete; then rank 1 raising while it saves
+    the next checkpoint (the earliest failure record wins over rank 0, which only lost its peer); then the same
+    launch again resumes from the newest checkpoint complete for every rank, the partial one set aside."""
+    runs = project / "runs"
+    argv = cluster_argv(assets, runs, "--save_strategy", "steps", "--save_steps", "4", steps=16, logging_steps=2)
+    output_dir = runs / "tiny-t5-none-ws2-bs16-lr0.003-steps16-warmup2"
+    cluster, killed = clusters("local"), {}
+
+    def kill_pod():
+        deadline = time.monotonic() + 300
+        while (
+            not (output_dir / "checkpoint-4" / "rng_state_1.pth").exists()
+            or not (output_dir / "checkpoint-4" / "trainer_state.json").exists()
+        ):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        for process in pod_tree(cluster, NODES[1]):
+            process.kill()
+        killed["at"] = time.monotonic()
+
+    killer = threading.Thread(target=kill_pod, daemon=True)
+    killer.start()
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(argv)
+    ended = time.monotonic()
+    killer.join(timeout=5)
+    message = str(failure.value)
+    print(message)
+    assert "at" in killed, "the pod was never killed: training ended or stalled before its first checkpoint"
+    assert ended - killed["at"] < 60 and message.startswith("Pod 127.0.0.2 was lost first: it was killed by SIGKILL")
+    resume = step_of(failure.value.resume)
+    assert resume >= 4 and f"the next launch resumes from checkpoint-{resume}" in message
+    wait_until_clean(project)
+    # The same run with another world size is refused, naming both sizes (no silent restart from step 0).
+    with pytest.raises(
+        PreflightError, match=r"holds an interrupted run of world size 2, but this launch has world size 1"
+    ):
+        clusters("local", workers=0, name="one").train(argv)
+
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", f"enospc:1:checkpoint-{resume + 4}/rng_state_1.pth")
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(argv)
+    message = str(failure.value)
+    print(message)
+    assert time.time() - failure.value.failures[0]["ended_at"] < 60
+    assert message.startswith("Rank 1 on pod 127.0.0.2 failed first: OSError: [Errno 28] No space left on device")
+    assert failure.value.resume.startswith(
+        f"resumes from checkpoint-{resume} (the newest checkpoint complete on every node; checkpoint-{resume + 4} is incomplete"
+    )
+    wait_until_clean(project)
+
+    monkeypatch.delenv("TEXTSQL_TEST_FAULT")
+    result = cluster.train(argv)
+    summary = result["summary"]
+    assert Path(summary.resumed_from).name == f"checkpoint-{resume}" and summary.global_step == 16
+    assert [r["global_step"] for r in result["ranks"]] == [16, 16]
+    assert list(output_dir.glob(f"incomplete-checkpoint-{resume + 4}-*"))
+    assert json.loads((output_dir / "textsql-launch.json").read_text())["world_size"] == 2
+    wait_until_clean(project)
+
+
+@pytest.mark.slow
+def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets, project, clusters):
+    """Every process of pod 127.0.0.2 stopped (SIGSTOP: a hung pod, or one cut off): named by its silent heartbeat;
+    then Ctrl-C while the ranks train (and again during the clean-up, which waits): every pod stopped, in a finally."""
+    hit, lines = {}, []
+
+    def freeze(line):
+        for process in pod_tree(cluster, NODES[1]):
+            process.suspend()
+        hit["at"] = time.monotonic()
+
+    cluster = clusters("local", silence_seconds=6, echo=on_line("Training starts", freeze, lines.append))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs-frozen", steps=100000, logging_steps=50))
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert message.startswith("Pod 127.0.0.2 was lost first: it went silent for"), message
+    assert leftovers(project) == []  # gone before train() returned
+
+    again = on_line("textsql: stopping", lambda line: os.kill(os.getpid(), signal.SIGINT), lines.append)
+    interrupt = on_line("Training starts", lambda line: os.kill(os.getpid(), signal.SIGINT), again)
+    cluster = clusters("local", name="ctrl-c", echo=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        cluster.train(cluster_argv(assets, project / "runs-ctrl-c", steps=100000, logging_steps=50))
+    assert leftovers(project) == []
+    assert any("still stopping the pods" in line for line in lines)
+
+
+KERNEL = textwrap.dedent("""
+    import sys
+    from textsql.cluster import Cluster
+    cluster = Cluster("local", workers=1, cpu=1, memory=2, echo=lambda line: print(line, flush=True))
+    cluster.start()
+    cluster.train(sys.argv[1:])
+""")
+
+
+@pytest.mark.slow
+def test_the_session_that_hosts_the_store_killed_takes_every_pod_with_it(assets, project):
+    argv = cluster_argv(assets, project / "runs", steps=100000, logging_steps=50)
+    kernel = subprocess.Popen([sys.executable, "-u", "-c", KERNEL, *argv], stdout=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: [lines.append(line) for line in kernel.stdout], daemon=True).start()
+    try:
+        deadline = time.monotonic() + 300
+        while not any("Training starts" in line for line in lines):
+            assert kernel.poll() is None and time.monotonic() < deadline, "".join(lines[-30:])
+            time.sleep(0.1)
+        kernel.kill()  # a kernel restart: no clean-up code runs, the rendezvous store is gone with it
+        killed = time.monotonic()
+        kernel.wait()
+        assert wait_until_clean(project, timeout=60) < 60 and time.monotonic() - killed < 60
+    finally:
+        kernel.kill()
+    Cluster("local", workers=1, project_dir=project).start().stop()  # the kernel's locks died with it
+
+
+def test_a_pod_that_never_starts_is_named_and_stopped(project, clusters, assets, monkeypatch):
+    import cml.workers_v1 as standin
+
+    monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
+    cluster = clusters("cml", start_timeout=3)
+    with pytest.raises(
+        LaunchFailed,
+        match=r"Pod \S+ was lost first: it did not start within 3 s \(its worker standin-\S+ is scheduling\)",
+    ):
+        cluster.train(cluster_argv(assets, project / "runs", steps=2))
+    assert [w["status"] for w in standin.list_workers()] == ["stopped"]
+    wait_until_clean(project)
+
+
+@pytest.mark.slow
+def test_tune_measures_a_candidate_on_two_pods_and_stops_one_past_its_limit(assets, project, clusters):
     from textsql.tune import TuneArguments, run_tune
 
     data_dir, model_dir = assets
-    contradicting = project / "contradicting.json"  # a valid file; the training refuses micro-batch 3 against 8
-    contradicting.write_text(
-        json.dumps(
-            {
-                "train_micro_batch_size_per_gpu": 3,
-                "gradient_accumulation_steps": "auto",
-                "train_batch_size": "auto",
-                "zero_optimization": {"stage": 1},
-            }
-        )
-    )
     cluster = clusters("local")
-    agents = [cluster.node0.pid] + [worker.pid for worker in cluster.nodes]
     train_argv = ["--runs_root", str(project / "runs"), "--dataloader_num_workers", "0", "--learning_rate", "1e-3"]
 
     def tune(folder, **settings):
@@ -375,510 +478,22 @@ def test_tune_measures_each_candidate_on_both_nodes_keeps_the_workers_and_stops_
             global_batch_size=16,
             micro_batches="8",
             nodes=2,
+            strategies="none",
+            warmup_steps=1,
+            repeat_top=0,
             **settings,
         )
         return run_tune(args, train_argv, cluster=cluster)
 
-    result = tune(
-        "tune",
-        strategies=f"none,zero2,{contradicting}",
-        warmup_steps=1,
-        timed_steps=2,
-        repeat_top=1,
-        repeats=2,
-    )
-    tune_dir = project / "tune"
-    rows = [json.loads(line) for line in (tune_dir / "tune_results.jsonl").read_text().splitlines()]
-    print(*(f"{r['key']} r{r['repeat']}: {r['status']} {r.get('samples_per_second')} {r.get('error')}" for r in rows))
-    assert [(r["key"], r["repeat"], r["status"]) for r in rows[:3]] == [
-        ("none-mb8-acc1", 0, "ok"),
-        ("zero2-mb8-acc1", 0, "ok"),
-        ("contradicting-mb8-acc1", 0, "failed"),
-    ]
-    assert "contradicts the training arguments" in rows[2]["error"]
-    winner = max(rows[:2], key=lambda r: r["samples_per_second"])["key"]
-    # After the failure the fastest (and the default settings, when they are not the fastest) were measured again.
-    assert {(r["key"], r["status"]) for r in rows[3:]} == {(winner, "ok"), ("none-mb8-acc1", "ok")}
-    for row in (r for r in rows if r["status"] == "ok"):
-        assert row["world_size"] == 2 and row["samples_per_second"] > 0, row
-        log = Path(row["log"]).read_text()  # the launch's lines, from both nodes
-        assert f"{NODES[0]}: " in log and f"{NODES[1]}: " in log
-    assert result.winner is not None and result.measured_now == len(rows)
-    assert (tune_dir / "tune_table.md").read_text().startswith("| candidate |")
-    recipe = (tune_dir / "tune_recipe.yaml").read_text()
-    assert "# Measured on 2 pods" in recipe and "workers=1" in recipe
-    import yaml
-
-    values = yaml.safe_load(recipe)
-    assert values["per_device_train_batch_size"] == 8 and values["gradient_accumulation_steps"] == 1
-    assert [cluster.node0.pid] + [worker.pid for worker in cluster.nodes] == agents and cluster.started
-
-    # A candidate far longer than its limit (3,000 steps: about 90 s on an idle 2-core machine, against 20 s) is stopped
-    # on every node; the workers stay for the next.
-    timed_out = tune(
-        "tune-limit", strategies="none", warmup_steps=1, timed_steps=3000, repeat_top=0, candidate_timeout_s=20
-    )
+    result = tune("tune", timed_steps=2)
+    (row,) = [json.loads(line) for line in (project / "tune" / "tune_results.jsonl").read_text().splitlines()]
+    assert (row["key"], row["status"], row["world_size"]) == ("none-mb8-acc1", "ok", 2) and result.winner is not None
+    assert "# Measured on 2 pods" in (project / "tune" / "tune_recipe.yaml").read_text()
+    # A candidate far longer than its limit (3,000 steps against 20 s) is stopped on every pod.
+    timed_out = tune("tune-limit", timed_steps=3000, candidate_timeout_s=20)
     (row,) = [json.loads(line) for line in (project / "tune-limit" / "tune_results.jsonl").read_text().splitlines()]
     assert (row["status"], row.get("timeout_s")) == ("timed out", 20) and timed_out.winner is None
-    assert rank_pids(project) and not [pid for pid in rank_pids(project).values() if alive(pid)]
-    deadline = time.monotonic() + 30  # the launchers and ranks of every node: gone (the agents stay)
-    while (
-        left := [p for p in leftovers(project) if int(p.split(":")[0]) not in agents]
-    ) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == []
-    assert [cluster.node0.pid] + [worker.pid for worker in cluster.nodes] == agents and cluster.started
-    assert all(alive(pid) for pid in agents)
-    cluster.stop()
-    wait_until_clean(project)
-
-
-def alive(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-@pytest.mark.gpu
-@pytest.mark.slow
-@pytest.mark.skipif(
-    gpus() < 2,
-    reason="needs 2 CUDA GPUs (the CPU path of the same split is test_cluster_units.py::test_each_local_node_gets_its_own_gpus_and_cores)",
-)
-def test_two_local_nodes_on_one_gpu_box_each_use_their_own_gpu(assets, project, clusters, monkeypatch):
-    monkeypatch.delenv("DS_ACCELERATOR")
-    seen = {}
-
-    def devices_of_ranks(line):
-        seen.update({rank: environ_of(pid).get("CUDA_VISIBLE_DEVICES") for rank, pid in rank_pids(project).items()})
-
-    cluster = clusters("local", nvidia_gpu=1, session_slots=1, echo=on_line("Training starts", devices_of_ranks))
-    result = cluster.train(cluster_argv(assets, project / "runs", "--deepspeed", "zero2"))
-    assert seen == {0: "0", 1: "1"}  # not GPU 0 twice
-    assert all(m.get("cuda_max_allocated_bytes") for m in result["summary"].peak_memory_per_rank)
-    assert result["ranks"][0]["final_loss"] == pytest.approx(result["ranks"][1]["final_loss"], rel=1e-5)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Faults of a rank, and resuming
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def step_of(sentence: str) -> int:
-    import re
-
-    return int(re.search(r"resumes from checkpoint-(\d+)", sentence)[1])
-
-
-@pytest.mark.slow
-def test_rank_faults_end_the_launch_and_the_next_launch_resumes_from_a_complete_checkpoint(
-    assets, project, clusters, monkeypatch
-):
-    """A rank killed mid-step; another world size refused; a rank killed while saving; the disk full while saving;
-    each launch ends within 60 s naming the rank and what the next launch resumes from, and the last one does."""
-    runs = project / "runs"
-    runs.mkdir()
-    tmpfs = (
-        ROOT
-        and shutil.which("mount")
-        and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "textsql-test", str(runs)]).returncode == 0
-    )
-    try:
-        argv = cluster_argv(assets, runs, "--save_strategy", "steps", "--save_steps", "4", steps=16, logging_steps=2)
-        output_dir = runs / "tiny-t5-none-ws2-bs16-lr0.003-steps16-warmup2"
-
-        # 1. Rank 1 killed (SIGKILL) mid-step, once checkpoint-4 is complete.
-        cluster = clusters("local")
-        killed = {}
-
-        def kill_rank_1():
-            deadline = time.monotonic() + 300
-            while not (
-                (output_dir / "checkpoint-4" / "trainer_state.json").exists()
-                and (output_dir / "checkpoint-4" / "rng_state_1.pth").exists()
-            ):
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.05)
-            pid = rank_pids(project)[1]
-            os.kill(pid, signal.SIGKILL)
-            killed.update(pid=pid, at=time.monotonic())
-
-        killer = threading.Thread(target=kill_rank_1, daemon=True)
-        killer.start()
-        with pytest.raises(LaunchFailed) as failure:
-            cluster.train(argv)
-        ended = time.monotonic()
-        killer.join(timeout=5)
-        assert "at" in killed, "rank 1 was never killed: training ended or stalled before its first checkpoint"
-        message = str(failure.value)
-        print(message)
-        assert ended - killed["at"] < 60
-        assert (
-            message.startswith("Rank 1 on node 1 (127.0.0.2, host ")
-            and "failed first: killed by SIGKILL." in message
-            and "rank-1.log" in message
-        )
-        assert failure.value.failures[0]["pid"] == killed["pid"] and "Then rank 0 on 127.0.0.1" in message
-        resume = step_of(failure.value.resume)
-        assert (
-            resume >= 4
-            and f"the next launch resumes from checkpoint-{resume} (the newest checkpoint complete on every node"
-            in message
-        )
-        assert not cluster.started  # the workers were stopped, too
-        wait_until_clean(project)
-        assert not (output_dir / "run_summary.json").exists()
-
-        # 2. The same run with another world size is refused, naming both sizes (no silent restart from step 0).
-        with pytest.raises(
-            PreflightError, match=r"holds an interrupted run of world size 2, but this launch has world size 1"
-        ):
-            clusters("local", workers=0).train(argv)
-
-        # 3. Rank 1 killed while saving the next checkpoint (half its RNG state written).
-        cluster = clusters("local")
-        monkeypatch.setenv("TEXTSQL_TEST_FAULT", f"kill:1:checkpoint-{resume + 4}/rng_state_1.pth")
-        with pytest.raises(LaunchFailed) as failure:
-            cluster.train(argv, stop_on_failure=False)
-        message = str(failure.value)
-        print(message)
-        assert time.time() - failure.value.failures[0]["ended_at"] < 60
-        assert (
-            message.startswith("Rank 1 on node 1 (127.0.0.2")
-            and "killed by SIGKILL" in message
-            and "textsql test fault: kill while writing" in message
-        )
-        assert failure.value.resume == (
-            f"resumes from checkpoint-{resume} (the newest checkpoint complete on every node; checkpoint-{resume + 4} is "
-            f"incomplete: rank 1's RNG state (rng_state_1.pth) is cut short)"
-        )
-        assert not [p for p in leftovers(project) if "textsql.cluster.node" not in p], (
-            "a launcher or rank of the failed launch is left"
-        )
-
-        # 4. The disk fills up while rank 0 saves the next checkpoint (a tmpfs with 1 MiB left; a failing writer otherwise).
-        if tmpfs:
-            used = shutil.disk_usage(runs).used
-            subprocess.run(["mount", "-o", f"remount,size={used + 2**20}", str(runs)], check=True)
-            monkeypatch.delenv("TEXTSQL_TEST_FAULT")
-        else:
-            monkeypatch.setenv("TEXTSQL_TEST_FAULT", f"enospc:0:checkpoint-{resume + 4}/model.safetensors")
-        with pytest.raises(LaunchFailed) as failure:
-            cluster.train(argv, stop_on_failure=False)
-        message = str(failure.value)
-        print(message)
-        assert message.startswith("Rank 0 on node 0 (127.0.0.1") and "No space left on device" in message
-        assert "(stopped because of it)" in message or len(failure.value.failures) == 1
-        assert failure.value.resume.startswith(
-            f"resumes from checkpoint-{resume} (the newest checkpoint complete on every node; checkpoint-{resume + 4} is incomplete"
-        )
-
-        # 5. Space again: the next launch resumes from the checkpoint it said, the partial ones set aside (never deleted).
-        if tmpfs:
-            subprocess.run(["mount", "-o", "remount,size=256m", str(runs)], check=True)
-        monkeypatch.delenv("TEXTSQL_TEST_FAULT", raising=False)
-        result = cluster.train(argv)
-        summary = result["summary"]
-        assert Path(summary.resumed_from).name == f"checkpoint-{resume}"
-        assert summary.global_step == 16 and [r["global_step"] for r in result["ranks"]] == [16, 16]
-        assert result["ranks"][0]["final_loss"] == pytest.approx(result["ranks"][1]["final_loss"], rel=1e-6)
-        assert len(list(output_dir.glob(f"incomplete-checkpoint-{resume + 4}-*"))) == 2
-        assert json.loads((output_dir / "textsql-launch.json").read_text())["world_size"] == 2
-        cluster.stop()
-        wait_until_clean(project)
-    finally:
-        if tmpfs:
-            wait_until_clean(project)
-            subprocess.run(["umount", str(runs)])
-
-
-class PrivateRunsBackend(LocalBackend):
-    """Local workers whose `runs` folder is their own (a tmpfs in a private mount namespace): no shared run folder."""
-
-    def __init__(self, private_dir: Path):
-        super().__init__()
-        self.command_prefix = [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            'mount -t tmpfs textsql-test "$0" && exec "$@"',
-            str(private_dir),
-        ]
-
-    def on_node_1(self, *command: str) -> subprocess.CompletedProcess:
-        """Run a command in node 1's mount namespace (where its private runs folder is)."""
-        pid = self.processes["local-127.0.0.2"].pid
-        return subprocess.run(
-            ["nsenter", "-t", str(pid), "-m", "--", *command], capture_output=True, text=True, check=True
-        )
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    not ROOT or not shutil.which("unshare") or not shutil.which("nsenter"),
-    reason="a private mount namespace for a local worker needs root",
-)
-def test_without_a_shared_run_folder_every_node_resumes_from_the_same_checkpoint(assets, project, clusters):
-    runs = project / "runs"
-    runs.mkdir()
-    backend = PrivateRunsBackend(runs)
-    cluster = clusters(backend)
-    argv = cluster_argv(
-        assets, runs, "--deepspeed", "zero2", "--save_strategy", "steps", "--save_steps", "3", steps=6, logging_steps=3
-    )
-    first = cluster.train(argv)
-    assert first["shared_output"] is False and first["ranks"][1]["arguments"]["save_on_each_node"] is True
-    run = runs / "tiny-t5-zero2-ws2-bs16-lr0.003-steps6-warmup2"
-    shards = run / "checkpoint-6" / "global_step6"
-    assert sorted(backend.on_node_1("ls", str(shards)).stdout.split()) == [
-        "mp_rank_00_model_states.pt",
-        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
-    ]
-    assert sorted(p.name for p in shards.iterdir()) == [
-        "mp_rank_00_model_states.pt",
-        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
-    ]
-    # Node 1 loses the end of its newest shard; the run is made an interrupted one. Node 0's checkpoint-6 is complete,
-    # node 1's is not: both nodes must resume from checkpoint-3.
-    backend.on_node_1("truncate", "-s", "1000", str(shards / "zero_pp_rank_1_mp_rank_00_optim_states.pt"))
-    (run / "run_summary.json").unlink()
-    second = cluster.train(argv)  # the same command: the same run folder (a longer run would be another experiment)
-    assert Path(second["summary"].resumed_from).name == "checkpoint-3"
-    assert [r["global_step"] for r in second["ranks"]] == [6, 6]
-    assert second["ranks"][0]["final_loss"] == pytest.approx(second["ranks"][1]["final_loss"], rel=1e-6)
-    assert "incomplete-checkpoint-6-" in backend.on_node_1("ls", str(run)).stdout and list(
-        run.glob("incomplete-checkpoint-6-*")
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Workers that never start, never connect, or die at start
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-class UnreachableSessionBackend(LocalBackend):
-    """Workers that start but cannot reach the session (a firewall): they dial a port nobody listens on."""
-
-    def launch(self, n, spec, env, log_dir, placements):
-        with socket.socket() as s:
-            s.bind((NODES[0], 0))
-            closed = s.getsockname()[1]
-        return super().launch(n, spec, dict(env, TEXTSQL_CLUSTER_ADDRESS=f"{NODES[0]}:{closed}"), log_dir, placements)
-
-
-def test_workers_that_never_start_never_connect_or_die_at_start_fail_the_start_and_are_stopped(
-    project, clusters, monkeypatch
-):
-    import cml.workers_v1 as standin
-
-    monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
-    with pytest.raises(TextsqlError, match=r"1 of 1 CML worker\(s\) did not start within 3 s: standin-\S+: scheduling"):
-        clusters("cml", start_timeout=3)
-    assert [w["status"] for w in standin.list_workers()] == ["stopped"]
-    monkeypatch.delenv("CML_STANDIN_UNSCHEDULABLE")
-
-    with pytest.raises(TextsqlError) as silent:
-        clusters(UnreachableSessionBackend(), start_timeout=6)
-    message = str(silent.value)
-    assert message.startswith("Cluster start failed: local-127.0.0.2 did not connect to the session at 127.0.0.1:")
-    assert (
-        "within 6 s (started but published nothing" in message and "cannot reach the session at 127.0.0.1:" in message
-    )
-
-    crashing = LocalBackend()
-    crashing.command_prefix = [
-        sys.executable,
-        "-c",
-        "import sys; sys.exit('this pod cannot run textsql: no module named textsql')",
-    ]
-    with pytest.raises(TextsqlError) as died:
-        clusters(crashing, start_timeout=60)
-    message = str(died.value)
-    assert message.startswith(
-        "Cluster start failed: node(s) ended before their agent connected: local-127.0.0.2 (127.0.0.2): exited with status 1"
-    )
-    assert "this pod cannot run textsql" in message
-    wait_until_clean(project)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Interrupts, dead kernels, two launches at once
-# ---------------------------------------------------------------------------------------------------------------------
-
-KERNEL = textwrap.dedent("""
-    import sys
-    from textsql.cluster import Cluster
-    backend, argv = sys.argv[1], sys.argv[2:]
-    cluster = Cluster(backend, workers=1, cpu=1, memory=2, echo=lambda line: print(line, flush=True))
-    cluster.start()
-    cluster.train(argv)
-""")
-
-
-def start_kernel(backend: str, argv: list[str]) -> tuple[subprocess.Popen, list[str]]:
-    """A stand-in for a notebook kernel: a Python process running the notebook's calls; its output lines collected."""
-    kernel = subprocess.Popen(
-        [sys.executable, "-u", "-c", KERNEL, backend, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: [lines.append(line.rstrip()) for line in kernel.stdout], daemon=True).start()
-    return kernel, lines
-
-
-def wait_for_line(lines: list[str], text: str, process: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(text in line for line in lines):
-        assert process.poll() is None, "the kernel ended early:\n" + "\n".join(lines[-30:])
-        assert time.monotonic() < deadline, f"no '{text}' within {timeout} s:\n" + "\n".join(lines[-30:])
-        time.sleep(0.1)
-
-
-@pytest.mark.slow
-def test_ctrl_c_during_training_and_again_during_clean_up_stops_everything_and_a_second_launch_is_refused(
-    assets, project, clusters
-):
-    argv = cluster_argv(assets, project / "runs", steps=100000, logging_steps=50)
-    refused, lines = {}, []
-
-    def second_launch_then_ctrl_c(line):
-        other = Cluster(
-            LocalBackend(first_worker_address="127.0.0.3"), workers=1, name="second", project_dir=project, echo=print
-        )
-        try:
-            other.start().train(argv)
-        except TextsqlError as error:
-            refused["message"] = str(error)
-        other.stop()
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C (the kernel's interrupt) while the ranks train
-
-    cleanup = on_line(
-        "interrupted; stopping launch", lambda line: os.kill(os.getpid(), signal.SIGINT)
-    )  # again, during the clean-up
-    training = on_line("Training starts", second_launch_then_ctrl_c, cleanup)
-    cluster = clusters("local", echo=lambda line: (lines.append(line), training(line)))
-    with pytest.raises(KeyboardInterrupt):
-        cluster.train(argv)
-    print(refused)
-    assert f"is in use by process {os.getpid()}" in refused["message"] and "(launch " in refused["message"]
-    assert "Two launches into one run would overwrite each other's checkpoints" in refused["message"]
-    assert any("still stopping the cluster" in line for line in lines) and not cluster.started
-    assert wait_until_clean(project) < 60
-    assert (
-        Cluster("local", workers=0, project_dir=project, echo=print).start().stop() is None
-    )  # the locks are free again
-
-
-@pytest.mark.slow
-def test_a_kernel_killed_during_training_takes_its_workers_with_it(assets, project):
-    kernel, lines = start_kernel("local", cluster_argv(assets, project / "runs", steps=100000, logging_steps=50))
-    try:
-        wait_for_line(lines, "Training starts", kernel)
-        kernel.kill()  # a kernel restart: no clean-up code runs
-        killed = time.monotonic()
-        kernel.wait()
-        # The agents see their connection close and stop their launchers (SIGTERM, SIGKILL after 10 s).
-        wait_until_clean(project, timeout=60)
-        assert time.monotonic() - killed < 60
-    finally:
-        kernel.kill()
-    again = Cluster(
-        "local", workers=1, cpu=1, memory=2, project_dir=project, echo=print
-    ).start()  # the kernel's locks died with it
-    again.stop()
-
-
-@pytest.mark.slow
-def test_a_frozen_worker_or_a_killed_agent_ends_the_launch_naming_its_node_with_nothing_left_running(
-    assets, project, clusters
-):
-    """A worker's agent frozen (SIGSTOP: a hung pod, or one cut off from the network) and, in a second launch, killed
-    (SIGKILL: a pod that died): each launch ends within 60 s naming node 1 and how it was lost, not rank 0 that only
-    lost its peer; when the session says that every process stopped, none is left (the killed agent's launcher and
-    rank included)."""
-    for fault, signum in (("frozen", signal.SIGSTOP), ("killed", signal.SIGKILL)):
-        hit, lines, started = {}, [], []
-
-        def strike(line, signum=signum, hit=hit, started=started):
-            hit["pid"] = started[0].backend.processes["local-127.0.0.2"].pid
-            os.kill(hit["pid"], signum)
-            hit["at"] = time.monotonic()
-
-        echo = on_line("Training starts", strike, lambda line, lines=lines: (lines.append(line), print(line)))
-        cluster = clusters("local", silence_seconds=6, echo=echo)
-        started.append(cluster)
-        with pytest.raises(LaunchFailed) as failure:
-            cluster.train(cluster_argv(assets, project / f"runs-{fault}", steps=100000, logging_steps=50))
-        ended = time.monotonic()
-        message = str(failure.value)
-        print(message)
-        assert "at" in hit, "the worker's agent was never hit: training ended before it started"
-        print(f"{fault}: the launch ended and the cluster stopped {ended - hit['at']:.1f} s after the agent was hit")
-        assert ended - hit["at"] < 60
-        how = "its agent went silent for" if fault == "frozen" else "its agent vanished"
-        assert message.startswith(f"Node 1 (127.0.0.2, rank(s) 1) was lost first: {how}"), message
-        assert "Rank 0 on node 0" not in message and not cluster.started
-        assert lines[-1] == "stopped 1 worker(s) and node 0's agent"
-        assert leftovers(project) == []  # gone before the session said so
-
-
-def test_interrupts_while_workers_start_and_a_dead_kernel_s_workers_are_stopped_by_the_next_start(
-    project, clusters, monkeypatch
-):
-    import cml.workers_v1 as standin
-
-    monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "60")
-    for phase, delay in (
-        ("starting node 0's agent", 0.0),
-        ("waiting for 1 worker(s)", 0.5),
-    ):  # launching, then waiting for the pods
-        with pytest.raises(KeyboardInterrupt):
-            clusters("cml", echo=on_line(phase, lambda line, delay=delay: interrupt_soon(delay)))
-        assert {w["status"] for w in standin.list_workers()} <= {"stopped"}
-        wait_until_clean(project)
-
-    # A kernel restarted while its worker pod is still being scheduled: the pod outlives it; the next start stops it.
-    kernel, lines = start_kernel("cml", [])
-    try:
-        wait_for_line(lines, "waiting for 1 worker(s)", kernel, timeout=60)
-        kernel.kill()
-        kernel.wait()
-    finally:
-        kernel.kill()
-    (stale,) = [w for w in standin.list_workers() if w["status"] == "scheduling"]
-    monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "0")
-    said = []
-    cluster = clusters("cml", lines=said)
-    (report,) = [line for line in said if "stale worker(s) of an earlier start" in line]
-    assert (
-        stale["id"] in report
-    )  # (and node 0's agent of that kernel, unless it noticed first that its session is gone)
-    assert {w["id"]: w["status"] for w in standin.list_workers()}[stale["id"]] == "stopped"
-    # The notebook's start cell run again in the same kernel: the earlier cluster of that name is stopped first.
-    again = clusters("cml", lines=said)
-    assert (
-        not cluster.started
-        and again.started
-        and any("stopping the earlier cluster 'default' of this kernel" in line for line in said)
-    )
-    again.stop()
-    assert [w["status"] for w in standin.list_workers()] == ["stopped"] * len(standin.list_workers())
-    wait_until_clean(project)
+    assert leftovers(project) == [] and cluster.started
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -971,7 +586,6 @@ class ProcessWatch:
         "deepspeed.launcher",
         "pdsh",
         "textsql.cluster.rank",
-        "train_main",
     )  # pdsh's ssh inherits pdsh's environment
 
     def __init__(self, project: Path):
@@ -1006,7 +620,7 @@ class ProcessWatch:
                         environ = process.environ()
                         if any(CANARY in value for value in environ.values()):
                             self.env_hits.append(f"{process.pid}: {command[:200]}")
-                        if "train_main" in command:
+                        if "textsql.cluster.rank" in command:
                             self.rank_envs.append(dict(environ, COMMAND_SEEN=command))
                 except psutil.Error:
                     continue
@@ -1049,10 +663,7 @@ def test_user_managed_nodes_train_over_pdsh_a_wrong_host_key_is_refused_and_an_e
     assert ranks[0]["final_loss"] == pytest.approx(ranks[1]["final_loss"], rel=1e-6)
     check_rank_arguments(ranks[1], argv)
     assert watch.argv_hits == [] and watch.env_hits == []
-    assert watch.rank_envs and all(
-        env.get("TEXTSQL_PROBE") == "reaches the ranks" and env.get("DS_ACCELERATOR") == "cpu"
-        for env in watch.rank_envs
-    ), [(env.get("TEXTSQL_PROBE"), env.get("DS_ACCELERATOR"), env["COMMAND_SEEN"][:150]) for env in watch.rank_envs]
+    assert watch.rank_envs and not any("TEXTSQL_PROBE" in env for env in watch.rank_envs)  # nothing of the session's
     assert not marker.exists() and any("ignoring " + str(project / ".deepspeed_env") in line for line in said)
     assert CANARY not in "\n".join(said) and files_holding(project, CANARY) == []
     wait_until_clean(project)
@@ -1082,7 +693,7 @@ def test_user_managed_nodes_train_over_pdsh_a_wrong_host_key_is_refused_and_an_e
     known = (user_ssh / "known_hosts").read_text().splitlines()
     known[1] = "[127.0.0.2]:2222 " + " ".join((user_ssh / "impostor.pub").read_text().split()[:2])
     (user_ssh / "known_hosts").write_text("\n".join(known) + "\n")
-    with pytest.raises(PreflightError) as refused:
+    with pytest.raises(PreflightError) as refused:  # before anything starts
         preflight(project / "hostfile", argv, ssh_config=user_ssh / "config")
     message = str(refused.value)
     assert (
@@ -1114,7 +725,7 @@ def test_user_managed_nodes_train_over_pdsh_a_wrong_host_key_is_refused_and_an_e
 
 
 @pytest.mark.slow
-def test_notebook_trains_on_two_local_nodes(assets, project, monkeypatch):
+def test_notebook_trains_on_two_local_pods(assets, project, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", CANARY)
     data_dir, model_dir = assets
     notebook = execute(
@@ -1142,5 +753,5 @@ def test_notebook_trains_on_two_local_nodes(assets, project, monkeypatch):
     assert (
         "127.0.0.1" in text and "127.0.0.2" in text and "preflight OK" in text and "world size 2 on CPUs (gloo)" in text
     )
-    assert "--no_ssh" in text and "[rank 1]" in text and "final_loss" in text and "stopped 1 worker(s)" in text
+    assert "--rdzv-backend c10d" in text and "[default0]:" in text and "final_loss" in text
     assert CANARY not in text and files_holding(project, CANARY) == []

@@ -1,8 +1,7 @@
-"""The parts of textsql.cluster that need no running node, each fed the facts it decides on: hostfiles and addresses,
-the ranks' environment (allowlist, no secrets), device and precision decisions for A100/V100/CPU clusters, GPUs of
-nodes split on one machine, the control channel's handshake, run locks, checkpoint completeness and resume choice,
-failure attribution and reports, the DeepSpeed command and its spec, interrupts during clean-up, and a scan that no
-code writes an ssh key."""
+"""The parts of textsql.cluster that need no running pod, each fed the facts it decides on: hostfiles and addresses,
+the ranks' environment (allowlist, no secrets), the decision made once on the session, GPUs of pods split on one
+machine, run locks, checkpoint completeness and resume choice, preparing a run folder, failure attribution and
+reports, a rank checking its pod, interrupts during clean-up, and a scan that no code writes an ssh key."""
 
 from __future__ import annotations
 
@@ -10,10 +9,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -181,8 +178,6 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
     import tempfile
 
     from textsql.cluster.environment import node_local_extensions_dir
-    from textsql.cluster.launch import PreflightError, rank_environments
-    from textsql.cluster.node import describe_node
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     root = tmp_path / f"textsql-{os.getuid()}"
@@ -210,130 +205,16 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
         root.rmdir()
     root.mkdir()
     root.chmod(0o777)  # as another user would, first
-    # The node says so in its facts, and the launch is refused naming the node, unless the user chose a folder.
-    node = describe_node("127.0.0.1")
-    assert "local_extensions_dir" not in node and "is not your private folder" in node["local_extensions_error"]
-    from textsql.cluster.launch import Decision, NodeFacts
-    from textsql.strategy.devices import PrecisionChoice
+    # A pod refuses to start, naming itself, unless the user chose a folder.
+    from textsql.cluster.pods import pod_environment
 
-    decision = Decision(
-        [Host("127.0.0.1", 1)], "cpu", PrecisionChoice("fp32", False), {"127.0.0.1": 1}, {"127.0.0.1": None}
-    )
-    with pytest.raises(PreflightError, match=r"^127.0.0.1: .* is not your private folder"):
-        rank_environments(decision, [NodeFacts("127.0.0.1", node)], {}, tmp_path)
-    common, per_node = rank_environments(
-        decision, [NodeFacts("127.0.0.1", node)], {"TORCH_EXTENSIONS_DIR": "/mine"}, tmp_path
-    )
-    assert common["TORCH_EXTENSIONS_DIR"] == "/mine" and "TORCH_EXTENSIONS_DIR" not in per_node["0"]
-
-
-def facts(address, gpus=(), cores=16, visible=None):
-    from textsql.strategy.devices import NodeDevices
-
-    return {
-        "address": address,
-        "devices": NodeDevices(tuple(gpus), cores).as_dict(),
-        "visible_devices": visible,
-        "interface": "eth0",
-        "local_extensions_dir": "/tmp/ext",
-        "python": "3.11.7",
-        "executable": "/venv/bin/python",
-        "versions": {"textsql": "0.1.0", "deepspeed": "0.19.8", "torch": "2.13.0", "transformers": "5.23.0"},
-    }
-
-
-def decide_for(nodes, argv: list[str]):
-    """The launch's decision for a `textsql train` command line (parsed once, as the launch does)."""
-    from textsql.cluster.launch import decide
-    from textsql.train.arguments import parse_arguments
-
-    model, _, training = parse_arguments(argv)
-    return decide(nodes, model, training)
-
-
-def test_device_precision_ranks_and_threads_are_decided_from_every_node():
-    from textsql.cluster.launch import NodeFacts, PreflightError, rank_environments
-    from textsql.strategy.devices import A100_40GB, H100_SXM, V100
-
-    a100s = [
-        NodeFacts("10.0.0.1", facts("10.0.0.1", [A100_40GB] * 2, cores=16)),
-        NodeFacts("10.0.0.2", facts("10.0.0.2", [A100_40GB] * 2, cores=16), 2),
-    ]
-    d = decide_for(a100s, ["--model_id", "t5-small"])
-    assert d.accelerator == "cuda" and d.precision.name == "bf16" and d.precision.tf32
-    assert [h.line() for h in d.hosts] == ["10.0.0.1 slots=2", "10.0.0.2 slots=2"] and d.world_size == 4
-    assert d.threads == {"10.0.0.1": 8, "10.0.0.2": 8}  # each rank its share of the pod's cores, not OMP_NUM_THREADS=1
-    common, per_node = rank_environments(d, a100s, {"NCCL_DEBUG": "WARN", "HF_TOKEN": CANARY}, Path("/logs"))
-    assert common == {"NCCL_DEBUG": "WARN", "PYTHONUNBUFFERED": "1"} and "DS_ACCELERATOR" not in common
-    assert per_node["1"] == {
-        "OMP_NUM_THREADS": "8",
-        "GLOO_SOCKET_IFNAME": "eth0",
-        "NCCL_SOCKET_IFNAME": "eth0",
-        "TORCH_EXTENSIONS_DIR": "/tmp/ext",
-    }
-    mine = rank_environments(
-        d, a100s, {"OMP_NUM_THREADS": "3", "NCCL_SOCKET_IFNAME": "ib0", "TORCH_EXTENSIONS_DIR": "/x"}, Path("/l")
-    )
-    assert (
-        mine[1]["0"] == {"GLOO_SOCKET_IFNAME": "eth0"} and mine[0]["OMP_NUM_THREADS"] == "3"
-    )  # what the user set wins
-    with pytest.raises(TextsqlError, match="DS_ACCELERATOR=cpu is set, but this process trains on the GPU"):
-        rank_environments(d, a100s, {"DS_ACCELERATOR": "cpu"}, Path("/l"))
-    assert decide_for(a100s, ["--model_id", "t5-small", "--precision", "fp32"]).precision.tf32 is False
-
-    # A CPU-only session launching GPU workers must not put every rank on the CPU: it is refused, naming the node.
-    mixed = [
-        NodeFacts("10.0.0.1", facts("10.0.0.1", [], cores=8), 1),
-        NodeFacts("10.0.0.2", facts("10.0.0.2", [A100_40GB])),
-    ]
-    with pytest.raises(
-        TextsqlError, match=r"10.0.0.2 has 1 x NVIDIA A100-PCIE-40GB, 16 CPU cores, but node 0 \(10.0.0.1\) has no GPU"
-    ):
-        decide_for(mixed, [])
-    cpu = decide_for(mixed, ["--accelerator", "cpu"])  # unless the user asks for the CPU everywhere
-    assert (
-        cpu.accelerator == "cpu"
-        and cpu.precision.name == "fp32"
-        and [h.slots for h in cpu.hosts] == [1, 1]
-        and cpu.threads["10.0.0.1"] == 8
-    )
-    assert rank_environments(cpu, mixed, {}, Path("/l"))[0]["DS_ACCELERATOR"] == "cpu"
-    with pytest.raises(
-        PreflightError, match=r"10.0.0.1: GPUs were asked for \(--accelerator cuda\), but this process sees none"
-    ):
-        decide_for(mixed, ["--accelerator", "cuda"])
-    with pytest.raises(TextsqlError, match="native bf16 on some GPUs and not on others"):
-        decide_for([NodeFacts("a", facts("a", [V100])), NodeFacts("b", facts("b", [H100_SXM]))], [])
-
-
-def test_nodes_whose_addresses_the_launch_cannot_use_are_refused_before_anything_is_asked(tmp_path):
-    from textsql.cluster.launch import NodeFacts, PreflightError, plan_launch
-
-    def never(op, payloads):
-        raise AssertionError("no node may be asked anything")
-
-    for addresses, expected in (
-        (("10.0.0.1", "fe80::2"), "fe80::2: 'fe80::2' is an IPv6 address"),
-        (("127.0.0.1", "localhost"), "127.0.0.1 and localhost are the same machine"),
-        (("127.0.0.1", "no-such-node.invalid"), "no-such-node.invalid does not resolve"),
-    ):
-        with pytest.raises(TextsqlError, match=re.escape(expected)):
-            plan_launch([NodeFacts(a, facts(a)) for a in addresses], [], never, workdir=tmp_path, log_root=tmp_path)
-    assert issubclass(PreflightError, TextsqlError)
-
-
-def test_bf16_on_pre_ampere_gpus_and_fp16_on_t5_are_refused_and_auto_is_fp32_there():
-    from textsql.cluster.launch import NodeFacts
-    from textsql.strategy.devices import T4
-
-    t4s = [NodeFacts("a", facts("a", [T4])), NodeFacts("b", facts("b", [T4]))]
-    assert decide_for(t4s, []).precision.name == "fp32"
-    with pytest.raises(TextsqlError, match="--precision bf16 needs native bf16, and Tesla T4 has none"):
-        decide_for(t4s, ["--bf16", "True"])
-    with pytest.raises(TextsqlError, match="fp16 is refused for T5"):
-        decide_for(t4s, ["--model_id", "t5-large", "--fp16"])
-    with pytest.raises(TextsqlError, match="2 processes per node were asked for, but this node has 1 GPU"):
-        decide_for([NodeFacts("a", facts("a", [T4]), 2)], [])
+    spec = {"env": {}, "accelerator": "cpu"}
+    environ = {"TEXTSQL_LAUNCH": "x", "TEXTSQL_POD_RANKS": "1", "HF_TOKEN": "secret", "OMP_NUM_THREADS": "1"}
+    with pytest.raises(TextsqlError, match=r"is not your private folder"):
+        pod_environment(spec, "127.0.0.1", environ)
+    env = pod_environment(dict(spec, env={"TORCH_EXTENSIONS_DIR": "/mine"}), "127.0.0.1", environ)
+    assert env["TORCH_EXTENSIONS_DIR"] == "/mine" and "HF_TOKEN" not in env and env["DS_ACCELERATOR"] == "cpu"
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["TEXTSQL_POD_ADDRESS"] == "127.0.0.1"
 
 
 def test_each_local_node_gets_its_own_gpus_and_cores():
@@ -444,57 +325,6 @@ def test_host_selection_is_checked_against_the_hostfile_with_the_fix(tmp_path):
     assert select_hosts(hosts, HostSelection(exclude="a:0")) == [(Host("a", 1), [1]), (Host("b", 1), None)]
 
 
-def test_chosen_slots_are_the_gpus_a_node_runs_on():
-    from textsql.cluster.launch import NodeFacts, PreflightError
-    from textsql.strategy.devices import A100_40GB
-
-    nodes = [
-        NodeFacts("10.0.0.1", facts("10.0.0.1", [A100_40GB] * 4), 2, [1, 3]),
-        NodeFacts("10.0.0.2", facts("10.0.0.2", [A100_40GB] * 4), 4),
-    ]
-    d = decide_for(nodes, ["--model_id", "t5-small"])
-    assert d.gpu_ids == {"10.0.0.1": [1, 3], "10.0.0.2": [0, 1, 2, 3]} and d.world_size == 6
-    with pytest.raises(PreflightError, match="slot\\(s\\) \\[5\\] were chosen, but it has 4 GPU\\(s\\) visible"):
-        decide_for([NodeFacts("10.0.0.1", facts("10.0.0.1", [A100_40GB] * 4), 1, [5])], [])
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The control channel
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _handshake(server_token, client_token):
-    from textsql.cluster.channel import HandshakeFailed, client_handshake, server_handshake
-
-    a, b = socket.socketpair()
-    outcome = {}
-
-    def serve():
-        try:
-            outcome["server"] = server_handshake(a, server_token, timeout=5)[1]
-        except HandshakeFailed as error:
-            outcome["server"] = error
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    try:
-        channel = client_handshake(b, client_token, {"address": "10.0.0.2"}, timeout=5)
-        channel.send(op="hello")
-        outcome["client"] = "ok"
-    except HandshakeFailed as error:
-        outcome["client"] = error
-    thread.join()
-    a.close()
-    b.close()
-    return outcome
-
-
-def test_only_an_agent_with_the_clusters_token_is_admitted():
-    assert _handshake("t" * 64, "t" * 64) == {"server": {"address": "10.0.0.2"}, "client": "ok"}
-    refused = _handshake("t" * 64, "u" * 64)
-    assert "wrong token" in str(refused["server"]) and "not a node of this cluster" in str(refused["client"])
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Runs: the lock, checkpoints, resume
 # ---------------------------------------------------------------------------------------------------------------------
@@ -513,144 +343,6 @@ def test_a_second_launch_into_a_run_folder_is_refused_here_and_from_another_proc
         other = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True)
         assert other.returncode != 0 and "is in use by process" in other.stderr and "(launch L1)" in other.stderr
     run_lock(run, "L4").release()  # free again once the first launch ended
-
-
-def test_locks_state_records_and_logs_in_the_shared_folder_are_never_opened_through_a_link(tmp_path):
-    """A collaborator's symbolic link where textsql writes (issue 23): refused or replaced, its target untouched."""
-    from textsql.cluster.node import prepare
-    from textsql.cluster.runs import RECORD, FileLock, run_lock
-    from textsql.cluster.workers import Cluster
-
-    victim = tmp_path / "victim.txt"  # a file of the owner's that the collaborator wants overwritten
-    victim.write_text("precious\n")
-    run = tmp_path / "runs" / "r"
-    run.parent.mkdir(parents=True)
-    (run.parent / ".r.textsql-lock").symlink_to(victim)
-    with pytest.raises(TextsqlError, match=r"\.r\.textsql-lock is refused: it is a symbolic link"):
-        run_lock(run, "L1")
-    cluster = Cluster("local", project_dir=tmp_path / "project")
-    cluster.dir.mkdir(parents=True)
-    (cluster.dir / "cluster.lock").symlink_to(victim)
-    with pytest.raises(TextsqlError, match=r"cluster.lock is refused: it is a symbolic link"):
-        FileLock(cluster.dir / "cluster.lock", "Cluster 'default'", "", {})
-    cluster.state_file.symlink_to(victim)
-    cluster.node0 = None
-    cluster._save_state()  # replaces the link with its own file
-    assert not cluster.state_file.is_symlink() and json.loads(cluster.state_file.read_text())["workers"] == []
-    # The launch record and DeepSpeed's tag in the run folder, a node-local file, a rank's log: likewise.
-    (run / "checkpoint-4" / "global_step4").mkdir(parents=True)
-    (run / RECORD).symlink_to(victim)
-    (run / "checkpoint-4" / "latest").symlink_to(tmp_path / "created-through-the-link")  # dangling: exists() is False
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "hostfile").symlink_to(victim)
-    request = {
-        "launch_id": "L1",
-        "run_dir": str(run),
-        "resume": "checkpoint-4",
-        "record": {"world_size": 2},
-        "mkdirs": [],
-        "files": {str(tmp_path / "logs" / "hostfile"): "a slots=1\n"},
-    }
-    with pytest.raises(TextsqlError, match=r"latest is refused: it is a symbolic link"):
-        prepare(request)
-    (run / "checkpoint-4" / "latest").unlink()
-    prepare(request)
-    assert json.loads((run / RECORD).read_text()) == {"world_size": 2} and not (run / RECORD).is_symlink()
-    assert (run / "checkpoint-4" / "latest").read_text() == "global_step4" and not (
-        tmp_path / "created-through-the-link"
-    ).exists()
-    assert (tmp_path / "logs" / "hostfile").read_text() == "a slots=1\n"
-    from textsql.sharedfiles import (  # what rank.py, launch.py and pdsh.py open their logs with
-        open_unlinked,
-        replace_file,
-    )
-
-    (tmp_path / "logs" / "rank-0.log").symlink_to(victim)
-    with pytest.raises(TextsqlError, match=r"rank-0.log is refused: it is a symbolic link"):
-        open_unlinked(tmp_path / "logs" / "rank-0.log", "a")
-    os.link(victim, tmp_path / "logs" / "launch.log")  # a hard link to the owner's file
-    with pytest.raises(TextsqlError, match=r"launch.log is refused: it has 2 names \(a hard link\)"):
-        open_unlinked(tmp_path / "logs" / "launch.log", "w")
-    os.mkfifo(tmp_path / "logs" / "fifo")  # would block an open for writing forever
-    with pytest.raises(TextsqlError, match=r"fifo is refused: it is not a plain file"):
-        open_unlinked(tmp_path / "logs" / "fifo", "w")
-    replace_file(tmp_path / "logs" / "rank-0.log", "mine\n")
-    assert victim.read_text() == "precious\n"
-
-
-def test_crafted_state_and_launch_records_are_refused_naming_the_file_and_no_foreign_process_is_signalled(
-    assets, tmp_path, monkeypatch
-):
-    from textsql.cluster.launch import NodeFacts, PreflightError, plan_launch
-    from textsql.cluster.node import probe
-    from textsql.cluster.runs import RECORD, planned_run_dir
-    from textsql.cluster.workers import AGENT_MODULE, Cluster, stop_stale_processes
-    from textsql.train.arguments import parse_arguments
-
-    cluster = Cluster("local", project_dir=tmp_path / "project")
-    cluster.dir.mkdir(parents=True)
-    for crafted, problem in (
-        ("[]", "not an object with a list of workers"),
-        ('{"workers": {"id": 1}}', "not an object with a list of workers"),
-        ('{"workers": [7]}', "a worker without an id"),
-        ('{"workers": [{"id": "w", "pid": "12"}]}', 'worker w: pid "12" is not a process id'),
-        ('{"workers": [{"id": "w", "pid": 12, "created": [1]}]}', "worker w: created [1] is not a time"),
-        ("{not json", "Expecting"),
-    ):
-        cluster.state_file.write_text(crafted)
-        with pytest.raises(
-            TextsqlError, match=re.escape(f"{cluster.state_file} is not a cluster state textsql wrote: {problem}")
-        ):
-            cluster._stop_stale()
-
-    # A record naming a process that is not that agent (no worker id of it in its environment; another user's) is never signalled.
-    import psutil
-
-    like_an_agent = [
-        "/bin/sh",
-        "-c",
-        "sleep 120; true",
-        AGENT_MODULE,
-        "agent",
-    ]  # its command line names the agent's module
-    others = [subprocess.Popen(like_an_agent, start_new_session=True, env=dict(os.environ, TEXTSQL_WORKER_ID="else"))]
-    if os.geteuid() == 0:  # only root can start another user's process here
-        others.append(
-            subprocess.Popen(
-                like_an_agent, start_new_session=True, user=65534, cwd="/", env={"TEXTSQL_WORKER_ID": "w-foreign"}
-            )
-        )
-    try:
-        records = [
-            {"id": "w-" + str(i), "pid": p.pid, "created": psutil.Process(p.pid).create_time()}
-            for i, p in enumerate(others)
-        ]
-        if len(records) > 1:
-            records[1]["id"] = "w-foreign"
-        assert stop_stale_processes(records) == [] and all(p.poll() is None for p in others)
-    finally:
-        for p in others:
-            p.kill()
-            p.wait()
-
-    # A launch record in the run folder that textsql did not write: the plan refuses it, naming the file.
-    argv = tiny_train_argv(assets, tmp_path / "runs", report_to="none")
-    model, _, training = parse_arguments(argv)
-    run = planned_run_dir(model, training, 2, tmp_path, "none")
-    run.mkdir(parents=True)
-    nodes = [NodeFacts(a, facts(a)) for a in ("127.0.0.1", "127.0.0.2")]
-    ask = lambda op, payloads: {address: probe(request) for address, request in payloads.items()}  # noqa: E731 (each node's own probe)
-    for crafted, problem in (
-        ("[1, 2]", "no world size in it ([1, 2])"),
-        ('{"world_size": "2"}', 'no world size in it ({"world_size": "2"})'),
-        ('{"world_size": true}', "no world size in it"),
-        ("{", "unreadable (Expecting"),
-    ):
-        (run / RECORD).write_text(crafted)
-        with pytest.raises(
-            PreflightError, match=re.escape(f"{run / RECORD} is not a launch record textsql wrote: {problem}")
-        ):
-            plan_launch(nodes, argv, ask, workdir=tmp_path, log_root=tmp_path / "launches")
 
 
 def files(*names, cut=()):
@@ -764,43 +456,6 @@ def test_resume_with_another_world_size_is_refused_naming_both_sizes():
     assert choose_checkpoint(one, {"n0": [0]}, 1, None).checkpoint == "checkpoint-5"
 
 
-def test_preparing_a_node_sets_partial_checkpoints_aside_tags_latest_and_clears_dead_build_locks(tmp_path):
-    from textsql.cluster.node import prepare
-    from textsql.cluster.runs import RECORD
-
-    run = tmp_path / "run"
-    (run / "checkpoint-4" / "global_step4").mkdir(parents=True)
-    (run / "checkpoint-8").mkdir()
-    extensions = tmp_path / "ext"
-    (extensions / "cpu_adam").mkdir(parents=True)
-    (extensions / "cpu_adam" / "lock").write_text(
-        ""
-    )  # a build killed mid-way: every later rank would wait on it forever
-    done = prepare(
-        {
-            "launch_id": "L7",
-            "run_dir": str(run),
-            "set_aside": ["checkpoint-8"],
-            "resume": "checkpoint-4",
-            "record": {"world_size": 2},
-            "mkdirs": [str(tmp_path / "logs")],
-            "files": {str(tmp_path / "logs" / "hostfile"): "a slots=1\n"},
-            "clear_stale_locks_in": str(extensions),
-        }
-    )
-    assert sorted(p.name for p in run.iterdir()) == [
-        "checkpoint-4",
-        "incomplete-checkpoint-8-L7",
-        RECORD,
-    ]  # renamed, never deleted
-    assert (run / "checkpoint-4" / "latest").read_text() == "global_step4" and done["tagged"] == "global_step4"
-    assert (
-        json.loads((run / RECORD).read_text()) == {"world_size": 2}
-        and (tmp_path / "logs" / "hostfile").read_text() == "a slots=1\n"
-    )
-    assert not (extensions / "cpu_adam" / "lock").exists() and (extensions / "cpu_adam").is_dir()
-
-
 def test_the_planned_run_folder_is_the_one_train_writes(tmp_path):
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir
     from textsql.train.arguments import parse_arguments
@@ -825,199 +480,12 @@ def test_the_planned_run_folder_is_the_one_train_writes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Failures: who failed first, and the report
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def record(rank, how, tail, ended, told=False, node="10.0.0.2"):
-    return {
-        "rank": rank,
-        "host": f"pod-{rank}",
-        "node_address": node,
-        "how": how,
-        "log": f"/x/rank-{rank}.log",
-        "tail": tail,
-        "ended_at": ended,
-        "told_to_stop": told,
-    }
-
-
-def test_the_rank_that_failed_first_is_named_not_a_peer_that_lost_its_connection():
-    from textsql.cluster.launch import first_failure
-
-    killed = record(1, "killed by SIGKILL", ["step 7"], ended=105.0)
-    gloo = record(
-        0,
-        "exited with status 1",
-        ["RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:6379: Connection reset by peer"],
-        101.0,
-        node="10.0.0.1",
-    )
-    nccl = record(
-        2,
-        "exited with status 1",
-        [
-            "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error",
-            "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
-        ],
-        100.0,
-    )
-    stopped = record(3, "killed by SIGTERM", ["step 7"], 99.0, told=True)
-    assert first_failure([gloo, nccl, stopped, killed]) is killed  # the peers' reports are older, and still secondary
-    oom = record(4, "exited with status 1", ["torch.OutOfMemoryError: CUDA out of memory."], 103.0)
-    assert first_failure([killed, oom]) is oom  # two real failures: the earlier one
-    assert first_failure([gloo, nccl]) is nccl  # only secondary ones: the earliest
-
-
-def test_failure_reports():
-    from textsql.cluster.launch import LaunchMonitor, failure_message
-
-    hosts = [Host("10.0.0.1", 1), Host("10.0.0.2", 2)]
-    monitor = LaunchMonitor()
-    monitor.feed("10.0.0.2: [rank 1] step 7")
-    monitor.node_ended("10.0.0.2", 1)
-    message, _ = failure_message(monitor, hosts, Path("/l"), "resumes from checkpoint-5 (...)")
-    assert message.startswith(
-        "Node 1 (10.0.0.2, rank(s) 1, 2): its launcher ended with exit status 1 without a rank report."
-    )
-    assert "rank 1 | step 7" in message and message.endswith(
-        "Launch again with the same arguments: the next launch resumes from checkpoint-5 (...)."
-    )
-    monitor = LaunchMonitor()
-    for r in (
-        record(0, "exited with status 1", ["Connection closed by peer"], 5.0, node="10.0.0.1"),
-        record(1, "killed by SIGKILL", ["last words"], 9.0),
-    ):
-        monitor.feed(
-            f"{r['node_address']}: [rank {r['rank']}] textsql-rank-exit: "
-            + json.dumps({k: v for k, v in r.items() if k != "node_address"})
-        )
-    message, failures = failure_message(monitor, hosts, Path("/l"), None)
-    assert (
-        message.startswith("Rank 1 on node 1 (10.0.0.2, host pod-1) failed first: killed by SIGKILL.")
-        and "  | last words" in message
-    )
-    assert "Then rank 0 on 10.0.0.1: exited with status 1 (stopped because of it)" in message and [
-        f["rank"] for f in failures
-    ] == [1, 0]
-
-
-def test_the_monitor_reads_rank_reports_summaries_and_node_exits():
-    from textsql.cluster.launch import LaunchMonitor
-
-    monitor = LaunchMonitor()
-    monitor.feed("127.0.0.2: [rank 1] step 3")
-    monitor.feed('127.0.0.2: [rank 1] textsql-rank-summary: {"rank": 1, "final_loss": 2.5}')
-    monitor.feed("127.0.0.1: [rank 0] textsql-run-summary: /runs/x/run_summary.json")
-    monitor.node_ended("127.0.0.1", 0)
-    assert monitor.failed_at is None and monitor.summary_path == "/runs/x/run_summary.json"
-    assert (
-        monitor.ranks == {1: {"rank": 1, "final_loss": 2.5, "node_address": "127.0.0.2"}}
-        and monitor.tails[1][0] == "step 3"
-    )
-    monitor.node_ended("127.0.0.2", 1)
-    assert monitor.failed_at is not None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The command every node runs, and what its ranks receive
-# ---------------------------------------------------------------------------------------------------------------------
-
-NASTY = {
-    "run_name": "a b;$(touch pwned) `id` * ~ $HOME \"q\" 'q' \\ é\nnewline",
-    "runs_root": "runs dir/$USER;*",
-    "output_dir": "x y&&z",
-    "report_to": ["tensorboard"],
-    "learning_rate": 0.001,
-}
-
-
-def test_training_arguments_and_environment_reach_the_rank_exactly(tmp_path, monkeypatch):
-    import stat
-    import tempfile
-
-    from textsql.cluster.launch import Decision, LaunchPlan, NodeFacts
-    from textsql.cluster.node import prepare
-    from textsql.cluster.rank import SPEC_FLAG, rank_environment, read_spec
-    from textsql.cluster.runs import ResumePlan
-    from textsql.strategy.devices import PrecisionChoice
-
-    nodes = [NodeFacts("127.0.0.1", facts("127.0.0.1")), NodeFacts("127.0.0.2", facts("127.0.0.2"))]
-    decision = Decision(
-        [Host("127.0.0.1", 1), Host("127.0.0.2", 1)],
-        "cpu",
-        PrecisionChoice("fp32", False),
-        {"127.0.0.1": 1, "127.0.0.2": 1},
-        {"127.0.0.1": None, "127.0.0.2": None},
-    )
-    plan = LaunchPlan(
-        "L1",
-        nodes,
-        decision,
-        tmp_path,
-        tmp_path / "logs",
-        tmp_path / "runs" / "r",
-        True,
-        ResumePlan(None),
-        2,
-        NASTY,
-        {"DS_ACCELERATOR": "cpu"},
-        {"0": {"OMP_NUM_THREADS": "1"}, "1": {"OMP_NUM_THREADS": "2", "X": "a b;$(y)"}},
-        29500,
-    )
-    command = plan.deepspeed_command("/venv/bin/python", ["--no_ssh", "--node_rank", "1"])
-    assert command[:12] == [
-        "/venv/bin/python",
-        "-u",
-        "-m",
-        "deepspeed.launcher.runner",
-        "--hostfile",
-        str(tmp_path / "logs" / "hostfile"),
-        "--no_ssh",
-        "--node_rank",
-        "1",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-    ]
-    assert command[-4:-1] == ["--module", "textsql.cluster.rank", "--textsql_launch=L1"]
-    spec_word = command[-1].removeprefix(SPEC_FLAG)
-    assert re.fullmatch(r"[A-Za-z0-9_=-]+", spec_word)  # nothing a shell (pdsh's remote one included) could expand
-    spec = read_spec(["--local_rank=0", "--textsql_launch=L1", command[-1]])
-    assert spec == {"arguments": NASTY, "log_dir": str(tmp_path / "logs")}  # no variable's value in any argv
-    assert "a b;$(y)" not in json.dumps(command)
-    # Each node's prepare leaves its ranks' environment in the user's private folder there (0600); the rank reads it.
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    requests = plan.prepare_requests()
-    for request in requests.values():
-        prepare(dict(request, files={}, mkdirs=[]))
-    env = rank_environment("L1", {"CROSS_RANK": "1", "RANK": "1", "PATH": "/bin"})
-    assert (
-        env["X"] == "a b;$(y)"
-        and env["OMP_NUM_THREADS"] == "2"
-        and env["DS_ACCELERATOR"] == "cpu"
-        and env["RANK"] == "1"
-    )
-    assert rank_environment("L1", {"CROSS_RANK": "0"})["OMP_NUM_THREADS"] == "1"
-    private = tmp_path / f"textsql-{os.getuid()}" / "launches" / "L1-node1.json"
-    assert stat.S_IMODE(private.stat().st_mode) == 0o600
-    with pytest.raises(TextsqlError, match="L2-node0.json is missing"):
-        rank_environment("L2", {"CROSS_RANK": "0"})
-    assert (
-        requests["127.0.0.1"]["files"][str(tmp_path / "logs" / "hostfile")] == "127.0.0.1 slots=1\n127.0.0.2 slots=1\n"
-    )
-    assert (
-        "run_dir" in requests["127.0.0.1"] and "run_dir" not in requests["127.0.0.2"]
-    )  # shared: node 0 prepares the run folder
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # Interrupts, the CLI, and no ssh keys anywhere
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def test_a_second_ctrl_c_waits_until_clean_up_is_done():
-    from textsql.cluster.interrupts import interrupts_deferred
+    from textsql.cluster.pods import interrupts_deferred
 
     said, done = [], []
     with pytest.raises(KeyboardInterrupt):
@@ -1025,7 +493,7 @@ def test_a_second_ctrl_c_waits_until_clean_up_is_done():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.2)
             done.append("clean-up finished")
-    assert done == ["clean-up finished"] and "still stopping the cluster" in said[0]
+    assert done == ["clean-up finished"] and "still stopping the pods" in said[0]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
@@ -1066,3 +534,104 @@ def test_no_code_path_writes_an_ssh_key_or_authorized_keys():
         if KEY_WRITING.search(line)
     ]
     assert found == []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The launch on the session, and a rank checking its pod
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_rank_that_failed_first_is_named_not_a_peer_that_lost_its_connection(tmp_path):
+    from textsql.cluster.launch import failure_message, first_failure, read_records, write_record
+
+    (tmp_path / "ranks").mkdir()
+    write_record(
+        tmp_path,
+        "rank-0.failure.json",
+        {
+            "rank": 0,
+            "node_address": "10.0.0.1",
+            "ended_at": 5.0,
+            "how": "RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:1234",
+            "tail": [],
+        },
+    )
+    write_record(
+        tmp_path,
+        "rank-1.failure.json",
+        {
+            "rank": 1,
+            "node_address": "10.0.0.2",
+            "ended_at": 7.0,
+            "how": "OSError: [Errno 28] No space left on device",
+            "tail": ["Traceback", "OSError: ..."],
+        },
+    )
+    (tmp_path / "ranks" / "rank-2.failure.json").write_text("{not json")  # skipped, not a crash
+    failures = read_records(tmp_path, "failure")
+    assert [f["rank"] for f in failures] == [0, 1] and first_failure(failures)["rank"] == 1
+    message = failure_message(failures, {}, tmp_path, "resumes from checkpoint-4 (...)")
+    assert message.startswith("Rank 1 on pod 10.0.0.2 failed first: OSError: [Errno 28] No space left on device.")
+    assert "  | OSError: ..." in message and "Then rank 0 on 10.0.0.1: RuntimeError" in message
+    assert "(stopped because of it)" in message and message.endswith("the next launch resumes from checkpoint-4 (...).")
+    lost = failure_message(failures[:1], {"10.0.0.2": "it was killed by SIGKILL"}, tmp_path, None)
+    assert lost.startswith("Pod 10.0.0.2 was lost first: it was killed by SIGKILL.\nThen rank 0 on 10.0.0.1")
+
+
+def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path):
+    from textsql.cluster.launch import PreflightError, plan_launch, prepare
+    from textsql.cluster.runs import RECORD
+    from textsql.strategy.devices import A100_40GB, V100, NodeDevices
+
+    argv = tiny_train_argv(assets, tmp_path / "runs", "--save_steps", "2", max_steps=4)
+    cpu, a100 = NodeDevices((), 8), NodeDevices((A100_40GB,) * 2, 16)
+    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", environ={})
+    assert (plan.world_size, plan.accelerator, plan.precision.name) == (2, "cpu", "fp32")
+    assert plan.arguments["accelerator"] == "cpu" and plan.arguments["bf16"] is False
+    gpus = plan_launch(
+        argv,
+        ranks=[None, 2],
+        devices=a100,
+        workdir=tmp_path,
+        log_root=tmp_path / "l",
+        environ={"HF_TOKEN": "x", "NCCL_DEBUG": "INFO"},
+    )
+    assert (gpus.world_size, gpus.accelerator) == (4, "cuda") and gpus.env == {"NCCL_DEBUG": "INFO"}
+    with pytest.raises(PreflightError, match="2 processes per node were asked for"):
+        plan_launch(
+            argv, ranks=[2, 1], devices=NodeDevices((V100,), 8), workdir=tmp_path, log_root=tmp_path, environ={}
+        )
+    # A partial newer checkpoint is set aside (renamed, never deleted); the launch record says the world size.
+    run = plan.run_dir
+    (run / "checkpoint-2").mkdir(parents=True)
+    (run / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", environ={})
+    prepare(plan)
+    assert plan.resume.checkpoint is None and list(run.glob("incomplete-checkpoint-2-*"))
+    assert json.loads((run / RECORD).read_text())["world_size"] == 2
+    assert str(plan.launch_dir / "shared-marker") in plan.expect["files"]
+
+
+def test_a_rank_checks_its_pod_against_the_session(tmp_path):
+    from textsql.cluster.launch import digest, versions
+    from textsql.cluster.rank import check_pod
+
+    (tmp_path / "ds.json").write_text("{}")
+    good = {
+        "versions": versions(),
+        "dirs": [str(tmp_path)],
+        "files": {str(tmp_path / "ds.json"): digest(tmp_path / "ds.json")},
+    }
+    check_pod({"expect": good, "accelerator": "cpu", "precision": "fp32", "workdir": os.getcwd()}, "pod 10.0.0.2")
+    bad = {
+        "versions": dict(versions(), torch="0.0"),
+        "dirs": [str(tmp_path / "missing")],
+        "files": {str(tmp_path / "ds.json"): "0" * 64, str(tmp_path / "shared-marker"): "1" * 64},
+    }
+    with pytest.raises(TextsqlError) as error:
+        check_pod({"expect": bad, "accelerator": "cuda", "precision": "fp32", "workdir": "/x"}, "pod 10.0.0.2 (rank 1)")
+    message = str(error.value)
+    assert message.startswith("The preflight failed on pod 10.0.0.2 (rank 1): torch ")
+    assert "does not exist here" in message and "differs from the session copy" in message
+    assert "launch folder is not shared with this pod" in message and "this rank has none" in message
+    assert "the session in /x (relative paths would differ)" in message

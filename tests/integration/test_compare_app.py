@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import headless_chromium
+from conftest import chromium_command, headless_chromium
 
 from textsql.train.distributed import free_port
 
@@ -25,6 +25,89 @@ AIR_GAPPED = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
 
 def chromium(*args, user_data_dir: Path) -> subprocess.CompletedProcess:
     return headless_chromium(AIR_GAPPED, *args, user_data_dir=user_data_dir, window="1400,1000")
+
+
+def chromium_evaluate(url: str, expression: str, until: str, user_data_dir: Path, timeout: float = 120):
+    """Open `url` in headless Chromium (air-gapped), wait until the JavaScript `until` is true, then return the value of
+    `expression` (awaited when it is a promise): DevTools' protocol over --remote-debugging-pipe (commands on the
+    browser's fd 3, answers on its fd 4, each JSON message ended by a NUL byte)."""
+    commands_read, commands_write = os.pipe()
+    answers_read, answers_write = os.pipe()
+    ends = (os.dup(commands_read), os.dup(answers_write))  # above 4, so that fd 3 and 4 can be made of them
+    os.close(commands_read), os.close(answers_write)
+    browser = subprocess.Popen(
+        chromium_command(AIR_GAPPED, "--remote-debugging-pipe", "about:blank", user_data_dir=user_data_dir),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        pass_fds=(3, 4),
+        preexec_fn=lambda: (os.dup2(ends[0], 3), os.dup2(ends[1], 4)),
+    )
+    os.close(ends[0]), os.close(ends[1])
+    pending, counter = b"", iter(range(1, 1_000_000))
+
+    def send(method: str, params: dict, session: str | None = None) -> dict:
+        nonlocal pending
+        number = next(counter)
+        message = {"id": number, "method": method, "params": params, **({"sessionId": session} if session else {})}
+        os.write(commands_write, json.dumps(message).encode() + b"\0")
+        while True:
+            while b"\0" not in pending:
+                chunk = os.read(answers_read, 1 << 20)
+                assert chunk, "Chromium closed its DevTools pipe"
+                pending += chunk
+            raw, pending = pending.split(b"\0", 1)
+            answer = json.loads(raw)
+            if answer.get("id") == number:
+                assert "error" not in answer, answer
+                return answer["result"]
+
+    def evaluate(text: str, session: str):
+        result = send("Runtime.evaluate", {"expression": text, "returnByValue": True, "awaitPromise": True}, session)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    try:
+        target = send("Target.createTarget", {"url": url})["targetId"]
+        session = send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        deadline = time.monotonic() + timeout
+        while not evaluate(until, session):
+            assert time.monotonic() < deadline, f"the page never got to `{until}`"
+            time.sleep(0.3)
+        return evaluate(expression, session)
+    finally:
+        browser.kill()
+        browser.wait()
+        os.close(commands_write), os.close(answers_read)
+
+
+# In the page: pick the second table with the mouse, as a user does, and watch the question picker meanwhile.
+PICK_ANOTHER_TABLE = """(async () => {
+  const sleep = ms => new Promise(done => setTimeout(done, ms));
+  const byLabel = label => [...document.querySelectorAll('input')].find(e => e.getAttribute('aria-label') === label);
+  const question = byLabel('Question from the split'), table = byLabel('Table');
+  const typed = [...document.querySelectorAll('textarea')].find(e => e.placeholder);
+  const block = question.closest('.block');
+  const overlays = new Set();  // the block's progress overlay, whenever it is shown
+  new MutationObserver(() => block.querySelectorAll('[data-testid="status-tracker"]').forEach(tracker => {
+    if (!tracker.classList.contains('hide')) overlays.add(tracker.className);
+  })).observe(block, {attributes: true, childList: true, subtree: true});
+  const first = question.value;
+  table.focus(); table.click();
+  await sleep(300);
+  const option = document.querySelectorAll('#' + table.getAttribute('aria-controls') + ' li')[1];
+  option.dispatchEvent(new MouseEvent('mousedown', {bubbles: true})); option.click();
+  for (let i = 0; i < 300 && question.value === first; i++) await sleep(100);
+  await sleep(300);
+  const color = element => getComputedStyle(element).color;
+  return {first, question: question.value, table: table.value, overlays: [...overlays], question_color: color(question),
+          table_color: color(table), placeholder_color: getComputedStyle(typed, '::placeholder').color,
+          question_opacity: getComputedStyle(question).opacity};
+})()"""
+# Ready: the question list of the first table came (app.load's answer filled the table preview's cells too).
+PAGE_READY = """[...document.querySelectorAll('input')].some(e => e.getAttribute('aria-label') === 'Question from the split'
+  && e.value.length > 0) && [...document.querySelectorAll('.block')].some(b => b.textContent.includes('The table (first rows)')
+  && b.querySelectorAll('td').length > 0)"""
 
 
 def get(url: str, timeout: float = 10) -> str:
@@ -166,6 +249,14 @@ def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(
             (pixels[..., 0] > 0.9) & (pixels[..., 1] > 0.35) & (pixels[..., 1] < 0.7) & (pixels[..., 2] < 0.3)
         ).mean()
         assert orange > 0.0005, "the primary (orange) Compare button is not in the screenshot"
+
+        # The chosen question reads as a value, not as a placeholder: in the text colour of the table picker, and no
+        # progress overlay greys it while the next table's questions come (issue 32, item 8).
+        picked = chromium_evaluate(base + "/", PICK_ANOTHER_TABLE, PAGE_READY, user_data_dir=tmp_path / "profile-pick")
+        assert picked["table"] != "" and picked["question"] not in ("", picked["first"]), picked
+        assert picked["overlays"] == [], f"a progress overlay covered the question picker: {picked}"
+        assert picked["question_color"] == picked["table_color"] != picked["placeholder_color"], picked
+        assert picked["question_opacity"] == "1", picked
 
         # One comparison through the app's API: the first table, its first question of the split.
         from textsql.evaluate import load_scoring_set

@@ -1,5 +1,6 @@
 """The runtime images (docker/): hadolint on every Dockerfile, textsql's own checks for secrets, unpinned bases,
-`curl | sh` and foreign requirements files (each check shown to catch a bad Dockerfile), no ssh server in the images,
+`curl | sh` and foreign requirements files (each check shown to catch a bad Dockerfile), every extra a CML user
+needs carried by both images (lifecycle: LoRA, QLoRA and the causal-LM road; mlflow), no ssh server in the images,
 a scan of the whole repository for private keys, and the compiler wrapper that makes pre-built CPU ops portable.
 
 There is no Docker engine in the test environment: images are not built here. What can be checked without
@@ -45,6 +46,14 @@ CML_LABELS = (
 # ML_RUNTIME_* variables a custom runtime may not override (Cloudera's table): inherited from the base.
 CML_NOT_OVERRIDABLE = ("KERNEL", "METADATA_VERSION", "CUDA_VERSION", "GIT_HASH", "GBN")
 CML_OVERRIDDEN = ("EDITOR", "EDITION", "DESCRIPTION", "SHORT_VERSION", "MAINTENANCE_VERSION", "FULL_VERSION")
+# The extras a CML user needs beside the core (requirements.txt, which holds the notebooks extra too): LoRA, QLoRA and
+# the causal-LM road (peft, bitsandbytes), quantization and the compare app (lifecycle), runs in CML Experiments
+# (mlflow). Each is installed from the project's requirements-<extra>.txt; no other requirements file may be.
+IMAGE_EXTRAS = ("lifecycle", "mlflow")
+PROJECT_REQUIREMENTS = ("requirements.txt", *(f"requirements-{extra}.txt" for extra in IMAGE_EXTRAS))
+# pyproject extras an image does not install: the test tools, and what the CML base image brings (JupyterLab).
+NOT_IN_IMAGES = {"test"}
+BROUGHT_BY_THE_BASE = {"jupyterlab"}
 
 
 def test_there_are_two_runtime_images():
@@ -154,7 +163,7 @@ def dockerfile_findings(text: str) -> list[str]:
     stages: set[str] = set()
     seen_from = False
     workdir = "/"
-    project_requirements: set[str] = set()  # where the project's requirements.txt is copied to
+    project_requirements: set[str] = set()  # where the project's requirements files are copied to
     for number, keyword, args in instructions(text):
         where = f"line {number}"
         if keyword == "ARG":
@@ -183,12 +192,13 @@ def dockerfile_findings(text: str) -> list[str]:
                 parts = Path(src).parts
                 if KEY_FILE_RE.match(Path(src).name) or ".ssh" in parts or Path(src).name == "authorized_keys":
                     findings.append(f"{where}: {keyword} {src}: a private key or ssh key folder copied into the image")
-            if sources == ["requirements.txt"]:
-                dest = substitute(dest, variables) or dest
-                target = os.path.join(workdir, dest)
-                if dest.endswith("/"):
-                    target = os.path.join(target, "requirements.txt")
-                project_requirements.add(os.path.normpath(target))
+            for src in sources:
+                if src in PROJECT_REQUIREMENTS:
+                    dest = substitute(dest, variables) or dest
+                    target = os.path.join(workdir, dest)
+                    if dest.endswith("/"):
+                        target = os.path.join(target, src)
+                    project_requirements.add(os.path.normpath(target))
         if keyword != "RUN":
             continue
         if _STRICT_OFF_RE.search(args):
@@ -205,7 +215,10 @@ def dockerfile_findings(text: str) -> list[str]:
                     path = substitute(_unquote(req), variables) or req
                     path = os.path.normpath(os.path.join(workdir, path))
                     if path not in project_requirements:
-                        findings.append(f"{where}: pip installs {req}, which is not the project's requirements.txt")
+                        findings.append(
+                            f"{where}: pip installs {req}, which is not one of the project's requirements files "
+                            f"({', '.join(PROJECT_REQUIREMENTS)})"
+                        )
             if re.search(r"\bapt-get\s+install\b", segment):
                 for word in segment.split():
                     word = _unquote(word)
@@ -294,15 +307,19 @@ BAD_CASES = {
     "sh command substitution": ('RUN sh -c "$(wget -qO- https://example.com/i.sh)"', "piped into a shell"),
     "other requirements file": (
         "COPY requirements-dev.txt /tmp/\nRUN pip install -r /tmp/requirements-dev.txt",
-        "not the project's requirements.txt",
+        "not one of the project's requirements files",
     ),
     "requirements from elsewhere": (
         "COPY vendor/requirements.txt /tmp/r/\nRUN python -m pip install --requirement=/tmp/r/requirements.txt",
-        "not the project's requirements.txt",
+        "not one of the project's requirements files",
+    ),
+    "the test requirements": (
+        "COPY requirements.txt requirements-test.txt /etc/textsql/\nRUN pip install -r /etc/textsql/requirements-test.txt",
+        "not one of the project's requirements files",
     ),
     "requirements by url": (
         "RUN pip3 install -r https://example.com/requirements.txt",
-        "not the project's requirements.txt",
+        "not one of the project's requirements files",
     ),
     "unpinned cuda package": (
         "RUN apt-get install -y --no-install-recommends cuda-nvcc-12-5 libaio-dev",
@@ -477,6 +494,52 @@ def test_torch_is_installed_first_and_pinned(dockerfile):
     assert torch_at < requirements_at
     assert "PIP_CONSTRAINT=/etc/textsql/constraints.txt python3 -m pip install --no-cache-dir -r" in run
     assert re.fullmatch(r"\d+\.\d+\.\d+", _arg_defaults(text)["TORCH_VERSION"])
+
+
+def _pinned_names(path: Path) -> set[str]:
+    names = set()
+    for line in path.read_text().splitlines():
+        match = re.match(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==", line.split("#", 1)[0].strip())
+        if match:
+            names.add(_package(match.group(1)))
+    return names
+
+
+def _package(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_carry_every_extra_a_cml_user_needs(dockerfile):
+    """Issue 32: the lifecycle extra (LoRA/QLoRA and the causal-LM road: peft, bitsandbytes; quantization; the compare
+    app) and the mlflow extra are installed, pinned, in both images; every extra pyproject.toml declares is carried
+    (its packages pinned in an installed file) unless it is the test tools or what the CML base brings; the build's
+    own check imports the road's packages."""
+    import tomllib
+
+    text = dockerfile.read_text()
+    copies = [_copy_parts(args) for _, k, args in instructions(text) if k == "COPY"]
+    copied = {src: dest for sources, dest in copies for src in sources}
+    run = next(args for _, k, args in instructions(text) if k == "RUN" and "pip install" in args)
+    for name in PROJECT_REQUIREMENTS:
+        assert copied.get(name) == "/etc/textsql/", f"{name} is not copied to /etc/textsql/"
+        assert f"-r /etc/textsql/{name}" in run, f"{name} is not installed"
+    assert run.index('"torch==${TORCH_VERSION}"') < run.index("-r /etc/textsql/requirements-lifecycle.txt")
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    present = [REPO / name for name in PROJECT_REQUIREMENTS if (REPO / name).exists()]
+    pinned = set().union(*(_pinned_names(path) for path in present))
+    assert {"peft", "bitsandbytes", "torchao", "gradio"} <= pinned  # the lifecycle extra, the causal-LM road
+    for extra, requirements in declared.items():
+        if extra in NOT_IN_IMAGES:
+            continue
+        # requirements-mlflow.txt comes with the mlflow extra (pyproject.toml): checked once the extra is declared.
+        if extra in IMAGE_EXTRAS:
+            assert (REPO / f"requirements-{extra}.txt").exists(), f"the {extra} extra has no requirements file"
+        missing = {_package(r) for r in requirements} - pinned - BROUGHT_BY_THE_BASE
+        assert not missing, f"the {extra} extra's {sorted(missing)} are not in the images (not pinned in {present})"
+    check = (DOCKER / "check_image.sh").read_text()
+    assert 'for module in ("peft", "bitsandbytes", "torchao", "gradio", "mlflow")' in check
+    assert "/etc/textsql/requirements*.txt" in check
 
 
 # ---------------------------------------------------------------------------------------------------------------

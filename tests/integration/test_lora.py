@@ -3,15 +3,13 @@ training, resumed), under ZeRO-2 and ZeRO-3 + offload with two ranks through the
 real shapes), and merged into a plain model whose greedy SQL is the adapter's; a wrong base or tokenizer is refused."""
 
 import json
-import logging
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import tiny_train_argv
+from conftest import main_in_process, tiny_train_argv
 
 STEPS = 10
 
@@ -56,36 +54,23 @@ def adapter_tensors(run_dir: Path) -> dict:
 @pytest.fixture(scope="module")
 def plain_lora_run(lora_base, tmp_path_factory):
     """A LoRA run without DeepSpeed, in this process, scored at its last step and checkpointed half-way: (run_dir)."""
-    from textsql.cli import main
-
     runs = tmp_path_factory.mktemp("lora-runs")
-    saved = dict(os.environ)
-    os.environ.update(
-        DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TENSORBOARD_LOGGING_DIR=""
+    argv = lora_argv(
+        lora_base,
+        runs,
+        "--eval_strategy",
+        "steps",
+        "--eval_steps",
+        str(STEPS),
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        str(STEPS // 2),
+        "--execution_accuracy_samples",
+        "8",
     )
-    try:
-        argv = lora_argv(
-            lora_base,
-            runs,
-            "--eval_strategy",
-            "steps",
-            "--eval_steps",
-            str(STEPS),
-            "--save_strategy",
-            "steps",
-            "--save_steps",
-            str(STEPS // 2),
-            "--execution_accuracy_samples",
-            "8",
-        )
-        assert main(["train", *argv]) == 0
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        root = logging.getLogger()  # textsql train configured logging for its run
-        for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
-            root.removeHandler(handler)
-            handler.close()
+    env = dict(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TENSORBOARD_LOGGING_DIR="")
+    assert main_in_process(["train", *argv], env) == 0
     return runs / f"tiny-t5-none-lora-r8-ws1-bs8-lr0.01-steps{STEPS}"  # the settings that differ from the defaults
 
 

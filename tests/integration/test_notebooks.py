@@ -114,16 +114,20 @@ def test_inference_notebook_executes(trained_run, tmp_path, cpu_env, monkeypatch
 
 
 @pytest.mark.slow
-def test_finetune_lora_notebook_executes(assets, tmp_path, cpu_env, monkeypatch):
-    """LoRA -> merge -> quantize -> compare, as the notebook runs them, on the tiny model (dynamic int8: the CPU's)."""
+def test_finetune_lora_notebook_executes(assets, two_tiny_runs, tmp_path, cpu_env, monkeypatch):
+    """LoRA -> merge -> quantize -> compare, as the notebook runs them (dynamic int8: the CPU's), on its default base:
+    the model the demo fine-tuned (here a 12-step run of the tiny T5 in the demo's place), so the models disagree."""
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
-    data_dir, model_dir = assets
+    data_dir, _ = assets
+    runs_root, _ = two_tiny_runs
+    demo_run = tmp_path / "textsql-demo" / "runs" / "tiny-t5"
+    demo_run.parent.mkdir(parents=True)
+    demo_run.symlink_to(runs_root / "tiny-t5-none-ws1-bs16-lr0.003-steps12-warmup2", target_is_directory=True)
     notebook = execute(
         "finetune_lora.ipynb",
         tmp_path,
         {
-            "model_id": str(model_dir),
             "dataset_dir": str(data_dir),
             "lora_rank": 4,
             "per_device_train_batch_size": 16,
@@ -138,6 +142,9 @@ def test_finetune_lora_notebook_executes(assets, tmp_path, cpu_env, monkeypatch)
     assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()  # merged: a plain model
     assert (adapter.parent / f"{adapter.name}-merged-dynamic-int8" / "textsql_quantization.json").is_file()
     assert "dynamic-int8" in text and "Traceback" not in text
+    # The last cell: the questions where the models disagree, a table with rows (not the note that there are none).
+    last = "".join(o.get("data", {}).get("text/html", "") + o.get("text", "") for o in notebook.cells[-1]["outputs"])
+    assert "<td>" in last and "The models wrote the same SQL" not in last, last[-2000:]
 
 
 @pytest.mark.slow

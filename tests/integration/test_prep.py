@@ -208,3 +208,42 @@ def test_question_plus_header_sources_name_every_column(assets, header_assets):
     )
     with pytest.raises(TextsqlError, match="source_format"):
         PrepArguments(source="generate", source_format="question+types")
+
+
+def test_a_release_without_a_dev_split_is_named_at_prep_and_can_hold_out_train_tables(
+    assets, raw_wikisql, tmp_path, caplog
+):
+    """Issue 32, item 6: prep says at once that there is no validation split, and --validation_from_train makes one
+    of whole train tables (none of them left in train)."""
+    import shutil
+
+    _, model_dir = assets
+    release = tmp_path / "release-without-dev"
+    release.mkdir()
+    for name in ("train.jsonl", "train.tables.jsonl", "test.jsonl", "test.tables.jsonl"):
+        shutil.copy(raw_wikisql / name, release / name)
+
+    def prep(folder, **more):
+        args = PrepArguments(source=str(folder), model_id=str(model_dir), output_dir=str(tmp_path / "out"), **more)
+        return load_prepared(prepare_dataset(args))
+
+    with caplog.at_level("WARNING", logger="textsql.prep"):
+        dataset, _ = prep(release)
+    assert set(dataset) == {"train", "test"}
+    assert "no validation (dev) split" in caplog.text and "--validation_from_train 0.1" in caplog.text
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="textsql.prep"):
+        dataset, meta = prep(release, validation_from_train=0.1, overwrite=True)
+    train_tables, held_out = set(dataset["train"]["table_id"]), set(dataset["validation"]["table_id"])
+    total = len(dataset["train"]) + len(dataset["validation"])
+    assert (
+        held_out and not train_tables & held_out and total == meta["examples"]["train"] + meta["examples"]["validation"]
+    )
+    assert 0.1 * total <= len(dataset["validation"]) < 0.2 * total
+    assert f"{len(dataset['validation'])} questions on {len(held_out)} of train's" in caplog.text
+
+    with pytest.raises(TextsqlError, match="has its own validation .dev. split"):
+        prep(raw_wikisql, validation_from_train=0.1, overwrite=True)
+    with pytest.raises(TextsqlError, match="from 0 to below 0.5"):
+        PrepArguments(source="generate", validation_from_train=0.7)

@@ -287,7 +287,7 @@ def test_fp16_on_t5_is_refused_with_the_reason(assets, tmp_path):
     from textsql.train.run import set_up_run
 
     model, _, training = parse_arguments(
-        ["--model_id", "t5-small", "--precision", "fp16", "--output_dir", str(tmp_path / "o")]
+        ["--model_id", str(assets[1]), "--precision", "fp16", "--output_dir", str(tmp_path / "o")]
     )
     with pytest.raises(TextsqlError, match="fp16 is refused for T5.*overflow"):
         set_up_run(model, training)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from textsql.errors import TextsqlError
+from textsql.families import family_named
 from textsql.strategy.devices import (
     A100_40GB,
     H100_SXM,
@@ -15,6 +16,7 @@ from textsql.strategy.devices import (
     NodeDevices,
     check_nodes_agree,
     choose_accelerator,
+    choose_precision,
     launcher_device_args,
     peak_tflops,
     precision_from_trainer_flags,
@@ -42,21 +44,38 @@ def node(gpu: Gpu | None, count: int = 1, cores: int = 16) -> NodeDevices:
     ],
 )
 def test_auto_precision_is_bf16_only_with_native_bf16_and_tf32_only_on_ampere(gpus, expected):
-    choice = resolve_precision("auto", "t5-small", gpus)
+    choice = choose_precision("auto", gpus)
     assert (choice.name, choice.tf32) == expected
     assert choice.trainer_flags() == {"bf16": expected[0] == "bf16", "fp16": False, "tf32": expected[1]}
 
 
 def test_fp32_means_fp32_matmuls_and_explicit_choices_are_checked():
-    assert resolve_precision("fp32", "t5-small", (A100_40GB,)).tf32 is False
+    assert choose_precision("fp32", (A100_40GB,)).tf32 is False
     with pytest.raises(TextsqlError, match="Tesla V100.*compute capability 7.0.*--precision fp32"):
-        resolve_precision("bf16", "t5-small", (V100,))
-    with pytest.raises(TextsqlError, match="fp16 is refused for T5.*overflow"):
-        resolve_precision("fp16", "t5-large", (V100,))
-    assert resolve_precision("fp16", "t5-large", (V100,), force_fp16=True).name == "fp16"
-    assert resolve_precision("bf16", "t5-small", ()).name == "bf16"  # CPU autocast: the tests use it
+        choose_precision("bf16", (V100,))
+    t5, qwen2 = family_named("t5"), family_named("qwen2")
+    with pytest.raises(TextsqlError, match="fp16 is refused for T5 models: T5 checkpoints.*overflow.*--force_fp16"):
+        choose_precision("fp16", (V100,), family=t5)
+    assert choose_precision("fp16", (V100,), family=t5, force_fp16=True).name == "fp16"
+    assert choose_precision("fp16", (V100,), family=qwen2).name == "fp16"  # the family says fp16 is safe
+    assert choose_precision("bf16", ()).name == "bf16"  # CPU autocast: the tests use it
     with pytest.raises(TextsqlError, match="needs a GPU"):
-        resolve_precision("fp16", "bart", ())
+        choose_precision("fp16", (), family=qwen2)
+
+
+def test_fp16_is_decided_by_the_model_s_family_read_from_its_config_and_only_then(tmp_path):
+    """The family comes from config.json (model_type), never from the model's name: a folder named t5 holding a GPT-2
+    config trains in fp16, and the config is read only where fp16 is asked for."""
+    import json
+
+    for name, model_type in (("t5-like-name", "gpt2"), ("plain", "t5")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": model_type}))
+    assert resolve_precision("fp16", str(tmp_path / "t5-like-name"), (V100,)).name == "fp16"
+    with pytest.raises(TextsqlError, match="fp16 is refused for T5"):
+        resolve_precision("fp16", str(tmp_path / "plain"), (V100,))
+    assert resolve_precision("fp16", str(tmp_path / "plain"), (V100,), force_fp16=True).name == "fp16"
+    assert resolve_precision("auto", str(tmp_path / "absent"), (A100_40GB,)).name == "bf16"  # nothing read
 
 
 def test_trainer_flags_go_through_the_same_resolution():

@@ -2,7 +2,8 @@
 
     textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- --model_id t5-small --deepspeed zero2 --epochs 3
     textsql cluster train --backend local --workers 1 -- ...        # this machine: 127.0.0.1 + 127.0.0.2
-    textsql cluster preflight --backend cml --workers 2 -- ...      # start the workers, check, plan, stop
+    textsql cluster train --backend cml --workers 3 --min_workers 1 -- ...   # elastic: torchrun --nnodes 2:4
+    textsql cluster preflight --backend cml --workers 2 -- ...      # the plan, without starting a pod
     textsql cluster preflight --hostfile H [--ssh_config C] -- ...  # check your own machines
     textsql cluster launch --hostfile H [--ssh_config C] -- ...     # your own machines, over your own ssh (pdsh)
     textsql cluster launch --hostfile H --include "node1:0,1@node2" [--master_port 29600] -- ...   # some of them
@@ -55,7 +56,16 @@ def _parser(command: str) -> argparse.ArgumentParser:
             "--name", default="default", help="the cluster's name (one cluster of a name per project at a time)"
         )
         parser.add_argument(
-            "--start_timeout", type=float, default=600, help="seconds to wait for the workers to start and connect"
+            "--start_timeout", type=float, default=600, help="seconds to wait for the worker pods to start"
+        )
+        parser.add_argument(
+            "--min_workers",
+            type=int,
+            default=None,
+            help="elastic: start once this many workers joined (--nnodes MIN:MAX)",
+        )
+        parser.add_argument(
+            "--max_restarts", type=int, default=0, help="torchrun restarts every pod's ranks this often after a failure"
         )
     if command in ("launch", "preflight"):
         parser.add_argument(
@@ -126,6 +136,8 @@ def cluster_cli(argv: list[str]) -> int:
             project_dir=args.project_dir,
             name=args.name,
             start_timeout=args.start_timeout,
+            min_workers=args.min_workers,
+            max_restarts=args.max_restarts,
         ) as cluster:
             if command == "preflight":
                 cluster.preflight(*arguments)
@@ -133,5 +145,5 @@ def cluster_cli(argv: list[str]) -> int:
             result = cluster.train(*arguments)
     print(format_summary(result["summary"]))
     for rank in result["ranks"]:
-        print(json.dumps({k: rank[k] for k in ("rank", "node_address", "world_size", "global_step", "final_loss")}))
+        print(json.dumps({k: rank.get(k) for k in ("rank", "node_address", "world_size", "global_step", "final_loss")}))
     return 0

@@ -15,6 +15,7 @@ TRAIN_ARGUMENT_SOURCES = (
     ("textsql", "train/arguments.py", ("ModelArguments", "DataArguments", "TextsqlTrainingArguments")),
     ("textsql", "adapters.py", ("LoraArguments",)),  # a base of TextsqlTrainingArguments: --lora, --lora_rank, ...
     ("textsql", "train/dstools.py", ("DsToolsArguments",)),  # another: --flops_profiler, --ds_monitor, --comms_logger
+    ("textsql", "tracking.py", ("TrackingArguments",)),  # another: --mlflow_log_model, --mlflow_experiment, ...
     ("transformers", "training_args.py", ("TrainingArguments",)),
     ("transformers", "training_args_seq2seq.py", ("Seq2SeqTrainingArguments",)),
 )

@@ -23,9 +23,17 @@ def report_cli(argv: list[str]) -> int:
         help="Where to write report.md, report.csv and the PNGs (default: <runs_root>/report).",
     )
     parser.add_argument("--no_plots", action="store_true", help="Write only the table.")
+    parser.add_argument(
+        "--mlflow_experiment",
+        default=None,
+        help="Report the finished runs of this MLflow experiment instead ($MLFLOW_TRACKING_URI, else the local "
+        "store under --runs_root; docs/training.md#track-runs-in-mlflow-cml-experiments).",
+    )
     args = parser.parse_args(argv)
     try:
-        report = build_report(args.runs_root, args.output_dir, plots=not args.no_plots)
+        report = build_report(
+            args.runs_root, args.output_dir, plots=not args.no_plots, mlflow_experiment=args.mlflow_experiment
+        )
     except TextsqlError as error:
         print(f"textsql report: {error}", file=sys.stderr)
         return 2

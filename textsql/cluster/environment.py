@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-import re
 import socket
 import stat
 import struct
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.redaction import is_secret
 
 # Variables a user sets to tune or debug a run; they reach every rank on every node.
 FORWARDED = frozenset(
@@ -39,25 +37,15 @@ FORWARDED = frozenset(
         "TRANSFORMERS_OFFLINE",
         "TRANSFORMERS_VERBOSITY",
         "TRANSFORMERS_CACHE",
+        "MLFLOW_TRACKING_URI",  # rank 0 logs the run to the session's tracking server (textsql.tracking)
+        "MLFLOW_EXPERIMENT_NAME",
     }
 )
 FORWARDED_PREFIXES = ("TORCH_NCCL_", "NCCL_", "GLOO_", "DS_", "HF_", "TEXTSQL_")
-# What a node's own login environment contributes to the processes the node agent starts (never the agent's secrets).
+# A machine's basics that DeepSpeed's pdsh runner gets (never a secret).
 SYSTEM = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "HOSTNAME"})
 SYSTEM_PREFIXES = ("LC_",)
-# A name that looks like it holds a credential is never forwarded and never printed, whatever the lists above say:
-# TOKEN (not TOKENIZERS_...), SECRET, PASSW(ORD), PASSPHRASE, CREDENTIAL, PRIVATE, AUTH, COOKIE anywhere in it, KEY at the end of a word
-# (HF_KEY, APIKEY, AWS_ACCESS_KEY_ID), and PWD, PASS, PAT as a word of it (TEXTSQL_DB_PWD, DB_PASS, GITHUB_PAT).
-SECRET = re.compile(
-    r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|KEYS?(?:_|$)|(?:^|_)(?:PWD|PASS|PAT)(?:_|$)",
-    re.IGNORECASE,
-)
-# Nor is a value holding a URL with credentials in it (scheme://user:password@host, scheme://token@host).
-URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@]+@", re.IGNORECASE)
-
-
-def is_secret(name: str, value: str = "") -> bool:
-    return bool(SECRET.search(name)) or bool(URL_CREDENTIALS.search(value))
+# What counts as a secret, by name or value, is textsql.redaction's decision: such a variable never goes.
 
 
 def forwarded(environ=os.environ) -> dict[str, str]:
@@ -119,40 +107,6 @@ def private_folder(*parts: str) -> Path:
     folder = root.joinpath(*parts)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # inside a private folder nobody else can make a link
     return folder
-
-
-def rank_env_file(launch_id: str, node_rank: int) -> Path:
-    """Where a node keeps the environment of its ranks for one launch: in this user's private folder, never in argv
-    (/proc/<pid>/cmdline is readable by everyone on the node) or in the shared project folder."""
-    if not re.fullmatch(r"[\w.-]+", str(launch_id)) or str(launch_id).startswith("."):
-        raise TextsqlError(f"'{launch_id}' is not a launch id.")
-    return private_folder("launches") / f"{launch_id}-node{int(node_rank)}.json"
-
-
-def save_rank_env(launch_id: str, node_rank: int, env: dict[str, str], keep_days: float = 7) -> Path:
-    """Write the ranks' environment (mode 0600; earlier launches' files older than `keep_days` are removed)."""
-    path = rank_env_file(launch_id, node_rank)
-    for old in path.parent.glob("*.json"):
-        if time.time() - old.lstat().st_mtime > keep_days * 86400:
-            old.unlink(missing_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "w") as f:
-        json.dump(env, f)
-    os.replace(tmp, path)
-    return path
-
-
-def load_rank_env(launch_id: str, node_rank: int) -> dict[str, str]:
-    path = rank_env_file(launch_id, node_rank)
-    try:
-        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW)) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise TextsqlError(
-            f"{path} is missing: the session writes it on every node before the launch starts "
-            "(textsql.cluster.node prepare). Launch again from the session."
-        ) from None
 
 
 def interface_of(address: str) -> str | None:

@@ -276,7 +276,3 @@ def rank_layout(hosts: list[Host]) -> dict[int, tuple[str, int]]:
             layout[rank] = (host.address, local)
             rank += 1
     return layout
-
-
-def ranks_of(hosts: list[Host], address: str) -> list[int]:
-    return [rank for rank, (host, _) in rank_layout(hosts).items() if host == address]

@@ -3,8 +3,10 @@
 textsql writes no key, no known_hosts and no ssh config for this path: ssh reads the user's own (~/.ssh/config, or
 the file passed as `ssh_config`), and every ssh call — textsql's and pdsh's — gets `BatchMode=yes` and
 `StrictHostKeyChecking=yes` on its command line, which win over any config file: an unknown or changed host key is
-refused, never accepted. The nodes are asked their facts and prepared over ssh (`python -m textsql.cluster.node`),
-then `deepspeed --launcher pdsh` starts the same rank program as the agents do, its spec in one base64 word.
+refused, never accepted. Each host is reached once over ssh before anything starts (an unknown key, a refused key:
+named), then `deepspeed --launcher pdsh` starts the same rank program as torchrun's pods do (textsql.cluster.rank),
+its spec — the training arguments and what the session decided, no environment value — in one base64 word. The
+ranks write their records into the shared launch folder; the first failure stops the launch on every host over ssh.
 """
 
 from __future__ import annotations
@@ -23,34 +25,27 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from textsql.cluster.hostfile import Host, HostSelection, read_hostfile, select_hosts
+from textsql.cluster.hostfile import Host, HostSelection, check_addresses, read_hostfile, select_hosts
 from textsql.cluster.launch import (
     LaunchFailed,
-    LaunchMonitor,
-    NodeFacts,
     PreflightError,
+    encode,
     failure_message,
     launch_result,
     plan_launch,
+    prepare,
+    read_records,
     resume_sentence,
 )
-from textsql.cluster.node import ANSWER, encode
-from textsql.cluster.rank import LAUNCH_FLAG
 from textsql.errors import TextsqlError
 from textsql.sharedfiles import open_unlinked
 
-SSH_OPTIONS = (
-    "-o",
-    "BatchMode=yes",
-    "-o",
-    "StrictHostKeyChecking=yes",
-    "-o",
-    "ConnectTimeout=10",
-    "-o",
-    "ServerAliveInterval=5",
-    "-o",
-    "ServerAliveCountMax=3",
-)
+LAUNCH_FLAG = "--textsql_launch="  # in every rank's argv: how a stop finds this launch's processes on a host
+
+# fmt: off
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
+               "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+# fmt: on
 # What DeepSpeed's pdsh runner leaves unquoted in the remote shell command (it wraps anything else in double quotes,
 # inside which a shell still expands $(...) and `...`; the working folder and the interpreter it does not quote at all).
 SHELL_SAFE = re.compile(r"[\w@%+=:,./-]+")
@@ -101,85 +96,50 @@ def explain_ssh_failure(host: str, stderr: str) -> str:
     return f"ssh to {host} failed: {last}"
 
 
-def ask_over_ssh(op: str, payloads: dict[str, dict], ssh_config: Path | None, workdir: Path) -> dict[str, dict]:
-    """`python -m textsql.cluster.node OP <request>` on every host at once; raises PreflightError naming each failure."""
-    env = {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
-    prefix = f"cd {shlex.quote(str(workdir))} && " + (
-        f"env PYTHONPATH={shlex.quote(env['PYTHONPATH'])} " if env else ""
-    )
+def check_hosts(hosts: list[Host], ssh_config: Path | None, workdir: Path) -> None:
+    """Reach every host over ssh (host keys checked) and run this Python in the working folder there; raises
+    PreflightError naming each host that fails."""
+    command = f"cd {shlex.quote(str(workdir))} && {shlex.quote(sys.executable)} -c pass"
 
-    def one(item):
-        host, request = item
-        # the request on stdin: it holds the ranks' environment, which must not be in any argv on the node
-        done = run_ssh(
-            host,
-            prefix + " ".join(shlex.quote(a) for a in (sys.executable, "-m", "textsql.cluster.node", op, "-")),
-            ssh_config,
-            stdin=encode(request) + "\n",
-        )
-        found = [line for line in done.stdout.splitlines() if line.startswith(ANSWER)]
-        if found:
-            return host, json.loads(found[-1].removeprefix(ANSWER)), None
+    def one(host: Host) -> str | None:
+        done = run_ssh(host.address, command, ssh_config, timeout=60)
+        if done.returncode == 0:
+            return None
         if done.returncode == 255:
-            return host, None, explain_ssh_failure(host, done.stderr)
+            return explain_ssh_failure(host.address, done.stderr)
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return (
-            host,
-            None,
-            f"{sys.executable} -m textsql.cluster.node does not run there (exit status {done.returncode}): {tail}",
-        )
+        return f"{sys.executable} does not run in {workdir} there (exit status {done.returncode}): {tail}"
 
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(payloads)))) as pool:
-        results = list(pool.map(one, payloads.items()))
-    problems = [f"{host}: {problem}" for host, _, problem in results if problem]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        problems = [f"{h.address}: {p}" for h, p in zip(hosts, pool.map(one, hosts)) if p]
     if problems:
-        raise PreflightError(f"{op} failed on {len(problems)} node(s):\n" + "\n".join(f"  {p}" for p in problems))
-    return {host: answer for host, answer, _ in results}
+        raise PreflightError(f"ssh failed on {len(problems)} host(s):\n" + "\n".join(f"  {p}" for p in problems))
 
 
-def plan_user_managed(
-    hosts: list[Host],
-    arguments,
-    *,
-    ssh_config: Path | None = None,
-    workdir=None,
-    log_root=None,
-    selection: HostSelection | None = None,
-):
-    """Choose the hosts (`selection`: --include/--exclude/--num_nodes, checked against the hostfile before any ssh),
-    ask each its facts over ssh and plan the launch (textsql.cluster.launch.plan_launch); returns (plan, ask)."""
-    selection = selection or HostSelection()
-    chosen = select_hosts(hosts, selection)
+def plan_user_managed(hostfile, arguments, *, ssh_config=None, workdir=None, log_root=None, selection=None):
+    """The chosen hosts (checked against the hostfile, then reached over ssh) and the plan of their launch."""
+    from textsql.strategy.devices import local_devices
+
+    chosen = [host for host, _ in select_hosts(read_hostfile(hostfile), selection or HostSelection())]
+    check_addresses(chosen)  # unresolvable names, two entries that are one machine
     workdir = Path(workdir or os.getcwd()).absolute()
-    ask = lambda op, payloads: ask_over_ssh(op, payloads, ssh_config, workdir)  # noqa: E731
-    facts = ask("describe", {h.address: {"address": h.address} for h, _ in chosen})
-    nodes = [NodeFacts(h.address, facts[h.address], h.slots, slots) for h, slots in chosen]
+    check_hosts(chosen, ssh_config, workdir)
     plan = plan_launch(
-        nodes,
         arguments,
-        ask,
+        ranks=[h.slots for h in chosen],
+        devices=local_devices(),
         workdir=workdir,
         log_root=Path(log_root or workdir / ".textsql" / "launches"),
-        master_port=selection.master_port,
+        environ={},  # nothing of this session's environment travels in a command line
     )
-    return plan, ask
+    return chosen, plan
 
 
-def preflight(
-    hostfile,
-    arguments,
-    *,
-    ssh_config: Path | None = None,
-    workdir=None,
-    echo=print,
-    selection: HostSelection | None = None,
-):
+def preflight(hostfile, arguments, *, ssh_config=None, workdir=None, echo=print, selection=None):
     """`arguments`: textsql.train's three argument dataclasses, or one command line; `selection`: which hosts."""
-    plan, _ = plan_user_managed(
-        read_hostfile(hostfile), arguments, ssh_config=ssh_config, workdir=workdir, selection=selection
-    )
+    chosen, plan = plan_user_managed(hostfile, arguments, ssh_config=ssh_config, workdir=workdir, selection=selection)
     echo(plan.describe())
-    echo(f"preflight OK: {len(plan.hosts)} nodes, world size {plan.decision.world_size}")
+    echo(f"preflight OK: {len(chosen)} hosts, world size {plan.world_size}")
     return plan
 
 
@@ -200,8 +160,8 @@ def runner_environment(
     """The environment of DeepSpeed's runner for a pdsh launch. The runner copies every variable named MLFLOW*,
     PYTHON* or NCCL*, and each line of a .deepspeed_env file, into the remote shell command: into pdsh's argv (readable by
     every user of the machine) and through a shell on every node. So it gets this machine's basics, the ssh options,
-    PYTHONPATH (checked) and the accelerator; the ranks read their allowlisted environment from the private file each
-    node's prepare wrote (textsql.cluster.environment.save_rank_env), and no .deepspeed_env is read."""
+    PYTHONPATH (checked) and the accelerator; the ranks get each host's own login environment, and no .deepspeed_env
+    is read."""
     from textsql.cluster.environment import system
 
     env = system(os.environ)
@@ -232,42 +192,43 @@ def launch_training(
     workdir=None,
     log_root=None,
     echo=print,
-    grace_seconds: float = 5,
+    grace_seconds: float = 3,
     selection: HostSelection | None = None,
 ) -> dict:
-    """Preflight over ssh, then `deepspeed --launcher pdsh ...`, streaming every rank's output through `echo`.
-    `selection`: which hosts of the hostfile, and rank 0's port (textsql.cluster.hostfile.HostSelection).
-
-    Returns {"summary", "ranks", "launch_dir", "command", "shared_output", "plan"}. Raises LaunchFailed naming the rank
-    that failed first, with its log tail and what the next launch resumes from; by then every process of the launch
-    has been stopped on every node."""
-    from textsql.cluster.interrupts import interrupts_deferred
+    """Check the hosts, then `deepspeed --launcher pdsh ...`, streaming its output through `echo`. Returns {"summary",
+    "ranks", "launch_dir", "command", "plan"}; raises LaunchFailed naming the rank that failed first, with what the
+    next launch resumes from, once every process of the launch is stopped on every host."""
     from textsql.cluster.runs import run_lock
 
     find_program("pdsh", "pdsh")
     check_shell_safe("The working folder", str(Path(workdir or os.getcwd()).absolute()))
     check_shell_safe("The Python interpreter", sys.executable)
     ssh_config = Path(ssh_config).absolute() if ssh_config else None
-    plan, ask = plan_user_managed(
-        read_hostfile(hostfile),
-        arguments,
-        ssh_config=ssh_config,
-        workdir=workdir,
-        log_root=log_root,
-        selection=selection,
+    selection = selection or HostSelection()
+    chosen, plan = plan_user_managed(
+        hostfile, arguments, ssh_config=ssh_config, workdir=workdir, log_root=log_root, selection=selection
     )
     echo(plan.describe())
     with run_lock(plan.run_dir, plan.launch_id):
-        plan.log_dir.mkdir(parents=True, exist_ok=True)
-        ask("prepare", plan.prepare_requests())
-        # --force_multi: with one host (a one-line hostfile, or what --include/--exclude left) DeepSpeed's runner would
-        # otherwise start the ranks on this machine, not over pdsh on that host.
-        command = plan.deepspeed_command(sys.executable, ["--launcher", "pdsh", "--no_ssh_check", "--force_multi"])
-        env = runner_environment(ssh_config, plan.env, echo, plan.workdir)
+        prepare(plan)
+        hosts = plan.launch_dir / "hostfile"
+        hosts.write_text("".join(f"{h.address} slots={h.slots}\n" for h in read_hostfile(hostfile)))
+        port = selection.master_port or _free_port()
+        # --force_multi: with one host left DeepSpeed's runner would otherwise start the ranks on this machine.
+        command = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", str(hosts)]
+        command += ["--launcher", "pdsh", "--no_ssh_check", "--force_multi", "--master_addr", chosen[0].address]
+        command += ["--master_port", str(port), "--log_level", "warning", *_selection_args(selection)]
+        spec = plan.spec(hosts=[h.address for h in chosen])
+        command += [
+            "--module",
+            "textsql.cluster.rank",
+            f"{LAUNCH_FLAG}{plan.launch_id}",
+            f"--textsql_spec={encode(spec)}",
+        ]
+        env = runner_environment(
+            ssh_config, {"DS_ACCELERATOR": "cpu"} if plan.accelerator == "cpu" else {}, echo, plan.workdir
+        )
         echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
-        echo(f"launch folder {plan.log_dir} (launch.log here; rank-N.log on each rank's node)")
-        monitor = LaunchMonitor()
-        lines: queue.Queue = queue.Queue()
         process = subprocess.Popen(
             command,
             cwd=plan.workdir,
@@ -279,41 +240,48 @@ def launch_training(
             errors="replace",
             start_new_session=True,
         )
+        lines: queue.Queue = queue.Queue()
         threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
-        stopped = False
+        lost, failing_since = {}, None
         try:
-            with open_unlinked(plan.log_dir / "launch.log", "w", buffering=1) as log:
+            with open_unlinked(plan.launch_dir / "launch.log", "w", buffering=1) as log:
                 while (line := _next_line(lines)) is not None:
                     if line:
                         log.write(line + "\n")
                         echo(line)
-                        if lost := PDSH_EXIT.match(line):
-                            monitor.node_ended(lost["host"], int(lost["code"]))
-                        else:
-                            monitor.feed(line)
-                    if (
-                        not stopped
-                        and monitor.failed_at is not None
-                        and time.monotonic() - monitor.failed_at >= grace_seconds
-                    ):
-                        echo(f"textsql: a rank failed; stopping launch {plan.launch_id} on every node")
-                        _stop(process, plan.hosts, ssh_config, plan.launch_id)
-                        stopped = True
-                process.wait()
+                        if exited := PDSH_EXIT.match(line):
+                            lost[exited["host"]] = f"its ssh exited with exit code {exited['code']}"
+                    if failing_since is None and (lost or read_records(plan.launch_dir, "failure")):
+                        failing_since = time.monotonic()
+                    if failing_since is not None and time.monotonic() - failing_since >= grace_seconds:
+                        break
         except BaseException:
-            with interrupts_deferred(echo):
-                echo(f"textsql: interrupted; stopping launch {plan.launch_id} on every node")
-                _stop(process, plan.hosts, ssh_config, plan.launch_id)
+            echo(f"textsql: interrupted; stopping launch {plan.launch_id} on every host")
             raise
-        if monitor.failed_at is not None or process.returncode != 0 or monitor.summary_path is None:
-            if not stopped:
-                _stop(process, plan.hosts, ssh_config, plan.launch_id)
-            if not monitor.failures and not monitor.node_exits:
-                monitor.node_ended(plan.hosts[0].address, process.returncode)
-            resume = resume_sentence(plan, ask)
-            message, failures = failure_message(monitor, plan.hosts, plan.log_dir, resume)
-            raise LaunchFailed(message, failures, plan.log_dir, resume)
-    return launch_result(plan, monitor, command)
+        finally:
+            _stop(process, chosen, ssh_config, plan.launch_id)
+        failures = read_records(plan.launch_dir, "failure")
+        if failures or lost or process.returncode != 0:
+            if not failures and not lost:
+                lost[chosen[0].address] = f"DeepSpeed's runner ended with exit status {process.returncode}"
+            resume = resume_sentence(plan)
+            raise LaunchFailed(
+                failure_message(failures, lost, plan.launch_dir, resume), failures, plan.launch_dir, resume
+            )
+        return launch_result(plan, command)
+
+
+def _selection_args(selection: HostSelection) -> list[str]:
+    """DeepSpeed's own host selection flags (checked against the hostfile first: select_hosts)."""
+    args = ["--include", selection.include] if selection.include else []
+    args += ["--exclude", selection.exclude] if selection.exclude else []
+    return args + (["--num_nodes", str(selection.num_nodes)] if selection.num_nodes > 0 else [])
+
+
+def _free_port() -> int:
+    from textsql.train.distributed import free_port
+
+    return free_port()
 
 
 def _read_lines(stream, lines: queue.Queue) -> None:

@@ -1,163 +1,123 @@
-"""One rank of a multi-node launch: `python -m textsql.cluster.rank [--local_rank=N] --textsql_launch=ID --textsql_spec=B64`.
+"""One rank of a multi-pod launch: `python -m textsql.cluster.rank [--textsql_spec=B64]`, started by torchrun on a
+pod (the spec in $TEXTSQL_LAUNCH, fixed when the pod was created) or by DeepSpeed's launcher over pdsh (the spec in
+argv: the training arguments, never an environment value).
 
-The DeepSpeed launcher on each node starts this instead of `textsql.train` directly. The spec (base64 JSON, one
-shell-safe word, so no shell on the way can expand anything) carries the training arguments exactly and the log
-folder; the environment of the ranks (an allowlist, per node) is in a file of the user's private folder on the node,
-written before the launch (textsql.cluster.environment.save_rank_env), so no value of it is in any process's argv. This supervisor runs the training in a child
-process (the rank's process: it holds the model) and
-- keeps the rank's whole output in `<log folder>/rank-<RANK>.log` (on the rank's own node),
-- passes every line on, prefixed `[rank N] `, so the session sees all ranks, told apart,
-- when the training process ends with an error or a signal, prints one `textsql-rank-exit: {json}` line that names the
-  rank, the host, how and when it ended and the tail of its output, so the session can name the rank that failed
-  first and stop the others at once instead of waiting for a timeout,
-- at the end of a good run prints `textsql-rank-summary: {json}`: this rank's own view of the run (world size,
-  steps, final losses), which the session gathers from every rank.
-The launch id on the command line lets a user-managed launch find and stop exactly this run's processes on a node.
+The rank dies with the process that started it (Linux parent-death signal: torchrun starts it in a process session of
+its own, so killing only torchrun would otherwise leave it training), checks its pod against what the session decided
+(versions, folders, file digests, the shared launch folder, the devices promised), trains with `textsql.train`, and
+writes into the shared launch folder: `rank-N.started.json`, then `rank-N.summary.json` (its own view of the run) or
+`rank-N.failure.json` (how it failed, when, its last lines) so that the session names the rank that failed first.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
+import traceback
 
-from textsql.cluster.environment import load_rank_env
-from textsql.cluster.node import set_parent_death_signal
+from textsql.cluster.launch import decode, digest, versions, write_record
 from textsql.errors import TextsqlError
-from textsql.sharedfiles import open_unlinked, replace_file
 
-RANK_EXIT_MARKER = "textsql-rank-exit: "
-RANK_SUMMARY_MARKER = "textsql-rank-summary: "
-LAUNCH_FLAG = "--textsql_launch="
+LAUNCH_ENV, POD_ENV = "TEXTSQL_LAUNCH", "TEXTSQL_POD_ADDRESS"
 SPEC_FLAG = "--textsql_spec="
 
 
-def _set_parent_death_signal() -> None:
-    """The training process dies with its supervisor (Linux prctl PR_SET_PDEATHSIG), so no rank is ever orphaned."""
-    set_parent_death_signal(signal.SIGKILL)
-
-
-def read_spec(argv: list[str]) -> dict:
-    from textsql.cluster.node import decode
-
-    words = [a for a in argv if a.startswith(SPEC_FLAG)]
-    if len(words) != 1:
-        raise SystemExit(
-            f"textsql.cluster.rank: expected one {SPEC_FLAG}... argument (it is written by the session's launch)"
-        )
-    return decode(words[0].removeprefix(SPEC_FLAG))
-
-
-def rank_environment(launch_id: str, environ=os.environ) -> dict[str, str]:
-    """The launcher's environment (RANK, WORLD_SIZE, MASTER_*, CUDA_VISIBLE_DEVICES, ...) plus the variables the
-    session chose for this node's ranks, which its prepare step left in this user's private folder (never in argv);
-    CROSS_RANK is the node rank DeepSpeed's node launcher sets."""
-    env = dict(environ)
-    env.update(load_rank_env(launch_id, int(environ.get("CROSS_RANK", "0"))))
-    return env
-
-
-def launch_id_of(argv: list[str]) -> str:
-    words = [a.removeprefix(LAUNCH_FLAG) for a in argv if a.startswith(LAUNCH_FLAG)]
-    if len(words) != 1:
-        raise SystemExit(
-            f"textsql.cluster.rank: expected one {LAUNCH_FLAG}... argument (it is written by the session's launch)"
-        )
-    return words[0]
-
-
-def supervise(argv: list[str]) -> int:
-    spec = read_spec(argv)
+def set_parent_death_signal(sig) -> bool:
+    """Linux: `sig` reaches this process when its parent ends (prctl PR_SET_PDEATHSIG); False where unavailable."""
     try:
-        env = rank_environment(launch_id_of(argv))
-    except TextsqlError as error:
-        raise SystemExit(f"textsql.cluster.rank: {error}") from None
-    rank = int(env.get("RANK", "0"))
-    log_dir = Path(spec.get("log_dir") or ".")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"rank-{rank}.log"
-    spec_word = next(a for a in argv if a.startswith(SPEC_FLAG))
-    command = [
-        sys.executable,
-        "-u",
-        "-c",
-        "import sys; from textsql.cluster.rank import train_main; sys.exit(train_main())",
-        spec_word,
-    ]
-    prefix = f"[rank {rank}] "
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def read_spec(argv: list[str], environ=os.environ) -> dict:
+    words = [a.removeprefix(SPEC_FLAG) for a in argv if a.startswith(SPEC_FLAG)]
+    word = words[0] if words else environ.get(LAUNCH_ENV)
+    if not word:
+        raise SystemExit(f"textsql.cluster.rank: no {SPEC_FLAG}... argument and no ${LAUNCH_ENV}: a launch sets one")
+    return decode(word)
+
+
+def check_pod(spec: dict, where: str) -> None:
+    """This pod against what the session decided: the same versions, the folders and files (by digest, the shared
+    launch folder's marker among them), and the devices promised. Raises TextsqlError listing every problem."""
+    expect, problems = spec["expect"], []
+    for name, want in expect["versions"].items():
+        have = versions().get(name)
+        if have != want:
+            problems.append(f"{name} {have or 'is not installed'}, but the session has {want}")
+    problems += [f"the folder {path} does not exist here" for path in expect["dirs"] if not os.path.isdir(path)]
+    if spec.get("workdir") and os.path.realpath(os.getcwd()) != os.path.realpath(spec["workdir"]):
+        problems.append(f"it works in {os.getcwd()}, the session in {spec['workdir']} (relative paths would differ)")
+    for path, want in expect["files"].items():
+        have = digest(path)
+        if have != want:
+            shared = path.endswith("shared-marker")
+            problems.append(
+                f"the session's launch folder is not shared with this pod ({path} is not the session's): "
+                "run from a folder every pod sees (the CML project folder)"
+                if shared
+                else f"{path} {'does not exist here' if have is None else 'differs from the session copy'}"
+            )
+    if spec["accelerator"] == "cuda":
+        import torch
+
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
+            problems.append(
+                "the session decided on GPUs for every rank, but this rank has none (pass --accelerator cpu?)"
+            )
+        elif spec["precision"] == "bf16" and not torch.cuda.is_bf16_supported():
+            problems.append(f"the session decided on bf16, but {torch.cuda.get_device_name(local)} has no native bf16")
+    if problems:
+        raise TextsqlError(f"The preflight failed on {where}: " + "; ".join(problems) + ".")
+
+
+def main(argv: list[str] | None = None) -> int:
+    set_parent_death_signal(signal.SIGKILL)  # dies with its torchrun (or DeepSpeed's node launcher)
+    spec = read_spec(sys.argv[1:] if argv is None else argv)
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    hosts = spec.get("hosts")  # pdsh: the hostfile's addresses; DeepSpeed's node launcher sets CROSS_RANK
+    address = os.environ.get(POD_ENV) or (hosts[int(os.environ.get("CROSS_RANK", "0"))] if hosts else None)
+    address = address or socket.gethostname()
+    if spec["accelerator"] == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed is imported
+    record = dict(rank=rank, local_rank=local_rank, node_address=address, host=socket.gethostname(), pid=os.getpid())
+    write_record(spec["launch_dir"], f"rank-{rank}.started.json", record)
     tail: list[str] = []
-    with open_unlinked(log_path, "a", buffering=1) as log:
-        child = subprocess.Popen(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            preexec_fn=_set_parent_death_signal,
+    try:
+        check_pod(spec, f"pod {address} (rank {rank})")
+        summary = train(spec, tail)
+    except BaseException as error:
+        how = "stopped by a signal" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
+        lines = traceback.format_exc().splitlines() if not isinstance(error, TextsqlError) else []
+        write_record(
+            spec["launch_dir"],
+            f"rank-{rank}.failure.json",
+            dict(record, how=how.splitlines()[0][:500] if how else "failed", tail=lines[-15:], ended_at=time.time()),
         )
-        replace_file(log_dir / f"rank-{rank}.pid", f"{child.pid}\n")
-        signalled = []
-
-        def forward(signum, frame):
-            signalled.append(signum)
-            if child.poll() is None:
-                child.send_signal(signum)
-
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, forward)
-        reader = threading.Thread(target=_pump, args=(child.stdout, log, prefix, tail), daemon=True)
-        reader.start()
-        code = child.wait()
-        ended = time.time()
-        reader.join(timeout=5)
-    if code != 0:
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        record = {
-            "rank": rank,
-            "local_rank": int(env.get("LOCAL_RANK", "0")),
-            "node_rank": int(env.get("CROSS_RANK", "0")),
-            "host": socket.gethostname(),
-            "pid": child.pid,
-            "code": code,
-            "how": how,
-            "ended_at": ended,
-            "told_to_stop": bool(signalled),
-            "log": str(log_path.absolute()),
-            "tail": tail[-15:],
-        }
-        print(prefix + RANK_EXIT_MARKER + json.dumps(record), flush=True)
+        print(f"textsql rank {rank}: {how}", file=sys.stderr, flush=True)
         return 1
+    write_record(spec["launch_dir"], f"rank-{rank}.summary.json", dict(record, **summary))
     return 0
 
 
-def _pump(stream, log, prefix: str, tail: list[str]) -> None:
-    for line in stream:
-        log.write(line)
-        sys.stdout.write(prefix + line)
-        sys.stdout.flush()
-        tail.append(line.rstrip("\n"))
-        del tail[:-40]
-
-
-def train_main() -> int:
-    """The rank's training process: textsql.train with a callback that records this rank's own losses."""
+def train(spec: dict, tail: list[str]) -> dict:
+    """textsql.train with a callback recording this rank's own losses; this rank's summary."""
     from textsql.extras import quiet_lifecycle_logs
 
     quiet_lifecycle_logs()  # before transformers imports torchao (textsql.extras)
     from transformers import TrainerCallback, trainer
 
-    from textsql.errors import TextsqlError
+    from textsql.run_summary import SUMMARY_FILE, format_summary
+    from textsql.train import train as train_run
     from textsql.train.arguments import arguments_from_dict
     from textsql.train.distributed import end_distributed
-    from textsql.train.local_launch import train_and_report
 
     seen: dict = {"losses": []}
 
@@ -166,44 +126,29 @@ def train_main() -> int:
             logs = logs or {}
             if "loss" in logs:
                 seen["losses"].append(logs["loss"])
-            for key in ("train_loss", "eval_loss"):
-                if key in logs:
-                    seen[key] = logs[key]
-            seen.update(
-                global_step=state.global_step,
-                world_size=args.world_size,
-                process_index=args.process_index,
-                output_dir=args.output_dir,
-            )
+            seen.update({k: logs[k] for k in ("train_loss", "eval_loss") if k in logs})
+            seen.update(global_step=state.global_step, world_size=args.world_size, output_dir=args.output_dir)
 
     trainer.DEFAULT_CALLBACKS.append(RankRecorder)  # every Trainer built in this process gets it
-    arguments = read_spec(sys.argv[1:])["arguments"]
-    try:
-        parsed = arguments_from_dict(arguments)
-    except TextsqlError as error:
-        print(f"textsql train: {error}", file=sys.stderr)
-        return 2
-    code = train_and_report(*parsed)
-    if code == 0:
-        summary = {
-            "rank": int(os.environ.get("RANK", "0")),
-            "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-            "host": socket.gethostname(),
-            "world_size": seen.get("world_size"),
-            "process_index": seen.get("process_index"),
-            "global_step": seen.get("global_step"),
-            "final_loss": seen["losses"][-1] if seen["losses"] else None,
-            "train_loss": seen.get("train_loss"),
-            "eval_loss": seen.get("eval_loss"),
-            "logged_losses": seen["losses"],
-            "output_dir": seen.get("output_dir"),
-            "arguments": arguments,
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        }
-        print(RANK_SUMMARY_MARKER + json.dumps(summary), flush=True)
-    end_distributed(code == 0)
-    return code
+    run = train_run(*arguments_from_dict(spec["arguments"]))
+    summary_path = None
+    if run is not None:
+        print(format_summary(run), flush=True)
+        summary_path = str(os.path.realpath(os.path.join(run.output_dir, SUMMARY_FILE)))
+    end_distributed(True)
+    return {
+        "world_size": seen.get("world_size"),
+        "global_step": seen.get("global_step"),
+        "final_loss": seen["losses"][-1] if seen["losses"] else None,
+        "train_loss": seen.get("train_loss"),
+        "eval_loss": seen.get("eval_loss"),
+        "logged_losses": seen["losses"],
+        "output_dir": seen.get("output_dir"),
+        "arguments": spec["arguments"],
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "run_summary": summary_path,
+    }
 
 
 if __name__ == "__main__":
-    sys.exit(supervise(sys.argv[1:]))
+    sys.exit(main())

@@ -65,6 +65,9 @@ def compare_with_run(
         "lengths": [run["setup"].source_length, run["setup"].target_length],
         "lengths_from": run["lengths_from"],
         "gradient_checkpointing": run["setup"].gradient_checkpointing,
+        "lora_rank": run["setup"].lora_rank,
+        "quantize_base": run["setup"].quantize_base,
+        "model_kind": shape.sequence_kind,  # causal: one sequence of both lengths
         "predicted_gpu_total_bytes": row["gpu_total_bytes"],
         "predicted_peak_phase": row["peak_phase"],
         "predicted_phases_gb": {name: phase["gpu_total_gb"] for name, phase in row["phases"].items()},
@@ -129,6 +132,8 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
         tuple(sorted(settings.items())),
         lora_rank=int(lora.get("rank") or 0),
         lora_targets=lora.get("targets", "qv"),
+        # QLoRA: the base's bitsandbytes format, where the run recorded it
+        quantize_base=(lora.get("quantize_base") or training.get("quantize_base") or "none") if lora else "none",
         eval_batch=int(training.get("per_device_eval_batch_size") or batch),
         eval_num_beams=_eval_beams(summary.arguments.get("data") or {}),
     )

@@ -52,6 +52,15 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
             f"{lora['trainable_parameters'] / m['parameters']:.2%} of the model)"
         )
         lines += _rows(lora["strategies"], width)
+    qlora = plan.get("qlora")
+    if qlora:
+        base = qlora["quantized_base"]
+        lines.append(
+            f"with QLoRA: the same adapter on the base in {qlora['quantize_base']} ({base['weights'] / 1e6:.1f}M "
+            f"weights quantized: {base['quantized'] / GIB:.2f} GB; {base['other_parameters'] / 1e6:.1f}M parameters "
+            f"left in fp32: {base['other'] / GIB:.2f} GB)"
+        )
+        lines += _rows(qlora["strategies"], width)
     lines.append(
         "(phases: training step, evaluation (loss, and generate() when it generates SQL), checkpoint_save, final_save "
         "(fp32); PEAK is the largest, and it decides fits and the recommendation)"
@@ -65,7 +74,12 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
     if rec is None:
         lines.append("recommendation: nothing fits." + (f" {plan['problem']}" if with_problem else ""))
     else:
-        what = f"LoRA under {rec['strategy']}" if rec.get("lora") else strategy_words(rec["strategy"])
+        quantized = rec.get("quantize_base", "none") != "none"
+        what = (
+            (f"QLoRA ({rec['quantize_base']} base)" if quantized else "LoRA") + f" under {rec['strategy']}"
+            if rec.get("lora")
+            else strategy_words(rec["strategy"])
+        )
         lines.append(
             f"recommendation: {what} with batch {rec['per_device_train_batch_size']} per GPU "
             f"({rec['predicted_gpu_gb']:.1f} GB, peak in {rec['peak_phase']}); the largest batch that fits under {rec['strategy']} is "
@@ -83,6 +97,14 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
                 f"batch {best['largest_per_device_train_batch_size']}."
             )
         lines.append(textwrap.fill(f"LoRA with offload: {lora['offload_note']}", width=118, subsequent_indent="  "))
+    if qlora and not (rec or {}).get("quantize_base", "none") != "none":
+        best = qlora.get("recommendation")
+        lines.append(
+            "QLoRA: fits under no strategy either."
+            if best is None
+            else f"QLoRA: fastest fitting strategy {best['strategy']} ({best['predicted_gpu_gb']:.1f} GB), largest "
+            f"batch {best['largest_per_device_train_batch_size']}."
+        )
     if with_assumptions:
         lines += ["", "assumptions:"]
         lines += [

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
-from textsql.families import t5_lora_module_names
+from textsql.families import auto_model_class, family_of, t5_lora_module_names
 from textsql.hub import download_command, hub_offline
+from textsql.planner import causal as causal_lm
 from textsql.planner.zero3_trace import (
     NARROW_WIDTHS,
     ModuleTrace,
@@ -43,7 +44,6 @@ T5_SHAPES = {
     "t5-11b": {"d_model": 1024, "d_ff": 65536, "num_layers": 24, "num_heads": 128, "d_kv": 128},
 }
 T5_VOCAB_SIZE = 32128
-T5_MODEL_TYPES = ("t5", "mt5", "umt5")
 
 # DeepSpeed's defaults for zero_optimization keys a config file leaves out (deepspeed/runtime/zero/config.py).
 # overlap_comm None means DeepSpeed's dynamic default: on for stage 3, off below.
@@ -173,6 +173,28 @@ LORA_ASSUMPTIONS = [
     "states live in host memory, so there LoRA saves host memory, not GPU memory.",
 ]
 
+CAUSAL_ASSUMPTIONS = [
+    "Causal LM: prompt and SQL are one sequence of max_source_length + max_target_length tokens through one stack of "
+    "decoder layers; the widths are the config's as its family reads them (textsql.families), the parameter count "
+    "the model's own built on the meta device. Activations per layer and token: two norms (fp32 input, output), the "
+    "attention's query, keys, values, output and its copy for the output projection (sdpa; transformers repeats "
+    "grouped-query keys and values to every query head when the batch is padded, so GQA/MQA shrink the KV cache of "
+    "generation, not the training step's saved keys and values), with eager attention (bloom, codegen) the fp32 "
+    "softmax and probabilities over the sequence, and the feed-forward hidden states (4 x the feed-forward width "
+    "where gated). The logits term: every position's logits upcast to fp32 by transformers' loss, 12 bytes (+2 in "
+    "bf16) per position and vocabulary entry at the backward pass's start. Dropout masks are not counted (0 in most "
+    "causal configs; gpt2 and opt use 0.1).",
+]
+QLORA_ASSUMPTIONS = [
+    "QLoRA rows (--quantize_base): bitsandbytes quantizes every nn.Linear (and Conv1D) but the output layer. NF4 "
+    "with double quantization: 4 bits per weight, a uint8 absmax per block of 64 and an fp32 absmax per 256 blocks "
+    "(4.13 bits per weight), plus an fp32 offset and the 16- and 256-entry codes per tensor; int8: 1 byte per weight "
+    "plus an fp32 scale per output row. Everything else (embeddings, norms, biases, the output layer) in fp32, as "
+    "peft's prepare_model_for_kbit_training casts it. Weight copies: one weight dequantized in the compute dtype "
+    "while its layer runs. The adapter, its gradients and Adam states as for LoRA. Host memory: no copy of the model "
+    "(bitsandbytes quantizes each weight as it loads it onto the GPU), the 3 GB per process. Falcon's FalconLinear layers are "
+    "not swapped by transformers' bitsandbytes integration; the plan assumes they are (textsql train checks it).",
+]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Arguments
@@ -186,8 +208,11 @@ class PlanArguments:
     model: str = field(
         default="t5-small",
         metadata={
-            "help": "t5-small, t5-base, t5-large, t5-3b or t5-11b (built-in shapes, nothing is downloaded), a local "
-            "model folder with config.json, or a hub name already in the local Hugging Face cache."
+            "help": "t5-small, t5-base, t5-large, t5-3b or t5-11b, or a causal LM of the built-in table (Qwen/Qwen2.5-"
+            "0.5B/1.5B/7B, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B, mistralai/Mistral-7B-v0.1, bigscience/bloom-"
+            "1b1, bigscience/bloom-7b1, tiiuae/falcon-7b, Salesforce/codegen2-1B, bigcode/starcoderbase-1b, gpt2, "
+            "facebook/opt-1.3b: nothing is downloaded), a local model folder with config.json, or a hub name already in "
+            "the local Hugging Face cache."
         },
     )
     nodes: int = field(default=1, metadata={"help": "Pods (nodes) training together."})
@@ -207,9 +232,18 @@ class PlanArguments:
         },
     )
     max_source_length: int = field(
-        default=96, metadata={"help": "Longest question in a batch, in tokens (batches are padded to their longest)."}
+        default=96,
+        metadata={
+            "help": "Longest question in a batch, in tokens (batches are padded to their longest); a causal LM's prompt."
+        },
     )
-    max_target_length: int = field(default=96, metadata={"help": "Longest SQL target in a batch, in tokens."})
+    max_target_length: int = field(
+        default=96,
+        metadata={
+            "help": "Longest SQL target in a batch, in tokens. A causal LM reads prompt and SQL as one sequence of "
+            "max_source_length + max_target_length tokens."
+        },
+    )
     precision: str = field(default="bf16", metadata={"help": "fp32, bf16 or fp16 (bf16 on Ampere and newer GPUs)."})
     gradient_checkpointing: bool = field(
         default=False,
@@ -241,6 +275,14 @@ class PlanArguments:
     )
     lora_rank: int = field(default=8, metadata={"help": "LoRA rank r (as textsql train --lora_rank)."})
     lora_targets: str = field(default="qv", metadata={"help": "qv or all (as textsql train --lora_targets)."})
+    quantize_base: str = field(
+        default="none",
+        metadata={
+            "help": "With --lora True, also plan QLoRA: the frozen base quantized by bitsandbytes, nf4 or int8 (as "
+            "textsql train --quantize_base), for causal LMs; recommended where neither full fine-tuning nor LoRA on "
+            "a bf16/fp32 base fits."
+        },
+    )
     nvme_gb_per_s: float = field(
         default=NVME_GB_PER_S,
         metadata={
@@ -280,7 +322,7 @@ class PlanArguments:
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
         LoraArguments(
-            lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets
+            lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets, quantize_base=self.quantize_base
         )  # the same checks as training
         if not self.nvme_gb_per_s > 0:
             raise TextsqlError(
@@ -317,13 +359,26 @@ class ModelShape:
     matmul_parameters: int = 0  # parameters of nn.Linear layers: the weights autocast copies to 16 bits
     parameter_sizes: tuple = field(repr=False, default=())
     module_trace: ModuleTrace | None = field(repr=False, default=None)
+    # Causal LMs (None for T5): the widths as the family reads its config, the parameters of one decoder layer (FSDP's
+    # unit), whether attention is eager (no sdpa: the scores are kept), and (elements, output rows) of every weight
+    # bitsandbytes quantizes (each nn.Linear / Conv1D but the output layer).
+    causal: causal_lm.CausalWidths | None = field(repr=False, default=None)
+    family: str = "t5"
+    block_parameters: int = 0
+    eager_attention: bool = False
+    quantizable: tuple = field(repr=False, default=())
 
     def persistent_parameters(self, threshold: int) -> int:
         """Elements of the parameters ZeRO-3 keeps gathered on every GPU (each at most `threshold` elements)."""
         return sum(n for n in self.parameter_sizes if n <= threshold)
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        found = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        return found | ({"causal": asdict(self.causal)} if self.causal else {})
+
+    @property
+    def sequence_kind(self) -> str:
+        return "causal" if self.causal else "seq2seq"
 
 
 def resolve_model(name: str) -> ModelShape:
@@ -338,7 +393,13 @@ def resolve_model(name: str) -> ModelShape:
 
         config = T5Config(**T5_SHAPES[short], vocab_size=T5_VOCAB_SIZE)
         return _shape_from_config(config, short, "built-in shape table")
-    _refuse_a_near_miss(short, T5_SHAPES)
+    builtin = causal_lm.builtin_config(name)
+    if builtin is not None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.for_model(builtin.pop("model_type"), **builtin)
+        return _shape_from_config(config, name, "built-in causal LM table")
+    _refuse_a_near_miss(name, [*T5_SHAPES, *causal_lm.CAUSAL_CONFIGS, *causal_lm.CAUSAL_ALIASES])
     return _shape_from_config(_config_from_hub(name), name, "Hugging Face cache")
 
 
@@ -347,8 +408,10 @@ def _refuse_a_near_miss(name: str, known) -> None:
     offline) and a download command that repeats the typo."""
     import difflib
 
-    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.85)
-    if close:
+    lowered = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.85)
+    if close and lowered[close[0]] != name:
+        close = [lowered[close[0]]]
         raise TextsqlError(
             f"'{name}' is not a model textsql knows: did you mean {close[0]}? (Built-in shapes: {', '.join(known)}; "
             "any other name is read from a model folder's config.json or the Hugging Face cache.)"
@@ -386,7 +449,7 @@ def _config_from_hub(name: str):
         )
         local = f"models/{name.split('/')[-1]}"
         raise TextsqlError(
-            f"Unknown model '{name}': it is not one of the built-in shapes ({', '.join(T5_SHAPES)}), not a local "
+            f"Unknown model '{name}': it is not one of the built-in shapes ({', '.join([*T5_SHAPES, *causal_lm.CAUSAL_CONFIGS])}), not a local "
             f"folder, and {where}. Only its config.json is needed: on a machine with internet access run "
             f"`{download_command(name, 'config.json', local_dir=local)}`, copy '{local}' into the project "
             f"and pass --model {local}."
@@ -394,14 +457,32 @@ def _config_from_hub(name: str):
 
 
 def _shape_from_config(config, name: str, source: str) -> ModelShape:
-    model_type = getattr(config, "model_type", "?")
-    if model_type not in T5_MODEL_TYPES:
-        raise TextsqlError(
-            f"'{name}' is a {model_type} model; the planner knows the T5 family only "
-            f"({', '.join(T5_MODEL_TYPES)}: t5, flan-t5, mt5, umt5), whose activations it models layer by "
-            f"layer. Pass one of those."
-        )
+    family = family_of(config)  # refuses a model type textsql does not know, with the list of those it knows
     inspected = _inspect_model(config.to_json_string())
+    if family.causal:
+        widths = causal_lm.causal_widths(config, family)
+        return ModelShape(
+            name=name,
+            source=source,
+            d_model=widths.hidden,
+            d_ff=widths.ffn,
+            num_layers=widths.layers,
+            num_decoder_layers=0,  # one stack of decoder layers, counted in num_layers
+            num_heads=widths.heads,
+            d_kv=widths.head_dim,
+            vocab_size=widths.vocab,
+            gated=widths.gated,
+            parameters=sum(inspected["sizes"]),
+            largest_layer_parameters=inspected["largest_layer"],
+            matmul_parameters=inspected["matmul"],
+            parameter_sizes=inspected["sizes"],
+            module_trace=inspected["trace"],
+            causal=widths,
+            family=family.name,
+            block_parameters=inspected["block"],
+            eager_attention=inspected["eager"],
+            quantizable=inspected["quantizable"],
+        )
     return ModelShape(
         name=name,
         source=source,
@@ -418,6 +499,8 @@ def _shape_from_config(config, name: str, source: str) -> ModelShape:
         matmul_parameters=inspected["matmul"],
         parameter_sizes=inspected["sizes"],
         module_trace=inspected["trace"],
+        family=family.name,
+        quantizable=inspected["quantizable"],
     )
 
 
@@ -444,22 +527,34 @@ def _inspect_model(config_json: str) -> dict:
     that ties are found by identity: on the meta device every data_ptr() is 0.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+    from transformers import AutoConfig
+    from transformers.pytorch_utils import Conv1D
 
     config_dict = json.loads(config_json)
     model_type = config_dict.pop("model_type")
+    config = AutoConfig.for_model(model_type, **config_dict)
+    model_class = auto_model_class(family_of(config))
     with _zero3_init_off(), torch.device("meta"):
-        model = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model(model_type, **config_dict))
+        model = model_class.from_config(config)
     parameters = list(model.parameters())  # yields a tied weight once, in DeepSpeed's ds_id order
     index = {id(p): i for i, p in enumerate(parameters)}
     linear = {
         index[id(p)] for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)
     }
+    # What bitsandbytes quantizes: every nn.Linear and GPT-2-style Conv1D but the output layer (transformers'
+    # get_keys_to_not_convert); Conv1D stores its weight transposed (in, out).
+    output = model.get_output_embeddings()
+    quantizable = tuple(
+        (m.weight.numel(), m.weight.shape[1] if isinstance(m, Conv1D) else m.weight.shape[0])
+        for m in model.modules()
+        if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not output
+    )
+    blocks = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_no_split_modules", None) or ())]
     # The hooks' order depends on the modules, not on their widths: record it on a narrow copy on the CPU, where a
     # step takes a fraction of a second (meta tensors run Python reference kernels).
-    narrow = AutoConfig.for_model(model_type, **{**config_dict, **NARROW_WIDTHS})
+    narrow = AutoConfig.for_model(model_type, **{**config_dict, **narrow_widths(config_dict)})
     with _zero3_init_off(), torch.random.fork_rng(devices=[]):  # seeded nothing: leave the caller's random state alone
-        small = AutoModelForSeq2SeqLM.from_config(narrow)
+        small = model_class.from_config(narrow)
         same_parameters = [n for n, _ in small.named_parameters()] == [n for n, _ in model.named_parameters()]
         trace = record_module_trace(small) if same_parameters else None
     return {
@@ -467,7 +562,37 @@ def _inspect_model(config_json: str) -> dict:
         "largest_layer": max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
         "matmul": sum(parameters[i].numel() for i in linear),
         "trace": trace,
+        "block": sum(p.numel() for p in blocks[0].parameters()) if blocks else 0,
+        "eager": getattr(model.config, "_attn_implementation", "eager") == "eager",
+        "quantizable": quantizable,
     }
+
+
+# A causal LM's narrow copy for the module trace: the same modules with tiny widths, whichever names its config uses.
+CAUSAL_NARROW = {
+    ("hidden_size", "n_embd"): 32,
+    ("num_attention_heads", "n_head"): 4,  # codegen splits its heads in 4 groups
+    ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size"): 32,
+    ("head_dim",): 8,
+    ("rotary_dim",): 4,
+    ("word_embed_proj_dim",): 32,
+    ("vocab_size",): 64,
+}
+
+
+def narrow_widths(config_dict: dict) -> dict:
+    """The widths of the narrow copy whose training step gives the module trace: T5's NARROW_WIDTHS, or for a causal
+    LM the keys its config sets (4 heads, at most 2 key-value heads, special ids inside the narrow vocabulary)."""
+    if config_dict.get("is_encoder_decoder"):
+        return NARROW_WIDTHS
+    narrow = {key: value for keys, value in CAUSAL_NARROW.items() for key in keys if config_dict.get(key)}
+    for key in ("num_key_value_heads", "num_kv_heads"):
+        if config_dict.get(key):
+            narrow[key] = min(config_dict[key], 2)
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if isinstance(config_dict.get(key), int) and config_dict[key] >= CAUSAL_NARROW[("vocab_size",)]:
+            narrow[key] = 0
+    return narrow
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -599,6 +724,10 @@ def activation_bytes(
     (log-softmax output, its gradient, the logits' gradient). `autocast` is plain PyTorch mixed precision: 16-bit
     matmul outputs, fp32 layer norms and loss.
     """
+    if shape.causal:  # one sequence of prompt + SQL through one stack of decoder layers
+        return causal_lm.activation_bytes(
+            shape.causal, batch, source_length + target_length, precision, gradient_checkpointing, shape.eager_attention
+        )
     s = shape
     b, src, tgt = batch, source_length, target_length
     e = 4 if precision == "fp32" else 2
@@ -681,7 +810,19 @@ def bucket_bytes(
 
 def lora_layers(shape: ModelShape, rank: int, targets: str) -> dict:
     """The nn.Linear layers LoRA adapts under a preset (textsql.families: T5's module names): for each, how many there are,
-    their input and output widths and which tokens pass through them; and the trainable parameters, r (in + out) each."""
+    their input and output widths and which tokens pass through them; and the trainable parameters, r (in + out) each.
+    A causal LM's: the decoder layer's matmuls the preset adapts (textsql.planner.causal.lora_block_layers)."""
+    if shape.causal:
+        chosen = [
+            (f"decoder {role}", shape.num_layers, n_in, n_out, "sequence")
+            for role, n_in, n_out in causal_lm.lora_block_layers(shape.causal, targets)
+        ]
+        return {
+            "rank": rank,
+            "targets": targets,
+            "layers": chosen,
+            "trainable": sum(count * rank * (n_in + n_out) for _, count, n_in, n_out, _ in chosen),
+        }
     d, f, inner = shape.d_model, shape.d_ff, shape.num_heads * shape.d_kv
     enc, dec = shape.num_layers, shape.num_decoder_layers
     wi = ("wi_0", "wi_1") if shape.gated else ("wi",)
@@ -717,30 +858,35 @@ def lora_model_states(
     num_gpus_per_node: int,
     num_nodes: int,
     precision: str = "bf16",
+    base_bytes: int | None = None,
 ) -> dict:
     """model_states for LoRA: the frozen base (P) held in the training dtype under DeepSpeed (fp32 without: textsql
     loads it so), partitioned under ZeRO-3; gradients, fp32 master weights and Adam moments for the T trainable
-    parameters only, with DeepSpeed's per-parameter bytes of each stage."""
+    parameters only, with DeepSpeed's per-parameter bytes of each stage. `base_bytes`: a quantized base's bytes
+    (quantized_base), in place of the base's P parameters in the training dtype."""
     P, T, L = total_params, trainable, largest_layer_params
     gpus = num_gpus_per_node * num_nodes
     low = 4 if precision == "fp32" else 2
+    base = (4 if stage == 0 else low) * P if base_bytes is None else base_bytes
     buffer = ADDITIONAL_BUFFER_FACTOR
     load_cpu = P * 4 * num_gpus_per_node * buffer  # every rank still loads the fp32 checkpoint on the host first
+    if base_bytes is not None:  # bitsandbytes quantizes each weight as it loads it onto the GPU: no host copy
+        load_cpu = 0
     if stage == 0:
-        return _states(4 * (P + T), 4 * T, 8 * T, load_cpu)
+        return _states(base + 4 * T, 4 * T, 8 * T, load_cpu)
     if stage == 1:
-        return _states(low * (P + T), low * T + int(4 * T / gpus), int(12 * T / gpus), load_cpu)
+        return _states(base + low * T, low * T + int(4 * T / gpus), int(12 * T / gpus), load_cpu)
     if stage == 2:
         if offload_optimizer:  # the trainable parameters' fp32 gradients, master weights and moments on the host
-            return _states(low * (P + T), 0, 0, load_cpu + T * max(4 * gpus, 16) * buffer)
+            return _states(base + low * T, 0, 0, load_cpu + T * max(4 * gpus, 16) * buffer)
         gradients = int(low * T / gpus) + int(4 * T / gpus)
-        return _states(low * (P + T), gradients, int((low + 16) * T / gpus) - gradients, load_cpu)
+        return _states(base + low * T, gradients, int((low + 16) * T / gpus) - gradients, load_cpu)
     if stage == 3:
         nodes_factor = 1 / num_nodes
         gathered = low * L  # the largest (frozen) layer is still gathered for the forward and backward passes
         if offload_optimizer and offload_param:  # host: the base's 16-bit partitions, everything of the trainable ones
-            return _states(gathered, 0, 0, (low * P + (low + 16) * T) * nodes_factor * buffer)
-        params = int(low * (P + T) / gpus) + gathered
+            return _states(gathered, 0, 0, (base + (low + 16) * T) * nodes_factor * buffer)
+        params = int((base + low * T) / gpus) + gathered
         if offload_optimizer:
             return _states(params, 0, 0, (low + 16) * T * nodes_factor * buffer + L * 4 * num_gpus_per_node * buffer)
         optimizer = int(12 * T / gpus)
@@ -759,6 +905,16 @@ def lora_activation_bytes(
 ) -> int:
     """LoRA's activations beyond the model's: per adapted layer and token, its input after dropout (and the 1-byte
     mask) and the r-wide output of A. With gradient checkpointing, those of one encoder and one decoder block."""
+    if shape.causal:
+        return causal_lm.lora_activation_bytes(
+            shape.causal,
+            lora["rank"],
+            lora["targets"],
+            batch,
+            source_length + target_length,
+            precision,
+            gradient_checkpointing,
+        )
     e = 4 if precision == "fp32" else 2
     tokens = {"source": batch * source_length, "target": batch * target_length}
     per_block = {"encoder": 0, "decoder": 0}
@@ -798,20 +954,44 @@ def nvme_bytes(shape: ModelShape, setup: Setup, trainable: int) -> dict:
     }
 
 
-def weight_copy_bytes(shape: ModelShape, stage: int, precision: str, residency: dict | None) -> dict:
+def weight_copy_bytes(
+    shape: ModelShape, stage: int, precision: str, residency: dict | None, quantized: dict | None = None
+) -> dict:
     """GPU bytes of parameter copies beyond the model states: ZeRO-3's gathered and persistent parameters (in the
     training dtype; `residency` is zero3_residency_for's), or, without DeepSpeed in 16-bit mixed precision, autocast's
-    16-bit copy of every matmul weight."""
-    if stage == 0:
-        return {"autocast": 2 * shape.matmul_parameters if precision != "fp32" else 0}
-    if stage != 3:
-        return {}
+    16-bit copy of every matmul weight. With a quantized base (`quantized`: quantized_base's), autocast copies only
+    the matmuls left unquantized (the output layer), ZeRO-3 gathers the quantized bytes, and bitsandbytes'
+    dequantized copy of one weight in the compute dtype exists while its layer runs forward or backward."""
     low = 4 if precision == "fp32" else 2
+    copies = {}
+    if quantized is not None:
+        copies["dequantized"] = low * max((n for n, _ in shape.quantizable), default=0)
+    matmul = shape.matmul_parameters - (quantized["weights"] if quantized else 0)
+    if stage == 0:
+        return copies | {"autocast": 2 * matmul if precision != "fp32" else 0}
+    if stage != 3:
+        return copies
     in_model_states = low * shape.largest_layer_parameters  # DeepSpeed's estimator already counts the largest layer
-    return {
-        "gathered": max(0, residency["gathered"] * low - in_model_states),
+    scale = quantized["total"] / (low * shape.parameters) if quantized else 1  # bytes per gathered element
+    return copies | {
+        "gathered": max(0, int(residency["gathered"] * low * scale) - in_model_states),
         "persistent": residency["persistent"] * low,
     }
+
+
+# peft's prepare_model_for_kbit_training, which QLoRA runs before adding the adapter, casts every parameter that
+# bitsandbytes did not quantize (embeddings, norms, biases, the output layer) from 16 bits to fp32.
+KBIT_UNQUANTIZED_BYTES = 4
+
+
+def quantized_base(shape: ModelShape, quantize: str) -> dict:
+    """A quantized base's bytes on one GPU (before ZeRO-3 partitions it): the weights bitsandbytes quantizes (NF4 or
+    int8, textsql.planner.causal.quantized_bytes) and the rest in fp32 (KBIT_UNQUANTIZED_BYTES)."""
+    weights = sum(n for n, _ in shape.quantizable)
+    found = causal_lm.quantized_base_bytes(
+        quantize, shape.quantizable, shape.parameters - weights, KBIT_UNQUANTIZED_BYTES
+    )
+    return found | {"format": quantize, "weights": weights, "other_parameters": shape.parameters - weights}
 
 
 @lru_cache(maxsize=256)
@@ -877,6 +1057,7 @@ class Setup:
     settings: tuple  # zero_settings() items, hashable
     lora_rank: int = 0  # 0: full fine-tuning; else LoRA of this rank on lora_targets
     lora_targets: str = "qv"
+    quantize_base: str = "none"  # with LoRA: the frozen base quantized by bitsandbytes (nf4, int8)
     eval_batch: int = 32  # per_device_eval_batch_size
     eval_num_beams: int = 1  # beams of the SQL generated during evaluation; 0: evaluation computes the loss only
     nvme_gb_per_s: float = NVME_GB_PER_S
@@ -899,6 +1080,7 @@ def predict(
     setup.lora_rank is set). `nvme`: what is offloaded goes to NVMe (nvme_bytes) instead of host memory."""
     settings = dict(setup.settings)
     lora = lora_layers(shape, setup.lora_rank, setup.lora_targets) if setup.lora_rank else None
+    quantized = quantized_base(shape, setup.quantize_base) if lora and setup.quantize_base != "none" else None
     if lora is None:
         states = model_states(
             shape.parameters,
@@ -921,6 +1103,7 @@ def predict(
             setup.gpus_per_node,
             setup.nodes,
             setup.precision,
+            base_bytes=quantized["total"] if quantized else None,
         )
     activations = activation_bytes(
         shape,
@@ -946,7 +1129,7 @@ def predict(
         trainable=None if lora is None else lora["trainable"],
     )
     residency = zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None
-    copies = weight_copy_bytes(shape, stage, setup.precision, residency)
+    copies = weight_copy_bytes(shape, stage, setup.precision, residency, quantized)
     gpu = {
         "parameters": states["parameters"],
         "gradients": states["gradients"],
@@ -982,12 +1165,22 @@ def predict(
         "cpu_per_node_bytes": cpu,
         "cpu_model_states_bytes": states["cpu_model_states"],
         "trainable_parameters": shape.parameters if lora is None else lora["trainable"],
+        "quantized_base": quantized,
     }
 
 
 def fsdp_units(shape: ModelShape) -> dict:
     """Parameters of the FSDP units textsql wraps: one T5 block of each stack, and the rest (the tied embeddings, with
-    the final layer norms) as the embedding unit."""
+    the final layer norms) as the embedding unit. A causal LM's: its decoder layer (the model's _no_split_modules), and
+    the rest (embeddings, output layer, final norm) as the embedding unit."""
+    if shape.causal:
+        blocks = shape.num_layers * shape.block_parameters
+        return {
+            "encoder_block": 0,
+            "decoder_block": shape.block_parameters,
+            "blocks": blocks,
+            "embeddings": max(0, shape.parameters - blocks),
+        }
     d, inner, f = shape.d_model, shape.num_heads * shape.d_kv, shape.d_ff
     feed_forward = (3 if shape.gated else 2) * d * f + d
     encoder_block = 4 * d * inner + d + feed_forward
@@ -1085,6 +1278,15 @@ def generation_bytes(shape: ModelShape, setup: Setup, fp32_module: bool = False)
     log-softmax, the beam scores added: three rows x vocabulary tensors). generate() runs the module in its own dtype
     (no autocast): `fp32_module` for plain PyTorch, whose module is fp32 whatever the precision.
     """
+    if shape.causal:
+        return causal_lm.generation_bytes(
+            shape.causal,
+            setup.eval_batch,
+            setup.eval_num_beams,
+            setup.source_length + setup.target_length,
+            setup.precision,
+            fp32_module,
+        )
     s = shape
     e = 4 if setup.precision == "fp32" else 2
     inner, src, tgt = s.num_heads * s.d_kv, setup.source_length, setup.target_length
@@ -1261,27 +1463,47 @@ def plan_memory(args: PlanArguments) -> dict:
     plan["recommendation"], plan["problem"] = _recommend(shape, setup, args, strategies, limits)
     if args.lora:
         _add_lora(plan, shape, setup, args, limits)
+    if args.lora and args.quantize_base != "none":
+        if not shape.causal:
+            raise TextsqlError(
+                f"--quantize_base {args.quantize_base} plans QLoRA, which textsql trains on causal LMs; {shape.name} "
+                "is a T5 model. Drop --quantize_base to plan LoRA on its bf16/fp32 base."
+            )
+        _add_lora(plan, shape, setup, args, limits, quantize=args.quantize_base)
+    if shape.causal:
+        plan["assumptions"] = plan["assumptions"] + CAUSAL_ASSUMPTIONS
     return plan
 
 
-def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict) -> None:
+def _add_lora(
+    plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, quantize: str = "none"
+) -> None:
     """LoRA rows for every strategy, and the recommendation: LoRA's fastest fitting strategy where full fine-tuning
-    fits under none on these pods or needs more of them; with the offload strategies, the host memory LoRA saves."""
+    fits under none on these pods or needs more of them; with the offload strategies, the host memory LoRA saves.
+    With `quantize` (nf4, int8) the same for QLoRA (plan["qlora"]), recommended where neither full fine-tuning nor
+    LoRA on the unquantized base fits."""
     from dataclasses import replace
 
-    lora_setup = replace(setup, lora_rank=args.lora_rank, lora_targets=args.lora_targets)
+    key = "lora" if quantize == "none" else "qlora"
+    lora_setup = replace(setup, lora_rank=args.lora_rank, lora_targets=args.lora_targets, quantize_base=quantize)
     layers = lora_layers(shape, args.lora_rank, args.lora_targets)
     rows = {}
     for name in DEEPSPEED_STRATEGIES:  # LoRA is modelled on the ZeRO strategies (and plain DDP); not yet under FSDP
         row = predict_strategy(shape, lora_setup, name, args.per_device_train_batch_size)
         rows[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
-    plan["lora"] = {
+    plan[key] = {
         "rank": args.lora_rank,
         "targets": args.lora_targets,
+        "quantize_base": quantize,
         "trainable_parameters": layers["trainable"],
         "adapted_layers": sum(count for _, count, *_ in layers["layers"]),
         "strategies": rows,
     }
+    if quantize != "none":
+        plan[key]["quantized_base"] = quantized_base(shape, quantize)
+        plan["assumptions"] = plan["assumptions"] + QLORA_ASSUMPTIONS
+        _recommend_lora(plan, key, shape, lora_setup, args, limits, rows)
+        return
     plan["assumptions"] = plan["assumptions"] + LORA_ASSUMPTIONS
     offload = [n for n in DEEPSPEED_STRATEGIES if STRATEGY_LAYOUT[n][1] and n not in NVME_STRATEGIES]
     plan["lora"]["offload_note"] = (
@@ -1292,25 +1514,66 @@ def _add_lora(plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, 
         )
         + ": with CPU offload the optimizer states live in host memory, so LoRA's saving is there."
     )
+    _recommend_lora(plan, key, shape, lora_setup, args, limits, rows)
+
+
+def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
+    """plan[key]["recommendation"] (LoRA or QLoRA's fastest fitting strategy), and the plan's recommendation where
+    nothing before it fits (full fine-tuning, then LoRA on the unquantized base)."""
     full = plan["recommendation"]
     fitting = [n for n in DEEPSPEED_STRATEGIES if rows[n]["fits_with_margin"]]
     if not fitting:
-        plan["lora"]["recommendation"] = None
+        plan[key]["recommendation"] = None
         return
     name = fitting[0]
+    quantize = lora_setup.quantize_base
     lora_recommendation = {
         "strategy": name,
         "lora": True,
         "lora_rank": args.lora_rank,
         "lora_targets": args.lora_targets,
+        "quantize_base": quantize,
         "per_device_train_batch_size": args.per_device_train_batch_size,
         "largest_per_device_train_batch_size": largest_batch(shape, lora_setup, name, limits),
         "predicted_gpu_gb": rows[name]["gpu_total_gb"],
         "peak_phase": rows[name]["peak_phase"],
     }
-    plan["lora"]["recommendation"] = lora_recommendation
+    plan[key]["recommendation"] = lora_recommendation
+    if quantize != "none":
+        faster = full is not None and STRATEGIES.index(name) < STRATEGIES.index(full["strategy"])
+        # LoRA on the unquantized base wins unless it fits only by offloading to host memory or NVMe, which moves
+        # the model states over PCIe at every step: slower than dequantizing each weight on the GPU
+        offloaded = (
+            full is not None and full["strategy"] in STRATEGY_LAYOUT and any(STRATEGY_LAYOUT[full["strategy"]][1:])
+        )
+        if full is None or (full.get("lora") and faster and offloaded):
+            why = (
+                f"neither full fine-tuning nor LoRA on a {args.precision} base fits under any strategy"
+                if full is None
+                else f"full fine-tuning fits under no strategy, and LoRA on a {args.precision} base only under "
+                f"{full['strategy']}, which offloads to the host or NVMe"
+            )
+            plan["recommendation"] = dict(
+                lora_recommendation,
+                reason=(
+                    f"{why} on {args.nodes} pod(s) of {args.gpus_per_node} GPU(s). QLoRA (LoRA r={args.lora_rank} on "
+                    f"{args.lora_targets}, the base in {quantize}) under {name} fits in {1 - args.safety_margin:.0%} "
+                    f"of {args.gpu_memory_gb:g} GB: textsql train --lora True --lora_rank {args.lora_rank} "
+                    f"--lora_targets {args.lora_targets} --quantize_base {quantize}"
+                    + ("" if name == "none" else f" --deepspeed {name}")
+                ),
+            )
+            plan["problem"] = None
+        elif faster:
+            full["alternative"] = (
+                f"QLoRA ({quantize} base) fits under {name}, a faster strategy ({rows[name]['gpu_total_gb']:.1f} GB)"
+            )
+        return
     if full is None:
-        pods = pods_for_full_fine_tuning(shape, setup, args, limits)
+        from dataclasses import replace
+
+        full_setup = replace(lora_setup, lora_rank=0, lora_targets="qv", quantize_base="none")
+        pods = pods_for_full_fine_tuning(shape, full_setup, args, limits)
         needs = f"; full fine-tuning would need {pods} pods of {args.gpus_per_node} GPU(s)" if pods else ""
         plan["recommendation"] = dict(
             lora_recommendation,
@@ -1419,6 +1682,10 @@ def _no_fit_message(shape, setup, args, strategies, limits) -> str:
             f"a smaller --per_device_eval_batch_size or fewer --eval_num_beams (evaluation sets {smallest}'s peak: "
             f"textsql train's --per_device_eval_batch_size and --execution_accuracy_num_beams)",
         )
+    if shape.causal and not args.lora:
+        fixes.append("LoRA (--lora True) or QLoRA (--lora True --quantize_base nf4), which the plan then shows")
+    elif shape.causal and args.quantize_base == "none":
+        fixes.append("QLoRA (--quantize_base nf4)")
     fixes.append("shorter --max_source_length/--max_target_length or a smaller model")
     for name in STRATEGIES:
         batch = largest_batch(shape, setup, name, limits)

@@ -107,8 +107,9 @@ def record_module_trace(model) -> ModuleTrace | None:
     def step() -> tuple:
         events.clear()
         ids = torch.zeros((1, 8), dtype=torch.long)
-        # no attention mask: checking it for padding needs data
-        output = model(input_ids=ids, decoder_input_ids=ids, use_cache=False)
+        # no attention mask: checking it for padding needs data; a causal LM reads input_ids alone
+        decoder = {"decoder_input_ids": ids} if model.config.is_encoder_decoder else {}
+        output = model(input_ids=ids, **decoder, use_cache=False)
         output.logits.sum().backward()
         return tuple(events)
 

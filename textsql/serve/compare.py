@@ -397,8 +397,11 @@ def build_app(comparison: Comparison):
         preview = gr.Dataframe(label="The table (first rows)", interactive=False)
         with gr.Accordion("As JSON", open=False):
             details = gr.JSON()
-        table.change(questions_for, inputs=table, outputs=[example, preview], api_name="questions")
-        app.load(questions_for, inputs=table, outputs=[example, preview])
+        # The question list is a lookup: no progress overlay (it greyed the chosen question like a placeholder while
+        # pending) and no place in the one-at-a-time queue of model calls (it waited behind a running comparison).
+        quick = {"show_progress": "hidden", "concurrency_limit": None}
+        table.change(questions_for, inputs=table, outputs=[example, preview], api_name="questions", **quick)
+        app.load(questions_for, inputs=table, outputs=[example, preview], **quick)
         button.click(compare, inputs=[table, example, typed], outputs=[results, gold, details], api_name="compare")
     return app
 

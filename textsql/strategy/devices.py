@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 
 from textsql.errors import TextsqlError
+from textsql.families import Family
+from textsql.hub import model_family
 
 PRECISIONS = ("auto", "bf16", "fp32", "fp16")
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
@@ -220,7 +222,19 @@ class PrecisionChoice:
 def resolve_precision(
     requested: str, model_id: str, gpus: tuple[Gpu, ...] | list[Gpu], *, force_fp16: bool = False
 ) -> PrecisionChoice:
-    """The precision for a run on these GPUs (every GPU of every node; none on a CPU).
+    """choose_precision for the model `model_id` (hub id or folder): its family is read from its config.json only
+    where the choice depends on it (fp16 asked for without --force_fp16), so other runs read nothing."""
+    family = None
+    if requested == "fp16" and not force_fp16:
+        family = model_family(model_id)
+    return choose_precision(requested, gpus, family=family, force_fp16=force_fp16)
+
+
+def choose_precision(
+    requested: str, gpus: tuple[Gpu, ...] | list[Gpu], *, family: Family | None = None, force_fp16: bool = False
+) -> PrecisionChoice:
+    """The precision for a run on these GPUs (every GPU of every node; none on a CPU) of a model of `family`
+    (textsql.families; needed only for fp16, which the family may refuse: `Family.fp16_safe`).
 
     auto: bf16 where every GPU has native bf16 (Ampere and newer), fp32 otherwise (V100, T4, the CPU). TF32 is used
     for the remaining fp32 matmuls only with bf16 on Ampere and newer; fp32 means true fp32 matmuls.
@@ -235,12 +249,14 @@ def resolve_precision(
         why = "auto: no GPU" if not gpus else f"auto: {_older(gpus)} has no native bf16 (needs compute capability 8.0)"
         return PrecisionChoice("fp32", False, why)
     if requested == "fp16":
-        if "t5" in str(model_id).lower() and not force_fp16:
-            raise TextsqlError(
-                "fp16 is refused for T5: T5 checkpoints were pretrained in bf16 and their activations overflow fp16, "
-                "giving NaN losses (t5-large and larger). Use --precision bf16 (Ampere or newer GPUs) or fp32, or pass "
-                "--force_fp16 True to try anyway."
-            )
+        if not force_fp16:
+            if family is None:
+                raise ValueError("choose_precision needs the model's family to decide fp16")
+            if not family.fp16_safe:
+                raise TextsqlError(
+                    f"fp16 is refused for {family.name.upper()} models: {family.fp16_reason}. Use --precision bf16 "
+                    "(Ampere or newer GPUs) or fp32, or pass --force_fp16 True to try anyway."
+                )
         if not gpus:
             raise TextsqlError("fp16 mixed precision needs a GPU; use --precision fp32 (or auto) on the CPU.")
         return PrecisionChoice("fp16", False, "asked for fp16")

@@ -14,6 +14,7 @@ from textsql.errors import TextsqlError
 from textsql.evaluate import check_decoding
 from textsql.paths import in_project
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
+from textsql.tracking import TrackingArguments
 from textsql.train.dstools import DsToolsArguments
 
 # The original walkthrough's flag names, kept so its commands still work.
@@ -91,7 +92,7 @@ _TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
 
 
 @dataclass
-class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments):
+class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments):
     """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
 
     Building one is cheap and touches no device, so a notebook kernel or the multi-pod session (perhaps without a GPU)
@@ -99,8 +100,8 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
     TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
     (textsql.adapters.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.train.dstools.
-    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger) are training arguments like the others, so they
-    travel with them to every rank and node.
+    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger) and MLflow's (textsql.tracking.TrackingArguments:
+    --mlflow_log_model, ...) are training arguments like the others, so they travel with them to every rank and node.
     """
 
     output_dir: str | None = field(
@@ -193,6 +194,15 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
         default=False,
         metadata={"help": "Train again in the folder of a finished run (nothing is deleted; files are replaced)."},
     )
+    packing: bool = field(
+        default=False,
+        metadata={
+            "help": "Causal LMs: put each batch's examples end to end in one row, without padding, the position ids "
+            "restarting at each example so that no example attends to another (transformers' "
+            "DataCollatorWithFlattening); the loss is the padded batch's. Refused for T5 and for the families whose "
+            "attention cannot keep packed examples apart (opt, bloom, falcon); see docs/causal-lm.md."
+        },
+    )
 
     def __post_init__(self):
         """textsql's own checks only; the Trainer's __post_init__ runs in finalize()."""
@@ -210,6 +220,7 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
         self._check_numbers()
         self.check_lora()
         self.check_ds_tools(self.deepspeed)
+        self.check_tracking(self.report_to)
         self.finalized = False
 
     def _check_numbers(self) -> None:

@@ -1,10 +1,19 @@
-"""Batches for a causal LM: prompt and answer in one sequence, padded on the right, padding masked by position."""
+"""Batches: T5's padded pairs; a causal LM's prompt and answer in one sequence, padded on the right with the padding
+masked by position, or packed into one row without padding (--packing)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from textsql.errors import TextsqlError
+from textsql.families import Family, family_of, pad_token_id
+
 IGNORE_INDEX = -100  # labels the loss skips
+# The attention implementations that keep packed examples apart (transformers' own names). sdpa and eager get a
+# block-diagonal mask built from the position ids (measured here on the CPU: loss and gradient equal to padding's);
+# flash-attention reads the position ids as the examples' boundaries (transformers' padding-free path; GPU only, not
+# run here). Others (flex_attention, kernels from the hub) are not checked, so refused.
+PACKING_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 
 
 @dataclass
@@ -34,3 +43,65 @@ class CausalLMCollator:
             batch["attention_mask"][row, :length] = 1
             batch["labels"][row, :length] = torch.as_tensor(feature["labels"])
         return batch
+
+
+class PackedCausalLMCollator:
+    """The batch's examples end to end in one row of shape (1, total tokens), no padding: transformers'
+    `DataCollatorWithFlattening`, with `position_ids` restarting at 0 at each example, from which the model builds a
+    mask that keeps each example's attention within itself, and no attention mask (given one, the model would not look
+    at the position ids). Labels as prep wrote them (-100 on the prompt, the SQL and its EOS learned); each example's
+    first label is -100, so no example learns to predict the next one's first token (its first label is the prompt's,
+    -100 already: the loss counts exactly the tokens the padded batch counts). `use_cache=False` goes with the batch:
+    with a cache the model never looks for packed examples either (transformers 5.23, masking_utils)."""
+
+    def __call__(self, features: list[dict]) -> dict:
+        from transformers import DataCollatorWithFlattening
+
+        rows = [{"input_ids": feature["input_ids"], "labels": feature["labels"]} for feature in features]
+        batch = DataCollatorWithFlattening(separator_id=IGNORE_INDEX, return_tensors="pt")(rows)
+        batch["use_cache"] = False
+        return batch
+
+
+def packing_refusal(family: Family, attn_implementation: str | None) -> str:
+    """Why a model of `family` with this attention implementation cannot train on packed batches; empty where it can.
+    `attn_implementation` None (not decided before the model loads) is judged by the family alone."""
+    if family.packing_refusal:
+        return f"the {family.name} family cannot: {family.packing_refusal}"
+    if attn_implementation is not None and attn_implementation not in PACKING_ATTENTION:
+        return (
+            f"the model's attention implementation is '{attn_implementation}', and textsql packs only with "
+            f"{', '.join(PACKING_ATTENTION)}, whose masks keep the packed examples apart"
+        )
+    return ""
+
+
+def check_packing(config) -> None:
+    """Refuse `--packing True` for a model (its config: the family, and the attention implementation once loaded) that
+    would let packed examples attend to each other."""
+    reason = packing_refusal(family_of(config), getattr(config, "_attn_implementation", None))
+    if reason:
+        raise TextsqlError(
+            f"--packing True was asked for, but {reason}. Train this model with padded batches (--packing False, the "
+            "default); docs/causal-lm.md lists the families that pack."
+        )
+
+
+def make_collator(family: Family, tokenizer, model, *, packing: bool = False, pad_to_multiple_of: int | None = None):
+    """The batches a family trains on: T5's padded source and target; a causal LM's padded sequence, or packed."""
+    if packing:
+        check_packing(model.config)
+        return PackedCausalLMCollator()
+    if family.causal:
+        return CausalLMCollator(pad_token_id(tokenizer), pad_to_multiple_of=pad_to_multiple_of)
+    from transformers import DataCollatorForSeq2Seq
+
+    return DataCollatorForSeq2Seq(
+        tokenizer, model=model, label_pad_token_id=IGNORE_INDEX, pad_to_multiple_of=pad_to_multiple_of
+    )
+
+
+def padding_fraction(batch: dict) -> float:
+    """The share of a batch's positions that are padding (none in a packed batch, which has no attention mask)."""
+    mask = batch.get("attention_mask")
+    return 0.0 if mask is None else 1.0 - float(mask.sum()) / mask.numel()

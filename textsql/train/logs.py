@@ -1,5 +1,5 @@
-"""Where a training's messages go: the terminal shows progress, losses, warnings and textsql's own lines; rank 0's
-train.log keeps everything at INFO."""
+"""Where a training's messages go: the terminal shows progress, losses, warnings and textsql's own lines (not the
+packages' noise, textsql.extras.TERMINAL_NOISE); rank 0's train.log keeps everything at INFO."""
 
 from __future__ import annotations
 
@@ -7,17 +7,22 @@ import logging
 import sys
 from pathlib import Path
 
+from textsql.extras import TerminalNoise, is_terminal_noise, noise_to_log_file
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class _TerminalFilter(logging.Filter):
-    """Warnings from everyone, and textsql's own messages (resuming, grown embeddings, ...) on rank 0."""
+    """Warnings from everyone but the packages' noise (textsql.extras.TERMINAL_NOISE, which train.log keeps), and
+    textsql's own messages (resuming, grown embeddings, ...) on rank 0."""
 
     def __init__(self, is_main: bool):
         super().__init__()
         self.is_main = is_main
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if is_terminal_noise(record):
+            return False
         return record.levelno >= logging.WARNING or (self.is_main and record.name.startswith("textsql"))
 
 
@@ -43,6 +48,9 @@ def configure_logging(is_main: bool, log_file: Path | None = None) -> None:
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
+    # The noise reaches the file; the terminal handler drops it. Python's warnings become log records (textsql.extras).
+    noise_to_log_file(len(handlers) > 1)
+    logging.captureWarnings(True)
     transformers.utils.logging.set_verbosity(logging.INFO if is_main else logging.WARNING)
     transformers.utils.logging.disable_default_handler()  # its records reach the two handlers above instead
     transformers.utils.logging.enable_propagation()
@@ -59,6 +67,8 @@ def _route_deepspeed_logs() -> None:
     for handler in deepspeed_logger.handlers:
         if not getattr(handler, "textsql", False):
             handler.setLevel(logging.WARNING)
+            if not any(isinstance(f, TerminalNoise) for f in handler.filters):
+                handler.addFilter(TerminalNoise())  # its own stdout handler is a terminal too
     deepspeed_logger.propagate = True
 
 

@@ -25,9 +25,9 @@ from textsql.adapters import (
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set
-from textsql.families import family_of, pad_token_id
-from textsql.hub import load_model, load_tokenizer
-from textsql.paths import LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
+from textsql.families import family_of
+from textsql.hub import load_config, load_model, load_tokenizer
+from textsql.paths import LOG_FILE, MODEL_NAME_LIMIT, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE, short_name
 from textsql.planner.check import compare_with_run
 from textsql.prep import (
     check_prepared,
@@ -66,8 +66,9 @@ from textsql.strategy.fsdpconfig import (
     resolve_fsdpconfig_path,
     trainer_fsdp_config,
 )
-from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
-from textsql.train.collate import CausalLMCollator
+from textsql.tracking import attach, end_failed_run, for_training
+from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
+from textsql.train.collate import check_packing, make_collator
 from textsql.train.distributed import ensure_distributed_env, gather_to_all, nodes_in_launch, world_size
 from textsql.train.dstools import (
     attach_flops_profiler,
@@ -104,6 +105,7 @@ RUN_NAME_PARTS = {
     "label_smoothing_factor": "ls{:g}",
     "optim": "{}",
     "activation_checkpointing": "ckpt",
+    "packing": "packed",
 }
 
 
@@ -129,9 +131,11 @@ def run_folder_name(
     lora_label: str = "",
 ) -> str:
     """<model>-<strategy>[-lora-r<rank>]-ws<ranks>-bs<batch>, then the settings that differ from the defaults
-    (run_name_settings): LoRA is an option on top of any strategy, named beside it."""
-    name = f"{Path(model_id.rstrip('/')).name}-{strategy_label}{lora_label}-ws{ranks}-bs{per_device_batch}"
-    return "-".join([name, *settings])
+    (run_name_settings): LoRA is an option on top of any strategy, named beside it. Short (textsql.paths.short_name):
+    a long model name (a run folder as the base) and a long tail of settings are cut and end in a hash; every setting
+    is in the run's run_summary.json."""
+    model = short_name(Path(model_id.rstrip("/")).name, limit=MODEL_NAME_LIMIT)
+    return short_name("-".join([f"{model}-{strategy_label}{lora_label}-ws{ranks}-bs{per_device_batch}", *settings]))
 
 
 class TrainingInterrupted(TextsqlError):
@@ -241,7 +245,8 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     fsdpconfig = config if strategy["strategy"] == "fsdp" else None
     dsconfig = None if fsdpconfig is not None else config
     check_fsdp_devices(strategy, accelerator, devices)
-    strategy = dict(strategy, lora=training.lora_settings())  # LoRA rides on any strategy: recorded beside it
+    # LoRA and packing ride on any strategy: recorded beside it
+    strategy = dict(strategy, lora=training.lora_settings(), packing=training.packing)
     if dsconfig is not None:
         check_batch_settings(
             dsconfig,
@@ -334,6 +339,9 @@ def train(
     linear = F.linear
     try:
         return _train(model_args, data_args, training_args)
+    except BaseException:
+        end_failed_run()  # a tracked run's MLflow run ends as FAILED
+        raise
     finally:
         # What a DeepSpeed run changes for the rest of the process, given back, so that a notebook or test that trains
         # in-process and then loads or runs another model gets plain torch and transformers: ZeRO-3 replaces torch's
@@ -348,6 +356,8 @@ def _train(
     model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
 ) -> RunSummary | None:
     check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
+    if training_args.packing:
+        check_packing(load_config(model_args.model_id))  # the family now; the attention once the model is loaded
     plan = set_up_run(model_args, training_args)
     if plan.dsconfig is not None or plan.fsdpconfig is not None or world_size() > 1:
         ensure_distributed_env()  # the Trainer runs FSDP only in a process group, one rank included
@@ -368,7 +378,7 @@ def _train(
         if nvme_offload_blocks(plan.dsconfig):
             load_async_io()  # ZeRO-Infinity's op, before zero.Init's swapper asks for it
 
-    from transformers import DataCollatorForSeq2Seq, set_seed
+    from transformers import set_seed
 
     model_tokenizer = load_tokenizer(model_args.model_id)
     train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, model_tokenizer)
@@ -393,10 +403,7 @@ def _train(
     if training_args.lora:
         model, adapter = wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer)
     multiple = 8 if plan.accelerator == "cuda" else None
-    if family.causal:
-        collator = CausalLMCollator(pad_token_id(tokenizer), pad_to_multiple_of=multiple)
-    else:
-        collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=multiple)
+    collator = make_collator(family, tokenizer, model, packing=training_args.packing, pad_to_multiple_of=multiple)
     trainer = make_trainer_class(family)(
         model=model,
         args=training_args,
@@ -419,6 +426,11 @@ def _train(
             "num_beams": data_args.execution_accuracy_num_beams,
         }
     flops_profiler = attach_flops_profiler(trainer, training_args.flops_profiler, plan.output_dir)
+    arguments = arguments_dict(model_args, data_args, training_args)
+    tracking = for_training(
+        training_args, arguments, model_args.model_id, family.name, plan.strategy, nodes_in_launch(), plan.output_dir
+    )
+    attach(trainer, tracking)  # MLflow (textsql.tracking): the curves on rank 0, the run's figures after its summary
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
     logger.info(
@@ -468,6 +480,8 @@ def _train(
             last_step=trainer.state.global_step,
         )
     write_summary(summary, plan.output_dir)
+    if tracking is not None:
+        tracking.finish(summary, plan.output_dir, plan.fsdpconfig, training_args.mlflow_log_model)
     return summary
 
 

@@ -62,9 +62,9 @@ def make_trainer_class(family: Family = None):
         def evaluate(self, *args, **kwargs):
             metrics = super().evaluate(*args, **kwargs)
             if self.execution_scoring is not None:
-                accuracy = self.execution_accuracy()
-                metrics["eval_execution_accuracy"] = accuracy
-                self.log({"eval_execution_accuracy": accuracy})
+                scores = self.sql_scores()
+                metrics.update(scores)
+                self.log(scores)
             self.last_evaluation = (self.state.global_step, dict(metrics))
             return metrics
 
@@ -84,8 +84,10 @@ def make_trainer_class(family: Family = None):
                     logger.info("FSDP: T5's tied embeddings (shared, embed_tokens, lm_head) form one FSDP unit")
             return super()._prepare_for_training(*args, **kwargs)
 
-        def execution_accuracy(self) -> float:
-            """Every rank generates the same questions: under ZeRO-3 and FSDP they must step through generate() together."""
+        def sql_scores(self) -> dict:
+            """WikiSQL's scores of the scoring set as eval metrics: execution and logical-form accuracy, exact match, and
+            the share of each part of the query right (eval_sql_<component>). Every rank generates the same questions:
+            under ZeRO-3 and FSDP they must step through generate() together."""
             from transformers.integrations import is_deepspeed_zero3_enabled
 
             decoding = self.execution_decoding
@@ -100,14 +102,19 @@ def make_trainer_class(family: Family = None):
                 progress=False,
                 device=self.args.device,
             )
-            return metrics["execution_accuracy"]
+            scores = {
+                f"eval_{name}": metrics[name] for name in ("execution_accuracy", "logical_form_accuracy", "exact_match")
+            }
+            scores.update({f"eval_sql_{name}": share for name, share in metrics["components"].items()})
+            return scores
 
         flops_profiling = None  # a textsql.train.dstools.FlopsProfilerCallback profiling a step without DeepSpeed
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             # Accumulated on the batch's device and read only at log time, so no sync per step. A causal LM's labels
-            # are its input_ids (the answer's), counted once.
-            tokens = inputs["attention_mask"].sum()
+            # are its input_ids (the answer's), counted once; a packed batch has no padding and no attention mask.
+            mask = inputs.get("attention_mask")
+            tokens = mask.sum() if mask is not None else inputs["input_ids"].new_tensor(inputs["input_ids"].numel())
             if not family.causal:
                 tokens = tokens + (inputs["labels"] != -100).sum()
             self._pending_tokens = self._pending_tokens.to(tokens.device) + tokens

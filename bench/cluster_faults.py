@@ -1,0 +1,196 @@
+"""Two local pods (127.0.0.1 and 127.0.0.2, textsql.cluster's local backend): the start-up time of a two-pod launch
+and how long each fault takes to end the launch (and to leave nothing running), for whichever textsql is first on
+PYTHONPATH. Run it once per design on the same machine and compare the JSON side by side:
+
+    PYTHONPATH=/path/to/old/checkout python bench/cluster_faults.py --output before.json
+    PYTHONPATH=/path/to/new/checkout python bench/cluster_faults.py --output after.json
+
+Faults (each on a fresh launch of plain DDP ranks of the tiny T5, struck once rank output says "Training starts"):
+raise (rank 1 raises an exception), pod_killed (every process of pod 127.0.0.2 SIGKILLed), store_host_killed (the
+process that hosts the trainers' store on pod 127.0.0.1 SIGKILLed: rank 0 in the old design, the pod's torchrun agent
+in the new one), frozen (every process of pod 127.0.0.2 SIGSTOPped). Both designs use their default silence limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after PYTHONPATH: the textsql measured is the one there
+
+from bench.common import emit, machine  # noqa: E402
+
+# Loaded by every Python process of a launch (on PYTHONPATH): SIGUSR1 makes a rank raise where it is.
+SITECUSTOMIZE = """
+import os, signal
+def _raise(signum, frame):
+    raise RuntimeError("bench fault: this rank raised")
+if os.environ.get("RANK") is not None:
+    signal.signal(signal.SIGUSR1, _raise)
+"""
+
+
+def descendants(pid: int) -> list:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def rank_process(rank: int):
+    """The training process of `rank` among this process's descendants: the deepest one with RANK=<rank>."""
+    import psutil
+
+    found = []
+    for process in descendants(os.getpid()):
+        try:
+            if process.environ().get("RANK") == str(rank):
+                found.append(process)
+        except psutil.Error:
+            continue
+    pids = {p.pid for p in found}
+    leaves = [p for p in found if not any(c.pid in pids for c in descendants(p.pid))]
+    return leaves[0] if leaves else None
+
+
+def pod_root(cluster, address: str) -> int:
+    return cluster.backend.processes[f"local-{address}"].pid
+
+
+def store_host(cluster) -> int:
+    """Old design: rank 0's training process hosts MASTER_PORT's store. New: pod 0's torchrun agent (the pod's root)."""
+    import textsql.cluster as package
+
+    if hasattr(package, "Coordinator") or Path(package.__file__).with_name("coordinator.py").exists():
+        return rank_process(0).pid
+    return pod_root(cluster, "127.0.0.1")
+
+
+def strike(kind: str, cluster) -> None:
+    if kind == "raise":
+        os.kill(rank_process(1).pid, signal.SIGUSR1)
+    elif kind == "store_host_killed":
+        os.kill(store_host(cluster), signal.SIGKILL)
+    else:
+        root = pod_root(cluster, "127.0.0.2")
+        sig = signal.SIGKILL if kind == "pod_killed" else signal.SIGSTOP
+        for process in [*descendants(root)]:
+            try:
+                process.send_signal(sig)
+            except Exception:
+                pass
+        os.kill(root, sig)
+
+
+def leftovers(root: Path) -> list[int]:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.cwd().startswith(str(root)):
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def one(kind: str | None, assets, project: Path) -> dict:
+    from textsql.cluster import Cluster
+
+    data_dir, model_dir = assets
+    argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(project / f"runs-{kind}")]
+    argv += ["--max_steps", "100000" if kind else "4", "--per_device_train_batch_size", "8", "--logging_steps", "50"]
+    argv += ["--eval_strategy", "no", "--save_strategy", "no", "--dataloader_num_workers", "0", "--report_to", "none"]
+    seen: dict = {}
+    holder: list = []
+
+    def echo(line: str) -> None:
+        if "Training starts" in line and "training_starts" not in seen:
+            seen["training_starts"] = time.monotonic()
+            if kind:
+                threading.Timer(
+                    1.0, lambda: (strike(kind, holder[0]), seen.setdefault("struck", time.monotonic()))
+                ).start()
+
+    began = time.monotonic()
+    cluster = Cluster("local", workers=1, cpu=1, memory=2, project_dir=project, echo=echo)
+    holder.append(cluster)
+    result = {"fault": kind or "none"}
+    try:
+        cluster.start()
+        cluster.train(argv)
+        result["outcome"] = "trained"
+    except BaseException as error:  # noqa: BLE001 - the fault's error is the measurement
+        result["outcome"] = type(error).__name__
+        result["message"] = str(error).splitlines()[0][:300] if str(error) else ""
+    ended = time.monotonic()
+    cluster.stop()
+    while leftovers(project) and time.monotonic() - ended < 120:
+        time.sleep(0.2)
+    clean = time.monotonic()
+    result["left_running"] = len(leftovers(project))
+    for pid in leftovers(project):
+        os.kill(pid, signal.SIGKILL)
+    if "training_starts" in seen:
+        result["start_to_training_s"] = round(seen["training_starts"] - began, 1)
+    if "struck" in seen:
+        result["detect_s"] = round(ended - seen["struck"], 1)
+        result["all_stopped_s"] = round(clean - seen["struck"], 1)
+    else:
+        result["total_s"] = round(ended - began, 1)
+    print(result, file=sys.stderr, flush=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default="none,raise,pod_killed,store_host_killed,frozen")
+    parser.add_argument("--output")
+    parser.add_argument("--work", help=argparse.SUPPRESS)  # set by the re-run inside the project folder
+    args = parser.parse_args()
+    if not args.work:  # the launch's working folder is the project: run again inside a fresh one
+        import subprocess
+
+        work = tempfile.mkdtemp(prefix="cluster-faults-")
+        command = [sys.executable, str(Path(__file__).resolve()), "--faults", args.faults, "--work", work]
+        sys.exit(
+            subprocess.run(
+                command + (["--output", str(Path(args.output).absolute())] if args.output else []), cwd=work
+            ).returncode
+        )
+    import textsql
+    from textsql.demo import build_assets
+
+    work = Path(args.work)
+    (work / "site").mkdir()
+    (work / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(work / "site"), os.environ.get("PYTHONPATH")]))
+    os.environ.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    assets = build_assets(work / "assets", train_tables=60, questions_per_table=8, d_model=64, num_layers=2, seed=1)
+    load_before = os.getloadavg()
+    runs = [one(kind if kind != "none" else None, assets, work) for kind in args.faults.split(",")]
+    emit(
+        {
+            "bench": "cluster_faults",
+            "textsql": str(Path(textsql.__file__).parent),
+            "machine": machine(),
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
+            "runs": runs,
+        },
+        args.output,
+    )
+
+
+if __name__ == "__main__":
+    main()

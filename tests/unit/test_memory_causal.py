@@ -1,0 +1,263 @@
+"""The memory planner on decoder-only causal LMs and quantized bases: shapes read from every family's config against
+transformers' own models, the logits and key-value terms, LoRA and QLoRA recommended where full fine-tuning and LoRA
+do not fit, bitsandbytes' real NF4/int8 storage on this CPU, and a causal run's check."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from textsql.errors import TextsqlError
+from textsql.families import family_named
+from textsql.paths import METADATA_FILE
+from textsql.planner import causal, memory
+from textsql.planner.check import compare_with_run
+from textsql.run_summary import read_summary
+from textsql.tiny import CAUSAL_CONFIG_NAMES
+
+
+def tiny_config(model_type: str, hidden: int = 64, **overrides):
+    """A tiny random config of a causal family, as textsql.tiny sizes them (the feed-forward 4x wider, GQA where the
+    family has it), without a tokenizer: 100 ids."""
+    from transformers import AutoConfig
+
+    extra = {
+        name: value * hidden if name in ("intermediate_size", "ffn_dim", "word_embed_proj_dim") else value
+        for name, value in CAUSAL_CONFIG_NAMES[model_type].items()
+    }
+    sizes = dict(vocab_size=100, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=4)
+    sizes |= dict(bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return AutoConfig.for_model(model_type, **(sizes | extra | overrides))
+
+
+def shape_of(config, folder) -> memory.ModelShape:
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    return memory.resolve_model(str(folder))
+
+
+def block_weights(shape: memory.ModelShape) -> int:
+    return shape.num_layers * sum(n_in * n_out for _, n_in, n_out in causal.block_linears(shape.causal))
+
+
+@pytest.mark.parametrize("model_type", sorted(CAUSAL_CONFIG_NAMES))
+def test_every_family_s_parameters_and_layer_widths_match_its_real_model(model_type, tmp_path):
+    """The parameter count is the real model's (built on the CPU from the same config), and the widths the family's
+    config keys give (GQA/MQA key-value heads, feed-forward width, gated or not, fused query-key-value) add up to
+    exactly the weights of its decoder layers' matmuls, which bitsandbytes quantizes."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    config = tiny_config(model_type)
+    shape = shape_of(config, tmp_path / model_type)
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForCausalLM.from_config(config)
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    assert shape.family == model_type and shape.causal is not None
+    output = model.get_output_embeddings()
+    linear = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not output]
+    assert block_weights(shape) == sum(m.weight.numel() for m in linear) == sum(n for n, _ in shape.quantizable)
+    layer = next(m for m in model.modules() if type(m).__name__ in model._no_split_modules)
+    assert shape.block_parameters == sum(p.numel() for p in layer.parameters())
+    assert shape.module_trace is not None  # ZeRO-3's replay has the causal model's own hook order
+
+
+@pytest.mark.parametrize(
+    "name, parameters, kv_heads",
+    [
+        # the counts the model cards state: Qwen2.5-7B 7.61B, Llama-3.1-8B 8.03B, falcon-7b 6.92B, gpt2 124M
+        ("Qwen/Qwen2.5-7B", 7_615_616_512, 4),
+        ("meta-llama/Llama-3.1-8B", 8_030_261_248, 8),
+        ("tiiuae/falcon-7b", 6_921_720_704, 1),
+        ("gpt2", 124_439_808, 12),
+    ],
+)
+def test_built_in_table_needs_nothing_downloaded(name, parameters, kv_heads, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    shape = memory.resolve_model(name)
+    assert shape.source == "built-in causal LM table"
+    assert shape.parameters == parameters and shape.causal.kv_heads == kv_heads
+    assert block_weights(shape) == sum(n for n, _ in shape.quantizable)
+
+
+def test_grouped_query_attention_shrinks_the_key_value_cache_not_the_padded_step(tmp_path):
+    gqa = shape_of(tiny_config("llama", num_key_value_heads=1), tmp_path / "gqa")
+    mha = shape_of(tiny_config("llama", num_key_value_heads=4), tmp_path / "mha")
+    assert gqa.causal.kv_heads == 1 and mha.causal.kv_heads == 4
+    setup = memory.Setup(1, 1, 48, 16, "bf16", False, tuple(sorted(memory.zero_settings(None).items())), eval_batch=4)
+    cache = {s.causal.kv_heads: memory.generation_bytes(s, setup)["key_value_cache"] for s in (gqa, mha)}
+    assert cache[1] * 4 == cache[4] == 2 * 2 * 4 * 64 * 64 * 2  # layers x (k, v) x rows x tokens x width x bytes
+    # transformers repeats grouped keys and values to every head before sdpa on a padded batch: the same saved bytes
+    padded = {
+        s.causal.kv_heads: causal.layer_activation_bytes(s.causal, 64, 64, 2, False, True)["total"] for s in (gqa, mha)
+    }
+    assert padded[1] == padded[4]
+    unpadded = {
+        s.causal.kv_heads: causal.layer_activation_bytes(s.causal, 64, 64, 2, False, False)["attention_key_value"]
+        for s in (gqa, mha)
+    }
+    assert unpadded[1] * 4 == unpadded[4]
+
+
+def test_logits_term_covers_prompt_and_sql_over_bloom_s_vocabulary():
+    bloom = memory.resolve_model("bigscience/bloom-1b1")
+    bf16 = causal.activation_bytes(bloom.causal, 8, 256, "bf16", False, bloom.eager_attention)
+    assert bf16["loss_peak"] == 8 * 256 * 250_880 * (12 + 2)  # fp32 log-softmax, its gradient, the logits' (+ bf16)
+    assert bf16["loss_peak"] / memory.GIB > 6.5
+    fp32 = causal.activation_bytes(bloom.causal, 8, 256, "fp32", True, bloom.eager_attention)
+    assert fp32["loss_peak"] == 8 * 256 * 250_880 * 12
+    # a causal LM reads prompt + SQL as one sequence: 200 + 56 tokens is the 256 above
+    setup = memory.Setup(1, 1, 200, 56, "bf16", False, tuple(sorted(memory.zero_settings(None).items())))
+    row = memory.predict(bloom, setup, 0, False, False, 8)
+    assert row["activations_detail"]["loss_peak"] == bf16["loss_peak"]
+    # eager attention (ALiBi, no sdpa) keeps the scores; gradient checkpointing keeps each layer's input instead
+    assert bloom.eager_attention and bf16["per_layer"]["attention"] > 8 * 256 * 16 * 256 * 4
+    checkpointed = causal.activation_bytes(bloom.causal, 8, 256, "bf16", True, True)
+    assert checkpointed["layers"] == 24 * 8 * 256 * 1536 * 2 < bf16["layers"]
+
+
+def plan(**overrides):
+    values = dict(
+        model="Qwen/Qwen2.5-7B",
+        gpu_memory_gb=40,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        max_source_length=160,
+        max_target_length=64,
+        gradient_checkpointing=True,
+        lora=True,
+    )
+    return memory.plan_memory(memory.PlanArguments(**(values | overrides)))
+
+
+def test_a_7b_model_on_one_a100_40gb_gets_lora_where_full_fine_tuning_does_not_fit():
+    found = plan(cpu_memory_gb=64)
+    assert not any(row["fits_with_margin"] for row in found["strategies"].values())
+    rec = found["recommendation"]
+    assert rec["lora"] and rec["quantize_base"] == "none" and rec["strategy"] == "zero1"
+    assert "full fine-tuning fits under no strategy" in rec["reason"]
+    # LoRA's trainable parameters: r (in + out) of the query and value projections (GQA: v is 512 wide) of 28 layers
+    assert found["lora"]["trainable_parameters"] == 28 * 8 * ((3584 + 3584) + (3584 + 512))
+
+
+def test_qlora_is_named_where_lora_on_a_bf16_base_does_not_fit():
+    found = plan(gpu_memory_gb=16, cpu_memory_gb=32, quantize_base="nf4")
+    # LoRA on the bf16 base fits only by swapping the base to NVMe (ZeRO-Infinity); QLoRA fits without DeepSpeed
+    assert found["lora"]["recommendation"]["strategy"] == "zero3_nvme"
+    rec = found["recommendation"]
+    assert rec["quantize_base"] == "nf4" and rec["strategy"] == "none" and "--quantize_base nf4" in rec["reason"]
+    assert "only under zero3_nvme" in rec["reason"]
+    larger = plan(gpu_memory_gb=16, cpu_memory_gb=32, quantize_base="nf4", per_device_train_batch_size=16)
+    assert (larger["recommendation"]["strategy"], larger["recommendation"]["quantize_base"]) == ("zero3_offload", "nf4")
+    base = found["qlora"]["quantized_base"]
+    assert 4.1 < 8 * base["quantized"] / base["weights"] < 4.2  # bits per quantized weight, constants included
+    int8 = plan(gpu_memory_gb=16, cpu_memory_gb=32, quantize_base="int8")["qlora"]["quantized_base"]
+    assert int8["weights"] == base["weights"] and 1 < int8["quantized"] / base["weights"] < 1.01
+    with pytest.raises(TextsqlError, match="needs --lora True"):
+        memory.PlanArguments(model="Qwen/Qwen2.5-7B", quantize_base="nf4")
+    with pytest.raises(TextsqlError, match="T5 model"):
+        plan(model="t5-small", quantize_base="nf4")
+
+
+def test_lora_trainable_parameters_match_peft_on_every_preset(tmp_path):
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    for model_type in ("qwen2", "bloom", "gpt2"):
+        config = tiny_config(model_type)
+        shape = shape_of(config, tmp_path / model_type)
+        family = family_named(model_type)
+        for preset in ("qv", "all"):
+            with torch.random.fork_rng(devices=[]):
+                model = AutoModelForCausalLM.from_config(config)
+            targets = family.lora_targets[preset]
+            wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM"))
+            trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+            assert memory.lora_layers(shape, 4, preset)["trainable"] == trainable, (model_type, preset)
+
+
+def load_bench():
+    """bench/plan_rows.py as a module: the test loads its quantized models as the benchmark does."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "plan_rows.py"
+    spec = importlib.util.spec_from_file_location("plan_rows_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gpt2"])
+def test_quantized_base_bytes_match_bitsandbytes_on_this_cpu(model_type, tmp_path):
+    """A tiny model loaded by bitsandbytes (NF4 with double quantization, and int8) on its CPU backend: the planner's
+    bytes (quantized weights with their constants, the rest in the fp32 it was loaded in) against the storage the
+    loaded model really holds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(model_type, hidden=128, vocab_size=1000)
+    folder = tmp_path / model_type
+    with torch.random.fork_rng(devices=[]):
+        AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    shape = memory.resolve_model(str(folder))
+    bench = load_bench()
+    for name in causal.QUANTIZED_FORMATS:
+        model = bench.load_quantized(folder, name)
+        swapped = sum(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in model.modules())
+        assert swapped == len(shape.quantizable), (model_type, name)  # gpt2's Conv1D layers are quantized too
+        quantized = causal.quantized_bytes(name, shape.quantizable)
+        predicted = quantized + 4 * (shape.parameters - sum(n for n, _ in shape.quantizable))
+        measured = causal.loaded_model_bytes(model)
+        print(
+            f"{model_type} {name}: predicted {predicted} bytes, measured {measured} ({measured / predicted - 1:+.2%})"
+        )
+        assert abs(measured / predicted - 1) < 0.01
+
+
+def test_plan_cli_plans_gpt2_offline(monkeypatch, capsys):
+    """`textsql plan --model gpt2` (it refused every model but T5 before) works with the hub offline."""
+    from textsql.cli.plan import plan_cli
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert plan_cli(["--model", "gpt2", "--per_device_train_batch_size", "8", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["model"]["parameters"] == 124_439_808 and found["model"]["causal"]["vocab"] == 50257
+    assert found["recommendation"]["strategy"] == "none"
+
+
+@pytest.mark.slow
+def test_a_causal_run_s_memory_check_predicts_it(causal_assets, tmp_path, textsql_in_process):
+    """A tiny causal LoRA run through textsql train: its run summary holds the planner's prediction for it (one
+    sequence of prompt + SQL, the LoRA adapter), not a refusal as before."""
+    from conftest import tiny_train_argv
+
+    flags = dict(max_steps=2, per_device_train_batch_size=8, eval_strategy="no", save_strategy="no")
+    argv = tiny_train_argv(causal_assets, tmp_path, "--lora", "True", **flags, dataloader_num_workers=0)
+    status, out, err = textsql_in_process(["train", *argv])
+    assert status == 0, err[-3000:]
+    line = next(line for line in out.splitlines() if line.startswith("textsql-run-summary: "))
+    summary = json.loads(open(line.split(": ", 1)[1]).read())
+    check = summary["memory_check"]
+    assert check["predicted_gpu_total_bytes"] > 0 and check["model_kind"] == "causal", check
+    assert check["lora_rank"] == 8 and check["quantize_base"] == "none"
+    assert check["comparable"] is False and "trained on the CPU" in check["reason"]
+    meta = json.loads((causal_assets[0] / METADATA_FILE).read_text())["lengths"]["train"]
+    assert check["lengths"] == [meta["source_percentiles"]["p100"], meta["target_percentiles"]["p100"]]
+    again = compare_with_run(read_summary(line.split(": ", 1)[1]))  # the check again, from the file alone
+    assert again["predicted_gpu_total_bytes"] == check["predicted_gpu_total_bytes"]
+
+
+def test_setup_with_quantized_base_costs_less_than_the_bf16_base():
+    shape = memory.resolve_model("meta-llama/Llama-3.2-1B")
+    base = memory.Setup(1, 1, 128, 64, "bf16", True, tuple(sorted(memory.zero_settings(None).items())), lora_rank=8)
+    rows = {
+        q: memory.predict(shape, replace(base, quantize_base=q), 1, False, False, 4) for q in ("none", "int8", "nf4")
+    }
+    assert rows["nf4"]["gpu_bytes"]["parameters"] < rows["int8"]["gpu_bytes"]["parameters"]
+    assert rows["int8"]["gpu_bytes"]["parameters"] < rows["none"]["gpu_bytes"]["parameters"]
+    assert rows["nf4"]["weight_copies_detail"]["dequantized"] == 2 * 2048 * 8192

@@ -1,0 +1,619 @@
+"""Several pods on torchrun's elastic agent: every pod — the session's own, each CML worker, each local pod — runs
+`torchrun` (c10d rendezvous at the session's store, a fresh run id per launch) with `textsql.cluster.rank`, its
+command and environment fixed when the pod is created, so no pod listens for orders.
+
+The session hosts the rendezvous store (torch's TCPStore, bound to the session's address only), starts the pods,
+and watches them: each pod's log (echoed), the records the ranks write into the shared launch folder, each pod's
+heartbeat through the store, its process (local) or status (CML). The first failure — a rank that raised (the
+earliest record wins), a pod that ended, went silent (frozen, cut off) or never started — ends the launch: every pod
+is stopped in a `finally` (Ctrl-C included) and the error names the rank or pod. `python -m textsql.cluster.pods`
+is what a pod runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from textsql.cluster.launch import LaunchFailed, decode, encode, failure_message, read_records, write_record
+from textsql.cluster.rank import LAUNCH_ENV, POD_ENV, set_parent_death_signal
+from textsql.errors import TextsqlError
+
+RANKS_ENV, LOCAL_POD_ENV = "TEXTSQL_POD_RANKS", "TEXTSQL_LOCAL_POD"
+POD_CODE = "import sys\nfrom textsql.cluster.pods import pod_main\nsys.exit(pod_main())\n"
+SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
+STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
+GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive before the error is written
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What a pod runs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def narrow_store(address: str, port: int = 0):
+    """A torch TCPStore server bound to `address` only, through a socket made here (torch's own binds every address,
+    '::'). The store owns the socket from then on: it closes it when it is dropped."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, port))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    return dist.TCPStore(address, port, is_master=True, master_listen_fd=sock.detach())
+
+
+def _narrow_store_server() -> None:
+    """torchrun's node-rank-0 agent hosts the trainers' store (MASTER_ADDR/PORT): bind it to the pod's own address."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    def create(self, master_addr, master_port):
+        return narrow_store(master_addr, master_port)
+
+    dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = create
+
+
+def _heartbeat(endpoint: str, address: str, every: float, silence: float) -> None:
+    """Tell the session this pod is alive; when the session's store is gone for `silence` seconds (the session or
+    its kernel died), stop this pod (SIGTERM: torchrun stops its ranks)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    host, port = endpoint.rsplit(":", 1)
+    store, last_ok = None, time.monotonic()
+    while True:
+        try:
+            if store is None:
+                store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 2))
+            store.add(f"textsql/alive/{address}", 1)
+            last_ok = time.monotonic()
+        except Exception:  # the store is gone or unreachable: retried until `silence`
+            store = None
+            if time.monotonic() - last_ok > silence:
+                print(f"textsql pod {address}: the session's store is gone; stopping", flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+        time.sleep(every)
+
+
+def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, str]:
+    """The pod's environment for torchrun and its ranks: its own less secrets, the session's allowlisted variables,
+    and textsql's choices unless set (CPU DeepSpeed, threads per rank, the interface, a private build folder)."""
+    from textsql.cluster.environment import interface_of, is_secret, node_local_extensions_dir
+    from textsql.strategy.devices import local_devices, threads_per_rank, use_accelerator
+
+    env = {k: v for k, v in environ.items() if not is_secret(k, v) and k != LAUNCH_ENV}
+    env.update(spec["env"])
+    env[POD_ENV] = address
+    use_accelerator(spec["accelerator"], env)
+    ranks = int(environ.get(RANKS_ENV) or 1)
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(local_devices(), ranks)))
+    interface = interface_of(address)
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if interface:
+            env.setdefault(name, interface)
+    if "TORCH_EXTENSIONS_DIR" not in env:
+        env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()
+        for lock in Path(env["TORCH_EXTENSIONS_DIR"]).glob("*/lock"):  # a dead build's: no rank of ours runs yet
+            lock.unlink(missing_ok=True)
+    env[LAUNCH_ENV] = environ[LAUNCH_ENV]
+    return env
+
+
+def torchrun_args(spec: dict, address: str, ranks) -> list[str]:
+    return [
+        *("--nnodes", spec["nnodes"], "--nproc-per-node", str(ranks)),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", spec["store"], "--rdzv-id", spec["launch_id"]),
+        *("--rdzv-conf", f"is_host=0,join_timeout={int(spec['start_timeout']) + 60},last_call_timeout=5"),
+        *("--local-addr", address, "--max-restarts", str(spec["max_restarts"]), "--monitor-interval", "0.5"),
+        *("--log-dir", str(Path(spec["launch_dir"]) / f"torchrun-{address}"), "--tee", "3"),
+        *("-m", "textsql.cluster.rank"),
+    ]
+
+
+def pod_main() -> int:
+    """A pod: torchrun's elastic agent in this process, its output appended to the launch folder's pod log."""
+    spec = decode(os.environ[LAUNCH_ENV])
+    address = os.environ.get(POD_ENV) or os.environ.get("CDSW_IP_ADDRESS") or socket.gethostname()
+    log = Path(spec["launch_dir"]) / f"pod-{address}.log"
+    print(f"textsql pod {address}: log in {log}", flush=True)
+    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    if os.environ.get(LOCAL_POD_ENV):
+        set_parent_death_signal(signal.SIGTERM)  # a local pod ends with the session that started it
+    try:
+        env = pod_environment(spec, address)
+    except TextsqlError as error:
+        write_record(spec["launch_dir"], f"pod-{address}.failure.json", pod_failure(address, str(error)))
+        print(f"textsql pod {address}: {error}", flush=True)
+        return 3
+    os.environ.clear()
+    os.environ.update(env)
+    _narrow_store_server()
+    beat = spec["silence"] / 4
+    threading.Thread(target=_heartbeat, args=(spec["store"], address, beat, spec["silence"]), daemon=True).start()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(torchrun_args(spec, address, int(os.environ.get(RANKS_ENV) or 1)))
+    except ChildFailedError as error:  # ranks killed without a record of their own (a signal): the agent saw them
+        have = {r["rank"] for r in read_records(Path(spec["launch_dir"]), "failure")}
+        for rank, failure in error.failures.items():
+            if rank not in have:
+                how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+                record = dict(pod_failure(address, how), rank=rank, pid=failure.pid, ended_at=failure.timestamp)
+                write_record(spec["launch_dir"], f"rank-{rank}.failure.json", record)
+        return 1
+    return 0
+
+
+def pod_failure(address: str, how: str) -> dict:
+    return {"rank": -1, "node_address": address, "how": how, "tail": [], "ended_at": time.time()}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pods, as the session starts and stops them
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Pod:
+    """One pod of a launch: its address (once known), its local process or CML worker id, its log."""
+
+    address: str
+    process: subprocess.Popen | None = None
+    worker_id: str | None = None
+    log: Path | None = None
+    ended: str | None = None  # how it ended, once it has
+
+
+def start_local_pod(address: str, env: dict[str, str], log: Path, cpus: list[int] | None = None) -> subprocess.Popen:
+    """A pod as a local process in its own session (a notebook interrupt reaches the session only)."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-c", POD_CODE],
+            env=dict(env, **{POD_ENV: address, LOCAL_POD_ENV: "1"}),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
+
+
+def stop_local_pods(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM each pod (its torchrun stops its ranks; a frozen one is woken first), SIGKILL what is left after
+    STOP_GRACE_SECONDS, its ranks included: nothing of the launch runs on this machine when this returns."""
+    import psutil
+
+    tree = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            tree += [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            member.send_signal(signal.SIGCONT)
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    _, alive = psutil.wait_procs(tree, timeout=STOP_GRACE_SECONDS)
+    for member in alive:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
+    psutil.wait_procs(alive, timeout=5)
+    for process in processes:
+        process.wait()
+
+
+class LocalBackend:
+    """Worker pods as local processes on loopback addresses 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1.
+    On a machine with GPUs each pod gets its own (CUDA_VISIBLE_DEVICES), and each pod its share of the cores."""
+
+    name = "local"
+
+    def __init__(self, session_address: str = "127.0.0.1", first_worker_address: str = "127.0.0.2"):
+        self.session, self.first = session_address, first_worker_address
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def session_address(self) -> str:
+        return self.session
+
+    def placements(self, ranks: list[int]) -> list[dict]:
+        from textsql.strategy.devices import local_devices, split_local_cores, split_local_gpus
+
+        gpus = split_local_gpus(ranks, local_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(ranks))
+        return [{"env": {"CUDA_VISIBLE_DEVICES": g} if g is not None else {}, "cpus": c} for g, c in zip(gpus, cores)]
+
+    def launch(self, n: int, spec, env: dict[str, str], launch_dir: Path, placements: list[dict]) -> list[Pod]:
+        from textsql.cluster.environment import is_secret
+
+        prefix, last = self.first.rsplit(".", 1)
+        pods = []
+        for i in range(n):
+            address = f"{prefix}.{int(last) + i}"
+            pod_env = {k: v for k, v in os.environ.items() if not is_secret(k, v)}  # what a pod inherits, no secret
+            pod_env.update(env, **placements[i]["env"])
+            log = launch_dir / f"pod-{address}.log"
+            process = start_local_pod(address, pod_env, log, placements[i]["cpus"])
+            self.processes[f"local-{address}"] = process
+            pods.append(Pod(address, process=process, worker_id=f"local-{address}", log=log))
+        return pods
+
+    def status(self, pod: Pod) -> str | None:
+        return None
+
+    def stop(self, pods: list[Pod]) -> None:
+        stop_local_pods([p.process for p in pods if p.process is not None])
+
+
+class CmlBackend:
+    """Worker pods through CML's `cml.workers_v1` (`launch_workers(code=..., env=...)`); the session is
+    $CDSW_IP_ADDRESS. A pod's address is known from `list_workers` once it runs."""
+
+    name = "cml"
+
+    def __init__(self, module=None):
+        if module is None:
+            try:
+                import cml.workers_v1 as module
+            except ImportError:
+                raise TextsqlError(
+                    "The CML backend needs `cml.workers_v1`, which exists only inside a CML session. "
+                    "Use backend='local' on any other machine."
+                ) from None
+        self.cml = module
+
+    def session_address(self) -> str:
+        address = os.environ.get("CDSW_IP_ADDRESS")
+        if not address:
+            raise TextsqlError("CDSW_IP_ADDRESS is not set: the CML backend runs inside a CML session (its address).")
+        return address
+
+    def placements(self, ranks: list[int]) -> list[dict]:
+        return [{"env": {}, "cpus": None} for _ in ranks]  # each pod has its own devices
+
+    def launch(self, n: int, spec, env: dict[str, str], launch_dir: Path, placements: list[dict]) -> list[Pod]:
+        launched = self.cml.launch_workers(
+            n=n, cpu=spec.cpu, memory=spec.memory, nvidia_gpu=spec.nvidia_gpu, code=POD_CODE, env=env
+        )
+        return [Pod("?", worker_id=w["id"]) for w in launched]
+
+    def status(self, pod: Pod) -> str | None:
+        """The worker's status ("scheduling", "running", "failed", ...); its address is learned on the way."""
+        for listed in self.cml.list_workers():
+            if listed.get("id") == pod.worker_id:
+                if listed.get("ip_address") and pod.address == "?":
+                    pod.address = listed["ip_address"]
+                    pod.log = None
+                return listed.get("status")
+        return "missing"
+
+    def stop(self, pods: list[Pod]) -> None:
+        ids = [p.worker_id for p in pods if p.worker_id]
+        if ids:
+            self.cml.stop_workers(*ids)
+
+
+def make_backend(backend):
+    if backend == "local":
+        return LocalBackend()
+    if backend == "cml":
+        return CmlBackend()
+    if isinstance(backend, str):
+        raise TextsqlError(f"backend must be 'cml' or 'local', not '{backend}'.")
+    return backend
+
+
+@contextlib.contextmanager
+def interrupts_deferred(echo=print, doing: str = "stopping the pods"):
+    """A second Ctrl-C waits until the block is done, then is raised: clean-up is never cut short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+
+    def later(signum, frame):
+        received.append(signum)
+        echo(f"textsql: still {doing}; the interrupt takes effect once that is done")
+
+    previous = signal.signal(signal.SIGINT, later)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The Cluster
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerSpec:
+    cpu: float = 4
+    memory: float = 16
+    nvidia_gpu: int = 1
+
+
+@dataclass
+class Cluster:
+    """The session plus `workers` worker pods, created for each launch (their command is the launch's).
+
+    with Cluster("cml", workers=2, nvidia_gpu=1) as cluster:   # or Cluster("local", workers=1)
+        cluster.preflight(model_args, data_args, training_args)   # or one command line: cluster.train(argv)
+        result = cluster.train(model_args, data_args, training_args)
+
+    `min_workers`: elastic (`torchrun --nnodes MIN:MAX`): the launch starts once 1 + min_workers pods joined.
+    `max_restarts`: torchrun restarts every pod's ranks this many times after a failure (0: the launch ends).
+    """
+
+    backend: object = "local"
+    workers: int = 1
+    cpu: float = 4
+    memory: float = 16
+    nvidia_gpu: int = 1
+    session_slots: int | None = None
+    project_dir: Path = Path(".")
+    name: str = "default"
+    start_timeout: float = 600
+    echo: object = print
+    silence_seconds: float = SILENCE_SECONDS
+    min_workers: int | None = None
+    max_restarts: int = 0
+    pods: list[Pod] = field(default_factory=list, init=False)
+
+    def __post_init__(self):
+        if self.workers < 0:
+            raise TextsqlError(f"workers must be 0 or more, not {self.workers}.")
+        if self.min_workers is not None and not 0 <= self.min_workers <= self.workers:
+            raise TextsqlError(f"min_workers must be between 0 and workers ({self.workers}), not {self.min_workers}.")
+        self.backend = make_backend(self.backend)
+        self.project_dir = Path(self.project_dir).absolute()
+        self.dir = self.project_dir / ".textsql" / "cluster" / self.name
+        self.spec = WorkerSpec(self.cpu, self.memory, self.nvidia_gpu)
+        self.started, self.lock = False, None
+
+    def start(self) -> Cluster:
+        """Take this cluster's name (one cluster of a name runs at a time in a project); pods start with each launch."""
+        from textsql.cluster.runs import FileLock
+
+        if not self.started:
+            self.session = self.backend.session_address()
+            self.lock = FileLock(
+                self.dir / "cluster.lock",
+                f"Cluster '{self.name}' of {self.project_dir}",
+                "Stop it there (cluster.stop(), or end that session), or give this one another name (Cluster(name=...)).",
+                {},
+            )
+            self.started = True
+        return self
+
+    def stop(self) -> None:
+        """Stop any pod still running and free the name. Safe to call twice."""
+        with interrupts_deferred(self.echo):
+            self._stop_pods()
+            if self.lock is not None:
+                self.lock.release()
+            self.started = False
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _ranks(self) -> list[int | None]:
+        """The ranks each pod asks for: the session's (None: one per GPU), then one per worker GPU (one on a CPU)."""
+        return [self.session_slots] + [max(1, self.spec.nvidia_gpu)] * self.workers
+
+    def plan(self, *arguments):
+        """Decide and prepare this training (textsql.cluster.launch.plan_launch) without starting it."""
+        from textsql.cluster.launch import plan_launch
+        from textsql.strategy.devices import local_devices
+
+        if not self.started:
+            raise TextsqlError("The cluster is not started (cluster.start()).")
+        return plan_launch(
+            _arguments(arguments),
+            ranks=self._ranks(),
+            devices=local_devices(),
+            workdir=Path.cwd(),
+            log_root=self.dir / "launches",
+            environ=os.environ,
+        )
+
+    def preflight(self, *arguments):
+        """Show what the launch would do (every rank checks its pod against it when it starts)."""
+        plan = self.plan(*arguments)
+        self.echo(plan.describe())
+        self.echo(f"preflight OK: {1 + self.workers} pods, world size {plan.world_size}")
+        return plan
+
+    def train(self, *arguments, stop_on_failure: bool = True, grace_seconds: float = GRACE_SECONDS, timeout_s=None):
+        """One launch on new pods: raises LaunchFailed naming the rank or pod that failed first, the interrupt, or
+        textsql.train.local_launch.TrainingTimedOut past `timeout_s`; every pod is stopped before it returns.
+        (`stop_on_failure` is kept for callers: pods never outlive their launch.)"""
+        from textsql.cluster.launch import launch_result, prepare, resume_sentence
+        from textsql.cluster.runs import run_lock
+
+        plan = self.plan(*arguments)
+        self.echo(plan.describe())
+        with run_lock(plan.run_dir, plan.launch_id):
+            prepare(plan)
+            store = narrow_store(self.session)  # the rendezvous store, on the session's address only
+            try:
+                spec = plan.spec(
+                    store=f"{self.session}:{store.port}",
+                    nnodes=str(1 + self.workers)
+                    if self.min_workers is None
+                    else f"{1 + self.min_workers}:{1 + self.workers}",
+                    max_restarts=self.max_restarts,
+                    silence=self.silence_seconds,
+                    start_timeout=self.start_timeout,
+                )
+                command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
+                self.echo("every pod: " + " ".join(command[:-2]) + " -m textsql.cluster.rank")
+                try:
+                    self._start_pods(plan, spec)
+                    self._watch(plan, store, grace_seconds, timeout_s)
+                except LaunchFailed:
+                    raise
+                finally:
+                    with interrupts_deferred(self.echo):
+                        self._stop_pods()
+                failures = read_records(plan.launch_dir, "failure")
+                if failures:  # a rank failed as the last pod ended
+                    resume = resume_sentence(plan)
+                    message = failure_message(failures, {}, plan.launch_dir, resume)
+                    raise LaunchFailed(message, failures, plan.launch_dir, resume)
+                return launch_result(plan, command)
+            finally:
+                store = None  # stops listening
+
+    def _start_pods(self, plan, spec: dict) -> None:
+        from textsql.cluster.environment import is_secret
+        from textsql.strategy.devices import NodeDevices, local_devices, ranks_per_node
+
+        devices = local_devices() if plan.accelerator == "cuda" else NodeDevices()
+        ranks = [ranks_per_node(self.session_slots, devices)] + self._ranks()[1:]
+        placements = self.backend.placements(ranks)
+        env = {LAUNCH_ENV: encode(spec)}
+        self.echo(f"starting the session's pod ({self.session}) and {self.workers} {self.backend.name} worker pod(s)")
+        with interrupts_deferred(self.echo, "starting the pods"):  # what is started is recorded, so it can be stopped
+            own = {k: v for k, v in os.environ.items() if not is_secret(k, v)}
+            log = plan.launch_dir / f"pod-{self.session}.log"
+            session_env = dict(own, **env, **placements[0]["env"], **{RANKS_ENV: str(ranks[0])})
+            process = start_local_pod(self.session, session_env, log, placements[0]["cpus"])
+            self.pods = [Pod(self.session, process=process, worker_id="session", log=log)]
+            if isinstance(self.backend, LocalBackend):
+                self.backend.processes[f"local-{self.session}"] = process
+            if self.workers:
+                worker_env = dict(env, **{RANKS_ENV: str(ranks[1])})
+                self.pods += self.backend.launch(self.workers, self.spec, worker_env, plan.launch_dir, placements[1:])
+
+    def _stop_pods(self) -> None:
+        if not self.pods:
+            return
+        self.echo(f"textsql: stopping {len(self.pods)} pod(s)")
+        pods, self.pods = self.pods, []
+        local = [p.process for p in pods if p.process is not None]
+        with contextlib.suppress(Exception):
+            self.backend.stop([p for p in pods if p.process is None])
+        stop_local_pods(local)
+        if isinstance(self.backend, LocalBackend):
+            self.backend.processes.clear()
+
+    def _watch(self, plan, store, grace_seconds: float, timeout_s) -> None:
+        """Echo every pod's log; return when every pod ended well; raise on the first failure (after a grace for
+        the other records), past the start timeout or `timeout_s`."""
+        from textsql.cluster.launch import resume_sentence, tail_lines
+        from textsql.sharedfiles import open_unlinked
+
+        began = time.monotonic()
+        offsets: dict[str, int] = {}
+        beats: dict[str, tuple[int, float]] = {}
+        tail: deque[str] = deque(maxlen=6)
+        failing_since, lost = None, {}
+        with open_unlinked(plan.launch_dir / "launch.log", "a", buffering=1) as launch_log:
+            while True:
+                now = time.monotonic()
+                for pod in self.pods:
+                    status = self.backend.status(pod) if pod.process is None else None
+                    path = plan.launch_dir / f"pod-{pod.address}.log"
+                    for line in _new_lines(path, offsets):
+                        shown = f"{pod.address}: {line}"
+                        launch_log.write(shown + "\n")
+                        tail.append(shown)
+                        self.echo(shown)
+                    if pod.ended is None and pod.process is not None and pod.process.poll() is not None:
+                        code = pod.process.returncode
+                        pod.ended = "ok" if code == 0 else _how(code)
+                    elif pod.ended is None and status in ("failed", "stopped", "succeeded", "timedout", "missing"):
+                        pod.ended = "ok" if status == "succeeded" else f"its worker {pod.worker_id} is {status}"
+                    beat = int(store.add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
+                    seen = beats.get(pod.address)
+                    if seen is None or beat != seen[0]:
+                        beats[pod.address] = (beat, now)
+                    elif pod.ended is None and beat and now - seen[1] > self.silence_seconds:
+                        lost.setdefault(
+                            pod.address,
+                            f"it went silent for {now - seen[1]:.0f} s (no heartbeat: frozen, or cut off from the network)",
+                        )
+                    if pod.ended is None and not beat and pod.process is None and now - began > self.start_timeout:
+                        lost.setdefault(
+                            pod.address if pod.address != "?" else pod.worker_id,
+                            f"it did not start within {self.start_timeout:.0f} s"
+                            + (f" (its worker {pod.worker_id} is {status})" if status else ""),
+                        )
+                    if pod.ended not in (None, "ok"):
+                        own = [
+                            r for r in read_records(plan.launch_dir, "failure") if r.get("node_address") == pod.address
+                        ]
+                        if not own:
+                            lines = tail_lines(path, 6)
+                            lost.setdefault(pod.address, f"it {pod.ended}" + "".join(f"\n  | {t}" for t in lines))
+                if all(p.ended == "ok" for p in self.pods):
+                    return
+                failures = read_records(plan.launch_dir, "failure")
+                if (failures or lost or any(p.ended not in (None, "ok") for p in self.pods)) and failing_since is None:
+                    failing_since = now
+                done = all(p.ended is not None for p in self.pods)
+                if failing_since is not None and (now - failing_since >= grace_seconds or done):
+                    self.echo(f"textsql: launch {plan.launch_id} failed")
+                    with interrupts_deferred(self.echo):
+                        self._stop_pods()
+                    failures = read_records(plan.launch_dir, "failure")
+                    resume = resume_sentence(plan)
+                    message = failure_message(failures, lost, plan.launch_dir, resume)
+                    raise LaunchFailed(message, failures, plan.launch_dir, resume)
+                if timeout_s is not None and now - began > timeout_s:
+                    from textsql.train.local_launch import TrainingTimedOut
+
+                    raise TrainingTimedOut(timeout_s, list(tail))
+                time.sleep(0.5)
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.backend.name}, workers={self.workers}, {'started' if self.started else 'not started'})"
+
+
+def _how(code: int) -> str:
+    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"ended with exit status {code}"
+
+
+def _new_lines(path: Path, offsets: dict[str, int]) -> list[str]:
+    """The complete lines appended to `path` since the last call."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offsets.get(str(path), 0))
+            data = f.read()
+    except OSError:
+        return []
+    end = data.rfind(b"\n") + 1
+    offsets[str(path)] = offsets.get(str(path), 0) + end
+    return data[:end].decode(errors="replace").splitlines()
+
+
+def _arguments(arguments: tuple):
+    """The training arguments of plan/preflight/train: the three dataclasses, or one command line (a list)."""
+    from textsql.train.arguments import as_arguments
+
+    return as_arguments(arguments[0] if len(arguments) == 1 and isinstance(arguments[0], (list, tuple)) else arguments)
+
+
+if __name__ == "__main__":
+    sys.exit(pod_main())
