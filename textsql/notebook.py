@@ -32,7 +32,7 @@ def trained_demo_model() -> str | None:
     writes SQL's shape, so that an adapter trained for minutes on top of it changes answers one can see (on the demo's
     untrained tiny T5 every model writes the same few tokens)."""
     # the tiny T5's runs only: `textsql demo --family causal` leaves its runs (tiny-qwen2-...) in the same folder
-    runs = Path(in_project(DEMO_RUNS)).glob(f"{Path(DEMO_MODELS['t5']).name}-*/{SUMMARY_FILE}")
+    runs = Path(in_project(DEMO_RUNS)).glob(f"{Path(DEMO_MODELS['t5']).name}*/{SUMMARY_FILE}")
     finished = sorted(runs, key=lambda path: path.stat().st_mtime)
     return str(finished[-1].parent) if finished else None
 
