@@ -6,6 +6,13 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+# After a split comparison (textsql.serve.compare): the questions where the models wrote different SQL.
+DISAGREEMENTS_CELL = (
+    "import pandas as pd\n\n"
+    "rows = [{'question': q['question'], 'gold': q['gold_sql'], **{label: m['sql'] for label, m in q['models'].items()}}\n"
+    "        for q in report['questions'] if len({m['sql'] for m in q['models'].values()}) > 1]\n"
+    "pd.DataFrame(rows).head(10)  # questions where the models disagree"
+)
 NOTEBOOKS = {
     "prep_dataset.ipynb": [
         new_markdown_cell(
@@ -227,6 +234,73 @@ NOTEBOOKS = {
             "          'fine-tunes it) writes the same few tokens whatever the adapter. Run `textsql demo`, or train longer.')\n"
             "pd.DataFrame(rows).head(10)  # questions where the models disagree"
         ),
+    ],
+    "finetune_causal_lm.ipynb": [
+        new_markdown_cell(
+            "# A causal LM end to end: prep, LoRA, merge, quantize, compare\n\n"
+            "The decoder-only road ([docs/causal-lm.md](../docs/causal-lm.md)): prep lays each question and the table's "
+            "columns out as one prompt, followed by the SQL and EOS (labels masked on the prompt); a LoRA adapter is "
+            "trained on the frozen base (`textsql train --lora True`), merged into a plain model folder in fp32 "
+            "(`textsql merge`), quantized (`textsql quantize`: size, questions/s and the execution-accuracy delta), and "
+            "base, adapter, merged and quantized models answer the same questions (`textsql compare --output`), beside a "
+            "T5 run when `t5_model` names one. Offline with the tiny causal LM of `textsql demo --family causal`; "
+            "for real scores set `model_id` to a pretrained model (recipes/qwen2.5-0.5b-lora.yaml has its settings). "
+            "Needs the lifecycle extra (`pip install '.[lifecycle]'`)."
+        ),
+        new_code_cell(
+            "model_id = None  # None: the tiny causal LM of `textsql demo --family causal` (offline), else Qwen/Qwen2.5-0.5B\n"
+            'source = "generate"  # or the WikiSQL release folder (train.jsonl, train.tables.jsonl, ...)\n'
+            'dataset_dir = "data/wikisql-causal"\nmax_examples_per_split = None\noverwrite = False\n'
+            'runs_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
+            'lora_rank, lora_targets, epochs = 8, "all", 3  # lora_targets: "all" (every linear layer) or "qv"\n'
+            "per_device_train_batch_size = 16\n"
+            'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU); max_examples scored, max_new_tokens each\n'
+            "max_examples, max_new_tokens, t5_model, extra_args = 200, 64, None, {}  # t5_model: a T5 run to compare beside",
+            metadata={"tags": ["parameters"]},
+        ),
+        new_code_cell(
+            "from textsql.notebook import default_model_id\n"
+            "from textsql.prep import PrepArguments, format_layout, format_length_report, load_prepared, prepare_dataset\n\n"
+            'model_id = model_id or default_model_id("causal")\n'
+            'folder = prepare_dataset(PrepArguments(source=source, model_id=model_id, output_dir=dataset_dir, source_format="question+header",\n'
+            "                                       max_examples_per_split=max_examples_per_split, overwrite=overwrite))\n"
+            "dataset, metadata = load_prepared(folder)\n"
+            "print(format_layout(metadata))\nprint(format_length_report(metadata['lengths']))\n"
+            "print(dataset['train'][0]['prompt'] + dataset['train'][0]['target'])  # one training sequence (then EOS)"
+        ),
+        new_code_cell(
+            "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments, run_training\n\n"
+            "training = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, lora_rank=lora_rank,\n"
+            "                                    lora_targets=lora_targets, num_train_epochs=epochs,\n"
+            "                                    per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
+            "summary = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), training)\n"
+            "adapter_dir = summary.output_dir"
+        ),
+        new_markdown_cell(
+            "## QLoRA: the adapter on a 4-bit base, merged, then GPTQ\n\n"
+            "*To come here (issue 28 goes on):* the same adapter trained on a base loaded in NF4 "
+            "(`textsql train --lora True --quantize_base nf4`, what fits a 7B model on one A100-40GB), merged into the "
+            "full-precision base and scored again, then quantized with GPTQ calibrated on this dataset's prompts "
+            "(`textsql quantize --method gptq`). The cells below merge and quantize the adapter trained above."
+        ),
+        new_code_cell(
+            "from textsql.adapters import MergeArguments, merge_adapter\n\n"
+            "merged_dir = merge_adapter(MergeArguments(adapter=adapter_dir))  # <adapter>-merged, beside it"
+        ),
+        new_code_cell(
+            "from textsql.quantize import QuantizeArguments, quantize_model\n\n"
+            "quantized = quantize_model(QuantizeArguments(model_dir=str(merged_dir), method=method, dataset_dir=dataset_dir,\n"
+            "                                             max_examples=max_examples, max_new_tokens=max_new_tokens))"
+        ),
+        new_code_cell(
+            "from textsql.serve.compare import CompareArguments, Comparison, format_split_comparison\n\n"
+            'models = [f"base={model_id}", f"lora={adapter_dir}", f"merged={merged_dir}", f"{method}={quantized[\'output_dir\']}"]\n'
+            'models += [f"t5={t5_model}"] if t5_model else []  # a T5 run reads the same questions as it was fine-tuned to\n'
+            'comparison = Comparison(CompareArguments(models=models, dataset_dir=dataset_dir, split="test", max_new_tokens=max_new_tokens))\n'
+            "report = comparison.compare_split(max_examples)\n"
+            "print(format_split_comparison(report))"
+        ),
+        new_code_cell(DISAGREEMENTS_CELL),
     ],
 }
 

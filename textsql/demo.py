@@ -1,4 +1,5 @@
-"""The demo: generated WikiSQL-format data, a locally trained tokenizer and tiny T5, and a short ZeRO-2 run on this machine."""
+"""The demo: generated WikiSQL-format data, a locally trained tokenizer and a tiny T5 or causal LM, and a short ZeRO-2
+run on this machine."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from textsql.evaluate import DECODINGS, load_scoring_set, score_predictions
 from textsql.infer import InferArguments, run_inference
 from textsql.paths import METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
-from textsql.tiny import corpus_for_tokenizer, make_tiny_model
+from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.train.run import train
 from textsql.wikisql.format import SOURCE_FORMATS, render_sql
@@ -23,10 +24,16 @@ from textsql.wikisql.synthetic import generate_wikisql
 
 DEMO_PREFIX = "translate English to SQL: "
 DEMO_ACCURACY_NOTE = (
-    "note: this checks the pipeline, not the recipe's accuracy: a tiny T5 trained from scratch for minutes on a CPU learns "
-    "the query's shape (the parts above), not to copy values from the question (1-6% execution accuracy here, whatever the "
-    "data size or format); fine-tune a pretrained t5-small or larger on a GPU for real scores."
+    "note: this checks the pipeline, not the recipe's accuracy: a tiny model trained from scratch for minutes on a CPU "
+    "learns the query's shape (the parts above), not to copy values from the question (the tiny T5: 1-6% execution accuracy, "
+    "whatever the data size or format); fine-tune a pretrained model (t5-small or larger, Qwen2.5-0.5B or larger: "
+    "recipes/) on a GPU for real scores."
 )
+# The demo's two roads: folder of the tiny model, what people call it, and the prepared data's folder prefix.
+DEMO_FAMILIES = {
+    "t5": ("tiny-t5", "tiny T5", "data"),
+    "causal": ("tiny-qwen2", "tiny causal LM (Qwen2-shaped, byte-level BPE)", "data-causal"),
+}
 
 
 @dataclass
@@ -40,6 +47,14 @@ class DemoArguments:
         default="zero2",
         metadata={"help": "Shipped strategy (zero1, zero2, zero3_offload), a dsconfig file, or 'none'."},
     )
+    family: str = field(
+        default="t5",
+        metadata={
+            "help": "t5 (a tiny T5: an encoder reads the question, a decoder writes the SQL) or causal (a tiny "
+            "decoder-only LM shaped like Qwen2, its byte-level BPE tokenizer trained here, reads a prompt and continues "
+            "it with the SQL)."
+        },
+    )
     train_tables: int = field(
         default=300, metadata={"help": "Generated training tables (validation and test get a fifth each)."}
     )
@@ -49,8 +64,14 @@ class DemoArguments:
         default=16,
         metadata={"help": "Per-device training batch size (small: a tiny model learns from the number of updates)."},
     )
-    d_model: int = field(default=128, metadata={"help": "Width of the tiny T5."})
-    num_layers: int = field(default=2, metadata={"help": "Encoder and decoder layers of the tiny T5."})
+    d_model: int = field(default=128, metadata={"help": "Width of the tiny model."})
+    num_layers: int = field(
+        default=2,
+        metadata={
+            "help": "Layers of the tiny model: the T5's encoder and decoder each, the causal LM's decoder (about the "
+            "same training time)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed for the generator and the model."})
     source_format: str = field(
         default="question", metadata={"help": "What the model reads: question, or question+header (see textsql prep)."}
@@ -61,6 +82,8 @@ class DemoArguments:
 
     def __post_init__(self):
         self.workdir = in_project(self.workdir)
+        if self.family not in DEMO_FAMILIES:
+            raise TextsqlError(f"--family is one of {', '.join(DEMO_FAMILIES)}, not '{self.family}'.")
         if self.source_format not in SOURCE_FORMATS or self.decoding not in DECODINGS:
             raise TextsqlError(
                 f"--source_format is one of {', '.join(SOURCE_FORMATS)} and --decoding one of {', '.join(DECODINGS)}."
@@ -87,13 +110,16 @@ def build_assets(
     num_layers: int = 2,
     seed: int = 0,
     source_format: str = "question",
+    family: str = "t5",
 ) -> tuple[Path, Path]:
-    """Generated release files, a tiny T5 folder and the prepared dataset (one folder per source format); reused when
+    """Generated release files, a tiny model folder (T5, or with family "causal" a Qwen2-shaped causal LM) and the
+    prepared dataset (one folder per family and source format); reused when
     already there. Returns (data_dir, model_dir)."""
 
+    model_name, _, data_name = DEMO_FAMILIES[family]
     workdir = Path(workdir)
-    raw_dir, model_dir = workdir / "wikisql-generated", workdir / "tiny-t5"
-    data_dir = workdir / ("data" if source_format == "question" else f"data-{source_format}")
+    raw_dir, model_dir = workdir / "wikisql-generated", workdir / model_name
+    data_dir = workdir / (data_name if source_format == "question" else f"{data_name}-{source_format}")
     if not (raw_dir / "train.jsonl").exists():
         held_out = max(1, train_tables // 5)
         generate_wikisql(
@@ -107,16 +133,25 @@ def build_assets(
     if not (model_dir / "config.json").exists():
         # The tokenizer sees every split's text, as a pretrained tokenizer has seen the web; the model sees only train.
         questions, tables = release_records(raw_dir)
-        # No dropout: the tiny model underfits in the demo's short run, and dropout only slows it down.
-        make_tiny_model(
-            model_dir,
-            corpus_for_tokenizer(questions, tables, prefix=DEMO_PREFIX),
-            d_model=d_model,
-            num_layers=num_layers,
-            d_ff=4 * d_model,
-            dropout_rate=0.0,
-            seed=seed,
-        )
+        if family == "causal":  # a causal LM's prompt has no task prefix (textsql.prep)
+            make_tiny_causal_model(
+                model_dir,
+                corpus_for_tokenizer(questions, tables, prefix=""),
+                hidden_size=d_model,
+                num_layers=num_layers,
+                seed=seed,
+            )
+        else:
+            # No dropout: the tiny model underfits in the demo's short run, and dropout only slows it down.
+            make_tiny_model(
+                model_dir,
+                corpus_for_tokenizer(questions, tables, prefix=DEMO_PREFIX),
+                d_model=d_model,
+                num_layers=num_layers,
+                d_ff=4 * d_model,
+                dropout_rate=0.0,
+                seed=seed,
+            )
     if not (data_dir / METADATA_FILE).exists():
         prepare_dataset(
             PrepArguments(
@@ -172,10 +207,12 @@ def demo_step(echo, number: int, title: str):
 
 
 DEMO_STEPS = 4
-DEMO_IDLE_MINUTES = 4  # measured on 2 idle CPU cores (README, "Measured")
+# Minutes on 2 idle CPU cores: T5's measured (README, "Measured"); the causal LM's from its training time against T5's,
+# measured alternately in one run on the same machine: about the same (docs/causal-lm.md, "The demo").
+DEMO_IDLE_MINUTES = {"t5": 4, "causal": 4}
 
 
-def demo_estimate(cores: int, load_average: float, idle_minutes: float = DEMO_IDLE_MINUTES) -> str:
+def demo_estimate(cores: int, load_average: float, idle_minutes: float = DEMO_IDLE_MINUTES["t5"]) -> str:
     """How long the demo will take here, from the machine's cores and its load (the processes already wanting a core):
     the demo's two training threads get a share of what is left. Measured: 3 min 41 s at load 0 on 2 cores, 29.5 min
     at load 2-8."""
@@ -196,13 +233,16 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
 
     datasets.disable_progress_bars()  # the terminal shows training's progress bar, not one per file written
     questions = args.train_tables * args.questions_per_table
-    estimate = demo_estimate(os.cpu_count() or 1, os.getloadavg()[0])
+    _, model_name, _ = DEMO_FAMILIES[args.family]
+    estimate = demo_estimate(os.cpu_count() or 1, os.getloadavg()[0], DEMO_IDLE_MINUTES[args.family])
     echo(
-        f"textsql demo: {questions:,} generated training questions, a tiny T5 trained for {args.epochs:g} epochs with "
+        f"textsql demo: {questions:,} generated training questions, a {model_name} trained for {args.epochs:g} epochs with "
         f"{args.deepspeed}; {estimate}. Shorter: --epochs 2 or "
         f"--train_tables 100 (the scores drop). Everything goes to {Path(args.workdir).absolute()}."
     )
-    with demo_step(echo, 1, "data, tokenizer and model: generated WikiSQL, a tokenizer trained on it, a tiny T5, prep"):
+    with demo_step(
+        echo, 1, f"data, tokenizer and model: generated WikiSQL, a tokenizer trained on it, a {model_name}, prep"
+    ):
         data_dir, model_dir = build_assets(
             Path(args.workdir),
             train_tables=args.train_tables,
@@ -211,6 +251,7 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
             num_layers=args.num_layers,
             seed=args.seed,
             source_format=args.source_format,
+            family=args.family,
         )
     with demo_step(echo, 2, f"training ({args.deepspeed}; the progress bar shows the steps left)"):
         summary = train(*demo_training(args, data_dir, model_dir))

@@ -11,24 +11,29 @@ from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
 from textsql.paths import SUMMARY_FILE, in_project
 
-DEMO_MODEL = "textsql-demo/tiny-t5"  # what `textsql demo` leaves in the project: a model that works offline
-DEMO_RUNS = "textsql-demo/runs"  # and the run that fine-tuned it
-HUB_MODEL = "t5-small"
+# What `textsql demo` (--family t5 or causal) leaves in the project, a model that works offline; else a hub model.
+DEMO_MODELS = {"t5": "textsql-demo/tiny-t5", "causal": "textsql-demo/tiny-qwen2"}
+DEMO_RUNS = "textsql-demo/runs"  # and the runs that fine-tuned them
+HUB_MODELS = {"t5": "t5-small", "causal": "Qwen/Qwen2.5-0.5B"}
 
 
-def default_model_id() -> str:
-    """The demo's tiny T5 when the project has one (it trains on a CPU, offline), else t5-small from the hub. Pass a
-    model_id to use another: a hub name, or a folder copied into the project (`hf download t5-small --local-dir
-    models/t5-small` on a machine with internet access)."""
-    demo = Path(in_project(DEMO_MODEL))
-    return str(demo) if (demo / "config.json").is_file() else HUB_MODEL
+def default_model_id(family: str = "t5") -> str:
+    """The demo's tiny model of `family` (t5 or causal) when the project has one (it trains on a CPU, offline), else
+    t5-small or Qwen2.5-0.5B from the hub. Pass a model_id to use another: a hub name, or a folder copied into the
+    project (`hf download t5-small --local-dir models/t5-small` on a machine with internet access)."""
+    if family not in DEMO_MODELS:
+        raise TextsqlError(f"family is one of {', '.join(DEMO_MODELS)}, not '{family}'.")
+    demo = Path(in_project(DEMO_MODELS[family]))
+    return str(demo) if (demo / "config.json").is_file() else HUB_MODELS[family]
 
 
 def trained_demo_model() -> str | None:
     """The demo's fine-tuned model (its newest finished run) when the project has one, else None: a base that already
     writes SQL's shape, so that an adapter trained for minutes on top of it changes answers one can see (on the demo's
     untrained tiny T5 every model writes the same few tokens)."""
-    finished = sorted(Path(in_project(DEMO_RUNS)).glob(f"*/{SUMMARY_FILE}"), key=lambda path: path.stat().st_mtime)
+    # the tiny T5's runs only: `textsql demo --family causal` leaves its runs (tiny-qwen2-...) in the same folder
+    runs = Path(in_project(DEMO_RUNS)).glob(f"{Path(DEMO_MODELS['t5']).name}*/{SUMMARY_FILE}")
+    finished = sorted(runs, key=lambda path: path.stat().st_mtime)
     return str(finished[-1].parent) if finished else None
 
 

@@ -700,3 +700,23 @@ def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path)
             f"This model was fine-tuned with the prefix {trained.get('source_prefix')!r}, but '{dataset_dir}' was prepared with "
             f"{given['source_prefix']!r}. Prepare the data again with --source_prefix {trained.get('source_prefix')!r}."
         )
+
+
+def metadata_for_model(model_config, metadata: dict, dataset_dir: str | Path) -> dict:
+    """How a model reads this dataset's questions (what model_source takes): the dataset's own settings where it was
+    prepared for the model's family (checked as check_source_settings checks), else the settings the model was
+    fine-tuned with, so that a T5 run and a causal LM run answer the same questions about the same tables side by side
+    (textsql compare). A model of the other family that textsql did not fine-tune carries none and is refused."""
+    family = family_of(model_config)
+    layout = metadata.get("layout", "seq2seq")
+    if layout == family.kind:
+        check_source_settings(model_config, metadata, dataset_dir)
+        return metadata
+    trained = (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
+    if not trained:
+        raise TextsqlError(
+            f"'{dataset_dir}' was prepared for a {layout} model ({metadata.get('model_family', 't5')}), and this "
+            f"{family.kind} {family.name} model was not fine-tuned by textsql, so how it reads a question is unknown. "
+            "Compare it on data prepared for it (`textsql prep --model_id` it), or compare a run fine-tuned from it."
+        )
+    return {**trained, "layout": family.kind, "model_family": family.name}

@@ -1,5 +1,6 @@
 """`textsql compare`: the Gradio app served on loopback, rendered air-gapped in headless Chromium, asked once through
-its API, and stopped with nothing left running; and the same comparison over a split as JSON."""
+its API, and stopped with nothing left running; and the same comparison over a split as JSON. Both families side by
+side: T5 models (base, LoRA adapter, quantized) and a fine-tuned causal LM answer the same questions."""
 
 import json
 import os
@@ -130,6 +131,38 @@ def call_api(base: str, endpoint: str, data: list, timeout: float = 300):
 
 
 @pytest.fixture(scope="module")
+def causal_run(causal_assets, tmp_path_factory):
+    """A tiny Qwen2 fine-tuned by textsql for 2 steps on question+header prompts (in this process, no DeepSpeed): a
+    run folder whose config says how it reads a question, so it answers a T5 dataset's questions beside the T5s."""
+    import logging
+
+    from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
+    from textsql.train.run import train
+
+    data_dir, model_dir = causal_assets
+    saved = dict(os.environ)
+    try:
+        os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TENSORBOARD_LOGGING_DIR="")
+        training = TextsqlTrainingArguments(
+            runs_root=str(tmp_path_factory.mktemp("causal-run")),
+            max_steps=2,
+            per_device_train_batch_size=8,
+            eval_strategy="no",
+            save_strategy="no",
+            report_to="none",
+        )
+        summary = train(ModelArguments(model_id=str(model_dir)), DataArguments(dataset_dir=str(data_dir)), training)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        root = logging.getLogger()  # the run configured logging for itself
+        for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
+            root.removeHandler(handler)
+            handler.close()
+    return Path(summary.output_dir)
+
+
+@pytest.fixture(scope="module")
 def quantized_model(assets, tmp_path_factory):
     import torch
 
@@ -143,7 +176,9 @@ def quantized_model(assets, tmp_path_factory):
     )
 
 
-def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(assets, lora_adapter, quantized_model, tmp_path):
+def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(
+    assets, lora_adapter, quantized_model, causal_run, tmp_path
+):
     import psutil
     from matplotlib.image import imread
 
@@ -155,7 +190,7 @@ def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(assets, lora_a
         HF_HUB_OFFLINE="1",
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
-        TEXTSQL_COMPARE_MODELS=f"base={model_dir},lora={lora_adapter},int8={quantized_model}",
+        TEXTSQL_COMPARE_MODELS=f"base={model_dir},lora={lora_adapter},int8={quantized_model},causal={causal_run}",
         TEXTSQL_DATASET_DIR=str(data_dir),
     )
     log = tmp_path / "app.log"
@@ -193,9 +228,10 @@ def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(assets, lora_a
         assert dom.returncode == 0, dom.stderr[-3000:]
         for text in (
             "textsql compare",
-            "base (model)",
-            "lora (LoRA adapter)",
-            "int8 (quantized (torchao-int8))",
+            "base (model, t5)",
+            "lora (LoRA adapter, t5)",
+            "int8 (quantized (torchao-int8), t5)",
+            "causal (model, qwen2)",
             "Compare",
         ):
             assert text in dom.stdout, f"'{text}' is not on the rendered page"
@@ -229,7 +265,9 @@ def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(assets, lora_a
         table_id = scoring.table_ids[0]
         _, _, details = call_api(base, "compare", [table_id, 0, ""])
         assert details["question"] == scoring.questions[0] and details["gold_sql"] == scoring.gold_texts[0]
-        assert [row["label"] for row in details["models"]] == ["base", "lora", "int8"]
+        assert [row["label"] for row in details["models"]] == ["base", "lora", "int8", "causal"]
+        assert [row["family"] for row in details["models"]] == ["t5", "t5", "t5", "qwen2"]
+        assert "### " not in details["models"][-1]["sql"]  # only the causal LM's new tokens, not its prompt
         for row in details["models"]:
             assert (
                 set(row["verdicts"]) == {"exact_match", "logical_form_match", "execution_match"}
@@ -252,7 +290,7 @@ def test_app_in_chromium_air_gapped_one_api_call_and_nothing_left(assets, lora_a
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-def test_split_comparison_as_json(assets, lora_adapter, quantized_model, textsql_in_process, tmp_path):
+def test_split_comparison_as_json(assets, lora_adapter, quantized_model, causal_run, textsql_in_process, tmp_path):
     data_dir, model_dir = assets
     output = tmp_path / "compare.json"
     status, out, err = textsql_in_process(
@@ -261,6 +299,7 @@ def test_split_comparison_as_json(assets, lora_adapter, quantized_model, textsql
             f"base={model_dir}",
             f"lora={lora_adapter}",
             f"int8={quantized_model}",
+            f"causal={causal_run}",
             "--dataset_dir",
             str(data_dir),
             "--max_examples",
@@ -273,11 +312,30 @@ def test_split_comparison_as_json(assets, lora_adapter, quantized_model, textsql
     )
     assert status == 0, err
     report = json.loads(output.read_text())
-    assert [m["label"] for m in report["models"]] == ["base", "lora", "int8"] and report["examples"] == 6
+    assert [m["label"] for m in report["models"]] == ["base", "lora", "int8", "causal"] and report["examples"] == 6
     assert report["models"][0]["agreement_with_first"] == 1.0
-    assert [m["kind"] for m in report["models"]] == ["model", "LoRA adapter", "quantized (torchao-int8)"]
-    assert len(report["questions"]) == 6 and set(report["questions"][0]["models"]) == {"base", "lora", "int8"}
+    assert [m["kind"] for m in report["models"]] == ["model", "LoRA adapter", "quantized (torchao-int8)", "model"]
+    assert [m["family"] for m in report["models"]] == ["t5", "t5", "t5", "qwen2"]
+    assert len(report["questions"]) == 6 and set(report["questions"][0]["models"]) == {"base", "lora", "int8", "causal"}
+    # the causal LM read its own prompt layout (question and columns) for the T5 dataset's questions
+    from textsql.serve.compare import CompareArguments, Comparison
+
+    comparison = Comparison(
+        CompareArguments(models=[f"causal={causal_run}"], dataset_dir=str(data_dir), max_new_tokens=4)
+    )
+    scoring = comparison.sources_for(comparison.models[0], comparison.scoring)
+    assert scoring.sources[0].startswith("### Question: ") and "### Columns: " in scoring.sources[0]
+    assert scoring.questions == comparison.scoring.questions and not comparison.scoring.sources[0].startswith("###")
     assert "same SQL as first" in out and f"wrote {output}" in out
+
+
+def test_a_model_of_the_other_family_not_fine_tuned_by_textsql_is_refused(assets, causal_assets, textsql_in_process):
+    """A base causal LM carries no record of how it reads a question: on T5's data it is refused, with the fix."""
+    data_dir, _ = assets
+    status, _, err = textsql_in_process(
+        ["compare", f"qwen={causal_assets[1]}", "--dataset_dir", str(data_dir), "--output", "x.json"]
+    )
+    assert status == 2 and "was not fine-tuned by textsql" in err and "textsql prep --model_id" in err
 
 
 def test_two_models_with_one_label_are_refused(assets, textsql_in_process):

@@ -24,6 +24,12 @@ def execute(name: str, tmp_path: Path, parameters: dict) -> dict:
     return nbformat.read(output, as_version=4)
 
 
+def demo_model_in_project(project: Path, name: str, model_dir: Path) -> None:
+    """`project`/textsql-demo/`name` as `textsql demo` leaves it: a notebook's default model, which works offline."""
+    (project / "textsql-demo").mkdir(exist_ok=True)
+    (project / "textsql-demo" / name).symlink_to(model_dir)
+
+
 def outputs_text(notebook) -> str:
     texts = []
     for cell in notebook.cells:
@@ -51,8 +57,7 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
         monkeypatch.setenv(key, value)
     _, model_dir = assets
     # No model_id: a notebook's default is the demo's tiny T5 when the project has one, which works offline.
-    (tmp_path / "textsql-demo").mkdir()
-    (tmp_path / "textsql-demo" / "tiny-t5").symlink_to(model_dir)
+    demo_model_in_project(tmp_path, "tiny-t5", model_dir)
     prep = execute(
         "prep_dataset.ipynb",
         tmp_path,
@@ -140,3 +145,36 @@ def test_finetune_lora_notebook_executes(assets, two_tiny_runs, tmp_path, cpu_en
     # The last cell: the questions where the models disagree, a table with rows (not the note that there are none).
     last = "".join(o.get("data", {}).get("text/html", "") + o.get("text", "") for o in notebook.cells[-1]["outputs"])
     assert "<td>" in last and "The models wrote the same SQL" not in last, last[-2000:]
+
+
+@pytest.mark.slow
+def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_path, cpu_env, monkeypatch):
+    """prep -> LoRA -> merge -> quantize -> compare on the tiny causal LM, with no model_id (the demo's, offline) and a
+    T5 run compared beside it on the same questions."""
+    for key, value in cpu_env.items():
+        monkeypatch.setenv(key, value)
+    demo_model_in_project(tmp_path, "tiny-qwen2", causal_assets[1])
+    notebook = execute(
+        "finetune_causal_lm.ipynb",
+        tmp_path,
+        {
+            "source": str(causal_assets[0].parent / "wikisql-generated"),
+            "max_examples_per_split": 48,
+            "lora_rank": 4,
+            "per_device_train_batch_size": 16,
+            "method": "dynamic-int8",
+            "max_examples": 6,
+            "max_new_tokens": 12,
+            "t5_model": str(trained_run[0]),
+            "extra_args": {"max_steps": 4, "eval_strategy": "no", "save_strategy": "no", "learning_rate": 1e-2},
+        },
+    )
+    text = outputs_text(notebook)
+    assert "layout: causal LM (qwen2)" in text and "### Question: " in text and "### Columns: " in text
+    (adapter,) = (tmp_path / "runs").glob("tiny-qwen2-none-lora-r4-*-steps4")
+    assert (adapter / "adapter_config.json").is_file()
+    assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()
+    assert (adapter.parent / f"{adapter.name}-merged-dynamic-int8" / "textsql_quantization.json").is_file()
+    for row in ("base ", "lora ", "merged ", "dynamic-int8 ", "t5 "):
+        assert f"\n{row}" in text, f"{row!r} is not a row of the comparison"
+    assert "qwen2" in text and "Traceback" not in text

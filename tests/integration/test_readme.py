@@ -1,5 +1,6 @@
 """The README's quick start runs as written: each fenced `textsql` command, in order, against what the demo leaves in
-textsql-demo/ (built here small), through textsql.cli.main in this process (one interpreter: cheap)."""
+textsql-demo/ (built here small), through textsql.cli.main in this process (one interpreter: cheap); then the causal
+road's block after it (what `textsql demo --family causal` leaves). Its first lines name both families' demos."""
 
 import re
 import shlex
@@ -10,11 +11,19 @@ import pytest
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def quick_start_commands() -> list[list[str]]:
+def quick_start_commands(block: int = 0) -> list[list[str]]:
+    """The `textsql` lines of the quick start's first fenced block (T5's), or of its second (the causal road)."""
     text = README.read_text()
     section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
-    return [shlex.split(line) for line in block.splitlines() if line.startswith("textsql ")]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    assert len(blocks) == 2, "the quick start has T5's block and the causal road's"
+    return [shlex.split(line) for line in blocks[block].splitlines() if line.startswith("textsql ")]
+
+
+def test_the_first_lines_name_both_families_and_the_command_that_shows_each():
+    top = README.read_text().split("\n\n", 2)[1]  # the paragraph under the title
+    assert "**T5**" in top and "**decoder-only causal LMs**" in top
+    assert "`textsql demo` shows it" in top and "`textsql demo --family causal` shows it" in top
 
 
 def test_quick_start_activates_the_environment_first(tmp_path):
@@ -24,7 +33,7 @@ def test_quick_start_activates_the_environment_first(tmp_path):
 
     text = README.read_text()
     section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```bash\n(.*?)```", section, re.S)
+    block = re.findall(r"```bash\n(.*?)```", section, re.S)[0]
     first = block.splitlines()[0]
     assert first == "source .venv/bin/activate"
     repo = README.parent
@@ -44,13 +53,17 @@ def test_quick_start_activates_the_environment_first(tmp_path):
 def test_quick_start_names_every_step():
     commands = [argv[1] for argv in quick_start_commands()]
     assert commands == ["prep", "check-config", "plan", "train", "infer", "report"]
+    assert [argv[1] for argv in quick_start_commands(1)] == ["prep", "train", "compare"]
 
 
 @pytest.mark.slow
 def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_process):
     from textsql.demo import build_assets
 
-    build_assets(tmp_path / "textsql-demo", train_tables=20, questions_per_table=4, d_model=32, num_layers=1, seed=0)
+    for family in ("t5", "causal"):  # what `textsql demo` and `textsql demo --family causal` leave, small
+        build_assets(
+            tmp_path / "textsql-demo", train_tables=20, questions_per_table=4, d_model=32, num_layers=1, family=family
+        )
     monkeypatch.chdir(tmp_path)
     for argv in quick_start_commands():
         status, out, err = textsql_in_process(argv[1:])
@@ -63,3 +76,15 @@ def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_p
     losses = load_scalars([run / "tensorboard"])["train/loss"]
     assert len(losses) >= 10, f"a 20-step run draws a loss curve, not one point: {losses}"
     assert (tmp_path / "runs" / "report" / "report.md").is_file()
+    # the causal road: prep for the tiny causal LM, a LoRA adapter, and both families compared on the same questions
+    for argv in quick_start_commands(1):
+        status, out, err = textsql_in_process(argv[1:])
+        assert status == 0, f"`{' '.join(argv)}` exited {status}:\n{out[-2000:]}\n{err[-3000:]}"
+    import json
+
+    report = json.loads((tmp_path / "compare.json").read_text())
+    assert [(m["label"], m["family"], m["kind"]) for m in report["models"]] == [
+        ("t5", "t5", "model"),
+        ("qwen2-lora", "qwen2", "LoRA adapter"),
+    ]
+    assert report["examples"] == 20

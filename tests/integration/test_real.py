@@ -246,3 +246,102 @@ def test_benchmark_t5_shapes_are_the_real_checkpoints(real_files, tmp_path):
     extended = type("Extended", (), {"__len__": lambda self: 32201, "pad_token_id": 0, "eos_token_id": 1})()
     grown, _ = shapes.t5_config("t5-small", extended)
     assert grown.vocab_size == 32201  # prep's added characters beyond the checkpoint's 28 spare rows
+
+
+# --------------------------------------------------------------------------- causal LMs: the real Qwen2 and GPT-2 tokenizers
+
+CAUSAL_TOKENIZERS = ("qwen2", "gpt2")  # ../shared/real/<name>: Qwen2's EOS is its pad token, GPT-2 has no pad token
+
+
+@pytest.fixture(scope="module")
+def real_causal_prepared(real_files, tmp_path_factory):
+    """{name: (model folder, prepared folder)}: every real question as question+header prompts for a tiny random model
+    with each real causal tokenizer."""
+    from conftest import real_causal_folder
+
+    root = tmp_path_factory.mktemp("real-causal")
+    prepared = {}
+    for name in CAUSAL_TOKENIZERS:
+        folder = real_causal_folder(real_files, name, root / name)
+        arguments = PrepArguments(
+            source=str(real_files / "wikisql"),
+            model_id=str(folder),
+            output_dir=str(root / f"data-{name}"),
+            source_format="question+header",
+        )
+        prepared[name] = folder, prepare_dataset(arguments)
+    return prepared
+
+
+def real_texts(data) -> list[str]:
+    """Real WikiSQL text a causal tokenizer meets: questions, gold SQL, column lists and the tables' first rows."""
+    texts = [text for example, _ in examples(data) for text in (example.question, example.target)]
+    for table in data.tables.values():
+        texts.append(" | ".join(table["header"]))
+        texts.extend(" ".join(str(cell) for cell in row) for row in table["rows"][:3])
+    return texts
+
+
+def test_real_causal_tokenizers_lay_out_every_real_question_and_report_its_lengths(real_causal_prepared):
+    """Each real question: the plain prompt with the table's whole column list, then the SQL and EOS, labels -100
+    exactly on the prompt; the prompt and SQL decode back whole; the length report is that of these sequences."""
+    from textsql.hub import load_tokenizer
+    from textsql.prep import load_tables, model_source
+
+    for name, (folder, data_dir) in real_causal_prepared.items():
+        dataset, meta = load_prepared(data_dir)
+        tokenizer = load_tokenizer(str(folder))
+        tables = load_tables(data_dir)
+        assert meta["examples"] == {"train": 1000, "test": 1062}, name  # nothing dropped
+        assert meta["byte_level"] and meta["added_characters"] == {}, name
+        assert meta["targets_lost_in_tokenization"]["examples"] == 0, name  # '<', '½', accents, CJK: all written
+        assert all(fitted["columns_cut"] == 0 for fitted in meta["prompts_fitted"].values()), name
+        for split, rows in dataset.items():
+            prompts, answers = [], []
+            for row in rows:
+                n = row["labels"].count(-100)
+                assert row["labels"] == [-100] * n + row["input_ids"][n:], (name, row["question"])
+                assert row["input_ids"][-1] == tokenizer.eos_token_id
+                assert row["prompt"] == model_source(
+                    row["question"], tables[row["table_id"]]["header"], meta, tokenizer
+                )
+                assert tokenizer.decode(row["input_ids"][:n]) == row["prompt"]
+                assert tokenizer.decode(row["input_ids"][n:-1]) == row["target"]
+                prompts.append(n)
+                answers.append(len(row["input_ids"]) - n)
+            report = meta["lengths"][split]
+            assert report["source_percentiles"]["p100"] == max(prompts) and report["examples"] == len(rows)
+            assert report["target_percentiles"]["p100"] == max(answers)
+            assert report["mean_tokens_per_example"] == pytest.approx((sum(prompts) + sum(answers)) / len(rows))
+            # a real question with its columns: tens of tokens; the SQL and EOS: about ten to thirty
+            assert 20 < report["source_percentiles"]["p50"] < 120 and 8 < report["target_percentiles"]["p50"] < 40
+
+
+def test_a_byte_level_tokenizer_trained_here_reads_real_wikisql_as_before_it_was_saved(
+    real_wikisql, real_files, tmp_path
+):
+    """The pitfall: AutoTokenizer on a folder whose config says qwen2 returns Qwen2Tokenizer, which rebuilds the
+    pre-tokenizer in code. The tokenizer textsql trains on generated text (the demo's, the tests') must give, once saved
+    and loaded back from disk, the in-memory tokenizer's ids on real WikiSQL text it never saw, and the real Qwen2
+    tokenizer file the ids its own pre-tokenizer gives."""
+    from tokenizers import Tokenizer
+
+    from textsql.demo import release_records
+    from textsql.hub import load_tokenizer
+    from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, train_byte_level_tokenizer
+    from textsql.wikisql.synthetic import generate_wikisql
+
+    raw = generate_wikisql(tmp_path / "generated", train_tables=20, dev_tables=4, test_tables=4, questions_per_table=5)
+    in_memory = train_byte_level_tokenizer(corpus_for_tokenizer(*release_records(raw), prefix=""), vocab_size=1000)
+    folder = make_tiny_causal_model(tmp_path / "tiny-qwen2", [], tokenizer=in_memory, hidden_size=16, num_layers=1)
+    reloaded = load_tokenizer(str(folder))
+    assert type(reloaded).__name__ == "Qwen2Tokenizer"  # rebuilt in code, not the file's pre-tokenizer
+    texts = real_texts(real_wikisql)
+    assert len(texts) > 5000
+    differ = [text for text in texts if reloaded(text)["input_ids"] != in_memory(text)["input_ids"]]
+    assert not differ, f"{len(differ)} of {len(texts)} real texts get other ids once reloaded, e.g. {differ[:3]}"
+    assert all(reloaded.decode(reloaded(text)["input_ids"]) == text for text in texts if text == text.strip())
+    from_file = Tokenizer.from_file(str(real_files / "qwen2" / "tokenizer.json"))
+    auto = load_tokenizer(str(real_files / "qwen2"))
+    assert type(auto).__name__ == "Qwen2Tokenizer"
+    assert [auto(text)["input_ids"] for text in texts] == [from_file.encode(text).ids for text in texts]

@@ -1,10 +1,16 @@
 """Every shipped recipe (recipes/*.yaml) is what `textsql train recipe.yaml` reads: it parses with no unknown key, its
-DeepSpeed config passes the checks, and the run it describes is set up on an A100 pod (facts fed, nothing started)."""
+DeepSpeed config passes the checks, and the run it describes is set up on an A100 pod (facts fed, nothing started); a
+recipe's `textsql prep` line parses too and writes the dataset the recipe trains on."""
 
+import re
+import shlex
 from pathlib import Path
 
 import pytest
 
+from textsql.adapters import LORA_PRESETS
+from textsql.cli.parsing import parse_arguments as parse_command
+from textsql.prep import PrepArguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.train.arguments import parse_arguments
 from textsql.train.run import set_up_run
@@ -13,13 +19,30 @@ RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"
 
 
 def test_recipes_are_shipped():
-    assert {p.name for p in RECIPES} >= {"t5-small-zero2.yaml", "t5-large-zero3-offload.yaml"}
+    assert {p.name for p in RECIPES} >= {
+        "t5-small-zero2.yaml",
+        "t5-large-zero3-offload.yaml",
+        "qwen2.5-0.5b-lora.yaml",  # a 0.5B-class causal LM with LoRA
+        "qwen2.5-7b-lora-zero3-offload.yaml",  # a 7B-class one on one A100-40GB
+    }
+
+
+@pytest.mark.parametrize("recipe", [p for p in RECIPES if not p.name.startswith("t5-")], ids=lambda p: p.name)
+def test_causal_recipes_train_lora_on_data_their_prep_line_writes(recipe, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model, data, training = parse_arguments([str(recipe)])
+    assert model.model_id.startswith("Qwen/") and training.lora and training.lora_targets in LORA_PRESETS
+    (prep_line,) = re.findall(r"^#\s+(textsql prep .*)$", recipe.read_text(), re.M)
+    prep = parse_command(PrepArguments, "prep", shlex.split(prep_line)[2:])
+    assert prep.model_id.startswith("Qwen/") and prep.source_format == "question+header"
+    assert Path(prep.output_dir) == Path(data.dataset_dir)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_recipe_parses_and_sets_up_a_run(recipe, tmp_path, monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)  # set_up_run decides it; monkeypatch restores it afterwards
     model, data, training = parse_arguments([str(recipe)])
+    assert model.model_id.startswith(("t5-", "Qwen/"))
     assert training.deepspeed or training.quantize_base != "none"  # sharded, or one GPU holds a quantized base
     training.runs_root = str(tmp_path / "runs")
     setup = set_up_run(model, training, devices=NodeDevices((A100_40GB,), 16))

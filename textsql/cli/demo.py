@@ -1,4 +1,5 @@
-"""`textsql demo`: generated data, a tiny T5 trained with ZeRO-2 on this machine, its scores and summary."""
+"""`textsql demo`: generated data, a tiny T5 (or causal LM: --family causal) trained with ZeRO-2 on this machine, its
+scores and summary."""
 
 from __future__ import annotations
 
@@ -26,10 +27,16 @@ def demo_command(argv: list[str]) -> int:
     print(DEMO_ACCURACY_NOTE)
     print(f"full summary: {result.summary.output_dir}/{SUMMARY_FILE}")
     runs_root = Path(result.summary.output_dir).parent
+    other = (
+        "  textsql demo --family causal                 # the same with a tiny causal LM (Qwen2-shaped)\n"
+        if args.family == "t5"
+        else "  notebooks/finetune_causal_lm.ipynb           # LoRA, merge, quantize, compare (docs/causal-lm.md)\n"
+    )
     print(
         "\nnext:\n"
         f"  textsql tensorboard --runs_root {runs_root}    # the losses, in a browser (127.0.0.1)\n"
         "  the README's quick start                     # prep, check-config, plan, train, infer, report on this data\n"
+        f"{other}"
         "  bash scripts/bootstrap.sh lab                # the same steps as notebooks, in JupyterLab"
     )
     return 0

@@ -2,20 +2,29 @@
 for a whole split (JSON): the executed answers, WikiSQL's verdicts where there is a gold query, and each model's speed.
 
 Models are any folders textsql writes (a base model, a LoRA adapter, a merged or a quantized model; textsql.quantize
-loads each kind). As a CML Application, scripts/compare_app.py serves the app on $CDSW_APP_PORT.
+loads each kind), of either family: a T5 and a causal LM each read the question as they were fine-tuned to
+(textsql.prep.metadata_for_model), about the same tables. As a CML Application, scripts/compare_app.py serves the app on $CDSW_APP_PORT.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from textsql.errors import TextsqlError
-from textsql.evaluate import choose_prediction, decode_and_score, generate_sql, load_scoring_set, pick_device
+from textsql.evaluate import (
+    ScoringSet,
+    choose_prediction,
+    decode_and_score,
+    generate_sql,
+    load_scoring_set,
+    pick_device,
+)
 from textsql.extras import require_lifecycle_extra
-from textsql.prep import check_source_settings, load_prepared, model_source
+from textsql.families import family_of
+from textsql.prep import load_prepared, metadata_for_model, model_source
 from textsql.quantize import folder_kind, load_for_inference, read_record
 from textsql.serve.tensorboard import DEFAULT_HOST
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql, score_prediction
@@ -91,6 +100,8 @@ class LoadedModel:
     kind: str  # as people read it: model, LoRA adapter, quantized (method)
     model: object
     tokenizer: object
+    family: str  # t5, qwen2, ...
+    metadata: dict  # how it reads a question (textsql.prep.metadata_for_model)
 
 
 def describe_kind(path: str) -> str:
@@ -101,14 +112,15 @@ def describe_kind(path: str) -> str:
 
 
 def load_models(models: list[str], device: str, dataset_dir: str, metadata: dict) -> list[LoadedModel]:
-    """Every model, loaded once, checked against the dataset's source format."""
+    """Every model, loaded once, with how it reads the dataset's questions (checked against its source format)."""
     loaded = []
     for label, path in model_specs(models):
         model, tokenizer = load_for_inference(path, device)
-        check_source_settings(getattr(model, "config", None), metadata, dataset_dir)
+        reads = metadata_for_model(model.config, metadata, dataset_dir)
         # One short generation first: first-call costs (allocations, weight packing) stay out of the latencies shown.
         generate_sql(model, tokenizer, ["warm up"], batch_size=1, max_new_tokens=2, progress=False)
-        loaded.append(LoadedModel(label, path, describe_kind(path), model, tokenizer))
+        family = family_of(model.config).name
+        loaded.append(LoadedModel(label, path, describe_kind(path), model, tokenizer, family, reads))
     return loaded
 
 
@@ -161,7 +173,7 @@ class Comparison:
                 generate_sql(
                     loaded.model,
                     loaded.tokenizer,
-                    [model_source(question, table["header"], self.metadata, loaded.tokenizer)],
+                    [model_source(question, table["header"], loaded.metadata, loaded.tokenizer)],
                     batch_size=1,
                     max_new_tokens=self.args.max_new_tokens,
                     progress=False,
@@ -170,7 +182,13 @@ class Comparison:
                 "greedy",
             )
             latency = time.perf_counter() - started
-            row = {"label": loaded.label, "kind": loaded.kind, "sql": predicted, "latency_ms": round(latency * 1000, 1)}
+            row = {
+                "label": loaded.label,
+                "kind": loaded.kind,
+                "family": loaded.family,
+                "sql": predicted,
+                "latency_ms": round(latency * 1000, 1),
+            }
             try:
                 row["answer"] = execute_query(parse_sql(predicted, table["header"]), table)
             except (SQLParseError, SQLExecutionError) as error:
@@ -183,6 +201,17 @@ class Comparison:
             result["models"].append(row)
         return result
 
+    def sources_for(self, loaded: LoadedModel, scoring: ScoringSet) -> ScoringSet:
+        """`scoring` with the sources `loaded` reads: the prepared ones where the dataset was prepared for its family,
+        else built as it was fine-tuned to read them (whole column lists)."""
+        if loaded.metadata is self.metadata:
+            return scoring
+        sources = [
+            model_source(question, scoring.tables[table_id]["header"], loaded.metadata, loaded.tokenizer)
+            for question, table_id in zip(scoring.questions, scoring.table_ids, strict=True)
+        ]
+        return replace(scoring, sources=sources)
+
     def compare_split(self, max_examples: int | None = None) -> dict:
         """Every model over the split's questions, scored as `textsql infer` scores: metrics, speed, and for each
         question each model's SQL and verdict; agreement is the share of identical SQL with the first model."""
@@ -193,7 +222,7 @@ class Comparison:
             records, metrics = decode_and_score(
                 loaded.model,
                 loaded.tokenizer,
-                scoring,
+                self.sources_for(loaded, scoring),
                 batch_size=self.args.batch_size,
                 max_new_tokens=self.args.max_new_tokens,
                 progress=False,
@@ -206,6 +235,7 @@ class Comparison:
                     "label": loaded.label,
                     "path": loaded.path,
                     "kind": loaded.kind,
+                    "family": loaded.family,
                     "execution_accuracy": metrics["execution_accuracy"],
                     "logical_form_accuracy": metrics["logical_form_accuracy"],
                     "exact_match": metrics["exact_match"],
@@ -243,12 +273,12 @@ class Comparison:
 def format_split_comparison(report: dict) -> str:
     lines = [
         f"{report['examples']} {report['split']} questions on {report['device']}:",
-        f"{'model':<20} {'kind':<26} {'execution':>10} {'logical form':>13} {'questions/s':>12} "
+        f"{'model':<20} {'kind':<26} {'family':<12} {'execution':>10} {'logical form':>13} {'questions/s':>12} "
         f"{'same SQL as first':>18}",
     ]
     for row in report["models"]:
         lines.append(
-            f"{row['label']:<20} {row['kind']:<26} {row['execution_accuracy']:>10.1%} "
+            f"{row['label']:<20} {row['kind']:<26} {row['family']:<12} {row['execution_accuracy']:>10.1%} "
             f"{row['logical_form_accuracy']:>13.1%} "
             f"{row['queries_per_second']:>12.1f} {row['agreement_with_first']:>18.1%}"
         )
@@ -275,6 +305,7 @@ def result_rows(result: dict) -> list[list]:
         [
             row["label"],
             row["kind"],
+            row["family"],
             row["sql"],
             str(row.get("answer", row.get("error"))),
             _verdict_text(row),
@@ -284,7 +315,7 @@ def result_rows(result: dict) -> list[list]:
     ]
 
 
-RESULT_HEADERS = ["model", "kind", "SQL", "answer", "WikiSQL verdicts", "latency (ms)"]
+RESULT_HEADERS = ["model", "kind", "family", "SQL", "answer", "WikiSQL verdicts", "latency (ms)"]
 
 
 def air_gapped_gradio():
@@ -338,7 +369,7 @@ def build_app(comparison: Comparison):
         )
         return pandas.DataFrame(result_rows(result), columns=RESULT_HEADERS), gold, result
 
-    names = ", ".join(f"{m.label} ({m.kind})" for m in comparison.models)
+    names = ", ".join(f"{m.label} ({m.kind}, {m.family})" for m in comparison.models)
     with gr.Blocks(title="textsql compare", analytics_enabled=False) as app:
         gr.Markdown(
             f"# textsql compare\nModels: {names}. Dataset: `{comparison.args.dataset_dir}` ({comparison.args.split})."
