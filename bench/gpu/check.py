@@ -20,8 +20,10 @@ JSON is rewritten after every step, so what was measured before a cut-off is kep
                   size (bench/infer_batching.py, bench/quantize_methods.py)
   two_ranks       whether two ranks can share the one GPU (NCCL; gloo with CUDA tensors)
   causal          a decoder-only causal LM (Qwen2.5-0.5B's shape with the real Qwen2 tokenizer under --real; the tiny
-                  Qwen2 on the CPU): prep, LoRA and full fine-tuning in bf16 with their peak memory, then batched
-                  left-padded generation, scored (`textsql prep`, `train`, `infer`)
+                  Qwen2 on the CPU): prep; LoRA padded and packed, QLoRA on NF4 and int8 bases (plain and ZeRO-2),
+                  LoRA under ZeRO-2 and full fine-tuning in bf16, each with its peak memory against the planner's
+                  prediction; then batched left-padded generation, scored (`textsql prep`, `train`, `infer`)
+  causal_quantize every quantization method on the causal LM's full fine-tuning: size, questions/s, agreement
   op_builds       DeepSpeed's JIT op builds (started first, in the background): a one-time cost, kept out of every
                   timing above
 
@@ -69,7 +71,8 @@ class Sizes:
     questions: int
     batching_questions: int  # one question at a time is slow: fewer for that comparison
     causal_batch: int
-    causal_strategies: tuple  # (strategy, lora) trained on the causal LM
+    causal_runs: tuple  # (strategy, lora, quantize_base, packing) of each causal LM training
+    causal_quantize_methods: str
     quantize_methods: str
     budgets: dict
 
@@ -89,7 +92,16 @@ GPU = Sizes(
     questions=256,
     batching_questions=48,
     causal_batch=16,
-    causal_strategies=(("none", True), ("zero2", True), ("none", False)),
+    causal_runs=(
+        ("none", True, "none", False),
+        ("none", True, "none", True),
+        ("none", True, "nf4", False),
+        ("none", True, "int8", False),
+        ("zero2", True, "nf4", False),
+        ("zero2", True, "none", False),
+        ("none", False, "none", False),
+    ),
+    causal_quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
     quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
     budgets={
         "environment": 60,
@@ -99,7 +111,8 @@ GPU = Sizes(
         "flops_profiler": 75,
         "inference": 150,
         "two_ranks": 45,
-        "causal": 150,
+        "causal": 300,
+        "causal_quantize": 90,
         "op_builds": 30,
     },
 )
@@ -119,7 +132,8 @@ CPU = Sizes(
     questions=8,
     batching_questions=8,
     causal_batch=8,
-    causal_strategies=(("none", True),),
+    causal_runs=(("none", True, "none", True), ("none", True, "nf4", False)),
+    causal_quantize_methods="dynamic-int8",
     quantize_methods="dynamic-int8",
     budgets={
         "environment": 60,
@@ -129,7 +143,8 @@ CPU = Sizes(
         "flops_profiler": 180,
         "inference": 180,
         "two_ranks": 90,
-        "causal": 240,
+        "causal": 300,
+        "causal_quantize": 180,
         "op_builds": 30,
     },
 )
@@ -475,21 +490,30 @@ def step_causal(ctx) -> dict:
     prep = [*textsql, "prep", "--source", str(raw), "--model_id", str(model_dir), "--output_dir", str(data_dir)]
     run([*prep, "--source_format", "question+header", "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
     result, summary_paths = {"model": model, "runs": []}, []
-    for strategy, lora in sizes.causal_strategies:
-        runs_root = ctx.work / "causal-runs" / f"{strategy}{'-lora' if lora else ''}"
+    for strategy, lora, quantize_base, packing in sizes.causal_runs:
+        label = f"{strategy}{'-lora' if lora else ''}{'' if quantize_base == 'none' else '-' + quantize_base}"
+        runs_root = ctx.work / "causal-runs" / f"{label}{'-packed' if packing else ''}"
         train = [*textsql, "train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir)]
         train += ["--runs_root", str(runs_root), "--lora", str(lora), "--max_steps", str(sizes.memory_steps + 3)]
+        train += ["--quantize_base", quantize_base] if quantize_base != "none" else []
+        train += ["--packing", "True"] if packing else []
         train += ["--per_device_train_batch_size", str(sizes.causal_batch), "--precision", sizes.precision]
         train += ["--deepspeed", strategy] if strategy != "none" else []
         train += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--num_gpus", "1"]
-        run([*train, "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
+        entry = {"strategy": strategy, "lora": lora, "quantize_base": quantize_base, "packing": packing}
+        try:  # one setting that fails (a strategy refused with a quantized base, say) is a finding; the rest run
+            run([*train, "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
+        except StepFailed as failure:
+            if failure.status == "timed out":
+                raise
+            result["runs"].append({**entry, "failed": str(failure)[-600:]})
+            continue
         (summary_path,) = runs_root.glob("*/run_summary.json")
         summary_paths.append(summary_path)
         summary = read_summary(summary_path)
         result["runs"].append(
             {
-                "strategy": strategy,
-                "lora": lora,
+                **entry,
                 "run": summary_path.parent.name,
                 "parameters": summary.parameters,
                 "trainable_parameters": summary.trainable_parameters,
@@ -501,12 +525,38 @@ def step_causal(ctx) -> dict:
                 "memory_check": summary.memory_check,
             }
         )
+    if not summary_paths:
+        raise StepFailed("failed", "no causal training finished: " + json.dumps(result["runs"])[-TAIL_CHARS:])
     first_run = summary_paths[0].parent  # the first setting's model is the one scored
     scored = ctx.work / "causal-infer"
     infer = [*textsql, "infer", "--model_dir", str(first_run), "--dataset_dir", str(data_dir), "--split", "test"]
     run([*infer, "--max_examples", str(sizes.questions), "--output_dir", str(scored)], ctx.deadline, ctx.log, ctx.env)
     result["inference"] = read_json(scored / "eval_metrics.json")
+    ctx.causal = {"model_dir": model_dir, "data_dir": data_dir, "full_run": _full_run(summary_paths)}
     return result
+
+
+def _full_run(summary_paths: list) -> Path | None:
+    """The run folder of the causal LM's full fine-tuning (a plain model every quantization method takes)."""
+    from textsql.run_summary import read_summary
+
+    summaries = {path: read_summary(path) for path in summary_paths}
+    return next((p.parent for p, s in summaries.items() if s.trainable_parameters == s.parameters), None)
+
+
+def step_causal_quantize(ctx) -> dict:
+    """Every quantization method on the causal LM the causal step trained: size, questions/s and agreement with the
+    unquantized model (bench/quantize_methods.py), on the causal step's own data."""
+    causal = getattr(ctx, "causal", None)
+    if not causal:
+        raise StepFailed("skipped", "the causal step did not run or trained nothing")
+    model_dir = causal["full_run"] or causal["model_dir"]
+    output = ctx.work / "causal_quantize_methods.json"
+    quantize = [sys.executable, str(REPO / "bench" / "quantize_methods.py"), "--dataset_dir", str(causal["data_dir"])]
+    quantize += ["--model_dir", str(model_dir), "--questions", str(ctx.sizes.questions), "--repeats", "2"]
+    quantize += ["--methods", ctx.sizes.causal_quantize_methods, "--max_new_tokens", "32", "--output", str(output)]
+    run(quantize, ctx.deadline, ctx.log, ctx.env)
+    return {"model_dir": str(model_dir), "results": read_json(output)["results"]}
 
 
 # In the order they run: the most wanted figures first, so a call cut short still has them.
@@ -517,6 +567,7 @@ STEPS = {
     "throughput": step_throughput,
     "flops_profiler": step_flops_profiler,
     "causal": step_causal,
+    "causal_quantize": step_causal_quantize,
     "inference": step_inference,
     "two_ranks": step_two_ranks,
 }
@@ -537,6 +588,7 @@ class Context:
     on_gpu: bool = False
     deadline: float = 0.0
     data_dir: Path | None = None
+    causal: dict | None = None  # the causal step's model, data and full fine-tuning run, for causal_quantize
 
 
 def write_report(report: dict, output: Path) -> None:

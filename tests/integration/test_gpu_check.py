@@ -33,6 +33,7 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         "inference",
         "two_ranks",
         "causal",
+        "causal_quantize",
         "op_builds",
     }
     assert set(steps) == expected
@@ -52,9 +53,13 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     assert inference["quantization"]["dynamic-int8"]["questions_per_second"] > 0
     assert steps["two_ranks"]["result"]["gloo"] == {"ok": True, "sum": 3.0}
     causal = steps["causal"]["result"]
-    (lora_run,) = causal["runs"]
-    assert lora_run["lora"] and lora_run["trainable_parameters"] < lora_run["parameters"]
-    assert lora_run["train_samples_per_second"] > 0 and lora_run["peak_memory_per_rank"]
+    packed, qlora = causal["runs"]
+    assert (packed["packing"], qlora["quantize_base"]) == (True, "nf4")
+    for lora_run in (packed, qlora):
+        assert lora_run["lora"] and lora_run["trainable_parameters"] < lora_run["parameters"], lora_run
+        assert lora_run["train_samples_per_second"] > 0 and lora_run["peak_memory_per_rank"]
     assert causal["inference"]["examples"] == 8 and "execution_accuracy" in causal["inference"]
+    # No full fine-tuning on the CPU: the methods quantize the base model the causal step trained from.
+    assert steps["causal_quantize"]["result"]["results"]["dynamic-int8"]["questions_per_second"] > 0
     # The last lines printed say what happened to each step (the device tool returns the end of the output).
     assert "gpu_check (cpu)" in done.stdout and "two_ranks" in done.stdout.splitlines()[-2]
