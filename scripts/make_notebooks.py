@@ -255,7 +255,9 @@ NOTEBOOKS = {
             'lora_rank, lora_targets, epochs = 8, "all", 3  # lora_targets: "all" (every linear layer) or "qv"\n'
             "per_device_train_batch_size = 16\n"
             'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU); max_examples scored, max_new_tokens each\n'
-            "max_examples, max_new_tokens, t5_model, extra_args = 200, 64, None, {}  # t5_model: a T5 run to compare beside",
+            "max_examples, max_new_tokens, t5_model, extra_args = 200, 64, None, {}  # t5_model: a T5 run to compare beside\n"
+            'quantize_base = "nf4"  # QLoRA below: "nf4" or "int8"; None skips it\n'
+            "gptq_bits = 4  # GPTQ below: 4 or 8; None skips it (its own environment takes minutes to create, once)",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
@@ -276,13 +278,6 @@ NOTEBOOKS = {
             "summary = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), training)\n"
             "adapter_dir = summary.output_dir"
         ),
-        new_markdown_cell(
-            "## QLoRA: the adapter on a 4-bit base, merged, then GPTQ\n\n"
-            "*To come here (issue 28 goes on):* the same adapter trained on a base loaded in NF4 "
-            "(`textsql train --lora True --quantize_base nf4`, what fits a 7B model on one A100-40GB), merged into the "
-            "full-precision base and scored again, then quantized with GPTQ calibrated on this dataset's prompts "
-            "(`textsql quantize --method gptq`). The cells below merge and quantize the adapter trained above."
-        ),
         new_code_cell(
             "from textsql.adapters import MergeArguments, merge_adapter\n\n"
             "merged_dir = merge_adapter(MergeArguments(adapter=adapter_dir))  # <adapter>-merged, beside it"
@@ -292,9 +287,37 @@ NOTEBOOKS = {
             "quantized = quantize_model(QuantizeArguments(model_dir=str(merged_dir), method=method, dataset_dir=dataset_dir,\n"
             "                                             max_examples=max_examples, max_new_tokens=max_new_tokens))"
         ),
+        new_markdown_cell(
+            "## QLoRA: the adapter on a 4-bit base, merged, then GPTQ\n\n"
+            "The same adapter trained on a base loaded in NF4 (or int8) by bitsandbytes, what fits a 7B model on one "
+            "A100-40GB (recipes/qwen2.5-7b-qlora-nf4.yaml); merged into the full-precision base and scored again against "
+            "the adapter on its 4-bit base (the difference is printed: the adapter learned against rounded weights); then "
+            "quantized with GPTQ calibrated on this dataset's own prompts, in an environment of its own that "
+            "`textsql quantize --method gptq` creates once ([docs/lora.md](../docs/lora.md), "
+            "[docs/lifecycle.md](../docs/lifecycle.md))."
+        ),
+        new_code_cell(
+            "from textsql.merge import merge_and_score\n\n"
+            "qlora_dir = qlora_merged_dir = None\n"
+            "if quantize_base:\n"
+            "    qlora = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, quantize_base=quantize_base,\n"
+            "                                     lora_rank=lora_rank, lora_targets=lora_targets, num_train_epochs=epochs,\n"
+            "                                     per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
+            "    qlora_dir = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), qlora).output_dir\n"
+            "    merge = MergeArguments(adapter=str(qlora_dir), score_examples=max_examples, max_new_tokens=max_new_tokens)\n"
+            '    qlora_merged_dir = merge_and_score(merge)["output_dir"]'
+        ),
+        new_code_cell(
+            "gptq = None\n"
+            "if gptq_bits:\n"
+            "    gptq = quantize_model(QuantizeArguments(model_dir=str(qlora_merged_dir or merged_dir), method=\"gptq\", bits=gptq_bits,\n"
+            "                                            dataset_dir=dataset_dir, max_examples=max_examples, max_new_tokens=max_new_tokens))"
+        ),
         new_code_cell(
             "from textsql.serve.compare import CompareArguments, Comparison, format_split_comparison\n\n"
             'models = [f"base={model_id}", f"lora={adapter_dir}", f"merged={merged_dir}", f"{method}={quantized[\'output_dir\']}"]\n'
+            'models += [f"qlora={qlora_dir}", f"qlora-merged={qlora_merged_dir}"] if qlora_dir else []\n'
+            'models += [f"gptq-{gptq_bits}bit={gptq[\'output_dir\']}"] if gptq else []\n'
             'models += [f"t5={t5_model}"] if t5_model else []  # a T5 run reads the same questions as it was fine-tuned to\n'
             'comparison = Comparison(CompareArguments(models=models, dataset_dir=dataset_dir, split="test", max_new_tokens=max_new_tokens))\n'
             "report = comparison.compare_split(max_examples)\n"

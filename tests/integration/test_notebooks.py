@@ -149,8 +149,8 @@ def test_finetune_lora_notebook_executes(assets, two_tiny_runs, tmp_path, cpu_en
 
 @pytest.mark.slow
 def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_path, cpu_env, monkeypatch):
-    """prep -> LoRA -> merge -> quantize -> compare on the tiny causal LM, with no model_id (the demo's, offline) and a
-    T5 run compared beside it on the same questions."""
+    """prep -> LoRA -> merge -> quantize, then QLoRA (NF4) -> merge (scored again) -> GPTQ, and compare on the tiny
+    causal LM, with no model_id (the demo's, offline) and a T5 run compared beside it on the same questions."""
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
     demo_model_in_project(tmp_path, "tiny-qwen2", causal_assets[1])
@@ -175,6 +175,10 @@ def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_pa
     assert (adapter / "adapter_config.json").is_file()
     assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()
     assert (adapter.parent / f"{adapter.name}-merged-dynamic-int8" / "textsql_quantization.json").is_file()
-    for row in ("base ", "lora ", "merged ", "dynamic-int8 ", "t5 "):
+    (qlora,) = (tmp_path / "runs").glob("tiny-qwen2-none-qlora-nf4-r4-*-steps4")
+    merged = json.loads((qlora.parent / f"{qlora.name}-merged" / "textsql_merge.json").read_text())
+    assert merged["quantize_base"] == "nf4" and "merged model" in text and "execution accuracy" in text
+    assert (qlora.parent / f"{qlora.name}-merged-gptq-4bit" / "textsql_quantization.json").is_file()
+    for row in ("base ", "lora ", "merged ", "dynamic-int8 ", "qlora ", "qlora-merged ", "gptq-4bit ", "t5 "):
         assert f"\n{row}" in text, f"{row!r} is not a row of the comparison"
     assert "qwen2" in text and "Traceback" not in text
