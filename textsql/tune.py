@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from textsql.adapters import QUANTIZED_BASES
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.paths import (
@@ -43,9 +44,11 @@ from textsql.train.local_launch import TrainingTimedOut, node_devices, ranks_per
 
 RESULTS_VERSION = 2
 TEXTSQL_DEFAULT_MICRO_BATCH = 32  # textsql train's --per_device_train_batch_size: the "default settings" candidate
-# The adapters a candidate can train with: each name's `textsql train` arguments. QLoRA, once textsql has it, is one
-# more row here ({"lora": True, <its quantization argument>}), a TuneArguments flag beside --lora, and its planner rank.
-ADAPTERS = {"lora": {"lora": True}}
+# The adapters a candidate can train with: each name's `textsql train` arguments (QLoRA: LoRA on a quantized base).
+ADAPTERS = {
+    "lora": {"lora": True},
+    **{f"qlora-{base}": {"lora": True, "quantize_base": base} for base in QUANTIZED_BASES if base != "none"},
+}
 RETRIED = ("failed", "out of memory", "timed out")  # what --retry_failed measures again
 RANK_QUOTE = re.compile(r"^(rank \d+ )?\| ")  # how textsql.cluster.launch.failure_message quotes a rank's output
 OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "cannot allocate memory")
@@ -148,9 +151,21 @@ class TuneArguments:
             "--lora_rank and --lora_targets after -- apply), beside the planner's LoRA prediction."
         },
     )
+    quantize_base: str = field(
+        default="none",
+        metadata={
+            "help": "Also measure every strategy x micro-batch with a QLoRA adapter on a base quantized to nf4 or int8 "
+            "(textsql train --lora True --quantize_base ...), beside the planner's QLoRA prediction; none: no QLoRA "
+            "candidates."
+        },
+    )
     accelerator: str = field(default="auto", metadata={"help": "auto, cuda or cpu, as textsql train's --accelerator."})
 
     def __post_init__(self):
+        if self.quantize_base not in QUANTIZED_BASES:
+            raise TextsqlError(
+                f"--quantize_base must be one of {', '.join(QUANTIZED_BASES)}, not '{self.quantize_base}'."
+            )
         for name in ("global_batch_size", "timed_steps", "nodes"):
             if getattr(self, name) < 1:
                 raise TextsqlError(f"--{name} must be at least 1, not {getattr(self, name)}.")
@@ -279,10 +294,14 @@ def plan_candidates(
             tuple(sorted(zero_settings(None).items())),
         )
     base = base or {}
-    adapters = [""] + (["lora"] if args.lora else [])
+    qlora = [f"qlora-{args.quantize_base}"] if args.quantize_base != "none" else []
+    adapters = [""] + (["lora"] if args.lora else []) + qlora
     setups = {"": setup}
-    if setup is not None and args.lora:
-        setups["lora"] = replace(setup, lora_rank=base.get("lora_rank", 8), lora_targets=base.get("lora_targets", "qv"))
+    if setup is not None:
+        lora = replace(setup, lora_rank=base.get("lora_rank", 8), lora_targets=base.get("lora_targets", "qv"))
+        setups |= {
+            name: replace(lora, quantize_base=ADAPTERS[name].get("quantize_base", "none")) for name in adapters[1:]
+        }
     candidates, left_out = [], []
     for strategy, micro, adapter in [(s, m, a) for s in strategies for m in micro_batches for a in adapters]:
         candidate = Candidate(strategy, micro, per_rank // micro, adapter=adapter)

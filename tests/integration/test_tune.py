@@ -169,3 +169,27 @@ def test_candidates_past_their_limit_are_stopped_with_every_process(assets, tmp_
     assert "stopped at its limit of 5 s (--candidate_timeout_s)" in results[0]["error"]
     assert "timed out: stopped at its limit of 5 s" in table_lines(out)["zero2-mb16-acc1"]
     assert processes_marked(marker) == []
+
+
+@pytest.mark.slow
+def test_tune_measures_qlora_candidates(causal_assets, tmp_path, textsql_in_process):
+    """--quantize_base nf4 adds a QLoRA candidate per setting (LoRA on an NF4 base), trained for real on bitsandbytes'
+    CPU backend (the planner's QLoRA prediction needs a GPU's memory: GPU pods only)."""
+    data_dir, model_dir = causal_assets
+    tune_dir, runs = tmp_path / "tune", tmp_path / "runs"
+    argv = ["tune", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--tune_dir", str(tune_dir)]
+    argv += ["--global_batch_size", "8", "--micro_batches", "8", "--strategies", "none", "--warmup_steps", "1"]
+    argv += ["--timed_steps", "2", "--repeat_top", "0", "--quantize_base", "nf4", "--gpu_memory_gb", "40"]
+    argv += ["--", "--max_steps", "2", "--runs_root", str(runs), "--eval_strategy", "no", "--save_strategy", "no"]
+    status, out, err = textsql_in_process(argv)
+    assert status == 0, out + err
+    lines = table_lines(out)
+    assert cell(lines["none-mb8-acc1-qlora-nf4"], 2) == "qlora-nf4" and "none-mb8-acc1" in lines
+    results = [json.loads(line) for line in (tune_dir / "tune_results.jsonl").read_text().splitlines()]
+    qlora = next(r for r in results if r["key"] == "none-mb8-acc1-qlora-nf4")
+    assert qlora["samples_per_second"] > 0 and qlora["adapter"] == "qlora-nf4"
+    (qlora_log,) = (tune_dir / "logs").glob("none-mb8-acc1-qlora-nf4-r0.log")
+    assert "nf4 base (QLoRA)" in qlora_log.read_text()  # the candidate trained as QLoRA, not as plain LoRA
+    assert "textsql tune: --quantize_base must be one of none, nf4, int8" in textsql_in_process(
+        [*argv[: argv.index("--")], "--quantize_base", "nf8"]
+    )[2]
