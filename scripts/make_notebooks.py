@@ -256,8 +256,7 @@ NOTEBOOKS = {
             "per_device_train_batch_size = 16\n"
             'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU); max_examples scored, max_new_tokens each\n'
             "max_examples, max_new_tokens, t5_model, extra_args = 200, 64, None, {}  # t5_model: a T5 run to compare beside\n"
-            'quantize_base = "nf4"  # QLoRA below: "nf4" or "int8"; None skips it\n'
-            "gptq_bits = 4  # GPTQ below: 4 or 8; None skips it (its own environment takes minutes to create, once)",
+            'quantize_base, gptq_bits = "nf4", 4  # QLoRA: "nf4"/"int8"; GPTQ: 4/8 (its environment: minutes, once); None skips',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
@@ -310,14 +309,14 @@ NOTEBOOKS = {
         new_code_cell(
             "gptq = None\n"
             "if gptq_bits:\n"
-            "    gptq = quantize_model(QuantizeArguments(model_dir=str(qlora_merged_dir or merged_dir), method=\"gptq\", bits=gptq_bits,\n"
+            '    gptq = quantize_model(QuantizeArguments(model_dir=str(qlora_merged_dir or merged_dir), method="gptq", bits=gptq_bits,\n'
             "                                            dataset_dir=dataset_dir, max_examples=max_examples, max_new_tokens=max_new_tokens))"
         ),
         new_code_cell(
             "from textsql.serve.compare import CompareArguments, Comparison, format_split_comparison\n\n"
             'models = [f"base={model_id}", f"lora={adapter_dir}", f"merged={merged_dir}", f"{method}={quantized[\'output_dir\']}"]\n'
             'models += [f"qlora={qlora_dir}", f"qlora-merged={qlora_merged_dir}"] if qlora_dir else []\n'
-            'models += [f"gptq-{gptq_bits}bit={gptq[\'output_dir\']}"] if gptq else []\n'
+            "models += [f\"gptq-{gptq_bits}bit={gptq['output_dir']}\"] if gptq else []\n"
             'models += [f"t5={t5_model}"] if t5_model else []  # a T5 run reads the same questions as it was fine-tuned to\n'
             'comparison = Comparison(CompareArguments(models=models, dataset_dir=dataset_dir, split="test", max_new_tokens=max_new_tokens))\n'
             "report = comparison.compare_split(max_examples)\n"

@@ -190,6 +190,7 @@ def test_tune_measures_qlora_candidates(causal_assets, tmp_path, textsql_in_proc
     assert qlora["samples_per_second"] > 0 and qlora["adapter"] == "qlora-nf4"
     (qlora_log,) = (tune_dir / "logs").glob("none-mb8-acc1-qlora-nf4-r0.log")
     assert "nf4 base (QLoRA)" in qlora_log.read_text()  # the candidate trained as QLoRA, not as plain LoRA
-    assert "textsql tune: --quantize_base must be one of none, nf4, int8" in textsql_in_process(
-        [*argv[: argv.index("--")], "--quantize_base", "nf8"]
-    )[2]
+    assert (
+        "textsql tune: --quantize_base must be one of none, nf4, int8"
+        in textsql_in_process([*argv[: argv.index("--")], "--quantize_base", "nf8"])[2]
+    )

@@ -13,9 +13,13 @@ from textsql.train.logs import configure_logging
 
 @pytest.fixture
 def logging_restored():
-    # An earlier test's command may have left warnings captured; pytest resets warnings.showwarning for every test, so
-    # captureWarnings(True) would then do nothing (it patches only once): start from the uncaptured state.
+    # Start from a fresh process's state whatever earlier tests in this process did: warnings not yet routed to logging
+    # (captureWarnings patches only once, and pytest resets warnings.showwarning for every test) and no logger disabled
+    # (a dictConfig elsewhere disables the loggers that exist by then).
     logging.captureWarnings(False)
+    warnings.showwarning = warnings._showwarning_orig
+    for name in {"py.warnings", *(name for name, _ in TERMINAL_NOISE)}:
+        logging.getLogger(name).disabled = False
     yield
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "textsql", False)]:
