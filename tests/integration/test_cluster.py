@@ -290,7 +290,10 @@ def test_two_pods_zero2_full_fine_tuning_local_backend(assets, project, clusters
 
 
 @pytest.mark.slow
-def test_lora_on_two_pods_through_the_cml_standin(assets, project, clusters, monkeypatch):
+def test_lora_on_a_causal_lm_on_two_pods_through_the_cml_standin(causal_assets, project, clusters, monkeypatch):
+    """The causal road across pods: a LoRA adapter on the tiny Qwen2 (all linear layers), two pods of the CML
+    stand-in; the T5 road's two-pod run is the ZeRO-2 test above."""
+    assets = causal_assets
     monkeypatch.setenv("HF_TOKEN", CANARY)
     monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "2")  # the worker pod starts late, well within the timeout
     import cml.workers_v1 as standin
