@@ -2,6 +2,7 @@
 DeepSpeed, with ZeRO-2 and with LoRA, scored by infer; and a two-step training of a tiny model of every causal family."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import real_causal_folder, tiny_train_argv
@@ -130,14 +131,20 @@ def test_every_causal_family_trains_two_steps(model_type, causal_assets, causal_
 def test_an_interrupted_causal_run_resumes_from_its_checkpoint(causal_assets, tmp_path, textsql_in_process):
     """A run whose last checkpoint and summary are gone (as a pod taken back leaves it) resumes from the one before
     and ends with the loss of the uninterrupted run."""
-    import shutil
-
     argv = tiny_train_argv(causal_assets, tmp_path / "runs", **dict(SHORT, max_steps=4, logging_steps=1))
     argv += ["--save_strategy", "steps", "--save_steps", "2", "--save_total_limit", "3"]
+    train_interrupt_and_resume(argv, tmp_path / "runs", textsql_in_process)
+
+
+def train_interrupt_and_resume(argv: list[str], runs_root, textsql_in_process) -> Path:
+    """Train 4 steps saving every 2; take the last checkpoint and the summary away (as a pod taken back leaves the
+    run); train again: it resumes from checkpoint-2 and ends with the uninterrupted run's loss. The run folder."""
+    import shutil
+
     status, out, err = textsql_in_process(["train", *argv])
     assert status == 0, err[-3000:]
     whole = summary_of(out)
-    run = tmp_path / "runs" / whole["run"]
+    run = Path(runs_root) / whole["run"]
     shutil.rmtree(run / "checkpoint-4")
     (run / "run_summary.json").unlink()
     status, out, err = textsql_in_process(["train", *argv])
@@ -145,6 +152,7 @@ def test_an_interrupted_causal_run_resumes_from_its_checkpoint(causal_assets, tm
     resumed = summary_of(out)
     assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 4
     assert resumed["last_logged_loss"] == pytest.approx(whole["last_logged_loss"], rel=1e-4)
+    return run
 
 
 def test_two_ranks_with_zero3_offload_train_a_causal_lm_and_generate_together(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from conftest import tiny_train_argv
-from test_causal_train import SHORT, summary_of
+from test_causal_train import SHORT, summary_of, train_interrupt_and_resume
 
 from textsql.errors import TextsqlError
 
@@ -166,7 +166,6 @@ def test_an_interrupted_qlora_run_resumes_and_its_merges_are_scored_again(causal
     """Resume: the run whose last checkpoint and summary are gone ends as the whole one did. Merge: into the full
     base and onto the NF4-rounded base, each scored against the adapter on its NF4 base, the difference printed and
     recorded; the rounded merge's weights are the dequantized base plus the adapter's update."""
-    import shutil
 
     import torch
 
@@ -174,18 +173,8 @@ def test_an_interrupted_qlora_run_resumes_and_its_merges_are_scored_again(causal
         causal_assets, qlora_run, "--lora", "True", "--quantize_base", "nf4", "--lora_targets", "all",
         **dict(TWO_STEPS, max_steps=4, save_strategy="steps", save_steps=2, save_total_limit=3),
     )  # fmt: skip
-    status, out, err = textsql_in_process(["train", *argv])
-    assert status == 0, err[-3000:]
-    whole = summary_of(out)
-    run = qlora_run / whole["run"]
+    run = train_interrupt_and_resume(argv, qlora_run, textsql_in_process)
     assert run.name.startswith("tiny-qwen2-none-qlora-nf4-r8-")
-    shutil.rmtree(run / "checkpoint-4")
-    (run / "run_summary.json").unlink()
-    status, out, err = textsql_in_process(["train", *argv])
-    assert status == 0, err[-3000:]
-    resumed = summary_of(out)
-    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["global_step"] == 4
-    assert resumed["last_logged_loss"] == pytest.approx(whole["last_logged_loss"], rel=1e-4)
 
     results = {}
     for onto in ("full", "rounded"):
