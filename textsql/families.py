@@ -59,10 +59,11 @@ def _causal(name: str, qv: tuple[str, ...], *model_types: str, **extra) -> Famil
 _LLAMA_LIKE = {"ffn_keys": ("intermediate_size",), "kv_heads_keys": ("num_key_value_heads",), "gated_mlp": True}
 
 
-# Packed batches keep examples apart through the position ids, which restart at each example: transformers 5.23's
-# mask builder (masking_utils.create_causal_mask) turns them into a block-diagonal mask for sdpa and eager attention,
+# Packed batches keep examples apart through the position ids, which restart at each example: transformers' mask
+# builder (masking_utils.create_causal_mask) turns them into a block-diagonal mask for sdpa and eager attention,
 # and flash-attention reads them as the examples' boundaries. These families call it without the position ids
 # (measured: the loss of a packed batch differs from the padded one's, and a packed example's logits from its own).
+# falcon passes them since transformers 5.24 (5.23 did not; hence pyproject's floor), rotary and ALiBi alike.
 MASK_WITHOUT_POSITIONS = (
     "its transformers modeling code builds the attention mask without the position ids, so the examples packed "
     "into one row would attend to the ones before them"
@@ -95,7 +96,6 @@ FAMILIES = (
         ffn_keys=("ffn_hidden_size",),
         kv_heads_keys=("num_kv_heads",),
         rotary=True,
-        packing_refusal=MASK_WITHOUT_POSITIONS,
         quantize_refusal="falcon's linear layers are FalconLinear, a subclass of nn.Linear that transformers' "
         "bitsandbytes swap skips silently (it swaps only layers whose type is exactly nn.Linear): the base would stay "
         "in full precision under a QLoRA name",

@@ -245,9 +245,9 @@ def layer_activation_bytes(w: CausalWidths, tokens: int, sequence: int, e: int, 
     sdpa) the fp32 softmax and the probabilities, heads x sequence each; the feed-forward hidden states (gate, up,
     activation output and their product where gated; the activation's saved tensors and its output otherwise).
 
-    Keys and values: transformers 5.23 passes grouped-query (and multi-query) heads to sdpa as they are only when the
-    batch has no attention mask; a padded batch (textsql pads each batch to its longest) gets them repeated to every
-    query head first (repeat_kv), and sdpa keeps the repeated copies. `padded` False models the unpadded case.
+    Keys and values: transformers 5.23 and 5.24 pass grouped-query (and multi-query) heads to sdpa as they are only
+    when the batch has no attention mask; a padded batch (textsql pads each batch to its longest) gets them repeated to
+    every query head first (repeat_kv), and sdpa keeps the repeated copies. `padded` False models the unpadded case.
     """
     kv = w.attention if padded else w.key_value
     norms = 2 * (4 + e) * w.hidden

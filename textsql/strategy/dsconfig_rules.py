@@ -24,7 +24,7 @@ from textsql.strategy.devices import prepare_deepspeed_import
 
 # The places where the Hugging Face Trainer replaces "auto", copied from
 # transformers/integrations/deepspeed.py (HfTrainerDeepSpeedConfig.trainer_config_process and
-# trainer_config_finalize, transformers 5.23; tests/test_dsconfig.py checks this list against the keys the Trainer
+# trainer_config_finalize, transformers 5.23, unchanged in 5.24; tests/test_dsconfig.py checks this list against the keys the Trainer
 # really touches), each with a placeholder used while validating.
 HF_AUTO_PLACEHOLDERS = {
     "train_micro_batch_size_per_gpu": 1,

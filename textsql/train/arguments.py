@@ -200,7 +200,7 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
             "help": "Causal LMs: put each batch's examples end to end in one row, without padding, the position ids "
             "restarting at each example so that no example attends to another (transformers' "
             "DataCollatorWithFlattening); the loss is the padded batch's. Refused for T5 and for the families whose "
-            "attention cannot keep packed examples apart (opt, bloom, falcon); see docs/causal-lm.md."
+            "attention cannot keep packed examples apart (opt, bloom); see docs/causal-lm.md."
         },
     )
 

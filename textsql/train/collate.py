@@ -52,7 +52,7 @@ class PackedCausalLMCollator:
     at the position ids). Labels as prep wrote them (-100 on the prompt, the SQL and its EOS learned); each example's
     first label is -100, so no example learns to predict the next one's first token (its first label is the prompt's,
     -100 already: the loss counts exactly the tokens the padded batch counts). `use_cache=False` goes with the batch:
-    with a cache the model never looks for packed examples either (transformers 5.23, masking_utils)."""
+    with a cache the model never looks for packed examples either (transformers 5.23 and 5.24, masking_utils)."""
 
     def __call__(self, features: list[dict]) -> dict:
         from transformers import DataCollatorWithFlattening
