@@ -24,8 +24,8 @@ from textsql.strategy.devices import prepare_deepspeed_import
 
 # The places where the Hugging Face Trainer replaces "auto", copied from
 # transformers/integrations/deepspeed.py (HfTrainerDeepSpeedConfig.trainer_config_process and
-# trainer_config_finalize, transformers 5.23, unchanged in 5.24; tests/test_dsconfig.py checks this list against the keys the Trainer
-# really touches), each with a placeholder used while validating.
+# trainer_config_finalize, transformers 5.23, unchanged in 5.24; tests/test_dsconfig.py checks this list against the
+# keys the Trainer really touches), each with a placeholder used while validating.
 HF_AUTO_PLACEHOLDERS = {
     "train_micro_batch_size_per_gpu": 1,
     "gradient_accumulation_steps": 1,
