@@ -5,6 +5,7 @@
 #   bash scripts/bootstrap.sh lab [textsql lab args...]    (JupyterLab on the notebooks, 127.0.0.1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# 2.13.0, not the newest (2.15.0): the only torch of which a CPU build reaches a CPU-only machine here (requirements.txt says why).
 TORCH_VERSION="${TEXTSQL_TORCH_VERSION:-2.13.0}"
 VENV="${TEXTSQL_VENV:-.venv}"
 PY="${PYTHON:-python3}"
