@@ -247,7 +247,9 @@ def test_a_causal_run_s_memory_check_predicts_it(causal_assets, tmp_path, textsq
     assert check["lora_rank"] == 8 and check["quantize_base"] == "none"
     assert check["comparable"] is False and "trained on the CPU" in check["reason"]
     meta = json.loads((causal_assets[0] / METADATA_FILE).read_text())["lengths"]["train"]
-    assert check["lengths"] == [meta["source_percentiles"]["p100"], meta["target_percentiles"]["p100"]]
+    # one sequence: planned at the longest prompt + SQL, not the longest prompt plus the longest SQL
+    assert sum(check["lengths"]) == meta["sequence_percentiles"]["p100"]
+    assert check["lengths"][1] == meta["target_percentiles"]["p100"]
     again = compare_with_run(read_summary(line.split(": ", 1)[1]))  # the check again, from the file alone
     assert again["predicted_gpu_total_bytes"] == check["predicted_gpu_total_bytes"]
 
