@@ -99,12 +99,13 @@ def measure(config, device: str, batch: int, sequence: int, precision: str, lora
     labels = ids.masked_fill(mask == 0, -100)
     weight_shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     weight_shapes |= {shape[::-1] for shape in weight_shapes}
-    seen, saved = set(), {"activations": 0, "vocabulary_wide": 0, "weight_copies": 0}
+    seen = {(p.untyped_storage().data_ptr(), p.untyped_storage().nbytes()) for p in model.parameters()}
+    saved = {"activations": 0, "vocabulary_wide": 0, "weight_copies": 0}
 
     def pack(tensor):
         storage = tensor.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
-        if key not in seen and not isinstance(tensor, torch.nn.Parameter):  # fp32 weights are the model's own
+        if key not in seen:  # the model's own weights (and views of them) add nothing
             seen.add(key)
             if tensor.dim() == 2 and tuple(tensor.shape) in weight_shapes:
                 saved["weight_copies"] += storage.nbytes()  # autocast's 16-bit copy a matmul keeps
