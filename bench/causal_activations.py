@@ -107,7 +107,9 @@ def measure(config, device: str, batch: int, sequence: int, precision: str, lora
         key = (storage.data_ptr(), storage.nbytes())
         if key not in seen:  # the model's own weights (and views of them) add nothing
             seen.add(key)
-            if tensor.dim() == 2 and tuple(tensor.shape) in weight_shapes:
+            # a 2-D activation is tokens x width (a Conv1D's input, the flat logits): its first size is batch x
+            # sequence, which --sequence keeps off every weight's sizes
+            if tensor.dim() == 2 and tuple(tensor.shape) in weight_shapes and tensor.shape[0] != ids.numel():
                 saved["weight_copies"] += storage.nbytes()  # autocast's 16-bit copy a matmul keeps
             elif tensor.shape[-1:] == (config.vocab_size,):
                 saved["vocabulary_wide"] += storage.nbytes()  # the loss's log-softmax and the logits
@@ -126,7 +128,7 @@ def measure(config, device: str, batch: int, sequence: int, precision: str, lora
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
     after_forward = torch.cuda.memory_allocated() - before if on_gpu else None
     loss.backward()
-    result = {"saved_bytes": saved, "loss": round(float(loss), 4)}
+    result = {"saved_bytes": saved, "loss": round(loss.item(), 4)}
     if on_gpu:
         torch.cuda.synchronize()
         result |= {"step_peak_bytes": torch.cuda.max_memory_allocated() - before, "after_forward_bytes": after_forward}
@@ -142,7 +144,13 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help="built-in causal configs, comma-separated")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers kept of each config")
     parser.add_argument("--batches", default="4,16", help="batch sizes, comma-separated")
-    parser.add_argument("--sequence", type=int, default=192, help="tokens per row (prompt + SQL)")
+    parser.add_argument(
+        "--sequence",
+        type=int,
+        default=200,
+        help="tokens per row (prompt + SQL); 200 keeps batch x sequence off every built-in shape's widths (192 x 16 = "
+        "GPT-2's 3,072-wide feed-forward layer, whose weights a census by shape then cannot tell from activations)",
+    )
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--lora_rank", type=int, default=8, help="the LoRA rows' rank (0: full fine-tuning only)")
     parser.add_argument("--device", default="cuda")

@@ -105,8 +105,9 @@ def test_grouped_query_attention_shrinks_the_key_value_cache_not_the_padded_step
 def test_logits_term_covers_prompt_and_sql_over_bloom_s_vocabulary():
     bloom = memory.resolve_model("bigscience/bloom-1b1")
     bf16 = causal.activation_bytes(bloom.causal, 8, 256, "bf16", False, bloom.eager_attention)
-    assert bf16["loss_peak"] == 8 * 256 * 250_880 * (12 + 2)  # fp32 log-softmax, its gradient, the logits' (+ bf16)
-    assert bf16["loss_peak"] / memory.GIB > 6.5
+    # fp32 log-softmax, its gradient, the logits' fp32 gradient (the bf16 gradient comes after the first two are freed)
+    assert bf16["loss_peak"] == 8 * 256 * 250_880 * 12
+    assert bf16["loss_peak"] / memory.GIB > 5.7
     fp32 = causal.activation_bytes(bloom.causal, 8, 256, "fp32", True, bloom.eager_attention)
     assert fp32["loss_peak"] == 8 * 256 * 250_880 * 12
     # a causal LM reads prompt + SQL as one sequence: 200 + 56 tokens is the 256 above
@@ -263,3 +264,23 @@ def test_setup_with_quantized_base_costs_less_than_the_bf16_base():
     assert rows["nf4"]["gpu_bytes"]["parameters"] < rows["int8"]["gpu_bytes"]["parameters"]
     assert rows["int8"]["gpu_bytes"]["parameters"] < rows["none"]["gpu_bytes"]["parameters"]
     assert rows["nf4"]["weight_copies_detail"]["dequantized"] == 2 * 2048 * 8192
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_what_a_llama_like_step_saves_is_what_the_planner_counts_under_autocast_full_and_lora(model_type, tmp_path):
+    """The census of bench/causal_activations.py (every tensor autograd saves, once per storage) on the CPU, bf16
+    autocast, a padded batch: the planner's layers + stack ends within 10% for full fine-tuning and LoRA. Before the
+    H200 calibration the count was 17% short for full fine-tuning and 37% over for LoRA (frozen matmuls keep no input)."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO))
+    from bench.causal_activations import measure, planned
+
+    config = tiny_config(model_type, hidden=128, num_hidden_layers=3, vocab_size=96)
+    config.save_pretrained(tmp_path)
+    for lora_rank in (0, 8):
+        got = measure(config, "cpu", 4, 40, "bf16", lora_rank)["saved_bytes"]["activations"]
+        plan = planned(tmp_path, 4, 40, "bf16", lora_rank)["saved_activations"]
+        assert 0.9 < got / plan < 1.1, (lora_rank, got, plan)
