@@ -279,7 +279,7 @@ class PlanArguments:
         default="none",
         metadata={
             "help": "With --lora True, also plan QLoRA: the frozen base quantized by bitsandbytes, nf4 or int8 (as "
-            "textsql train --quantize_base), for causal LMs; recommended where neither full fine-tuning nor LoRA on "
+            "textsql train --quantize_base), for causal LMs and T5; recommended where neither full fine-tuning nor LoRA on "
             "a bf16/fp32 base fits."
         },
     )
@@ -1482,11 +1482,6 @@ def plan_memory(args: PlanArguments) -> dict:
     if args.lora:
         _add_lora(plan, shape, setup, args, limits)
     if args.lora and args.quantize_base != "none":
-        if not shape.causal:
-            raise TextsqlError(
-                f"--quantize_base {args.quantize_base} plans QLoRA, which textsql trains on causal LMs; {shape.name} "
-                "is a T5 model. Drop --quantize_base to plan LoRA on its bf16/fp32 base."
-            )
         _add_lora(plan, shape, setup, args, limits, quantize=args.quantize_base)
     if shape.causal:
         plan["assumptions"] = plan["assumptions"] + CAUSAL_ASSUMPTIONS
