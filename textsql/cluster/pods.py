@@ -179,7 +179,7 @@ def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: l
             start_new_session=True,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
-    return Pod(address, process=process, worker_id=f"local-{address}")
+    return Pod(address, process=process)
 
 
 def stop_local_pods(processes: list[subprocess.Popen]) -> None:
@@ -237,9 +237,9 @@ class Cluster:
 
     `backend`: "cml" (worker pods through CML's `cml.workers_v1`: `launch_workers(code=..., env=...)`; the session is
     $CDSW_IP_ADDRESS, a worker's address is known from `list_workers` once it runs) or "local" (worker pods as local
-    processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of
-    the cores). `min_workers`: elastic (`torchrun --nnodes MIN:MAX`): the launch starts once 1 + min_workers pods joined, and a
-    worker that never starts is then no failure. `max_restarts`: torchrun restarts every pod's ranks this many times
+    processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of the
+    cores). `min_workers`: elastic (`torchrun --nnodes MIN:MAX`): the launch starts once 1 + min_workers pods joined,
+    and a worker that never joins is no failure. `max_restarts`: torchrun restarts every pod's ranks this many times
     after a failure (0: the launch ends).
     """
 
