@@ -107,11 +107,13 @@ def train(spec: dict) -> dict:
     from textsql.train.arguments import arguments_from_dict
     from textsql.train.distributed import end_distributed
 
-    seen: dict = {"logged_losses": []}
+    seen: dict = {"logged_losses": [], "train_loss": None, "eval_loss": None}
 
     class RankRecorder(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            seen["logged_losses"] += [logs["loss"]] if logs and "loss" in logs else []
+            logs = logs or {}
+            seen["logged_losses"] += [logs["loss"]] if "loss" in logs else []
+            seen.update({k: logs[k] for k in ("train_loss", "eval_loss") if k in logs})
             seen.update(global_step=state.global_step, world_size=args.world_size)
 
     trainer.DEFAULT_CALLBACKS.append(RankRecorder)  # every Trainer built in this process gets it
