@@ -160,6 +160,11 @@ class HostSelection:
     )
 
     def __post_init__(self):
+        if self.include and self.exclude:
+            raise HostfileError(
+                "--include and --exclude cannot both be given (DeepSpeed's launcher refuses it too): name the hosts "
+                "to use with --include, or the ones to leave out with --exclude."
+            )
         if self.num_nodes == 0 or self.num_nodes < -1:
             raise HostfileError(f"--num_nodes must be at least 1 (or -1: every host), not {self.num_nodes}.")
         if self.num_nodes != -1 and (self.include or self.exclude):
