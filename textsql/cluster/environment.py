@@ -30,23 +30,17 @@ SYSTEM_PREFIXES = ("LC_",)
 
 def forwarded(environ=os.environ) -> dict[str, str]:
     """The allowlisted, non-secret variables of `environ`: what the user set for the ranks."""
-    return {
-        name: value
-        for name, value in environ.items()
-        if (name in FORWARDED or name.startswith(FORWARDED_PREFIXES)) and not is_secret(name, value)
-    }
+    return _allowed(environ, FORWARDED, FORWARDED_PREFIXES)
 
 
 def system(environ=os.environ) -> dict[str, str]:
     """A node's own basics (PATH with this Python's folder first, HOME, locale, ...), without secrets."""
-    env = {
-        name: value
-        for name, value in environ.items()
-        if (name in SYSTEM or name.startswith(SYSTEM_PREFIXES)) and not is_secret(name, value)
-    }
     path = [str(Path(sys.executable).parent), *environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)]
-    env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path if p))
-    return env
+    return dict(_allowed(environ, SYSTEM, SYSTEM_PREFIXES), PATH=os.pathsep.join(dict.fromkeys(p for p in path if p)))
+
+
+def _allowed(environ, names: frozenset, prefixes: tuple) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if (k in names or k.startswith(prefixes)) and not is_secret(k, v)}
 
 
 def node_local_extensions_dir() -> str:

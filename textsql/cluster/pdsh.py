@@ -235,11 +235,8 @@ def launch_training(
 def _signal_launch(hosts: list[Host], ssh_config: Path | None, launch_id: str, command: str) -> list[int]:
     pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        return list(
-            pool.map(
-                lambda h: run_ssh(h.address, f"{command} -f -- {pattern}", ssh_config, timeout=20).returncode, hosts
-            )
-        )
+        done = pool.map(lambda h: run_ssh(h.address, f"{command} -f -- {pattern}", ssh_config, timeout=20), hosts)
+        return [d.returncode for d in done]
 
 
 def _stop(process: subprocess.Popen, hosts: list[Host], ssh_config: Path | None, launch_id: str) -> None:

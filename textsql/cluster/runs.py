@@ -162,15 +162,11 @@ class ResumePlan:
     set_aside: dict[str, list[str]] = field(default_factory=dict)  # checkpoint -> why it cannot be resumed from
 
     def sentence(self) -> str:
-        why = "; ".join(
-            f"{name} is incomplete: {', '.join(reasons[:3])}"
-            for name, reasons in sorted(self.set_aside.items(), key=lambda i: checkpoint_step(i[0]), reverse=True)
-        )
+        by_step = sorted(self.set_aside.items(), key=lambda item: checkpoint_step(item[0]), reverse=True)
+        why = "".join(f"; {name} is incomplete: {', '.join(reasons[:3])}" for name, reasons in by_step)
         if self.checkpoint is None:
-            return "starts from step 0 (no checkpoint is complete on every node" + (f"; {why})" if why else ")")
-        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node" + (
-            f"; {why})" if why else ")"
-        )
+            return f"starts from step 0 (no checkpoint is complete on every node{why})"
+        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node{why})"
 
 
 def recorded_world_size(run_dir: Path) -> int | None:
