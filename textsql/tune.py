@@ -514,7 +514,7 @@ def cluster_trainer(cluster):
         shown = cluster.echo
         cluster.echo = lambda line: (echo(line), shown(line))
         try:
-            return cluster.train(*arguments, stop_on_failure=False, timeout_s=timeout_s)["summary"]
+            return cluster.train(*arguments, timeout_s=timeout_s)["summary"]
         finally:
             cluster.echo = shown
 
