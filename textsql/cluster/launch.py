@@ -82,7 +82,7 @@ class LaunchPlan:
     launch_dir: Path
     run_dir: Path
     workdir: Path
-    world_size: int
+    ranks: list[int]  # each pod's, the session's first: decided here once, each pod started with its own
     accelerator: str
     precision: object  # textsql.strategy.devices.PrecisionChoice
     resume: object  # textsql.cluster.runs.ResumePlan
@@ -90,6 +90,10 @@ class LaunchPlan:
     arguments: dict  # textsql.train.arguments_dict: what every rank trains with, exactly
     expect: dict  # what every rank checks itself against (versions, folders, file digests, the shared-folder marker)
     env: dict[str, str] = field(default_factory=dict)  # the allowlisted variables of the session, for every rank
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.ranks)
 
     def spec(self, **extra) -> dict:
         return dict(
@@ -142,7 +146,8 @@ def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, l
         dsconfig = absolute_in(workdir, str(resolve_dsconfig_path(name)))
     try:
         accelerator = "cpu" if training.accelerator == "cpu" else choose_accelerator(training.accelerator, devices)
-        world = ranks_per_node(ranks[0], devices if accelerator == "cuda" else NodeDevices()) + sum(ranks[1:])
+        ranks = [ranks_per_node(ranks[0], devices if accelerator == "cuda" else NodeDevices()), *ranks[1:]]
+        world = sum(ranks)
         precision = resolve_precision(
             precision_from_trainer_flags(training.precision, training.bf16, training.fp16),
             model.model_id,
@@ -183,7 +188,7 @@ def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, l
         Path(log_root).absolute() / launch_id,
         run_dir,
         workdir,
-        world,
+        ranks,
         accelerator,
         precision,
         resume,

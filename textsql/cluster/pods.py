@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.cluster.launch import decode, encode, read_records, write_record
-from textsql.cluster.rank import LAUNCH_ENV, POD_ENV, set_parent_death_signal
+from textsql.cluster.rank import LAUNCH_ENV, POD_ENV
 from textsql.errors import TextsqlError
 
-RANKS_ENV, LOCAL_POD_ENV = "TEXTSQL_POD_RANKS", "TEXTSQL_LOCAL_POD"
+RANKS_ENV = "TEXTSQL_POD_RANKS"
 POD_CODE = "import sys\nfrom textsql.cluster.pods import pod_main\nsys.exit(pod_main())\n"
 SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
@@ -50,28 +50,20 @@ def _narrow_store_server() -> None:
     dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = create
 
 
-def _heartbeat(endpoint: str, address: str, every: float, silence: float) -> None:
-    """Tell the session this pod is alive; when the session's store is gone for `silence` seconds (the session or
-    its kernel died), stop this pod (SIGTERM: torchrun stops its ranks)."""
+def _heartbeat(endpoint: str, address: str, every: float) -> None:
+    """Tell the session this pod is alive (a counter in its store), so that a frozen or cut-off pod is named once the
+    counter stops. A store that is gone ends only this thread: torchrun's agent stops its ranks itself when it loses
+    the rendezvous store (the session that hosts it died)."""
     import datetime
 
     import torch.distributed as dist
 
     host, port = endpoint.rsplit(":", 1)
-    store, last_ok = None, time.monotonic()
-    while True:
-        try:
-            if store is None:
-                store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 2))
+    with contextlib.suppress(Exception):  # the store gone or unreachable: the session names the silence
+        store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 4))
+        while True:
             store.add(f"textsql/alive/{address}", 1)
-            last_ok = time.monotonic()
-        except Exception:  # the store is gone or unreachable: retried until `silence`
-            store = None
-            if time.monotonic() - last_ok > silence:
-                print(f"textsql pod {address}: the session's store is gone; stopping", flush=True)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-        time.sleep(every)
+            time.sleep(every)
 
 
 def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, str]:
@@ -118,8 +110,6 @@ def pod_main() -> int:
     out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    if os.environ.get(LOCAL_POD_ENV):
-        set_parent_death_signal(signal.SIGTERM)  # a local pod ends with the session that started it
     try:
         env = pod_environment(spec, address)
     except TextsqlError as error:
@@ -129,8 +119,7 @@ def pod_main() -> int:
     os.environ.clear()
     os.environ.update(env)
     _narrow_store_server()
-    beat = spec["silence"] / 4
-    threading.Thread(target=_heartbeat, args=(spec["store"], address, beat, spec["silence"]), daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(spec["store"], address, spec["silence"] / 4), daemon=True).start()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -168,7 +157,7 @@ def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: l
     from textsql.cluster.environment import is_secret
     from textsql.sharedfiles import open_unlinked
 
-    env = {**{k: v for k, v in os.environ.items() if not is_secret(k, v)}, **env, POD_ENV: address, LOCAL_POD_ENV: "1"}
+    env = {**{k: v for k, v in os.environ.items() if not is_secret(k, v)}, **env, POD_ENV: address}
     with open_unlinked(launch_dir / f"pod-{address}.log", "a", binary=True) as out:
         process = subprocess.Popen(
             [sys.executable, "-c", POD_CODE],
@@ -310,10 +299,6 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _ranks(self) -> list[int | None]:
-        """The ranks each pod asks for: the session's (None: one per GPU), then one per worker GPU (one on a CPU)."""
-        return [self.session_slots] + [max(1, self.nvidia_gpu)] * self.workers
-
     def plan(self, *arguments):
         """Decide and prepare this training (textsql.cluster.launch.plan_launch) without starting it. `arguments`:
         textsql.train's three dataclasses, or one command line (a list)."""
@@ -326,7 +311,7 @@ class Cluster:
             arguments = arguments[0]
         return plan_launch(
             arguments,
-            ranks=self._ranks(),
+            ranks=[self.session_slots] + [max(1, self.nvidia_gpu)] * self.workers,  # a worker's GPUs (1 on a CPU)
             devices=local_devices(),
             workdir=Path.cwd(),
             log_root=self.dir / "launches",
@@ -371,20 +356,11 @@ class Cluster:
             return finish(plan, lost, command)
 
     def _start_pods(self, plan, spec: dict) -> None:
-        from textsql.strategy.devices import (
-            NodeDevices,
-            local_devices,
-            ranks_per_node,
-            split_local_cores,
-            split_local_gpus,
-        )
+        from textsql.strategy.devices import local_devices, split_local_cores, split_local_gpus
 
-        here = local_devices()
-        ranks = [ranks_per_node(self.session_slots, here if plan.accelerator == "cuda" else NodeDevices())]
-        ranks += self._ranks()[1:]
         if self.cml is None:  # pods on this machine: each its own GPUs and its share of the cores
-            gpus = split_local_gpus(ranks, here, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(ranks))
+            gpus = split_local_gpus(plan.ranks, local_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+            cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(plan.ranks))
         else:  # the session's pod keeps what it has; each worker pod has its own devices
             gpus, cores = [None], [None]
         env = {LAUNCH_ENV: encode(spec)}
@@ -393,7 +369,7 @@ class Cluster:
             local = [self.session] + ([f"127.0.0.{2 + n}" for n in range(self.workers)] if self.cml is None else [])
             self.pods = []
             for i, address in enumerate(local):
-                pod_env = {**env, RANKS_ENV: str(ranks[i])}
+                pod_env = {**env, RANKS_ENV: str(plan.ranks[i])}
                 if gpus[i] is not None:
                     pod_env["CUDA_VISIBLE_DEVICES"] = gpus[i]
                 self.pods.append(start_local_pod(address, pod_env, plan.launch_dir, cores[i]))
@@ -404,7 +380,7 @@ class Cluster:
                     memory=self.memory,
                     nvidia_gpu=self.nvidia_gpu,
                     code=POD_CODE,
-                    env={**env, RANKS_ENV: str(ranks[1])},
+                    env={**env, RANKS_ENV: str(plan.ranks[1])},
                 )
                 self.pods += [Pod("?", worker_id=w["id"]) for w in launched]
 

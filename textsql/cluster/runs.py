@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.checkpoints import TRAINER_STATE, checkpoint_step, list_checkpoints
+from textsql.checkpoints import TRAINER_STATE, checkpoint_step, list_checkpoints, newest_whole_checkpoint
 from textsql.errors import TextsqlError
 from textsql.paths import LAUNCH_RECORD_FILE as RECORD
 from textsql.sharedfiles import open_unlinked, read_unlinked
@@ -223,14 +223,10 @@ def choose_checkpoint(
             f"has world size {world_size}. DeepSpeed cannot load a checkpoint into another number of ranks. Launch "
             f"again with {saved} rank(s) to resume it, or choose another --output_dir / --runs_root to start a new run."
         )
-    plan = ResumePlan(None)
-    for name in names:
-        reasons = missing_parts(listing[name], checkpoint_step(name), world_size, zero_stage)
-        if not reasons:
-            plan.checkpoint = name
-            return plan
-        plan.set_aside[name] = reasons
-    return plan
+    newest, set_aside = newest_whole_checkpoint(
+        run_dir, lambda name, files: missing_parts(files, checkpoint_step(name), world_size, zero_stage), listing
+    )
+    return ResumePlan(newest.name if newest else None, set_aside)
 
 
 def resume_plan(run_dir: Path, world_size: int, zero_stage: int | None) -> ResumePlan:
