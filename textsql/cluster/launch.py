@@ -222,16 +222,6 @@ def prepare(plan: LaunchPlan) -> None:
     plan.expect["files"][str(marker)] = digest(marker)
 
 
-def resume_sentence(plan: LaunchPlan) -> str:
-    """What the next launch will do, from the run folder's checkpoints as they are now (after the stop)."""
-    from textsql.cluster.runs import resume_plan
-
-    try:
-        return resume_plan(plan.run_dir, plan.world_size, plan.zero_stage).sentence()
-    except TextsqlError as error:
-        return f"cannot tell which checkpoint it resumes from: {error}"
-
-
 def write_record(launch_dir, name: str, record: dict) -> None:
     from textsql.sharedfiles import replace_file
 
@@ -288,11 +278,15 @@ def failure_message(failures: list[dict], lost: dict[str, str], launch_dir: Path
 def finish(plan: LaunchPlan, lost: dict[str, str], command: list[str]) -> dict:
     """Once every process of the launch is stopped: raises LaunchFailed naming the rank or pod that failed first, with
     what the next launch resumes from; else the run's summary, each rank's own summary, where the logs are."""
+    from textsql.cluster.runs import resume_plan
     from textsql.run_summary import read_summary
 
     failures = read_records(plan.launch_dir, "failure")
     if failures or lost:
-        resume = resume_sentence(plan)
+        try:  # what the next launch will do, from the run folder's checkpoints as they are now (after the stop)
+            resume = resume_plan(plan.run_dir, plan.world_size, plan.zero_stage).sentence()
+        except TextsqlError as error:
+            resume = f"cannot tell which checkpoint it resumes from: {error}"
         raise LaunchFailed(failure_message(failures, lost, plan.launch_dir, resume), failures, plan.launch_dir, resume)
     ranks = sorted(read_records(plan.launch_dir, "summary"), key=lambda r: r["rank"])
     if not ranks or ranks[0]["rank"] != 0 or not ranks[0].get("run_summary"):

@@ -75,22 +75,25 @@ def explain_ssh_failure(host: str, stderr: str) -> str:
     return f"ssh to {host} failed: {last}"
 
 
+def on_every_host(hosts: list[Host], command: str, ssh_config: Path | None, timeout: float):
+    """`command` over ssh on every host at once; each host's CompletedProcess, in order."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        return list(pool.map(lambda h: run_ssh(h.address, command, ssh_config, timeout=timeout), hosts))
+
+
 def check_hosts(hosts: list[Host], ssh_config: Path | None, workdir: Path) -> None:
     """Reach every host over ssh (host keys checked) and run this Python in the working folder there; raises
     PreflightError naming each host that fails."""
     command = f"cd {shlex.quote(str(workdir))} && {shlex.quote(sys.executable)} -c pass"
-
-    def one(host: Host) -> str | None:
-        done = run_ssh(host.address, command, ssh_config, timeout=60)
-        if done.returncode == 0:
-            return None
+    problems = []
+    for host, done in zip(hosts, on_every_host(hosts, command, ssh_config, timeout=60)):
         if done.returncode == 255:
-            return explain_ssh_failure(host.address, done.stderr)
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"{sys.executable} does not run in {workdir} there (exit status {done.returncode}): {tail}"
-
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        problems = [f"{h.address}: {p}" for h, p in zip(hosts, pool.map(one, hosts)) if p]
+            problems.append(f"{host.address}: {explain_ssh_failure(host.address, done.stderr)}")
+        elif done.returncode:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            problems.append(
+                f"{host.address}: {sys.executable} does not run in {workdir} there (exit status {done.returncode}): {tail}"
+            )
     if problems:
         raise PreflightError(f"ssh failed on {len(problems)} host(s):\n" + "\n".join(f"  {p}" for p in problems))
 
@@ -232,22 +235,20 @@ def launch_training(
         return finish(plan, lost, command)
 
 
-def _signal_launch(hosts: list[Host], ssh_config: Path | None, launch_id: str, command: str) -> list[int]:
-    pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        done = pool.map(lambda h: run_ssh(h.address, f"{command} -f -- {pattern}", ssh_config, timeout=20), hosts)
-        return [d.returncode for d in done]
-
-
 def _stop(process: subprocess.Popen, hosts: list[Host], ssh_config: Path | None, launch_id: str) -> None:
     """TERM this launch's processes on every node (they carry the launch id), KILL what is left, then end the local
     runner, pdsh and ssh clients — with SIGKILL: the runner's SIGTERM handler would `pkill -f deepspeed.launcher.launch`
     on every node, other launches included."""
-    _signal_launch(hosts, ssh_config, launch_id, "pkill -TERM")
+    pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
+
+    def everywhere(command: str) -> list[int]:
+        return [done.returncode for done in on_every_host(hosts, f"{command} -f -- {pattern}", ssh_config, timeout=20)]
+
+    everywhere("pkill -TERM")
     deadline = time.monotonic() + 15
-    while 0 in _signal_launch(hosts, ssh_config, launch_id, "pgrep") and time.monotonic() < deadline:
+    while 0 in everywhere("pgrep") and time.monotonic() < deadline:
         time.sleep(1)
-    _signal_launch(hosts, ssh_config, launch_id, "pkill -KILL")
+    everywhere("pkill -KILL")
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
     with contextlib.suppress(ProcessLookupError):

@@ -149,6 +149,8 @@ class Pod:
     worker_id: str | None = None
     ended: str | None = None  # how it ended, once it has
     joined: bool = False  # a local process, or a heartbeat seen: an elastic launch may go on without the others
+    beat: tuple[int, float] = (0, 0.0)  # its heartbeat counter as last seen, and when that changed
+    tail: deque = field(default_factory=lambda: deque(maxlen=6))  # its last lines of output
 
 
 def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: list[int] | None = None) -> Pod:
@@ -400,8 +402,7 @@ class Cluster:
         from textsql.cluster.launch import new_lines
         from textsql.sharedfiles import open_unlinked
 
-        began, offsets, beats, lost, failing_since = time.monotonic(), {}, {}, {}, None
-        tails: dict[str, deque[str]] = {}
+        began, offsets, lost, failing_since = time.monotonic(), {}, {}, None
         recent: deque[str] = deque(maxlen=6)
         elastic = self.min_workers is not None
         with open_unlinked(plan.launch_dir / "launch.log", "a", buffering=1) as launch_log:
@@ -413,21 +414,18 @@ class Cluster:
                         pod.ended = "ok" if pod.process.returncode == 0 else _how(pod.process.returncode)
                     elif pod.ended is None and status in ("failed", "stopped", "succeeded", "timedout", "missing"):
                         pod.ended = "ok" if status == "succeeded" else f"its worker {pod.worker_id} is {status}"
-                    tail = tails.setdefault(pod.address, deque(maxlen=6))
                     for line in new_lines(plan.launch_dir / f"pod-{pod.address}.log", offsets):
                         shown = f"{pod.address}: {line}"
                         launch_log.write(shown + "\n")
-                        tail.append(line)
+                        pod.tail.append(line)
                         recent.append(shown)
                         self.echo(shown)
                     beat = int(store.add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
                     pod.joined = pod.joined or bool(beat) or pod.process is not None
-                    if pod.address not in beats or beat != beats[pod.address][0]:
-                        beats[pod.address] = (beat, now)
-                    elif pod.ended is None and beat and now - beats[pod.address][1] > self.silence_seconds:
-                        silent = (
-                            f"{now - beats[pod.address][1]:.0f} s (no heartbeat: frozen, or cut off from the network)"
-                        )
+                    if beat != pod.beat[0]:
+                        pod.beat = (beat, now)
+                    elif pod.ended is None and beat and now - pod.beat[1] > self.silence_seconds:
+                        silent = f"{now - pod.beat[1]:.0f} s (no heartbeat: frozen, or cut off from the network)"
                         lost.setdefault(pod.address, f"it went silent for {silent}")
                     if pod.ended is None and not pod.joined and now - began > self.start_timeout and not elastic:
                         lost.setdefault(
@@ -439,7 +437,7 @@ class Cluster:
                         if not any(
                             r.get("node_address") == pod.address for r in read_records(plan.launch_dir, "failure")
                         ):
-                            lost.setdefault(pod.address, f"it {pod.ended}" + "".join(f"\n  | {t}" for t in tail))
+                            lost.setdefault(pod.address, f"it {pod.ended}" + "".join(f"\n  | {t}" for t in pod.tail))
                 if all(p.ended == "ok" for p in self.pods if p.joined or not elastic):
                     return lost
                 if failing_since is None and (lost or read_records(plan.launch_dir, "failure")):

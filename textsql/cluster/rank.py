@@ -7,6 +7,8 @@ failed, when, its last lines) into the shared launch folder, so that the session
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -19,16 +21,6 @@ from textsql.errors import TextsqlError
 
 LAUNCH_ENV, POD_ENV = "TEXTSQL_LAUNCH", "TEXTSQL_POD_ADDRESS"
 SPEC_FLAG = "--textsql_spec="
-
-
-def set_parent_death_signal(sig) -> bool:
-    """Linux: `sig` reaches this process when its parent ends (prctl PR_SET_PDEATHSIG); False where unavailable."""
-    try:
-        import ctypes
-
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig)) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def check_pod(spec: dict, where: str) -> None:
@@ -66,7 +58,8 @@ def check_pod(spec: dict, where: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    set_parent_death_signal(signal.SIGKILL)  # dies with its torchrun (or DeepSpeed's node launcher)
+    with contextlib.suppress(OSError, AttributeError):  # Linux: dies with its torchrun (or DeepSpeed's node launcher)
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     words = [a.removeprefix(SPEC_FLAG) for a in (sys.argv[1:] if argv is None else argv) if a.startswith(SPEC_FLAG)]
     if not (words or os.environ.get(LAUNCH_ENV)):
         raise SystemExit(f"textsql.cluster.rank: no {SPEC_FLAG}... argument and no ${LAUNCH_ENV}: a launch sets one")
