@@ -1,7 +1,7 @@
 """A tiny causal LM against the tiny T5 on the same data, and padded against packed batches for the causal LM, in one
 run on this machine.
 
-    python bench/causal_vs_t5.py --output causal_vs_t5.json     # about 10 minutes on 2 CPU cores
+    python bench/causal_vs_t5.py --output causal_vs_t5.json     # 10-16 minutes on 2 CPU cores
     python bench/causal_vs_t5.py --runs t5 causal-padded          # the two families only
 
 Generated WikiSQL-format data (question+header prompts, textsql.wikisql.synthetic) is prepared twice: for a tiny T5

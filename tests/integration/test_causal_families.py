@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import IN_PROCESS_ENV, child_cpu_env, main_in_process, tiny_train_argv
-from test_causal_train import summary_of, train_interrupt_and_resume
+from test_causal_train import SHORT, summary_of, train_interrupt_and_resume
 
 from textsql.families import family_named
 from textsql.tiny import CAUSAL_CONFIG_NAMES
@@ -37,15 +37,12 @@ DECODER_LAYERS = {
 # Random batches of 8 (family_ranks.py's ZeRO-3 runs take 4 per rank on two ranks: the same batches), a loss logged at
 # every step, a short final evaluation.
 FAMILY_RUN = dict(
+    SHORT,
     max_steps=4,
     per_device_train_batch_size=8,
-    learning_rate="3e-3",
     logging_steps=1,
-    eval_strategy="no",
     max_eval_samples=8,
-    save_strategy="no",
     train_sampling_strategy="random",
-    dataloader_num_workers=0,
 )
 
 
