@@ -62,7 +62,7 @@ def rank_process(rank: int):
 
 
 def pod_root(cluster, address: str) -> int:
-    return cluster.backend.processes[f"local-{address}"].pid
+    return next(p.process.pid for p in cluster.pods if p.address == address)
 
 
 def store_host(cluster) -> int:

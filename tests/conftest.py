@@ -95,6 +95,16 @@ def restored_environ():
     os.environ.update(saved)
 
 
+# What a textsql command run in this process sees (textsql_in_process, main_in_process): CPU-only and offline.
+IN_PROCESS_ENV = {
+    "DS_ACCELERATOR": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TENSORBOARD_LOGGING_DIR": "",
+    "OMP_NUM_THREADS": "2",
+}
+
+
 @pytest.fixture
 def textsql_in_process(restored_environ, monkeypatch, capsys):
     """`textsql ARGV` in this process (no interpreter start-up: cheap), CPU-only and offline: returns (exit status,
@@ -103,13 +113,7 @@ def textsql_in_process(restored_environ, monkeypatch, capsys):
 
     from textsql.cli import main
 
-    for name, value in {
-        "DS_ACCELERATOR": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "TENSORBOARD_LOGGING_DIR": "",
-        "OMP_NUM_THREADS": "2",
-    }.items():
+    for name, value in IN_PROCESS_ENV.items():
         monkeypatch.setenv(name, value)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # a single process, not a rank
         monkeypatch.delenv(name, raising=False)
@@ -346,6 +350,30 @@ def causal_assets(tmp_path_factory):
         )
     )
     return data_dir, model_dir
+
+
+@pytest.fixture(scope="session")
+def causal_family_models(causal_assets, tmp_path_factory) -> Path:
+    """A folder holding a tiny random model of every causal family (FAMILY/: hidden size 64, as bitsandbytes' CPU 4-bit
+    kernels need, two decoder layers, no dropout) and a tiny T5 (t5/), each with the tiny Qwen2's tokenizer, so that the
+    data prepared for `causal_assets` serves them all. Without dropout (GPT-2's and StarCoder's configs default to 0.1)
+    a loss depends on the weights and the batch alone: runs on one process and on two ranks, which draw other random
+    numbers, compare."""
+    from textsql.hub import load_tokenizer
+    from textsql.tiny import CAUSAL_CONFIG_NAMES, build_tiny_causal, build_tiny_t5
+
+    tokenizer = load_tokenizer(str(causal_assets[1]))
+    root = tmp_path_factory.mktemp("causal-families")
+    for model_type in CAUSAL_CONFIG_NAMES:
+        folder = root / model_type
+        tokenizer.save_pretrained(folder)
+        model = build_tiny_causal(tokenizer, model_type, hidden_size=64, num_layers=2, num_heads=4, seed=1)
+        for key, value in model.config.to_dict().items():
+            if isinstance(value, float) and ("dropout" in key or "pdrop" in key):
+                setattr(model.config, key, 0.0)
+        model.save_pretrained(folder)
+    build_tiny_t5(tokenizer, d_model=64, num_layers=1, seed=1).save_pretrained(root / "t5")
+    return root
 
 
 def real_causal_folder(real_files: Path, name: str, folder: Path) -> Path:

@@ -225,18 +225,22 @@ def checkpoint_step(name: str) -> int:
     return int(CHECKPOINT.match(name)[1])
 
 
-def newest_whole_checkpoint(run_dir) -> tuple[Path | None, dict[str, list[str]]]:
-    """The newest checkpoint-N of `run_dir` that its save finished (trainer_state.json there, every file whole), and
-    each newer one set aside -> why. A process killed while saving (out of memory, a pod taken back) leaves a folder
-    the Trainer would try to resume from and fail; this is the one place a single-node run decides where it resumes
-    (a multi-node launch also checks every rank's shards: textsql.cluster.runs.choose_checkpoint)."""
-    listing = list_checkpoints(run_dir)
+def save_problems(name: str, files: dict[str, bool]) -> list[str]:
+    """Why the save of checkpoint `name` (its files: name -> whole) did not finish (empty: it did)."""
+    problems = [] if TRAINER_STATE in files else [f"{TRAINER_STATE} is missing (the save did not finish)"]
+    return problems + [f"{file} is cut short" for file, whole in files.items() if not whole]
+
+
+def newest_whole_checkpoint(run_dir, problems=save_problems, listing=None) -> tuple[Path | None, dict[str, list[str]]]:
+    """The newest checkpoint-N of `run_dir` without `problems` (by default: its save finished, trainer_state.json
+    there and every file whole), and each newer one set aside -> why. A process killed while saving (out of memory, a
+    pod taken back) leaves a folder the Trainer would try to resume from and fail; this is the one place a run decides
+    where it resumes (a multi-node launch passes its own `problems`, every rank's files: textsql.cluster.runs).
+    `listing`: list_checkpoints(run_dir), when already read."""
+    listing = list_checkpoints(run_dir) if listing is None else listing
     set_aside = {}
     for name in sorted(listing, key=checkpoint_step, reverse=True):
-        files = listing[name]
-        problems = [] if TRAINER_STATE in files else [f"{TRAINER_STATE} is missing (the save did not finish)"]
-        problems += [f"{file} is cut short" for file, whole in files.items() if not whole]
-        if not problems:
+        if not (found := problems(name, listing[name])):
             return Path(run_dir) / name, set_aside
-        set_aside[name] = problems
+        set_aside[name] = found
     return None, set_aside

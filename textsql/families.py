@@ -30,11 +30,17 @@ class Family:
     # The memory planner's reading of a causal family's config (textsql.planner.causal), checked against the model
     # built on the meta device for every family: the config keys of the feed-forward width (none set: 4 x hidden), of
     # the key-value heads (none set: one per query head; `multi_query` without falcon's new decoder architecture: 1),
-    # whether the feed-forward block is gated (gate, up and down projections) and whether rotary embeddings save q, k.
+    # whether the feed-forward block is gated (gate, up and down projections), whether rotary embeddings save q, k, and
+    # whether its norms are RMS norms.
     ffn_keys: tuple[str, ...] = ()
     kv_heads_keys: tuple[str, ...] = ()
     gated_mlp: bool = False
     rotary: bool = False
+    rms_norm: bool = False  # transformers' RMS norm in Python (what it keeps differs from LayerNorm's one kernel)
+    # What one decoder layer keeps per token beyond the planner's count, in hidden widths: measured by
+    # bench/causal_activations.py on an H200 (bench/gpu/results/2026-11-26-h200-causal-calibration.json), the larger
+    # of full fine-tuning's and LoRA's residual, rounded up; only where the count falls short, never to shrink it.
+    saved_beyond_count: int = 0
     packing_refusal: str = ""
     quantize_refusal: str = ""  # why bitsandbytes cannot quantize the family's layers (--quantize_base); "" if it can
 
@@ -56,7 +62,12 @@ def _causal(name: str, qv: tuple[str, ...], *model_types: str, **extra) -> Famil
     return Family(name, model_types or (name,), CAUSAL, {"qv": list(qv), "all": ALL_LINEAR}, **extra)
 
 
-_LLAMA_LIKE = {"ffn_keys": ("intermediate_size",), "kv_heads_keys": ("num_key_value_heads",), "gated_mlp": True}
+_LLAMA_LIKE = {
+    "ffn_keys": ("intermediate_size",),
+    "kv_heads_keys": ("num_key_value_heads",),
+    "gated_mlp": True,
+    "rms_norm": True,
+}
 
 
 # Packed batches keep examples apart through the position ids, which restart at each example: transformers' mask
@@ -96,13 +107,16 @@ FAMILIES = (
         ffn_keys=("ffn_hidden_size",),
         kv_heads_keys=("num_kv_heads",),
         rotary=True,
+        saved_beyond_count=12,  # one norm for the parallel attention and MLP; fp32 attention tensors
         quantize_refusal="falcon's linear layers are FalconLinear, a subclass of nn.Linear that transformers' "
         "bitsandbytes swap skips silently (it swaps only layers whose type is exactly nn.Linear): the base would stay "
         "in full precision under a QLoRA name",
     ),
     _causal("gpt_bigcode", ("c_attn",), ffn_keys=("n_inner",), kv_heads_keys=("num_key_value_heads",)),
-    _causal("codegen", ("qkv_proj",), ffn_keys=("n_inner",), rotary=True),
-    _causal("gpt2", ("c_attn",), ffn_keys=("n_inner",)),  # a Conv1D, which peft adapts too
+    # codegen's eager attention upcasts the query and key to fp32
+    _causal("codegen", ("qkv_proj",), ffn_keys=("n_inner",), rotary=True, saved_beyond_count=16),
+    # a Conv1D, which peft adapts too; with attention dropout (0.1) the attention's probabilities are kept
+    _causal("gpt2", ("c_attn",), ffn_keys=("n_inner",), saved_beyond_count=29),
 )
 LORA_PRESETS = ("qv", "all")
 

@@ -17,8 +17,7 @@ from textsql.adapters import (
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set, pick_device
 from textsql.paths import MERGE_RECORD_FILE, SUMMARY_FILE
-from textsql.quantize import comparison, load_for_inference, score_model
-from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
+from textsql.quantize import comparison, load_for_inference, quantized_base_loading, score_model
 
 HEADLINE = ("execution_accuracy", "logical_form_accuracy", "exact_match", "queries_per_second")
 
@@ -53,10 +52,7 @@ def merge_and_score(args: MergeArguments, echo=print) -> dict:
     scoring = load_scoring_set(dataset_dir, "validation", args.score_examples)  # fails before the merge is written
     output = merge_adapter(args)
     device = pick_device(args.device)
-    gpus = NodeDevices.local().gpus if device.type == "cuda" else ()
-    placement = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
-    quantized = {"compute_dtype": quantized_compute_dtype(gpus), **placement}
-    model, tokenizer = load_adapter_model(args.adapter, args.base_model, quantized=quantized)
+    model, tokenizer = load_adapter_model(args.adapter, args.base_model, quantized=quantized_base_loading(device))
     before = score_model(model, tokenizer, scoring, args)
     del model
     model, tokenizer = load_for_inference(str(output), device.type)

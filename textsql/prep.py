@@ -501,12 +501,28 @@ def length_report(dataset, max_source_length: int, max_target_length: int) -> di
         report[name] = {
             "source_percentiles": {f"p{p}": int(np.percentile(source, p)) for p in PERCENTILES},
             "target_percentiles": {f"p{p}": int(np.percentile(target, p)) for p in PERCENTILES},
+            **(
+                {"sequence_percentiles": {f"p{p}": int(np.percentile(source + target, p)) for p in PERCENTILES}}
+                if "prompt" in split.column_names
+                else {}
+            ),
             "mean_tokens_per_example": float((source.sum() + target.sum()) / max(len(split), 1)),
             "source_over_max": int((source > max_source_length).sum()),
             "target_over_max": int((target > max_target_length).sum()),
             "examples": len(split),
         }
     return report
+
+
+def longest_lengths(split_report: dict) -> tuple[int, int]:
+    """(source, target) a batch of this split is padded to at worst, from its length_report entry. A causal LM's prompt
+    and SQL are one sequence, and the longest prompt and the longest SQL are seldom one example's (real WikiSQL with
+    Qwen2's tokenizer: 137 + 75 apart, 188 together): its source is the longest sequence less the longest SQL, so the
+    two add up to the longest sequence (reports from before the sequence was recorded give the two maxima)."""
+    source, target = split_report["source_percentiles"]["p100"], split_report["target_percentiles"]["p100"]
+    if "sequence_percentiles" in split_report:
+        source = max(split_report["sequence_percentiles"]["p100"] - target, 0)
+    return int(source), int(target)
 
 
 def format_length_report(report: dict) -> str:

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from textsql.adapters import load_adapter_model
+from textsql.adapters import load_adapter_model, quantized_base, read_adapter_record
 from textsql.errors import TextsqlError
 from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set, pick_device
 from textsql.extras import require_lifecycle_extra
@@ -274,13 +274,25 @@ def read_record(model_dir: str | Path) -> dict:
     return record
 
 
+def quantized_base_loading(device) -> dict:
+    """How a QLoRA adapter's base is loaded, quantized as it trained: computing in bf16 on GPUs that have it (fp32 before
+    Ampere and on the CPU), bitsandbytes placing the quantized weights on `device` itself."""
+    gpus = NodeDevices.local().gpus if device.type == "cuda" else ()
+    placement = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
+    return {"compute_dtype": quantized_compute_dtype(gpus), **placement}
+
+
 def load_for_inference(model_dir: str, device_choice: str = "auto", dtype: str = "float32"):
     """(model, tokenizer) in eval mode for any folder textsql writes: a plain model (run folder, merged adapter, hub
-    name) in `dtype`, a LoRA adapter on its base, or a quantized folder as it was quantized."""
+    name) in `dtype`, a LoRA adapter on its base (a QLoRA adapter on its base quantized as it trained: the adapter
+    learned against the rounded weights), or a quantized folder as it was quantized."""
     import torch
 
     device = pick_device(device_choice)
     kind = folder_kind(model_dir)
+    if kind == "adapter" and quantized_base(read_adapter_record(model_dir)) != "none":
+        model, tokenizer = load_adapter_model(model_dir, quantized=quantized_base_loading(device))
+        return model.eval(), tokenizer  # bitsandbytes placed it; quantized weights cannot be moved or cast
     if kind == "adapter":  # its base checked to be the one it trained on (textsql.adapters)
         model, tokenizer = load_adapter_model(model_dir)
         return model.to(getattr(torch, dtype)).to(device).eval(), tokenizer

@@ -35,6 +35,7 @@ from textsql.planner.memory import (
     resolve_model,
     zero_settings,
 )
+from textsql.prep import longest_lengths
 from textsql.strategy.devices import NodeDevices, choose_accelerator, resolve_precision
 from textsql.strategy.fsdpconfig import check_fsdp_devices, is_fsdp_config_name
 from textsql.strategy.table import NVME_STRATEGIES, STRATEGIES, is_fsdp, strategy_rank
@@ -257,8 +258,7 @@ def dataset_lengths(dataset_dir: str) -> tuple[int, int]:
     """The longest source and target of the prepared training split (what a batch is padded to at worst)."""
     path = Path(dataset_dir) / METADATA_FILE
     try:
-        train = json.loads(path.read_text())["lengths"]["train"]
-        return int(train["source_percentiles"]["p100"]), int(train["target_percentiles"]["p100"])
+        return longest_lengths(json.loads(path.read_text())["lengths"]["train"])
     except (OSError, KeyError, TypeError, ValueError):
         raise TextsqlError(
             f"'{path}' cannot be read: --dataset_dir must be a folder written by `textsql prep`."
@@ -514,7 +514,7 @@ def cluster_trainer(cluster):
         shown = cluster.echo
         cluster.echo = lambda line: (echo(line), shown(line))
         try:
-            return cluster.train(*arguments, stop_on_failure=False, timeout_s=timeout_s)["summary"]
+            return cluster.train(*arguments, timeout_s=timeout_s)["summary"]
         finally:
             cluster.echo = shown
 

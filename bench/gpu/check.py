@@ -73,6 +73,9 @@ class Sizes:
     causal_batch: int
     causal_runs: tuple  # (strategy, lora, quantize_base, packing) of each causal LM training
     causal_quantize_methods: str
+    causal_activation_shapes: str  # built-in causal configs whose saved tensors bench/causal_activations.py counts
+    causal_activation_batches: str
+    causal_activation_layers: int
     quantize_methods: str
     budgets: dict
 
@@ -102,6 +105,9 @@ GPU = Sizes(
         ("none", False, "none", False),
     ),
     causal_quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
+    causal_activation_shapes="",  # bench/causal_activations.py's SHAPES: every causal family the planner has a row of
+    causal_activation_batches="4,16",
+    causal_activation_layers=4,
     quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
     budgets={
         "environment": 60,
@@ -113,6 +119,7 @@ GPU = Sizes(
         "two_ranks": 45,
         "causal": 300,
         "causal_quantize": 180,  # 90 s ran out in bitsandbytes' int8 generation over 256 questions (H200, 2026-11-26)
+        "causal_activations": 120,
         "op_builds": 30,
     },
 )
@@ -134,6 +141,9 @@ CPU = Sizes(
     causal_batch=8,
     causal_runs=(("none", True, "none", True), ("none", True, "nf4", False)),
     causal_quantize_methods="dynamic-int8",
+    causal_activation_shapes="openai-community/gpt2",  # the smallest vocabulary of the built-in shapes
+    causal_activation_batches="2",
+    causal_activation_layers=1,
     quantize_methods="dynamic-int8",
     budgets={
         "environment": 60,
@@ -145,6 +155,7 @@ CPU = Sizes(
         "two_ranks": 90,
         "causal": 300,
         "causal_quantize": 180,
+        "causal_activations": 120,
         "op_builds": 30,
     },
 )
@@ -559,6 +570,20 @@ def step_causal_quantize(ctx) -> dict:
     return {"model_dir": str(model_dir), "results": read_json(output)["results"]}
 
 
+def step_causal_activations(ctx) -> dict:
+    """What one causal LM training step saves for its backward pass and its peak above the model, for every family's
+    built-in shape cut to a few layers, full fine-tuning and LoRA, beside the planner's terms
+    (bench/causal_activations.py): what the planner's causal activations are calibrated from."""
+    sizes = ctx.sizes
+    output = ctx.work / "causal_activations.json"
+    probe = [sys.executable, str(REPO / "bench" / "causal_activations.py"), "--device", "cuda" if ctx.on_gpu else "cpu"]
+    probe += ["--shapes", sizes.causal_activation_shapes] if sizes.causal_activation_shapes else []
+    probe += ["--batches", sizes.causal_activation_batches, "--layers", str(sizes.causal_activation_layers)]
+    probe += ["--precision", sizes.precision, "--output", str(output)]
+    run(probe, ctx.deadline, ctx.log, ctx.env)
+    return {"rows": read_json(output)["rows"]}
+
+
 # In the order they run: the most wanted figures first, so a call cut short still has them.
 STEPS = {
     "environment": step_environment,
@@ -568,6 +593,7 @@ STEPS = {
     "flops_profiler": step_flops_profiler,
     "causal": step_causal,
     "causal_quantize": step_causal_quantize,
+    "causal_activations": step_causal_activations,
     "inference": step_inference,
     "two_ranks": step_two_ranks,
 }

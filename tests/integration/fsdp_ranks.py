@@ -86,6 +86,67 @@ def step(model, inputs, labels):
     return loss.detach()
 
 
+def reference_run(model_dir: str, rank: int, causal: bool) -> dict:
+    """One unsharded AdamW step on the whole batch and a greedy answer to this rank's own question (of its own length):
+    what every sharded run is compared with."""
+    reference = load_model(model_dir)
+    loss = step(reference, *batch(None, causal))
+    question = batch(None, causal)[0][rank : rank + 1, : 4 + 4 * rank]
+    return {
+        "loss": float(loss),
+        "whole": {name: p.detach() for name, p in reference.named_parameters()},
+        "question": question,
+        "answer": reference.generate(question, max_new_tokens=8 + 6 * rank, do_sample=False),
+    }
+
+
+def strategy_row(model_dir: str, name: str, rank: int, reference: dict, folder: Path) -> dict:
+    """One FSDP2 strategy (a shipped config's name) as the Trainer would wrap the model: the units, one step on this
+    rank's half of the batch, synced generation, and the gathered state dict (rank 0 saves it into `folder` and loads
+    it back)."""
+    config = load_fsdpconfig(resolve_fsdpconfig_path(name))
+    model = load_model(model_dir)
+    causal = family_of(model.config).causal
+    accelerator = accelerator_for(config, rank)
+    units = wrapped_layer_classes(model, config)  # what train() checks and logs before the Trainer wraps
+    layers = [m for m in model.modules() if type(m).__name__ in units]
+    # as the Trainer does: T5's tied modules grouped first; a causal LM's two accelerate groups itself
+    grouped = [] if causal else group_tied_embeddings(model, **accelerate_fsdp2_kwargs(accelerator))
+    model = fsdp2_prepare_model(accelerator, model)
+    loss = step(model, *batch(rank, causal))
+    dist.all_reduce(loss)
+    register_fsdp_forward_method(model, "generate")  # as the Trainer does
+    synced = synced_generation(zero3=False, fsdp=True, world_size=dist.get_world_size())
+    answer = model.generate(reference["question"], max_new_tokens=8 + 6 * rank, do_sample=False, synced_gpus=synced)
+    state = full_state_dict(model, torch.float32)
+    row = {
+        "grouped": len(grouped),
+        "embeddings_one_unit": isinstance(model.get_input_embeddings(), FSDPModule),
+        "units": units,
+        "decoder_layers": len(layers),
+        "decoder_layers_sharded": all(isinstance(m, FSDPModule) for m in layers),
+        "offload_policy": type(accelerate_fsdp2_kwargs(accelerator)["offload_policy"]).__name__,
+        "mean_loss": float(loss) / dist.get_world_size(),
+        "reference_loss": reference["loss"],
+        "same_answer": bool(torch.equal(answer, reference["answer"])),
+        "synced_gpus": synced,
+        "state_on_rank": len(state),
+    }
+    if rank == 0:
+        whole = reference["whole"]
+        row["names_match"] = sorted(state) == sorted(whole)
+        row["max_difference"] = max(float((state[k] - whole[k]).abs().max()) for k in whole)
+        row["all_float32"] = all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
+        model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
+        again = load_model(str(folder))
+        row["saved_architectures"] = again.config.architectures
+        row["reloaded_max_difference"] = max(
+            float((p.detach() - whole[k]).abs().max()) for k, p in again.named_parameters()
+        )
+    dist.barrier()
+    return row
+
+
 def main(model_dir: str, results_dir: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -107,53 +168,9 @@ def main(model_dir: str, results_dir: str) -> None:
         except ValueError as error:
             report["without_grouping"] = str(error)
 
-    reference = load_model(model_dir)  # unsharded, the whole batch
-    reference_loss = step(reference, *batch(None, causal))
-    whole = {name: p.detach() for name, p in reference.named_parameters()}
-    question = batch(None, causal)[0][rank : rank + 1, : 4 + 4 * rank]  # each rank its own question, of its own length
-    reference_answer = reference.generate(question, max_new_tokens=8 + 6 * rank, do_sample=False)
-
+    reference = reference_run(model_dir, rank, causal)
     for name in STRATEGIES:
-        config = load_fsdpconfig(resolve_fsdpconfig_path(name))
-        model = load_model(model_dir)
-        accelerator = accelerator_for(config, rank)
-        units = wrapped_layer_classes(model, config)  # what train() checks and logs before the Trainer wraps
-        layers = [m for m in model.modules() if type(m).__name__ in units]
-        # as the Trainer does: T5's tied modules grouped first; a causal LM's two accelerate groups itself
-        grouped = [] if causal else group_tied_embeddings(model, **accelerate_fsdp2_kwargs(accelerator))
-        model = fsdp2_prepare_model(accelerator, model)
-        loss = step(model, *batch(rank, causal))
-        dist.all_reduce(loss)
-        register_fsdp_forward_method(model, "generate")  # as the Trainer does
-        synced = synced_generation(zero3=False, fsdp=True, world_size=dist.get_world_size())
-        answer = model.generate(question, max_new_tokens=8 + 6 * rank, do_sample=False, synced_gpus=synced)
-        state = full_state_dict(model, torch.float32)
-        row = {
-            "grouped": len(grouped),
-            "embeddings_one_unit": isinstance(model.get_input_embeddings(), FSDPModule),
-            "units": units,
-            "decoder_layers": len(layers),
-            "decoder_layers_sharded": all(isinstance(m, FSDPModule) for m in layers),
-            "offload_policy": type(accelerate_fsdp2_kwargs(accelerator)["offload_policy"]).__name__,
-            "mean_loss": float(loss) / dist.get_world_size(),
-            "reference_loss": float(reference_loss),
-            "same_answer": bool(torch.equal(answer, reference_answer)),
-            "synced_gpus": synced,
-            "state_on_rank": len(state),
-        }
-        if rank == 0:
-            row["names_match"] = sorted(state) == sorted(whole)
-            row["max_difference"] = max(float((state[k] - whole[k]).abs().max()) for k in whole)
-            row["all_float32"] = all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
-            folder = Path(results_dir) / name
-            model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)
-            again = load_model(str(folder))
-            row["saved_architectures"] = again.config.architectures
-            row["reloaded_max_difference"] = max(
-                float((p.detach() - whole[k]).abs().max()) for k, p in again.named_parameters()
-            )
-        report["strategies"][name] = row
-        dist.barrier()
+        report["strategies"][name] = strategy_row(model_dir, name, rank, reference, Path(results_dir) / name)
     Path(results_dir, f"rank{rank}.json").write_text(json.dumps(report, indent=2))
     dist.destroy_process_group()
 

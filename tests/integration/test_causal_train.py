@@ -1,13 +1,11 @@
 """Causal LMs through `textsql train` and `textsql infer` (in this process, on the CPU): the tiny Qwen2 without
-DeepSpeed, with ZeRO-2 and with LoRA, scored by infer; and a two-step training of a tiny model of every causal family."""
+DeepSpeed, with ZeRO-2 and with LoRA, scored by infer (every family under every strategy: test_causal_families.py)."""
 
 import json
 from pathlib import Path
 
 import pytest
 from conftest import real_causal_folder, tiny_train_argv
-
-from textsql.tiny import CAUSAL_CONFIG_NAMES
 
 pytestmark = pytest.mark.slow
 
@@ -106,26 +104,6 @@ def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads_and_merge_folds_i
     prompts = load_scoring_set(str(causal_assets[0]), "test", 8).sources
     from_adapter = generate_sql(adapter_model, tokenizer, prompts, max_new_tokens=16, progress=False)
     assert generate_sql(merged.eval(), tokenizer, prompts, max_new_tokens=16, progress=False) == from_adapter
-
-
-@pytest.mark.parametrize("model_type", sorted(CAUSAL_CONFIG_NAMES))
-def test_every_causal_family_trains_two_steps(model_type, causal_assets, causal_runs, textsql_in_process):
-    """A tiny random model of each family, with the tiny Qwen2's tokenizer (the same ids: the prepared data fits)."""
-    from textsql.hub import load_tokenizer
-    from textsql.tiny import build_tiny_causal
-
-    data_dir, qwen2_dir = causal_assets
-    tokenizer = load_tokenizer(str(qwen2_dir))
-    folder = causal_runs / "models" / f"tiny-{model_type}"
-    tokenizer.save_pretrained(folder)
-    build_tiny_causal(tokenizer, model_type, hidden_size=32, num_layers=2, num_heads=4, seed=1).save_pretrained(folder)
-    argv = tiny_train_argv((data_dir, folder), causal_runs, **dict(SHORT, max_steps=2, logging_steps=1))
-    status, out, err = textsql_in_process(["train", *argv])
-    assert status == 0, err[-3000:]
-    summary = summary_of(out)
-    assert summary["global_step"] == 2 and summary["train_loss"] > 0
-    saved = json.loads(open(f"{summary['output_dir']}/config.json").read())
-    assert saved["model_type"] == model_type and saved["architectures"][0].endswith(("ForCausalLM", "LMHeadModel"))
 
 
 def test_an_interrupted_causal_run_resumes_from_its_checkpoint(causal_assets, tmp_path, textsql_in_process):

@@ -327,7 +327,7 @@ def step_of(sentence: str) -> int:
 def pod_tree(cluster: Cluster, address: str) -> list:
     import psutil
 
-    root = psutil.Process(cluster.backend.processes[f"local-{address}"].pid)
+    (root,) = [psutil.Process(p.process.pid) for p in cluster.pods if p.address == address]
     return [root, *root.children(recursive=True)]
 
 
@@ -465,6 +465,24 @@ def test_a_pod_that_never_starts_is_named_and_stopped(project, clusters, assets,
         match=r"Pod \S+ was lost first: it did not start within 3 s \(its worker standin-\S+ is scheduling\)",
     ):
         cluster.train(cluster_argv(assets, project / "runs", steps=2))
+    assert [w["status"] for w in standin.list_workers()] == ["stopped"]
+    wait_until_clean(project)
+
+
+@pytest.mark.slow
+def test_an_elastic_launch_trains_on_the_pods_that_joined(project, clusters, assets, monkeypatch):
+    """--nnodes 1:2 (min_workers=0): the worker pod never starts; torchrun's c10d rendezvous completes with the
+    session's pod alone once its last call (5 s) has passed, the training finishes at world size 1, and the worker
+    that never started is stopped, not named as a failure."""
+    import cml.workers_v1 as standin
+
+    monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
+    cluster = clusters("cml", min_workers=0, start_timeout=3)
+    argv = cluster_argv(assets, project / "runs", "--output_dir", str(project / "elastic"), steps=4, logging_steps=2)
+    result = cluster.train(argv)
+    assert "--nnodes 1:2" in " ".join(result["command"])
+    assert result["summary"].world_size == 1 and result["summary"].global_step == 4
+    assert [(r["rank"], r["node_address"], r["world_size"]) for r in result["ranks"]] == [(0, NODES[0], 1)]
     assert [w["status"] for w in standin.list_workers()] == ["stopped"]
     wait_until_clean(project)
 

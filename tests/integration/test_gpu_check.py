@@ -34,6 +34,7 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
         "two_ranks",
         "causal",
         "causal_quantize",
+        "causal_activations",
         "op_builds",
     }
     assert set(steps) == expected
@@ -61,5 +62,12 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     assert causal["inference"]["examples"] == 8 and "execution_accuracy" in causal["inference"]
     # No full fine-tuning on the CPU: the methods quantize the base model the causal step trained from.
     assert steps["causal_quantize"]["result"]["results"]["dynamic-int8"]["questions_per_second"] > 0
+    # The saved-tensor census of a causal step beside the planner's terms, full fine-tuning and LoRA.
+    activations = steps["causal_activations"]["result"]["rows"]
+    assert [(r["shape"], r["lora_rank"]) for r in activations] == [
+        ("openai-community/gpt2", 0),
+        ("openai-community/gpt2", 8),
+    ]
+    assert all(r["measured"]["saved_bytes"]["activations"] > 0 and r["saved_ratio"] > 0 for r in activations)
     # The last lines printed say what happened to each step (the device tool returns the end of the output).
     assert "gpu_check (cpu)" in done.stdout and "two_ranks" in done.stdout.splitlines()[-2]

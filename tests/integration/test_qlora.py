@@ -15,25 +15,6 @@ pytestmark = pytest.mark.slow
 TWO_STEPS = dict(SHORT, max_steps=2, per_device_train_batch_size=8, logging_steps=1)
 
 
-@pytest.fixture(scope="module")
-def family_models(causal_assets, tmp_path_factory):
-    """A tiny random model of every causal family and a tiny T5 (hidden size 64: bitsandbytes' CPU 4-bit kernels fail
-    on rows shorter than its block of 64), with the tiny Qwen2's tokenizer."""
-    from textsql.hub import load_tokenizer
-    from textsql.tiny import CAUSAL_CONFIG_NAMES, build_tiny_causal, build_tiny_t5
-
-    tokenizer = load_tokenizer(str(causal_assets[1]))
-    root = tmp_path_factory.mktemp("qlora-families")
-    for model_type in CAUSAL_CONFIG_NAMES:
-        folder = root / model_type
-        tokenizer.save_pretrained(folder)
-        build_tiny_causal(tokenizer, model_type, hidden_size=64, num_layers=1, num_heads=4, seed=1).save_pretrained(
-            folder
-        )
-    build_tiny_t5(tokenizer, d_model=64, num_layers=1, seed=1).save_pretrained(root / "t5")
-    return root
-
-
 def quantizable_families():
     from textsql.families import FAMILIES
     from textsql.tiny import CAUSAL_CONFIG_NAMES
@@ -43,14 +24,16 @@ def quantizable_families():
 
 @pytest.mark.parametrize("quantize_base", ["nf4", "int8"])
 @pytest.mark.parametrize("model_type", quantizable_families())
-def test_every_quantizable_family_loads_quantized_and_trains_an_fp32_adapter(model_type, quantize_base, family_models):
+def test_every_quantizable_family_loads_quantized_and_trains_an_fp32_adapter(
+    model_type, quantize_base, causal_family_models
+):
     """Every linear layer but the output (and T5's wo, which T5 keeps in fp32) swapped for bitsandbytes' (the layer
     check passes), LoRA on all of them in fp32, two optimizer steps move the adapter and leave the base as it was."""
     import torch
 
     from textsql.adapters import QUANTIZED_LAYER_TYPES, LoraArguments, apply_lora, load_quantized_base
 
-    model = load_quantized_base(str(family_models / model_type), quantize_base, "float32")
+    model = load_quantized_base(str(causal_family_models / model_type), quantize_base, "float32")
     layers = [n for n, m in model.named_modules() if type(m).__name__ == QUANTIZED_LAYER_TYPES[quantize_base]]
     assert len(layers) >= 4 and type(model.get_output_embeddings()).__name__ == "Linear"
     assert any(p.dtype in (torch.uint8, torch.int8) for p in model.parameters()), "no quantized weights"
@@ -77,7 +60,7 @@ def test_every_quantizable_family_loads_quantized_and_trains_an_fp32_adapter(mod
         )  # the quantized base did not train
 
 
-def test_falcon_is_refused_and_the_layer_check_catches_what_transformers_leaves(family_models):
+def test_falcon_is_refused_and_the_layer_check_catches_what_transformers_leaves(causal_family_models):
     """Falcon's FalconLinear layers are left in full precision by transformers without a word: textsql refuses the
     family before loading (families.py), and its check after loading names the layers whatever the registry says."""
     import torch
@@ -86,13 +69,13 @@ def test_falcon_is_refused_and_the_layer_check_catches_what_transformers_leaves(
     from textsql.hub import load_model
 
     with pytest.raises(TextsqlError, match="FalconLinear"):
-        load_quantized_base(str(family_models / "falcon"), "nf4", "float32")
-    model = load_model(str(family_models / "falcon"), quantization_config=bnb_config("nf4", "float32"))
+        load_quantized_base(str(causal_family_models / "falcon"), "nf4", "float32")
+    model = load_model(str(causal_family_models / "falcon"), quantization_config=bnb_config("nf4", "float32"))
     assert {type(m).__name__ for m in model.modules()} >= {"FalconLinear"}
     with pytest.raises(TextsqlError, match=r"left \d+ linear layers .*FalconLinear") as refused:
         check_quantized_layers(model, "nf4")
     assert "query_key_value" in str(refused.value)
-    plain = load_model(str(family_models / "qwen2"), dtype=torch.float32)
+    plain = load_model(str(causal_family_models / "qwen2"), dtype=torch.float32)
     with pytest.raises(TextsqlError, match="unquantized"):
         check_quantized_layers(plain, "int8")
 
@@ -209,16 +192,21 @@ def test_an_interrupted_qlora_run_resumes_and_its_merges_are_scored_again(causal
     assert not torch.allclose(rounded.get_submodule(name).weight, full.get_submodule(name).weight)
     status, _, err = textsql_in_process(["merge", str(run), "--merge_onto", "sideways"])
     assert status == 2 and "--merge_onto must be one of full, rounded" in err
+    # infer, the compare app and quantize load the adapter on its base as it trained: NF4, not the full-precision one
+    from textsql.quantize import load_for_inference
+
+    served, _ = load_for_inference(str(run), "cpu")
+    assert type(served.base_model.model.get_submodule(name).base_layer).__name__ == "Linear4bit"
 
 
 @pytest.mark.parametrize("quantize_base", ["nf4", "int8"])
 @pytest.mark.parametrize("model_type", [name for name in quantizable_families() if name != "t5"])
 def test_every_quantizable_causal_family_trains_qlora_under_zero2(
-    model_type, quantize_base, family_models, causal_assets, tmp_path, textsql_in_process
+    model_type, quantize_base, causal_family_models, causal_assets, tmp_path, textsql_in_process
 ):
     """`textsql train --quantize_base ... --deepspeed zero2` on every causal family bitsandbytes quantizes (the family
     models share the tiny Qwen2's tokenizer, so its prepared data serves them all)."""
-    assets = (causal_assets[0], family_models / model_type)
+    assets = (causal_assets[0], causal_family_models / model_type)
     extra = ["--lora", "True", "--quantize_base", quantize_base, "--deepspeed", "zero2"]
     status, out, err = textsql_in_process(["train", *tiny_train_argv(assets, tmp_path, *extra, **TWO_STEPS)])
     assert status == 0, err[-3000:]

@@ -312,6 +312,8 @@ def test_real_causal_tokenizers_lay_out_every_real_question_and_report_its_lengt
             report = meta["lengths"][split]
             assert report["source_percentiles"]["p100"] == max(prompts) and report["examples"] == len(rows)
             assert report["target_percentiles"]["p100"] == max(answers)
+            longest = max(p + a for p, a in zip(prompts, answers))
+            assert report["sequence_percentiles"]["p100"] == longest <= max(prompts) + max(answers)
             assert report["mean_tokens_per_example"] == pytest.approx((sum(prompts) + sum(answers)) / len(rows))
             # a real question with its columns: tens of tokens; the SQL and EOS: about ten to thirty
             assert 20 < report["source_percentiles"]["p50"] < 120 and 8 < report["target_percentiles"]["p50"] < 40

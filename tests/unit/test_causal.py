@@ -90,6 +90,8 @@ def test_prep_lays_out_prompt_and_sql_in_one_sequence_with_the_prompt_masked(cau
     assert train["target_percentiles"]["p100"] == max(
         len(ids) - n for ids, n in zip(dataset["train"]["input_ids"], prompts)
     )
+    # the whole sequence a batch is padded to: the longest prompt and the longest SQL are not one example's
+    assert train["sequence_percentiles"]["p100"] == max(len(ids) for ids in dataset["train"]["input_ids"])
 
 
 def test_long_prompts_lose_columns_never_sql_and_what_still_does_not_fit_is_dropped_and_counted(

@@ -52,7 +52,10 @@ USER_ERRORS = [
     (["cluster", "bogus"], "unknown cluster command 'bogus'"),
     (["cluster", "launch", "--hostfile", "h", "--include", "a", "--exclude", "b"], "cannot both be given"),
     (["cluster", "preflight", "--include", "a"], "choose among the hosts of a hostfile: pass --hostfile"),
-    (["cluster", "preflight", "--hostfile", "two-hosts", "--include", "nowhere"], "which is not in the hostfile"),
+    (
+        ["cluster", "preflight", "--hostfile", "two-hosts", "--include", "nowhere"],
+        "Hostname 'nowhere' not found in hostfile",
+    ),
     (["cluster", "preflight", "--hostfile", "two-hosts", "--exclude", "127.0.0.1@127.0.0.2"], "leaves no host"),
     (["cluster", "preflight", "--hostfile", "two-hosts", "--num_nodes", "3"], "asks for more hosts than the hostfile"),
 ]

@@ -105,8 +105,9 @@ def test_grouped_query_attention_shrinks_the_key_value_cache_not_the_padded_step
 def test_logits_term_covers_prompt_and_sql_over_bloom_s_vocabulary():
     bloom = memory.resolve_model("bigscience/bloom-1b1")
     bf16 = causal.activation_bytes(bloom.causal, 8, 256, "bf16", False, bloom.eager_attention)
-    assert bf16["loss_peak"] == 8 * 256 * 250_880 * (12 + 2)  # fp32 log-softmax, its gradient, the logits' (+ bf16)
-    assert bf16["loss_peak"] / memory.GIB > 6.5
+    # fp32 log-softmax, its gradient, the logits' fp32 gradient (the bf16 gradient comes after the first two are freed)
+    assert bf16["loss_peak"] == 8 * 256 * 250_880 * 12
+    assert bf16["loss_peak"] / memory.GIB > 5.7
     fp32 = causal.activation_bytes(bloom.causal, 8, 256, "fp32", True, bloom.eager_attention)
     assert fp32["loss_peak"] == 8 * 256 * 250_880 * 12
     # a causal LM reads prompt + SQL as one sequence: 200 + 56 tokens is the 256 above
@@ -158,8 +159,10 @@ def test_qlora_is_named_where_lora_on_a_bf16_base_does_not_fit():
     assert int8["weights"] == base["weights"] and 1 < int8["quantized"] / base["weights"] < 1.01
     with pytest.raises(TextsqlError, match="needs --lora True"):
         memory.PlanArguments(model="Qwen/Qwen2.5-7B", quantize_base="nf4")
-    with pytest.raises(TextsqlError, match="T5 model"):
-        plan(model="t5-small", quantize_base="nf4")
+    # textsql train --quantize_base trains T5 too (tests/integration/test_qlora.py): the planner plans it alike
+    t5 = plan(model="t5-small", quantize_base="nf4")["qlora"]
+    t5_base = t5["quantized_base"]
+    assert t5_base["weights"] > 0 and t5_base["total"] < 2 * (t5_base["weights"] + t5_base["other_parameters"])
 
 
 def test_lora_trainable_parameters_match_peft_on_every_preset(tmp_path):
@@ -247,7 +250,9 @@ def test_a_causal_run_s_memory_check_predicts_it(causal_assets, tmp_path, textsq
     assert check["lora_rank"] == 8 and check["quantize_base"] == "none"
     assert check["comparable"] is False and "trained on the CPU" in check["reason"]
     meta = json.loads((causal_assets[0] / METADATA_FILE).read_text())["lengths"]["train"]
-    assert check["lengths"] == [meta["source_percentiles"]["p100"], meta["target_percentiles"]["p100"]]
+    # one sequence: planned at the longest prompt + SQL, not the longest prompt plus the longest SQL
+    assert sum(check["lengths"]) == meta["sequence_percentiles"]["p100"]
+    assert check["lengths"][1] == meta["target_percentiles"]["p100"]
     again = compare_with_run(read_summary(line.split(": ", 1)[1]))  # the check again, from the file alone
     assert again["predicted_gpu_total_bytes"] == check["predicted_gpu_total_bytes"]
 
@@ -261,3 +266,23 @@ def test_setup_with_quantized_base_costs_less_than_the_bf16_base():
     assert rows["nf4"]["gpu_bytes"]["parameters"] < rows["int8"]["gpu_bytes"]["parameters"]
     assert rows["int8"]["gpu_bytes"]["parameters"] < rows["none"]["gpu_bytes"]["parameters"]
     assert rows["nf4"]["weight_copies_detail"]["dequantized"] == 2 * 2048 * 8192
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_what_a_llama_like_step_saves_is_what_the_planner_counts_under_autocast_full_and_lora(model_type, tmp_path):
+    """The census of bench/causal_activations.py (every tensor autograd saves, once per storage) on the CPU, bf16
+    autocast, a padded batch: the planner's layers + stack ends within 10% for full fine-tuning and LoRA. Before the
+    H200 calibration the count was 17% short for full fine-tuning and 37% over for LoRA (frozen matmuls keep no input)."""
+    import sys
+
+    from conftest import REPO
+
+    sys.path.insert(0, str(REPO))
+    from bench.causal_activations import measure, planned
+
+    config = tiny_config(model_type, hidden=128, num_hidden_layers=3, vocab_size=96)
+    config.save_pretrained(tmp_path)
+    for lora_rank in (0, 8):
+        got = measure(config, "cpu", 4, 40, "bf16", lora_rank)["saved_bytes"]["activations"]
+        plan = planned(tmp_path, 4, 40, "bf16", lora_rank)["saved_activations"]
+        assert 0.9 < got / plan < 1.1, (lora_rank, got, plan)

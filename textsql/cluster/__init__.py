@@ -5,19 +5,13 @@ what every pod runs loads only what it needs."""
 from importlib import import_module
 
 _WHERE = {
-    "Host": "hostfile",
-    "HostfileError": "hostfile",
     "HostSelection": "hostfile",
-    "parse_hostfile": "hostfile",
     "read_hostfile": "hostfile",
-    "write_hostfile": "hostfile",
     "LaunchFailed": "launch",
     "PreflightError": "launch",
     "launch_training": "pdsh",
     "preflight": "pdsh",
     "Cluster": "pods",
-    "CmlBackend": "pods",
-    "LocalBackend": "pods",
 }
 __all__ = sorted(_WHERE)
 

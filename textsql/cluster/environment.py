@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import fcntl
+import ipaddress
 import os
 import socket
 import stat
-import struct
 import sys
 import tempfile
 from pathlib import Path
@@ -14,32 +13,13 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.redaction import is_secret
 
-# Variables a user sets to tune or debug a run; they reach every rank on every node.
+# Variables a user sets to tune or debug a run; they reach every rank on every node. MLFLOW_*: rank 0 logs the run to
+# the session's tracking server (textsql.tracking).
 FORWARDED = frozenset(
-    {
-        "PYTORCH_CUDA_ALLOC_CONF",
-        "PYTORCH_ALLOC_CONF",
-        "TORCH_DISTRIBUTED_DEBUG",
-        "TORCH_SHOW_CPP_STACKTRACES",
-        "TORCH_CPP_LOG_LEVEL",
-        "TORCH_EXTENSIONS_DIR",
-        "CUDA_LAUNCH_BLOCKING",
-        "CUDA_HOME",
-        "CUDA_DEVICE_ORDER",
-        "LD_LIBRARY_PATH",
-        "VIRTUAL_ENV",
-        "PYTHONPATH",
-        "PYTHONHASHSEED",
-        "PYTHONWARNINGS",
-        "OMP_NUM_THREADS",
-        "MKL_NUM_THREADS",
-        "TOKENIZERS_PARALLELISM",
-        "TRANSFORMERS_OFFLINE",
-        "TRANSFORMERS_VERBOSITY",
-        "TRANSFORMERS_CACHE",
-        "MLFLOW_TRACKING_URI",  # rank 0 logs the run to the session's tracking server (textsql.tracking)
-        "MLFLOW_EXPERIMENT_NAME",
-    }
+    """PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF TORCH_DISTRIBUTED_DEBUG TORCH_SHOW_CPP_STACKTRACES TORCH_CPP_LOG_LEVEL
+    TORCH_EXTENSIONS_DIR CUDA_LAUNCH_BLOCKING CUDA_HOME CUDA_DEVICE_ORDER LD_LIBRARY_PATH VIRTUAL_ENV PYTHONPATH
+    PYTHONHASHSEED PYTHONWARNINGS OMP_NUM_THREADS MKL_NUM_THREADS TOKENIZERS_PARALLELISM TRANSFORMERS_OFFLINE
+    TRANSFORMERS_VERBOSITY TRANSFORMERS_CACHE MLFLOW_TRACKING_URI MLFLOW_EXPERIMENT_NAME""".split()
 )
 FORWARDED_PREFIXES = ("TORCH_NCCL_", "NCCL_", "GLOO_", "DS_", "HF_", "TEXTSQL_")
 # A machine's basics that DeepSpeed's pdsh runner gets (never a secret).
@@ -50,37 +30,28 @@ SYSTEM_PREFIXES = ("LC_",)
 
 def forwarded(environ=os.environ) -> dict[str, str]:
     """The allowlisted, non-secret variables of `environ`: what the user set for the ranks."""
-    return {
-        name: value
-        for name, value in environ.items()
-        if (name in FORWARDED or name.startswith(FORWARDED_PREFIXES)) and not is_secret(name, value)
-    }
+    return _allowed(environ, FORWARDED, FORWARDED_PREFIXES)
 
 
 def system(environ=os.environ) -> dict[str, str]:
     """A node's own basics (PATH with this Python's folder first, HOME, locale, ...), without secrets."""
-    env = {
-        name: value
-        for name, value in environ.items()
-        if (name in SYSTEM or name.startswith(SYSTEM_PREFIXES)) and not is_secret(name, value)
-    }
     path = [str(Path(sys.executable).parent), *environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(os.pathsep)]
-    env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path if p))
-    return env
+    return dict(_allowed(environ, SYSTEM, SYSTEM_PREFIXES), PATH=os.pathsep.join(dict.fromkeys(p for p in path if p)))
+
+
+def _allowed(environ, names: frozenset, prefixes: tuple) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if (k in names or k.startswith(prefixes)) and not is_secret(k, v)}
 
 
 def node_local_extensions_dir() -> str:
     """Where a node's ranks build DeepSpeed's JIT ops when the user chose no TORCH_EXTENSIONS_DIR: node-local storage.
     torch's default (~/.cache/torch_extensions) is in CML's shared project folder, where every pod would wait on one
-    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU. It is in
-    this user's private folder: a build folder another local user could write would let them plant the library."""
-    return str(private_folder("torch-extensions"))
+    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU.
 
-
-def private_folder(*parts: str) -> Path:
-    """A folder on this node's local disk that only this user can write: <tmp>/textsql-<uid>/<parts>. The top one is
-    made with mode 0700; one that exists must be a real folder (not a symbolic link) of this user that nobody else can
-    write (a readable one is made private), or TextsqlError says so: another local user may have made it first."""
+    It is <tmp>/textsql-<uid>/torch-extensions, private to this user: a build folder another local user could write
+    would let them plant the library. The top folder is made with mode 0700; one that exists must be a real folder
+    (not a symbolic link) of this user that nobody else can write (a readable one is made private), or TextsqlError
+    says so: another local user may have made it first."""
     root = Path(tempfile.gettempdir()) / f"textsql-{os.getuid()}"
     try:
         root.mkdir(mode=0o700)
@@ -104,25 +75,22 @@ def private_folder(*parts: str) -> Path:
         )
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
-    folder = root.joinpath(*parts)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # inside a private folder nobody else can make a link
-    return folder
+    folder = root / "torch-extensions"
+    folder.mkdir(mode=0o700, exist_ok=True)  # inside a private folder nobody else can make a link
+    return str(folder)
 
 
 def interface_of(address: str) -> str | None:
     """The network interface whose subnet holds `address` (lo for 127.x), for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME."""
+    import psutil
+
     try:
-        target = struct.unpack("!I", socket.inet_aton(socket.gethostbyname(address)))[0]
+        target = ipaddress.ip_address(socket.gethostbyname(address))
     except OSError:
         return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                ip = struct.unpack("!I", fcntl.ioctl(s.fileno(), 0x8915, request)[20:24])[0]  # SIOCGIFADDR
-                mask = struct.unpack("!I", fcntl.ioctl(s.fileno(), 0x891B, request)[20:24])[0]  # SIOCGIFNETMASK
-            except OSError:
-                continue
-            if ip & mask == target & mask:
-                return name
+    for name, addresses in psutil.net_if_addrs().items():
+        for a in addresses:
+            if a.family == socket.AF_INET and a.netmask:
+                if target in ipaddress.ip_network(f"{a.address}/{a.netmask}", strict=False):
+                    return name
     return None

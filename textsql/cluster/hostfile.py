@@ -1,4 +1,4 @@
-"""Read, write and validate DeepSpeed / OpenMPI hostfiles: one `<address> slots=<N>` line per node."""
+"""Read and validate DeepSpeed / OpenMPI hostfiles: one `<address> slots=<N>` line per node."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.errors import TextsqlError
-from textsql.sharedfiles import replace_file
 
 _NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 _DOTTED = re.compile(r"^[0-9]+(\.[0-9]+){3}$")
@@ -26,9 +25,6 @@ class Host:
 
     address: str
     slots: int = 1
-
-    def line(self) -> str:
-        return f"{self.address} slots={self.slots}"
 
 
 def address_problem(address: str) -> str | None:
@@ -65,42 +61,37 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        where = f"line {number} ('{line}')"
-        fields = line.split()
-        if "#" in line:
-            problems.append(f"{where}: a comment after an entry; DeepSpeed only skips lines that start with #")
+        if problem := _entry_problem(line, seen):
+            problems.append(f"line {number} ('{line}'): {problem}")
             continue
-        if len(fields) != 2 or not fields[1].startswith("slots="):
-            problems.append(f"{where}: expected {FORMAT}")
-            continue
-        address, slots_text = fields[0], fields[1].removeprefix("slots=")
-        if problem := address_problem(address):
-            problems.append(f"{where}: {problem}")
-            continue
-        # str.isdigit() is True for other scripts' digits too (e.g. '١'), which int() and DeepSpeed's \d accept.
-        if not (slots_text.isascii() and slots_text.isdigit()):
-            problems.append(
-                f"{where}: slots must be a whole number of GPUs in ASCII digits (at least 1), not '{slots_text}'"
-            )
-            continue
-        if int(slots_text) < 1:
-            problems.append(
-                f"{where}: slots must be at least 1 (a node with no GPU runs no rank); remove the line instead"
-            )
-            continue
-        if address.lower() in seen:
-            problems.append(
-                f"{where}: duplicate host {address}, already on line {seen[address.lower()]}; each node appears once"
-            )
-            continue
+        address, slots = line.split()
         seen[address.lower()] = number
-        hosts.append(Host(address, int(slots_text)))
+        hosts.append(Host(address, int(slots.removeprefix("slots="))))
     if not hosts and not problems:
         problems.append(f"no hosts: add one line per node, {FORMAT}")
     if problems:
         count = f"{len(problems)} problem" + ("s" if len(problems) > 1 else "")
         raise HostfileError(f"Hostfile {source} has {count}:\n" + "\n".join(f"  {p}" for p in problems))
     return hosts
+
+
+def _entry_problem(line: str, seen: dict[str, int]) -> str | None:
+    fields = line.split()
+    if "#" in line:
+        return "a comment after an entry; DeepSpeed only skips lines that start with #"
+    if len(fields) != 2 or not fields[1].startswith("slots="):
+        return f"expected {FORMAT}"
+    address, slots = fields[0], fields[1].removeprefix("slots=")
+    if problem := address_problem(address):
+        return problem
+    # str.isdigit() is True for other scripts' digits too (e.g. '١'), which int() and DeepSpeed's \d accept.
+    if not (slots.isascii() and slots.isdigit()):
+        return f"slots must be a whole number of GPUs in ASCII digits (at least 1), not '{slots}'"
+    if int(slots) < 1:
+        return "slots must be at least 1 (a node with no GPU runs no rank); remove the line instead"
+    if address.lower() in seen:
+        return f"duplicate host {address}, already on line {seen[address.lower()]}; each node appears once"
+    return None
 
 
 def resolve(address: str) -> set[str]:
@@ -138,19 +129,6 @@ def read_hostfile(path) -> list[Host]:
             f"Hostfile {path} does not exist. Write one line per node, {FORMAT} (see hostfile.example)."
         )
     return parse_hostfile(path.read_text(encoding="utf-8", errors="replace"), str(path))
-
-
-def format_hostfile(hosts: list[Host]) -> str:
-    text = "".join(h.line() + "\n" for h in hosts)
-    parse_hostfile(text)  # never write what we would refuse to read
-    return text
-
-
-def write_hostfile(path, hosts: list[Host]) -> Path:
-    """Write the hostfile atomically (node 0 first: DeepSpeed makes the first host rank 0)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return replace_file(path, format_hostfile(hosts))  # through a new file of a random name: never a planted link
 
 
 @dataclass
@@ -198,63 +176,21 @@ class HostSelection:
             raise HostfileError(
                 f"--master_port must be a port from 1024 to 65535 that is free on the first host, not {self.master_port}."
             )
-        for flag in ("include", "exclude"):
-            parse_host_filter(getattr(self, flag), f"--{flag}")
 
 
-def parse_host_filter(text: str, flag: str) -> dict[str, list[int]]:
-    """'node1:0,1@node2' -> {'node1': [0, 1], 'node2': []} (no slots: the whole host), as DeepSpeed reads it."""
-    selected: dict[str, list[int]] = {}
-    for spec in text.split("@") if text else []:
-        address, _, slots = spec.partition(":")
-        try:
-            ids = [int(slot) for slot in slots.split(",")] if slots else []
-        except ValueError:
-            ids = None
-        if not address or ids is None or any(i < 0 for i in ids) or (":" in spec and not slots):
-            raise HostfileError(
-                f"{flag} {text!r}: '{spec}' is not HOST or HOST:SLOT[,SLOT...] (slots are GPU numbers from 0); "
-                "separate hosts with @, e.g. 'node1:0,1@node2'."
-            )
-        if address in selected:
-            raise HostfileError(f"{flag} {text!r} names {address} twice: give each host once, its slots together.")
-        selected[address] = ids
-    return selected
+def select_hosts(hosts: list[Host], selection: HostSelection) -> list[Host]:
+    """The hosts a launch uses, in hostfile order (the first is rank 0's), each with the number of slots it runs: what
+    DeepSpeed's runner makes of the same flags (its own functions), found before anything starts."""
+    from deepspeed.launcher.runner import parse_inclusion_exclusion
 
-
-def select_hosts(hosts: list[Host], selection: HostSelection) -> list[tuple[Host, list[int] | None]]:
-    """The hosts a launch uses, in hostfile order (the first is rank 0's), each with the slots (GPU numbers) it runs
-    on, or None for all of them; every name and slot checked against the hostfile, as DeepSpeed's launcher would only
-    once it is starting."""
     names = ", ".join(h.address for h in hosts)
-    by_name = {h.address: h for h in hosts}
-    flag = "--include" if selection.include else "--exclude"
-    named = parse_host_filter(selection.include or selection.exclude, flag)
-    for address, ids in named.items():
-        if address not in by_name:
-            raise HostfileError(
-                f"{flag} names {address}, which is not in the hostfile (its hosts: {names}). Write the host as the "
-                "hostfile does, or add a line for it there."
-            )
-        bad = [i for i in ids if i >= by_name[address].slots]
-        if bad:
-            raise HostfileError(
-                f"{flag} names slot(s) {bad} of {address}, which has slots={by_name[address].slots} in the hostfile "
-                f"(slots 0 to {by_name[address].slots - 1}). Name slots it has, or raise its slots= there."
-            )
-    chosen: list[tuple[Host, list[int] | None]] = []
-    for host in hosts:
-        every = list(range(host.slots))
-        if selection.include:
-            if host.address not in named:
-                continue
-            ids = sorted(set(named[host.address])) or every
-        elif host.address in named:
-            ids = [i for i in every if named[host.address] and i not in named[host.address]]
-        else:
-            ids = every
-        if ids:
-            chosen.append((Host(host.address, len(ids)), None if ids == every else ids))
+    try:
+        chosen = parse_inclusion_exclusion({h.address: h.slots for h in hosts}, selection.include, selection.exclude)
+    except ValueError as error:
+        raise HostfileError(
+            f"--include/--exclude {selection.include or selection.exclude!r}: {error}. Write HOST[:SLOT[,SLOT...]] "
+            f"separated by @ (slots are GPU numbers from 0), with the hosts and slots of the hostfile ({names})."
+        ) from None
     if not chosen:
         raise HostfileError(
             f"--exclude {selection.exclude!r} leaves no host of the hostfile ({names}) to train on. Exclude fewer "
@@ -265,14 +201,5 @@ def select_hosts(hosts: list[Host], selection: HostSelection) -> list[tuple[Host
             f"--num_nodes {selection.num_nodes} asks for more hosts than the hostfile has ({len(chosen)}: {names}). "
             f"Pass --num_nodes {len(chosen)} or less, or add the other hosts to the hostfile."
         )
-    return chosen[: selection.num_nodes] if selection.num_nodes > 0 else chosen
-
-
-def rank_layout(hosts: list[Host]) -> dict[int, tuple[str, int]]:
-    """Global rank -> (host, local rank), in the order the DeepSpeed launcher assigns them (hostfile order)."""
-    layout, rank = {}, 0
-    for host in hosts:
-        for local in range(host.slots):
-            layout[rank] = (host.address, local)
-            rank += 1
-    return layout
+    hosts = [Host(address, len(slots)) for address, slots in chosen.items()]
+    return hosts[: selection.num_nodes] if selection.num_nodes > 0 else hosts

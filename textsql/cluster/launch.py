@@ -1,10 +1,6 @@
 """One multi-pod launch, decided once on the session: device and precision, the run folder and the checkpoint it
-resumes from (incomplete newer ones set aside), what every rank checks itself against, and, after the launch, which
-rank or pod failed first (from the failure records the ranks and pods write into the shared launch folder).
-
-Both ways to reach the pods share this: torchrun pods (textsql.cluster.pods: CML workers and local pods) and
-DeepSpeed's pdsh launcher over the user's own ssh (textsql.cluster.pdsh).
-"""
+resumes from, what every rank checks itself against, and, after the launch, which rank or pod failed first (from the
+records in the shared launch folder). Shared by torchrun pods (textsql.cluster.pods) and pdsh (textsql.cluster.pdsh)."""
 
 from __future__ import annotations
 
@@ -18,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.cluster.runs import absolute_in
+from textsql.cluster.runs import ResumePlan, absolute_in
 from textsql.errors import TextsqlError
-from textsql.sharedfiles import open_unlinked, read_unlinked
+from textsql.sharedfiles import read_unlinked
 
 # How a rank fails when another one died first: its collective or socket broke, or its launcher stopped it.
 AFTERMATH = re.compile(
@@ -86,7 +82,7 @@ class LaunchPlan:
     launch_dir: Path
     run_dir: Path
     workdir: Path
-    world_size: int
+    ranks: list[int]  # each pod's, the session's first: decided here once, each pod started with its own
     accelerator: str
     precision: object  # textsql.strategy.devices.PrecisionChoice
     resume: object  # textsql.cluster.runs.ResumePlan
@@ -94,6 +90,10 @@ class LaunchPlan:
     arguments: dict  # textsql.train.arguments_dict: what every rank trains with, exactly
     expect: dict  # what every rank checks itself against (versions, folders, file digests, the shared-folder marker)
     env: dict[str, str] = field(default_factory=dict)  # the allowlisted variables of the session, for every rank
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.ranks)
 
     def spec(self, **extra) -> dict:
         return dict(
@@ -117,24 +117,13 @@ class LaunchPlan:
         )
 
 
-def _dsconfig_file(training, workdir: Path) -> tuple[Path | None, dict | None]:
-    """(the DeepSpeed config file the ranks will read, its content), checked here first; (None, None) without one."""
-    from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path
-
-    name = training.deepspeed
-    if not name:
-        return None, None
-    if isinstance(name, dict):
-        raise PreflightError("Pass the DeepSpeed config of a multi-pod launch as a file or a shipped name, not a dict.")
-    candidate = absolute_in(workdir, name)
-    path = absolute_in(workdir, str(resolve_dsconfig_path(str(candidate) if candidate.exists() else name)))
-    return path, load_dsconfig(path)
-
-
-def decide_devices(training, model, devices, ranks: list[int | None]) -> tuple[str, object, int]:
-    """(accelerator, precision, world size), decided once from the session's devices (`devices`:
-    textsql.strategy.devices.NodeDevices) for pods asking `ranks` each: the session's first (None: one per GPU it
-    has), then the workers' (their own GPUs). Every rank checks that its pod matches (textsql.cluster.rank.check_pod)."""
+def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, log_root: Path, environ) -> LaunchPlan:
+    """Decide and prepare a launch on the session (the run folder is shared by every pod): raises PreflightError.
+    `arguments`: textsql.train's three dataclasses or a command line; `ranks`: the ranks each pod asks for, the
+    session's first (None: one per GPU it has), then the workers' (their own GPUs); `devices`: the session's
+    (textsql.strategy.devices.NodeDevices). Every rank checks that its pod matches (textsql.cluster.rank.check_pod)."""
+    from textsql.cluster.environment import forwarded
+    from textsql.cluster.runs import interrupted_siblings, planned_run_dir, resume_plan
     from textsql.strategy.devices import (
         NodeDevices,
         choose_accelerator,
@@ -142,100 +131,69 @@ def decide_devices(training, model, devices, ranks: list[int | None]) -> tuple[s
         ranks_per_node,
         resolve_precision,
     )
-
-    requested = training.accelerator
-    accelerator = "cpu" if requested == "cpu" else choose_accelerator(requested, devices)
-    node = devices if accelerator == "cuda" else NodeDevices()
-    world = ranks_per_node(ranks[0], node) + sum(ranks[1:])
-    precision = resolve_precision(
-        precision_from_trainer_flags(training.precision, training.bf16, training.fp16),
-        model.model_id,
-        devices.gpus if accelerator == "cuda" else (),
-        force_fp16=training.force_fp16,
-    )
-    return accelerator, precision, world
-
-
-def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, log_root: Path, environ) -> LaunchPlan:
-    """Decide and prepare a launch on the session (the run folder is shared by every pod): raises PreflightError.
-    `arguments`: textsql.train's three dataclasses or a command line; `ranks`: the ranks each pod asks for."""
-    from textsql.checkpoints import list_checkpoints
-    from textsql.cluster.environment import forwarded
-    from textsql.cluster.runs import (
-        RECORD,
-        ResumePlan,
-        choose_checkpoint,
-        interrupted_siblings,
-        planned_run_dir,
-        recorded_world_size,
-    )
-    from textsql.strategy.dsconfig import describe_strategy
+    from textsql.strategy.dsconfig import resolve_dsconfig_path
     from textsql.train.arguments import arguments_dict, as_arguments
+    from textsql.train.run import load_strategy
 
     workdir = Path(workdir).absolute()
-    launch_id = new_launch_id()
     model, data, training = as_arguments(arguments)
+    if isinstance(training.deepspeed, dict):
+        raise PreflightError("Pass the DeepSpeed config of a multi-pod launch as a file or a shipped name, not a dict.")
+    dsconfig = None
+    if training.deepspeed:  # the file every rank reads, as this session finds it
+        candidate = absolute_in(workdir, training.deepspeed)
+        name = str(candidate) if candidate.exists() else training.deepspeed
+        dsconfig = absolute_in(workdir, str(resolve_dsconfig_path(name)))
     try:
-        accelerator, precision, world = decide_devices(training, model, devices, ranks)
+        accelerator = "cpu" if training.accelerator == "cpu" else choose_accelerator(training.accelerator, devices)
+        ranks = [ranks_per_node(ranks[0], devices if accelerator == "cuda" else NodeDevices()), *ranks[1:]]
+        world = sum(ranks)
+        precision = resolve_precision(
+            precision_from_trainer_flags(training.precision, training.bf16, training.fp16),
+            model.model_id,
+            devices.gpus if accelerator == "cuda" else (),
+            force_fp16=training.force_fp16,
+        )
+        strategy = load_strategy(str(dsconfig) if dsconfig else None, training.fsdp_config, training.nvme_path)[1]
     except TextsqlError as error:
         raise PreflightError(str(error)) from None
-    dsconfig, dsconfig_content = _dsconfig_file(training, workdir)
-    strategy = describe_strategy(dsconfig_content)
-    if training.fsdp_config:
-        from textsql.strategy.fsdpconfig import describe_fsdp_strategy
-        from textsql.train.run import load_fsdp_strategy
-
-        strategy = describe_fsdp_strategy(load_fsdp_strategy(training.fsdp_config))
     run_dir = planned_run_dir(model, training, world, workdir, strategy["label"])
     if (run_dir / "run_summary.json").exists() and not training.overwrite:
         raise PreflightError(
             f"{run_dir} holds a finished run (run_summary.json is there). Pass --overwrite True to train again in it, "
             "or choose another --output_dir / --runs_root."
         )
-    if training.overwrite:
-        resume = ResumePlan(None)
-    else:
-        if not training.output_dir:
-            for size, folder in sorted(interrupted_siblings(run_dir, world).items()):
-                raise PreflightError(
-                    f"{folder} holds an interrupted run of world size {size}, but this launch has world size {world} "
-                    f"(and would start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume "
-                    "it; or, to start afresh at this size, move that folder away or pass another --runs_root / --output_dir."
-                )
-        try:
-            record = json.loads(read_unlinked(run_dir / RECORD)) if (run_dir / RECORD).exists() else None
-            resume = choose_checkpoint(
-                {"session": list_checkpoints(run_dir)},
-                {"session": list(range(world))},
-                world,
-                strategy["zero_stage"],
-                recorded_world_size=recorded_world_size(record, run_dir),
-                run_dir=run_dir,
+    if not (training.output_dir or training.overwrite):
+        for size, folder in sorted(interrupted_siblings(run_dir, world).items()):
+            raise PreflightError(
+                f"{folder} holds an interrupted run of world size {size}, but this launch has world size {world} "
+                f"(and would start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume "
+                "it; or, to start afresh at this size, move that folder away or pass another --runs_root / --output_dir."
             )
-        except (TextsqlError, ValueError) as error:
-            raise PreflightError(str(error)) from None
-    launch_dir = Path(log_root).absolute() / launch_id
+    try:
+        resume = ResumePlan(None) if training.overwrite else resume_plan(run_dir, world, strategy["zero_stage"])
+    except TextsqlError as error:
+        raise PreflightError(str(error)) from None
     dataset, model_dir = absolute_in(workdir, data.dataset_dir), absolute_in(workdir, model.model_id)
-    files = [p for p in (dsconfig, model_dir / "config.json") if p and p.exists()]
     expect = {
         "versions": versions(),
         "dirs": [str(workdir), str(dataset)] + ([str(model_dir)] if model_dir.exists() else []),
-        "files": {str(p): digest(p) for p in files},
+        "files": {str(p): digest(p) for p in (dsconfig, model_dir / "config.json") if p and p.exists()},
     }
     decided = dict(accelerator=accelerator, precision=precision.name, bf16=False, fp16=False)
     decided["deepspeed"] = str(dsconfig) if dsconfig else None
-    rank_arguments = dict(arguments_dict(model, data, training), **decided)
+    launch_id = new_launch_id()
     return LaunchPlan(
         launch_id,
-        launch_dir,
+        Path(log_root).absolute() / launch_id,
         run_dir,
         workdir,
-        world,
+        ranks,
         accelerator,
         precision,
         resume,
         strategy["zero_stage"],
-        rank_arguments,
+        dict(arguments_dict(model, data, training), **decided),  # what every rank trains with, exactly
         expect,
         forwarded(environ),
     )
@@ -257,35 +215,11 @@ def prepare(plan: LaunchPlan) -> None:
     if resume.checkpoint:
         verify_checkpoint(run_dir / resume.checkpoint)
     run_dir.mkdir(parents=True, exist_ok=True)
-    record = {"launch": plan.launch_id, "world_size": plan.world_size}
-    replace_file(run_dir / RECORD, json.dumps(record, indent=2) + "\n")
+    replace_file(run_dir / RECORD, json.dumps({"launch": plan.launch_id, "world_size": plan.world_size}) + "\n")
     (plan.launch_dir / "ranks").mkdir(parents=True)
     marker = plan.launch_dir / "shared-marker"
     replace_file(marker, secrets.token_hex(16))
     plan.expect["files"][str(marker)] = digest(marker)
-
-
-def resume_sentence(plan: LaunchPlan) -> str:
-    """What the next launch will do, from the run folder's checkpoints as they are now (after the stop)."""
-    from textsql.checkpoints import list_checkpoints
-    from textsql.cluster.runs import choose_checkpoint
-
-    try:
-        return choose_checkpoint(
-            {"session": list_checkpoints(plan.run_dir)},
-            {"session": list(range(plan.world_size))},
-            plan.world_size,
-            plan.zero_stage,
-            recorded_world_size=plan.world_size,
-            run_dir=plan.run_dir,
-        ).sentence()
-    except TextsqlError as error:
-        return f"cannot tell which checkpoint it resumes from: {error}"
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Records in the launch folder: written by the ranks and pods, read by the session
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def write_record(launch_dir, name: str, record: dict) -> None:
@@ -321,54 +255,54 @@ def first_failure(failures: list[dict]) -> dict:
 def failure_message(failures: list[dict], lost: dict[str, str], launch_dir: Path, resume: str | None) -> str:
     """The error a failed launch raises. `lost`: pods that ended without a rank's record, or went silent (address ->
     how), named first unless a rank had failed on its own before."""
-    lines = []
-    real = [f for f in failures if not secondary(f)]
-    if lost and not real:
-        for address, how in lost.items():
-            lines.append(f"Pod {address} was lost first: {how}.")
-    if failures:
-        first = first_failure(failures)
-        ordered = [first] + sorted((f for f in failures if f is not first), key=lambda f: f.get("ended_at") or 0)
-        if not (lost and not real):
-            lines.append(
-                f"Rank {first['rank']} on pod {first.get('node_address', '?')} failed first: {first.get('how', 'failed')}."
-            )
-            lines += [f"  | {t}" for t in first.get("tail", [])[-15:]]
-            ordered = ordered[1:]
-        for other in ordered:
-            lines.append(
-                f"Then rank {other['rank']} on {other.get('node_address', '?')}: {str(other.get('how'))[:200]}"
-                f"{' (stopped because of it)' if secondary(other) else ''}."
-            )
-    if not lines:
-        lines = ["The launch ended without a run summary."]
+    pods_first = bool(lost) and all(secondary(f) for f in failures)
+    lines = [f"Pod {address} was lost first: {how}." for address, how in lost.items()] if pods_first else []
+    first = first_failure(failures) if failures else None
+    if first and not pods_first:
+        where = f"Rank {first['rank']} on pod {first.get('node_address', '?')}"
+        lines += [f"{where} failed first: {first.get('how', 'failed')}."] + [
+            f"  | {t}" for t in first.get("tail", [])[-15:]
+        ]
+    for other in sorted((f for f in failures if f is not first or pods_first), key=lambda f: f.get("ended_at") or 0):
+        lines.append(
+            f"Then rank {other['rank']} on {other.get('node_address', '?')}: {str(other.get('how'))[:200]}"
+            f"{' (stopped because of it)' if secondary(other) else ''}."
+        )
+    lines = lines or ["The launch ended without a run summary."]
     lines.append(f"Every process of the launch was stopped. Logs: {launch_dir} (pod-<address>.log).")
     if resume:
         lines.append(f"Launch again with the same arguments: the next launch {resume}.")
     return "\n".join(lines)
 
 
-def launch_result(plan: LaunchPlan, command: list[str]) -> dict:
-    """What a finished launch returns: the run's summary, each rank's own summary, where the logs are."""
+def finish(plan: LaunchPlan, lost: dict[str, str], command: list[str]) -> dict:
+    """Once every process of the launch is stopped: raises LaunchFailed naming the rank or pod that failed first, with
+    what the next launch resumes from; else the run's summary, each rank's own summary, where the logs are."""
+    from textsql.cluster.runs import resume_plan
     from textsql.run_summary import read_summary
 
+    failures = read_records(plan.launch_dir, "failure")
+    if failures or lost:
+        try:  # what the next launch will do, from the run folder's checkpoints as they are now (after the stop)
+            resume = resume_plan(plan.run_dir, plan.world_size, plan.zero_stage).sentence()
+        except TextsqlError as error:
+            resume = f"cannot tell which checkpoint it resumes from: {error}"
+        raise LaunchFailed(failure_message(failures, lost, plan.launch_dir, resume), failures, plan.launch_dir, resume)
     ranks = sorted(read_records(plan.launch_dir, "summary"), key=lambda r: r["rank"])
     if not ranks or ranks[0]["rank"] != 0 or not ranks[0].get("run_summary"):
-        raise LaunchFailed(
-            f"The launch ended without rank 0's summary (logs: {plan.launch_dir}).", [], plan.launch_dir, None
-        )
-    return {
-        "summary": read_summary(ranks[0]["run_summary"]),
-        "ranks": ranks,
-        "launch_dir": plan.launch_dir,
-        "command": command,
-        "plan": plan,
-    }
+        raise LaunchFailed(f"The launch ended without rank 0's summary (logs: {plan.launch_dir}).", [], plan.launch_dir)
+    summary = read_summary(ranks[0]["run_summary"])
+    return {"summary": summary, "ranks": ranks, "launch_dir": plan.launch_dir, "command": command, "plan": plan}
 
 
-def tail_lines(path: Path, lines: int = 10) -> list[str]:
+def new_lines(path: Path, offsets: dict[str, int]) -> list[str]:
+    """The complete lines appended to the log `path` since the last call (`offsets`: how far each log was read)."""
     try:
-        with open_unlinked(path, "r") as f:
-            return f.read().splitlines()[-lines:]
-    except (OSError, TextsqlError):
+        with open(path, "rb") as f:
+            f.seek(offsets.get(str(path), 0))
+            data = f.read()
+    except OSError:
         return []
+    end = data.rfind(b"\n") + 1
+    offsets[str(path)] = offsets.get(str(path), 0) + end
+    return data[:end].decode(errors="replace").splitlines()

@@ -1,44 +1,28 @@
 """User-managed nodes (bare metal, VMs): the same launch over DeepSpeed's pdsh launcher and the user's own ssh setup.
 
-textsql writes no key, no known_hosts and no ssh config for this path: ssh reads the user's own (~/.ssh/config, or
-the file passed as `ssh_config`), and every ssh call — textsql's and pdsh's — gets `BatchMode=yes` and
-`StrictHostKeyChecking=yes` on its command line, which win over any config file: an unknown or changed host key is
-refused, never accepted. Each host is reached once over ssh before anything starts (an unknown key, a refused key:
-named), then `deepspeed --launcher pdsh` starts the same rank program as torchrun's pods do (textsql.cluster.rank),
-its spec — the training arguments and what the session decided, no environment value — in one base64 word. The
-ranks write their records into the shared launch folder; the first failure stops the launch on every host over ssh.
-"""
+textsql writes no key, known_hosts or ssh config: every ssh call (textsql's and pdsh's) gets `BatchMode=yes` and
+`StrictHostKeyChecking=yes` on its command line, which win over any config file. Each host is reached once before
+anything starts, then `deepspeed --launcher pdsh` starts textsql.cluster.rank, its spec (no environment value) in one
+base64 word; the first failure stops the launch on every host over ssh (docs/multi-pod.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import queue
 import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from textsql.cluster.hostfile import Host, HostSelection, check_addresses, read_hostfile, select_hosts
-from textsql.cluster.launch import (
-    LaunchFailed,
-    PreflightError,
-    encode,
-    failure_message,
-    launch_result,
-    plan_launch,
-    prepare,
-    read_records,
-    resume_sentence,
-)
+from textsql.cluster.launch import PreflightError, encode, finish, new_lines, plan_launch, prepare, read_records
 from textsql.errors import TextsqlError
-from textsql.sharedfiles import open_unlinked
 
 LAUNCH_FLAG = "--textsql_launch="  # in every rank's argv: how a stop finds this launch's processes on a host
 
@@ -53,9 +37,8 @@ PDSH_EXIT = re.compile(r"^pdsh@[^:]*: (?P<host>[^:\s]+): ssh exited with exit co
 
 
 def find_program(name: str, package: str) -> str:
-    for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
+    if found := shutil.which(name):
+        return found
     raise TextsqlError(
         f"`{name}` is not installed on this machine. Install the {package} package (Debian/Ubuntu: apt-get install {package})."
     )
@@ -65,14 +48,10 @@ def ssh_options(ssh_config: Path | None) -> list[str]:
     return (["-F", str(ssh_config)] if ssh_config else []) + list(SSH_OPTIONS)
 
 
-def run_ssh(
-    host: str, command: str, ssh_config: Path | None, *, timeout: float = 120, stdin: str | None = None
-) -> subprocess.CompletedProcess:
-    """`command` on `host` over ssh; `stdin`: what the command reads (requests travel there, not in argv)."""
+def run_ssh(host: str, command: str, ssh_config: Path | None, *, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`command` on `host` over ssh, host keys checked."""
     argv = [find_program("ssh", "openssh-client"), *ssh_options(ssh_config), host, command]
     try:
-        if stdin is not None:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=stdin, check=False)
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, 255, "", f"ssh timed out after {timeout:.0f} s")
@@ -96,22 +75,25 @@ def explain_ssh_failure(host: str, stderr: str) -> str:
     return f"ssh to {host} failed: {last}"
 
 
+def on_every_host(hosts: list[Host], command: str, ssh_config: Path | None, timeout: float):
+    """`command` over ssh on every host at once; each host's CompletedProcess, in order."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
+        return list(pool.map(lambda h: run_ssh(h.address, command, ssh_config, timeout=timeout), hosts))
+
+
 def check_hosts(hosts: list[Host], ssh_config: Path | None, workdir: Path) -> None:
     """Reach every host over ssh (host keys checked) and run this Python in the working folder there; raises
     PreflightError naming each host that fails."""
     command = f"cd {shlex.quote(str(workdir))} && {shlex.quote(sys.executable)} -c pass"
-
-    def one(host: Host) -> str | None:
-        done = run_ssh(host.address, command, ssh_config, timeout=60)
-        if done.returncode == 0:
-            return None
+    problems = []
+    for host, done in zip(hosts, on_every_host(hosts, command, ssh_config, timeout=60)):
         if done.returncode == 255:
-            return explain_ssh_failure(host.address, done.stderr)
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"{sys.executable} does not run in {workdir} there (exit status {done.returncode}): {tail}"
-
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        problems = [f"{h.address}: {p}" for h, p in zip(hosts, pool.map(one, hosts)) if p]
+            problems.append(f"{host.address}: {explain_ssh_failure(host.address, done.stderr)}")
+        elif done.returncode:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            problems.append(
+                f"{host.address}: {sys.executable} does not run in {workdir} there (exit status {done.returncode}): {tail}"
+            )
     if problems:
         raise PreflightError(f"ssh failed on {len(problems)} host(s):\n" + "\n".join(f"  {p}" for p in problems))
 
@@ -120,7 +102,7 @@ def plan_user_managed(hostfile, arguments, *, ssh_config=None, workdir=None, log
     """The chosen hosts (checked against the hostfile, then reached over ssh) and the plan of their launch."""
     from textsql.strategy.devices import local_devices
 
-    chosen = [host for host, _ in select_hosts(read_hostfile(hostfile), selection or HostSelection())]
+    chosen = select_hosts(read_hostfile(hostfile), selection or HostSelection())
     check_addresses(chosen)  # unresolvable names, two entries that are one machine
     workdir = Path(workdir or os.getcwd()).absolute()
     check_hosts(chosen, ssh_config, workdir)
@@ -154,9 +136,7 @@ def check_shell_safe(what: str, value: str) -> None:
         )
 
 
-def runner_environment(
-    ssh_config: Path | None, rank_env: dict[str, str], echo=print, workdir: Path | None = None
-) -> dict[str, str]:
+def runner_environment(ssh_config: Path | None, accelerator: str, echo=print, workdir: Path | None = None) -> dict:
     """The environment of DeepSpeed's runner for a pdsh launch. The runner copies every variable named MLFLOW*,
     PYTHON* or NCCL*, and each line of a .deepspeed_env file, into the remote shell command: into pdsh's argv (readable by
     every user of the machine) and through a shell on every node. So it gets this machine's basics, the ssh options,
@@ -171,10 +151,10 @@ def runner_environment(
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     if os.environ.get(
         "SSH_AUTH_SOCK"
-    ):  # pdsh's ssh reaches the user's ssh agent (a socket path; the runner exports no SSH_*)
+    ):  # pdsh's ssh reaches the user's ssh agent (a socket; the runner exports no SSH_*)
         env["SSH_AUTH_SOCK"] = os.environ["SSH_AUTH_SOCK"]
-    if "DS_ACCELERATOR" in rank_env:
-        env["DS_ACCELERATOR"] = rank_env["DS_ACCELERATOR"]
+    if accelerator == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
     for folder in dict.fromkeys(p for p in (Path.home(), workdir) if p):
         if (folder / ".deepspeed_env").exists():
             echo(
@@ -195,10 +175,12 @@ def launch_training(
     grace_seconds: float = 3,
     selection: HostSelection | None = None,
 ) -> dict:
-    """Check the hosts, then `deepspeed --launcher pdsh ...`, streaming its output through `echo`. Returns {"summary",
-    "ranks", "launch_dir", "command", "plan"}; raises LaunchFailed naming the rank that failed first, with what the
-    next launch resumes from, once every process of the launch is stopped on every host."""
+    """Check the hosts, then `deepspeed --launcher pdsh ...`, echoing its output. Returns {"summary", "ranks",
+    "launch_dir", "command", "plan"}; raises LaunchFailed naming the rank that failed first, with what the next
+    launch resumes from, once every process of the launch is stopped on every host."""
     from textsql.cluster.runs import run_lock
+    from textsql.sharedfiles import open_unlinked, replace_file
+    from textsql.train.distributed import free_port
 
     find_program("pdsh", "pdsh")
     check_shell_safe("The working folder", str(Path(workdir or os.getcwd()).absolute()))
@@ -211,118 +193,64 @@ def launch_training(
     echo(plan.describe())
     with run_lock(plan.run_dir, plan.launch_id):
         prepare(plan)
-        hosts = plan.launch_dir / "hostfile"
-        hosts.write_text("".join(f"{h.address} slots={h.slots}\n" for h in read_hostfile(hostfile)))
-        port = selection.master_port or _free_port()
+        hosts = replace_file(
+            plan.launch_dir / "hostfile", "".join(f"{h.address} slots={h.slots}\n" for h in read_hostfile(hostfile))
+        )
         # --force_multi: with one host left DeepSpeed's runner would otherwise start the ranks on this machine.
         command = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--hostfile", str(hosts)]
         command += ["--launcher", "pdsh", "--no_ssh_check", "--force_multi", "--master_addr", chosen[0].address]
-        command += ["--master_port", str(port), "--log_level", "warning", *_selection_args(selection)]
-        spec = plan.spec(hosts=[h.address for h in chosen])
-        command += [
-            "--module",
-            "textsql.cluster.rank",
-            f"{LAUNCH_FLAG}{plan.launch_id}",
-            f"--textsql_spec={encode(spec)}",
-        ]
-        env = runner_environment(
-            ssh_config, {"DS_ACCELERATOR": "cpu"} if plan.accelerator == "cpu" else {}, echo, plan.workdir
-        )
+        command += ["--master_port", str(selection.master_port or free_port()), "--log_level", "warning"]
+        command += ["--include", selection.include] if selection.include else []  # checked: select_hosts
+        command += ["--exclude", selection.exclude] if selection.exclude else []
+        command += ["--num_nodes", str(selection.num_nodes)] if selection.num_nodes > 0 else []
+        spec = encode(plan.spec(hosts=[h.address for h in chosen]))
+        command += ["--module", "textsql.cluster.rank", f"{LAUNCH_FLAG}{plan.launch_id}", f"--textsql_spec={spec}"]
+        env = runner_environment(ssh_config, plan.accelerator, echo, plan.workdir)
         echo("training arguments (the same on every rank): " + json.dumps(plan.arguments))
-        process = subprocess.Popen(
-            command,
-            cwd=plan.workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
-        lost, failing_since = {}, None
+        log, offsets, lost, failing_since = plan.launch_dir / "launch.log", {}, {}, None
+        with open_unlinked(log, "w", binary=True) as out:
+            process = subprocess.Popen(
+                command, cwd=plan.workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
         try:
-            with open_unlinked(plan.launch_dir / "launch.log", "w", buffering=1) as log:
-                while (line := _next_line(lines)) is not None:
-                    if line:
-                        log.write(line + "\n")
-                        echo(line)
-                        if exited := PDSH_EXIT.match(line):
-                            lost[exited["host"]] = f"its ssh exited with exit code {exited['code']}"
-                    if failing_since is None and (lost or read_records(plan.launch_dir, "failure")):
-                        failing_since = time.monotonic()
-                    if failing_since is not None and time.monotonic() - failing_since >= grace_seconds:
-                        break
+            while True:
+                running = process.poll() is None
+                for line in new_lines(log, offsets):
+                    echo(line)
+                    if exited := PDSH_EXIT.match(line):
+                        lost[exited["host"]] = f"its ssh exited with exit code {exited['code']}"
+                if failing_since is None and (lost or read_records(plan.launch_dir, "failure")):
+                    failing_since = time.monotonic()
+                if not running or (failing_since is not None and time.monotonic() - failing_since >= grace_seconds):
+                    break
+                time.sleep(0.5)
         except BaseException:
             echo(f"textsql: interrupted; stopping launch {plan.launch_id} on every host")
             raise
         finally:
             _stop(process, chosen, ssh_config, plan.launch_id)
-        failures = read_records(plan.launch_dir, "failure")
-        if failures or lost or process.returncode != 0:
-            if not failures and not lost:
-                lost[chosen[0].address] = f"DeepSpeed's runner ended with exit status {process.returncode}"
-            resume = resume_sentence(plan)
-            raise LaunchFailed(
-                failure_message(failures, lost, plan.launch_dir, resume), failures, plan.launch_dir, resume
-            )
-        return launch_result(plan, command)
-
-
-def _selection_args(selection: HostSelection) -> list[str]:
-    """DeepSpeed's own host selection flags (checked against the hostfile first: select_hosts)."""
-    args = ["--include", selection.include] if selection.include else []
-    args += ["--exclude", selection.exclude] if selection.exclude else []
-    return args + (["--num_nodes", str(selection.num_nodes)] if selection.num_nodes > 0 else [])
-
-
-def _free_port() -> int:
-    from textsql.train.distributed import free_port
-
-    return free_port()
-
-
-def _read_lines(stream, lines: queue.Queue) -> None:
-    for line in stream:
-        lines.put(line.rstrip("\n"))
-    lines.put(None)
-
-
-def _next_line(lines: queue.Queue) -> str | None:
-    """The next output line, "" when none came for half a second (to check the clock), None at the end."""
-    try:
-        return lines.get(timeout=0.5)
-    except queue.Empty:
-        return ""
-
-
-def _signal_launch(hosts: list[Host], ssh_config: Path | None, launch_id: str, command: str) -> list[int]:
-    pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(hosts)))) as pool:
-        return list(
-            pool.map(
-                lambda h: run_ssh(h.address, f"{command} -f -- {pattern}", ssh_config, timeout=20).returncode, hosts
-            )
-        )
+        if process.returncode and not lost and not read_records(plan.launch_dir, "failure"):
+            lost[chosen[0].address] = f"DeepSpeed's runner ended with exit status {process.returncode}"
+        return finish(plan, lost, command)
 
 
 def _stop(process: subprocess.Popen, hosts: list[Host], ssh_config: Path | None, launch_id: str) -> None:
     """TERM this launch's processes on every node (they carry the launch id), KILL what is left, then end the local
     runner, pdsh and ssh clients — with SIGKILL: the runner's SIGTERM handler would `pkill -f deepspeed.launcher.launch`
     on every node, other launches included."""
-    _signal_launch(hosts, ssh_config, launch_id, "pkill -TERM")
+    pattern = shlex.quote("[-]" + LAUNCH_FLAG[1:] + launch_id)  # [-] keeps the pattern from matching this very command
+
+    def everywhere(command: str) -> list[int]:
+        return [done.returncode for done in on_every_host(hosts, f"{command} -f -- {pattern}", ssh_config, timeout=20)]
+
+    everywhere("pkill -TERM")
     deadline = time.monotonic() + 15
-    while 0 in _signal_launch(hosts, ssh_config, launch_id, "pgrep") and time.monotonic() < deadline:
+    while 0 in everywhere("pgrep") and time.monotonic() < deadline:
         time.sleep(1)
-    _signal_launch(hosts, ssh_config, launch_id, "pkill -KILL")
-    try:
+    everywhere("pkill -KILL")
+    with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()

@@ -1,14 +1,7 @@
-"""Several pods on torchrun's elastic agent: every pod — the session's own, each CML worker, each local pod — runs
-`torchrun` (c10d rendezvous at the session's store, a fresh run id per launch) with `textsql.cluster.rank`, its
-command and environment fixed when the pod is created, so no pod listens for orders.
-
-The session hosts the rendezvous store (torch's TCPStore, bound to the session's address only), starts the pods,
-and watches them: each pod's log (echoed), the records the ranks write into the shared launch folder, each pod's
-heartbeat through the store, its process (local) or status (CML). The first failure — a rank that raised (the
-earliest record wins), a pod that ended, went silent (frozen, cut off) or never started — ends the launch: every pod
-is stopped in a `finally` (Ctrl-C included) and the error names the rank or pod. `python -m textsql.cluster.pods`
-is what a pod runs.
-"""
+"""Several pods on torchrun's elastic agent (docs/multi-pod.md): every pod runs `torchrun` with c10d rendezvous at
+the session's store and `textsql.cluster.rank`, its command and environment fixed when the pod is created, so no pod
+listens for orders. The session hosts the store, starts the pods, watches their logs, records, heartbeats and
+processes (or CML status), and stops every pod in a `finally` once the launch ends or the first failure is named."""
 
 from __future__ import annotations
 
@@ -24,20 +17,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.cluster.launch import LaunchFailed, decode, encode, failure_message, read_records, write_record
-from textsql.cluster.rank import LAUNCH_ENV, POD_ENV, set_parent_death_signal
+from textsql.cluster.launch import decode, encode, read_records, write_record
+from textsql.cluster.rank import LAUNCH_ENV, POD_ENV
 from textsql.errors import TextsqlError
 
-RANKS_ENV, LOCAL_POD_ENV = "TEXTSQL_POD_RANKS", "TEXTSQL_LOCAL_POD"
+RANKS_ENV = "TEXTSQL_POD_RANKS"
 POD_CODE = "import sys\nfrom textsql.cluster.pods import pod_main\nsys.exit(pod_main())\n"
 SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
 GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive before the error is written
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# What a pod runs
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def narrow_store(address: str, port: int = 0):
@@ -62,28 +50,20 @@ def _narrow_store_server() -> None:
     dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = create
 
 
-def _heartbeat(endpoint: str, address: str, every: float, silence: float) -> None:
-    """Tell the session this pod is alive; when the session's store is gone for `silence` seconds (the session or
-    its kernel died), stop this pod (SIGTERM: torchrun stops its ranks)."""
+def _heartbeat(endpoint: str, address: str, every: float) -> None:
+    """Tell the session this pod is alive (a counter in its store), so that a frozen or cut-off pod is named once the
+    counter stops. A store that is gone ends only this thread: torchrun's agent stops its ranks itself when it loses
+    the rendezvous store (the session that hosts it died)."""
     import datetime
 
     import torch.distributed as dist
 
     host, port = endpoint.rsplit(":", 1)
-    store, last_ok = None, time.monotonic()
-    while True:
-        try:
-            if store is None:
-                store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 2))
+    with contextlib.suppress(Exception):  # the store gone or unreachable: the session names the silence
+        store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 4))
+        while True:
             store.add(f"textsql/alive/{address}", 1)
-            last_ok = time.monotonic()
-        except Exception:  # the store is gone or unreachable: retried until `silence`
-            store = None
-            if time.monotonic() - last_ok > silence:
-                print(f"textsql pod {address}: the session's store is gone; stopping", flush=True)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-        time.sleep(every)
+            time.sleep(every)
 
 
 def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, str]:
@@ -130,8 +110,6 @@ def pod_main() -> int:
     out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     os.dup2(out, 1)
     os.dup2(out, 2)
-    if os.environ.get(LOCAL_POD_ENV):
-        set_parent_death_signal(signal.SIGTERM)  # a local pod ends with the session that started it
     try:
         env = pod_environment(spec, address)
     except TextsqlError as error:
@@ -141,8 +119,7 @@ def pod_main() -> int:
     os.environ.clear()
     os.environ.update(env)
     _narrow_store_server()
-    beat = spec["silence"] / 4
-    threading.Thread(target=_heartbeat, args=(spec["store"], address, beat, spec["silence"]), daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(spec["store"], address, spec["silence"] / 4), daemon=True).start()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -163,34 +140,37 @@ def pod_failure(address: str, how: str) -> dict:
     return {"rank": -1, "node_address": address, "how": how, "tail": [], "ended_at": time.time()}
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Pods, as the session starts and stops them
-# ---------------------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Pod:
-    """One pod of a launch: its address (once known), its local process or CML worker id, its log."""
+    """One pod of a launch: its address ("?" until a CML worker runs), its local process or CML worker id."""
 
     address: str
     process: subprocess.Popen | None = None
     worker_id: str | None = None
-    log: Path | None = None
     ended: str | None = None  # how it ended, once it has
+    joined: bool = False  # a local process, or a heartbeat seen: an elastic launch may go on without the others
+    beat: tuple[int, float] = (0, 0.0)  # its heartbeat counter as last seen, and when that changed
+    tail: deque = field(default_factory=lambda: deque(maxlen=6))  # its last lines of output
 
 
-def start_local_pod(address: str, env: dict[str, str], log: Path, cpus: list[int] | None = None) -> subprocess.Popen:
-    """A pod as a local process in its own session (a notebook interrupt reaches the session only)."""
-    with open(log, "ab") as out:
-        return subprocess.Popen(
+def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: list[int] | None = None) -> Pod:
+    """A pod as a local process in its own session (a notebook interrupt reaches the session only), with this
+    process's environment less secrets, plus `env`."""
+    from textsql.cluster.environment import is_secret
+    from textsql.sharedfiles import open_unlinked
+
+    env = {**{k: v for k, v in os.environ.items() if not is_secret(k, v)}, **env, POD_ENV: address}
+    with open_unlinked(launch_dir / f"pod-{address}.log", "a", binary=True) as out:
+        process = subprocess.Popen(
             [sys.executable, "-c", POD_CODE],
-            env=dict(env, **{POD_ENV: address, LOCAL_POD_ENV: "1"}),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
+    return Pod(address, process=process)
 
 
 def stop_local_pods(processes: list[subprocess.Popen]) -> None:
@@ -217,106 +197,6 @@ def stop_local_pods(processes: list[subprocess.Popen]) -> None:
         process.wait()
 
 
-class LocalBackend:
-    """Worker pods as local processes on loopback addresses 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1.
-    On a machine with GPUs each pod gets its own (CUDA_VISIBLE_DEVICES), and each pod its share of the cores."""
-
-    name = "local"
-
-    def __init__(self, session_address: str = "127.0.0.1", first_worker_address: str = "127.0.0.2"):
-        self.session, self.first = session_address, first_worker_address
-        self.processes: dict[str, subprocess.Popen] = {}
-
-    def session_address(self) -> str:
-        return self.session
-
-    def placements(self, ranks: list[int]) -> list[dict]:
-        from textsql.strategy.devices import local_devices, split_local_cores, split_local_gpus
-
-        gpus = split_local_gpus(ranks, local_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(ranks))
-        return [{"env": {"CUDA_VISIBLE_DEVICES": g} if g is not None else {}, "cpus": c} for g, c in zip(gpus, cores)]
-
-    def launch(self, n: int, spec, env: dict[str, str], launch_dir: Path, placements: list[dict]) -> list[Pod]:
-        from textsql.cluster.environment import is_secret
-
-        prefix, last = self.first.rsplit(".", 1)
-        pods = []
-        for i in range(n):
-            address = f"{prefix}.{int(last) + i}"
-            pod_env = {k: v for k, v in os.environ.items() if not is_secret(k, v)}  # what a pod inherits, no secret
-            pod_env.update(env, **placements[i]["env"])
-            log = launch_dir / f"pod-{address}.log"
-            process = start_local_pod(address, pod_env, log, placements[i]["cpus"])
-            self.processes[f"local-{address}"] = process
-            pods.append(Pod(address, process=process, worker_id=f"local-{address}", log=log))
-        return pods
-
-    def status(self, pod: Pod) -> str | None:
-        return None
-
-    def stop(self, pods: list[Pod]) -> None:
-        stop_local_pods([p.process for p in pods if p.process is not None])
-
-
-class CmlBackend:
-    """Worker pods through CML's `cml.workers_v1` (`launch_workers(code=..., env=...)`); the session is
-    $CDSW_IP_ADDRESS. A pod's address is known from `list_workers` once it runs."""
-
-    name = "cml"
-
-    def __init__(self, module=None):
-        if module is None:
-            try:
-                import cml.workers_v1 as module
-            except ImportError:
-                raise TextsqlError(
-                    "The CML backend needs `cml.workers_v1`, which exists only inside a CML session. "
-                    "Use backend='local' on any other machine."
-                ) from None
-        self.cml = module
-
-    def session_address(self) -> str:
-        address = os.environ.get("CDSW_IP_ADDRESS")
-        if not address:
-            raise TextsqlError("CDSW_IP_ADDRESS is not set: the CML backend runs inside a CML session (its address).")
-        return address
-
-    def placements(self, ranks: list[int]) -> list[dict]:
-        return [{"env": {}, "cpus": None} for _ in ranks]  # each pod has its own devices
-
-    def launch(self, n: int, spec, env: dict[str, str], launch_dir: Path, placements: list[dict]) -> list[Pod]:
-        launched = self.cml.launch_workers(
-            n=n, cpu=spec.cpu, memory=spec.memory, nvidia_gpu=spec.nvidia_gpu, code=POD_CODE, env=env
-        )
-        return [Pod("?", worker_id=w["id"]) for w in launched]
-
-    def status(self, pod: Pod) -> str | None:
-        """The worker's status ("scheduling", "running", "failed", ...); its address is learned on the way."""
-        for listed in self.cml.list_workers():
-            if listed.get("id") == pod.worker_id:
-                if listed.get("ip_address") and pod.address == "?":
-                    pod.address = listed["ip_address"]
-                    pod.log = None
-                return listed.get("status")
-        return "missing"
-
-    def stop(self, pods: list[Pod]) -> None:
-        ids = [p.worker_id for p in pods if p.worker_id]
-        if ids:
-            self.cml.stop_workers(*ids)
-
-
-def make_backend(backend):
-    if backend == "local":
-        return LocalBackend()
-    if backend == "cml":
-        return CmlBackend()
-    if isinstance(backend, str):
-        raise TextsqlError(f"backend must be 'cml' or 'local', not '{backend}'.")
-    return backend
-
-
 @contextlib.contextmanager
 def interrupts_deferred(echo=print, doing: str = "stopping the pods"):
     """A second Ctrl-C waits until the block is done, then is raised: clean-up is never cut short."""
@@ -338,18 +218,6 @@ def interrupts_deferred(echo=print, doing: str = "stopping the pods"):
             raise KeyboardInterrupt
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# The Cluster
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class WorkerSpec:
-    cpu: float = 4
-    memory: float = 16
-    nvidia_gpu: int = 1
-
-
 @dataclass
 class Cluster:
     """The session plus `workers` worker pods, created for each launch (their command is the launch's).
@@ -358,11 +226,15 @@ class Cluster:
         cluster.preflight(model_args, data_args, training_args)   # or one command line: cluster.train(argv)
         result = cluster.train(model_args, data_args, training_args)
 
-    `min_workers`: elastic (`torchrun --nnodes MIN:MAX`): the launch starts once 1 + min_workers pods joined.
-    `max_restarts`: torchrun restarts every pod's ranks this many times after a failure (0: the launch ends).
+    `backend`: "cml" (worker pods through CML's `cml.workers_v1`: `launch_workers(code=..., env=...)`; the session is
+    $CDSW_IP_ADDRESS, a worker's address is known from `list_workers` once it runs) or "local" (worker pods as local
+    processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of the
+    cores). `min_workers`: elastic (`torchrun --nnodes MIN:MAX`): the launch starts once 1 + min_workers pods joined,
+    and a worker that never joins is no failure. `max_restarts`: torchrun restarts every pod's ranks this many times
+    after a failure (0: the launch ends).
     """
 
-    backend: object = "local"
+    backend: str = "local"
     workers: int = 1
     cpu: float = 4
     memory: float = 16
@@ -382,10 +254,11 @@ class Cluster:
             raise TextsqlError(f"workers must be 0 or more, not {self.workers}.")
         if self.min_workers is not None and not 0 <= self.min_workers <= self.workers:
             raise TextsqlError(f"min_workers must be between 0 and workers ({self.workers}), not {self.min_workers}.")
-        self.backend = make_backend(self.backend)
+        if self.backend not in ("local", "cml"):
+            raise TextsqlError(f"backend must be 'cml' or 'local', not '{self.backend}'.")
+        self.cml = None
         self.project_dir = Path(self.project_dir).absolute()
         self.dir = self.project_dir / ".textsql" / "cluster" / self.name
-        self.spec = WorkerSpec(self.cpu, self.memory, self.nvidia_gpu)
         self.started, self.lock = False, None
 
     def start(self) -> Cluster:
@@ -393,7 +266,18 @@ class Cluster:
         from textsql.cluster.runs import FileLock
 
         if not self.started:
-            self.session = self.backend.session_address()
+            self.session = "127.0.0.1"
+            if self.backend == "cml":
+                try:
+                    import cml.workers_v1 as cml
+                except ImportError:
+                    raise TextsqlError(
+                        "The CML backend needs `cml.workers_v1`, which exists only inside a CML session. "
+                        "Use backend='local' on any other machine."
+                    ) from None
+                self.cml, self.session = cml, os.environ.get("CDSW_IP_ADDRESS")
+                if not self.session:
+                    raise TextsqlError("CDSW_IP_ADDRESS is not set: the CML backend runs inside a CML session.")
             self.lock = FileLock(
                 self.dir / "cluster.lock",
                 f"Cluster '{self.name}' of {self.project_dir}",
@@ -417,20 +301,19 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _ranks(self) -> list[int | None]:
-        """The ranks each pod asks for: the session's (None: one per GPU), then one per worker GPU (one on a CPU)."""
-        return [self.session_slots] + [max(1, self.spec.nvidia_gpu)] * self.workers
-
     def plan(self, *arguments):
-        """Decide and prepare this training (textsql.cluster.launch.plan_launch) without starting it."""
+        """Decide and prepare this training (textsql.cluster.launch.plan_launch) without starting it. `arguments`:
+        textsql.train's three dataclasses, or one command line (a list)."""
         from textsql.cluster.launch import plan_launch
         from textsql.strategy.devices import local_devices
 
         if not self.started:
             raise TextsqlError("The cluster is not started (cluster.start()).")
+        if len(arguments) == 1 and isinstance(arguments[0], (list, tuple)):
+            arguments = arguments[0]
         return plan_launch(
-            _arguments(arguments),
-            ranks=self._ranks(),
+            arguments,
+            ranks=[self.session_slots] + [max(1, self.nvidia_gpu)] * self.workers,  # a worker's GPUs (1 on a CPU)
             devices=local_devices(),
             workdir=Path.cwd(),
             log_root=self.dir / "launches",
@@ -444,11 +327,10 @@ class Cluster:
         self.echo(f"preflight OK: {1 + self.workers} pods, world size {plan.world_size}")
         return plan
 
-    def train(self, *arguments, stop_on_failure: bool = True, grace_seconds: float = GRACE_SECONDS, timeout_s=None):
+    def train(self, *arguments, grace_seconds: float = GRACE_SECONDS, timeout_s=None):
         """One launch on new pods: raises LaunchFailed naming the rank or pod that failed first, the interrupt, or
-        textsql.train.local_launch.TrainingTimedOut past `timeout_s`; every pod is stopped before it returns.
-        (`stop_on_failure` is kept for callers: pods never outlive their launch.)"""
-        from textsql.cluster.launch import launch_result, prepare, resume_sentence
+        textsql.train.local_launch.TrainingTimedOut past `timeout_s`; every pod is stopped before it returns."""
+        from textsql.cluster.launch import finish, prepare
         from textsql.cluster.runs import run_lock
 
         plan = self.plan(*arguments)
@@ -456,163 +338,136 @@ class Cluster:
         with run_lock(plan.run_dir, plan.launch_id):
             prepare(plan)
             store = narrow_store(self.session)  # the rendezvous store, on the session's address only
+            nnodes = f"{1 + self.min_workers}:{1 + self.workers}" if self.min_workers is not None else 1 + self.workers
+            spec = plan.spec(
+                store=f"{self.session}:{store.port}",
+                nnodes=str(nnodes),
+                max_restarts=self.max_restarts,
+                silence=self.silence_seconds,
+                start_timeout=self.start_timeout,
+            )
+            command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
+            self.echo("every pod: " + " ".join(command))
             try:
-                spec = plan.spec(
-                    store=f"{self.session}:{store.port}",
-                    nnodes=str(1 + self.workers)
-                    if self.min_workers is None
-                    else f"{1 + self.min_workers}:{1 + self.workers}",
-                    max_restarts=self.max_restarts,
-                    silence=self.silence_seconds,
-                    start_timeout=self.start_timeout,
-                )
-                command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
-                self.echo("every pod: " + " ".join(command[:-2]) + " -m textsql.cluster.rank")
-                try:
-                    self._start_pods(plan, spec)
-                    self._watch(plan, store, grace_seconds, timeout_s)
-                except LaunchFailed:
-                    raise
-                finally:
-                    with interrupts_deferred(self.echo):
-                        self._stop_pods()
-                failures = read_records(plan.launch_dir, "failure")
-                if failures:  # a rank failed as the last pod ended
-                    resume = resume_sentence(plan)
-                    message = failure_message(failures, {}, plan.launch_dir, resume)
-                    raise LaunchFailed(message, failures, plan.launch_dir, resume)
-                return launch_result(plan, command)
+                self._start_pods(plan, spec)
+                lost = self._watch(plan, store, grace_seconds, timeout_s)
             finally:
-                store = None  # stops listening
+                with interrupts_deferred(self.echo):
+                    self._stop_pods()
+                del store  # stops listening
+            return finish(plan, lost, command)
 
     def _start_pods(self, plan, spec: dict) -> None:
-        from textsql.cluster.environment import is_secret
-        from textsql.strategy.devices import NodeDevices, local_devices, ranks_per_node
+        from textsql.strategy.devices import local_devices, split_local_cores, split_local_gpus
 
-        devices = local_devices() if plan.accelerator == "cuda" else NodeDevices()
-        ranks = [ranks_per_node(self.session_slots, devices)] + self._ranks()[1:]
-        placements = self.backend.placements(ranks)
+        if self.cml is None:  # pods on this machine: each its own GPUs and its share of the cores
+            gpus = split_local_gpus(plan.ranks, local_devices(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+            cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(plan.ranks))
+        else:  # the session's pod keeps what it has; each worker pod has its own devices
+            gpus, cores = [None], [None]
         env = {LAUNCH_ENV: encode(spec)}
-        self.echo(f"starting the session's pod ({self.session}) and {self.workers} {self.backend.name} worker pod(s)")
+        self.echo(f"starting the session's pod ({self.session}) and {self.workers} {self.backend} worker pod(s)")
         with interrupts_deferred(self.echo, "starting the pods"):  # what is started is recorded, so it can be stopped
-            own = {k: v for k, v in os.environ.items() if not is_secret(k, v)}
-            log = plan.launch_dir / f"pod-{self.session}.log"
-            session_env = dict(own, **env, **placements[0]["env"], **{RANKS_ENV: str(ranks[0])})
-            process = start_local_pod(self.session, session_env, log, placements[0]["cpus"])
-            self.pods = [Pod(self.session, process=process, worker_id="session", log=log)]
-            if isinstance(self.backend, LocalBackend):
-                self.backend.processes[f"local-{self.session}"] = process
-            if self.workers:
-                worker_env = dict(env, **{RANKS_ENV: str(ranks[1])})
-                self.pods += self.backend.launch(self.workers, self.spec, worker_env, plan.launch_dir, placements[1:])
+            local = [self.session] + ([f"127.0.0.{2 + n}" for n in range(self.workers)] if self.cml is None else [])
+            self.pods = []
+            for i, address in enumerate(local):
+                pod_env = {**env, RANKS_ENV: str(plan.ranks[i])}
+                if gpus[i] is not None:
+                    pod_env["CUDA_VISIBLE_DEVICES"] = gpus[i]
+                self.pods.append(start_local_pod(address, pod_env, plan.launch_dir, cores[i]))
+            if self.workers and self.cml is not None:
+                launched = self.cml.launch_workers(
+                    n=self.workers,
+                    cpu=self.cpu,
+                    memory=self.memory,
+                    nvidia_gpu=self.nvidia_gpu,
+                    code=POD_CODE,
+                    env={**env, RANKS_ENV: str(plan.ranks[1])},
+                )
+                self.pods += [Pod("?", worker_id=w["id"]) for w in launched]
 
     def _stop_pods(self) -> None:
         if not self.pods:
             return
         self.echo(f"textsql: stopping {len(self.pods)} pod(s)")
         pods, self.pods = self.pods, []
-        local = [p.process for p in pods if p.process is not None]
-        with contextlib.suppress(Exception):
-            self.backend.stop([p for p in pods if p.process is None])
-        stop_local_pods(local)
-        if isinstance(self.backend, LocalBackend):
-            self.backend.processes.clear()
+        if workers := [p.worker_id for p in pods if p.process is None]:
+            with contextlib.suppress(Exception):
+                self.cml.stop_workers(*workers)
+        stop_local_pods([p.process for p in pods if p.process is not None])
 
-    def _watch(self, plan, store, grace_seconds: float, timeout_s) -> None:
-        """Echo every pod's log; return when every pod ended well; raise on the first failure (after a grace for
-        the other records), past the start timeout or `timeout_s`."""
-        from textsql.cluster.launch import resume_sentence, tail_lines
+    def _watch(self, plan, store, grace_seconds: float, timeout_s) -> dict[str, str]:
+        """Echo every pod's log until every pod that joined ended well, or the first failure and a grace for the other
+        records: returns the pods lost (address -> how). TrainingTimedOut past `timeout_s`."""
+        from textsql.cluster.launch import new_lines
         from textsql.sharedfiles import open_unlinked
 
-        began = time.monotonic()
-        offsets: dict[str, int] = {}
-        beats: dict[str, tuple[int, float]] = {}
-        tail: deque[str] = deque(maxlen=6)
-        failing_since, lost = None, {}
+        began, offsets, lost, failing_since = time.monotonic(), {}, {}, None
+        recent: deque[str] = deque(maxlen=6)
+        elastic = self.min_workers is not None
         with open_unlinked(plan.launch_dir / "launch.log", "a", buffering=1) as launch_log:
             while True:
                 now = time.monotonic()
                 for pod in self.pods:
-                    status = self.backend.status(pod) if pod.process is None else None
-                    path = plan.launch_dir / f"pod-{pod.address}.log"
-                    for line in _new_lines(path, offsets):
-                        shown = f"{pod.address}: {line}"
-                        launch_log.write(shown + "\n")
-                        tail.append(shown)
-                        self.echo(shown)
+                    status = self._cml_status(pod) if pod.process is None else None
                     if pod.ended is None and pod.process is not None and pod.process.poll() is not None:
-                        code = pod.process.returncode
-                        pod.ended = "ok" if code == 0 else _how(code)
+                        pod.ended = "ok" if pod.process.returncode == 0 else _how(pod.process.returncode)
                     elif pod.ended is None and status in ("failed", "stopped", "succeeded", "timedout", "missing"):
                         pod.ended = "ok" if status == "succeeded" else f"its worker {pod.worker_id} is {status}"
+                    for line in new_lines(plan.launch_dir / f"pod-{pod.address}.log", offsets):
+                        shown = f"{pod.address}: {line}"
+                        launch_log.write(shown + "\n")
+                        pod.tail.append(line)
+                        recent.append(shown)
+                        self.echo(shown)
                     beat = int(store.add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
-                    seen = beats.get(pod.address)
-                    if seen is None or beat != seen[0]:
-                        beats[pod.address] = (beat, now)
-                    elif pod.ended is None and beat and now - seen[1] > self.silence_seconds:
-                        lost.setdefault(
-                            pod.address,
-                            f"it went silent for {now - seen[1]:.0f} s (no heartbeat: frozen, or cut off from the network)",
-                        )
-                    if pod.ended is None and not beat and pod.process is None and now - began > self.start_timeout:
+                    pod.joined = pod.joined or bool(beat) or pod.process is not None
+                    if beat != pod.beat[0]:
+                        pod.beat = (beat, now)
+                    elif pod.ended is None and beat and now - pod.beat[1] > self.silence_seconds:
+                        silent = f"{now - pod.beat[1]:.0f} s (no heartbeat: frozen, or cut off from the network)"
+                        lost.setdefault(pod.address, f"it went silent for {silent}")
+                    if pod.ended is None and not pod.joined and now - began > self.start_timeout and not elastic:
                         lost.setdefault(
                             pod.address if pod.address != "?" else pod.worker_id,
                             f"it did not start within {self.start_timeout:.0f} s"
                             + (f" (its worker {pod.worker_id} is {status})" if status else ""),
                         )
                     if pod.ended not in (None, "ok"):
-                        own = [
-                            r for r in read_records(plan.launch_dir, "failure") if r.get("node_address") == pod.address
-                        ]
-                        if not own:
-                            lines = tail_lines(path, 6)
-                            lost.setdefault(pod.address, f"it {pod.ended}" + "".join(f"\n  | {t}" for t in lines))
-                if all(p.ended == "ok" for p in self.pods):
-                    return
-                failures = read_records(plan.launch_dir, "failure")
-                if (failures or lost or any(p.ended not in (None, "ok") for p in self.pods)) and failing_since is None:
+                        if not any(
+                            r.get("node_address") == pod.address for r in read_records(plan.launch_dir, "failure")
+                        ):
+                            lost.setdefault(pod.address, f"it {pod.ended}" + "".join(f"\n  | {t}" for t in pod.tail))
+                if all(p.ended == "ok" for p in self.pods if p.joined or not elastic):
+                    return lost
+                if failing_since is None and (lost or read_records(plan.launch_dir, "failure")):
                     failing_since = now
-                done = all(p.ended is not None for p in self.pods)
-                if failing_since is not None and (now - failing_since >= grace_seconds or done):
+                if failing_since is not None and (
+                    now - failing_since >= grace_seconds or all(p.ended for p in self.pods)
+                ):
                     self.echo(f"textsql: launch {plan.launch_id} failed")
-                    with interrupts_deferred(self.echo):
-                        self._stop_pods()
-                    failures = read_records(plan.launch_dir, "failure")
-                    resume = resume_sentence(plan)
-                    message = failure_message(failures, lost, plan.launch_dir, resume)
-                    raise LaunchFailed(message, failures, plan.launch_dir, resume)
+                    return lost
                 if timeout_s is not None and now - began > timeout_s:
                     from textsql.train.local_launch import TrainingTimedOut
 
-                    raise TrainingTimedOut(timeout_s, list(tail))
+                    raise TrainingTimedOut(timeout_s, list(recent))
                 time.sleep(0.5)
 
+    def _cml_status(self, pod: Pod) -> str:
+        """A CML worker's status ("scheduling", "running", "failed", ...); its address is learned on the way."""
+        for listed in self.cml.list_workers():
+            if listed.get("id") == pod.worker_id:
+                if listed.get("ip_address") and pod.address == "?":
+                    pod.address = listed["ip_address"]
+                return listed.get("status")
+        return "missing"
+
     def __repr__(self) -> str:
-        return f"Cluster({self.backend.name}, workers={self.workers}, {'started' if self.started else 'not started'})"
+        return f"Cluster({self.backend}, workers={self.workers}, {'started' if self.started else 'not started'})"
 
 
 def _how(code: int) -> str:
     return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"ended with exit status {code}"
-
-
-def _new_lines(path: Path, offsets: dict[str, int]) -> list[str]:
-    """The complete lines appended to `path` since the last call."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offsets.get(str(path), 0))
-            data = f.read()
-    except OSError:
-        return []
-    end = data.rfind(b"\n") + 1
-    offsets[str(path)] = offsets.get(str(path), 0) + end
-    return data[:end].decode(errors="replace").splitlines()
-
-
-def _arguments(arguments: tuple):
-    """The training arguments of plan/preflight/train: the three dataclasses, or one command line (a list)."""
-    from textsql.train.arguments import as_arguments
-
-    return as_arguments(arguments[0] if len(arguments) == 1 and isinstance(arguments[0], (list, tuple)) else arguments)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The run a multi-node launch trains: its folder, the lock that keeps two launches out of it, and which checkpoint a
-launch resumes from (the newest one complete on every node; never a partial one, never another world size's)."""
+launch resumes from (the newest one complete for every rank; never a partial one, never another world size's)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,18 @@ import json
 import os
 import re
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.checkpoints import TRAINER_STATE, checkpoint_step
+from textsql.checkpoints import TRAINER_STATE, checkpoint_step, list_checkpoints, newest_whole_checkpoint
 from textsql.errors import TextsqlError
+from textsql.paths import LAUNCH_RECORD_FILE as RECORD
 from textsql.sharedfiles import open_unlinked, read_unlinked
 
 QUARANTINE_PREFIX = "incomplete-"  # not "checkpoint-*": the Trainer neither resumes from nor rotates what we set aside
 RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 SHARD = re.compile(r"(?:^|/)(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt$")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The run folder
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def planned_run_dir(model, training, world_size: int, workdir: Path, strategy_label: str | None = None) -> Path:
@@ -57,63 +52,32 @@ def interrupted_siblings(run_dir: Path, world_size: int) -> dict[int, Path]:
     return found
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Locks
-# ---------------------------------------------------------------------------------------------------------------------
-
-_HELD: set[str] = set()
-_HELD_LOCK = threading.Lock()
-
-
 class FileLock:
     """An exclusive lock held while a cluster or a launch lives: flock on a file (released by the kernel when the
-    process dies, so a restarted notebook kernel never finds its own stale lock), plus a registry for this process.
-    The file records who holds it, for the message that refuses the next one."""
+    process dies, so a restarted notebook kernel never finds its own stale lock; a second open file of this process
+    conflicts too). The file records who holds it, for the message that refuses the next one."""
 
     def __init__(self, path: Path, what: str, fix: str, owner: dict):
         import fcntl
 
         self.path = Path(path).absolute()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        key = str(self.path)
-        with _HELD_LOCK:
-            held_here = key in _HELD
-            if not held_here:
-                _HELD.add(key)
-        self.file = None
+        self.file = open_unlinked(self.path, "a+")  # never through a link a collaborator planted
         try:
-            if held_here:
-                raise BlockingIOError
-            self.file = open_unlinked(self.path, "a+")  # never through a link a collaborator planted
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_owner(self.path)
-            if self.file is not None:
-                self.file.close()
-                with _HELD_LOCK:
-                    _HELD.discard(key)
-            raise TextsqlError(f"{what} is in use by {holder}. {fix}") from None
-        except BaseException:
-            if self.file is not None:
-                self.file.close()
-            with _HELD_LOCK:
-                _HELD.discard(key)
-            raise
+            self.file.close()
+            raise TextsqlError(f"{what} is in use by {_read_owner(self.path)}. {fix}") from None
         self.file.seek(0)
         self.file.truncate()
-        self.file.write(
-            json.dumps(
-                dict(owner, host=socket.gethostname(), pid=os.getpid(), since=time.strftime("%Y-%m-%d %H:%M:%S"))
-            )
-        )
+        since = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.file.write(json.dumps(dict(owner, host=socket.gethostname(), pid=os.getpid(), since=since)))
         self.file.flush()
 
     def release(self) -> None:
         if self.file is not None:
             self.file.close()  # closing releases the flock
             self.file = None
-            with _HELD_LOCK:
-                _HELD.discard(str(self.path))
 
     def __enter__(self):
         return self
@@ -143,19 +107,12 @@ def run_lock(run_dir: Path, launch_id: str) -> FileLock:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Checkpoints: what each node has (node side), and which one every node can resume from (session side)
-# ---------------------------------------------------------------------------------------------------------------------
+def missing_parts(files: dict[str, bool], step: int, world_size: int, zero_stage: int | None) -> list[str]:
+    """What checkpoint-<step> (its files: name -> whole) lacks for every rank to resume from it (empty: nothing).
 
-
-def missing_parts(
-    files: dict[str, bool], step: int, ranks: list[int], world_size: int, zero_stage: int | None, whole_run: bool
-) -> list[str]:
-    """What checkpoint-<step> lacks, in one node's view, for `ranks` to resume from it (empty: nothing).
-
-    `whole_run`: this view should hold the run-wide files too (trainer_state.json, model or model states). DeepSpeed
-    (zero_stage not None) writes model states (one per rank under ZeRO-3) and one optimizer shard per rank under
-    global_step<N>/; without DeepSpeed rank 0 writes model, optimizer and scheduler. Every rank writes its RNG state.
+    DeepSpeed (zero_stage not None) writes model states (one per rank under ZeRO-3) and one optimizer shard per rank
+    under global_step<N>/; without DeepSpeed rank 0 writes model, optimizer and scheduler. Every rank writes its RNG
+    state. The run folder is shared by every pod (each rank checks it sees the launch folder), so this is every node's.
     """
     missing = []
 
@@ -165,29 +122,25 @@ def missing_parts(
         elif not files[name]:
             missing.append(f"{what} ({name}) is cut short")
 
-    if whole_run:
-        need(TRAINER_STATE, "the trainer state")
-    for rank in ranks:
+    need(TRAINER_STATE, "the trainer state")
+    for rank in range(world_size):
         need("rng_state.pth" if world_size == 1 else f"rng_state_{rank}.pth", f"rank {rank}'s RNG state")
     if zero_stage is None:
-        if whole_run:
-            weights = [
-                n for n in files if n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-            ]
-            if not weights:
-                missing.append("the model weights (model.safetensors) are missing")
-            for name in weights:
-                need(name, "the model weights")
-            need("optimizer.pt", "the optimizer state")
-            need("scheduler.pt", "the scheduler state")
+        weights = [n for n in files if n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")]
+        if not weights:
+            missing.append("the model weights (model.safetensors) are missing")
+        for name in weights:
+            need(name, "the model weights")
+        need("optimizer.pt", "the optimizer state")
+        need("scheduler.pt", "the scheduler state")
         return missing
     states = f"global_step{step}"
-    for rank in ranks:
+    for rank in range(world_size):
         if zero_stage >= 1:
             need(_shard(files, states, rank, "optim"), f"rank {rank}'s optimizer shard")
         if zero_stage == 3:
             need(_shard(files, states, rank, "model"), f"rank {rank}'s model states")
-    if whole_run and zero_stage < 3:
+    if zero_stage < 3:
         need(f"{states}/mp_rank_00_model_states.pt", "the model states")
     return missing
 
@@ -201,49 +154,30 @@ def _shard(files: dict[str, bool], folder: str, rank: int, kind: str) -> str:
     return f"{folder}/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
 
 
-def ranks_in(files: dict[str, bool]) -> set[int]:
-    """The ranks a checkpoint view has files of (RNG states and ZeRO shards); rng_state.pth means a single rank."""
-    ranks = set()
-    for name in files:
-        if match := RNG.match(name):
-            ranks.add(int(match[1] or 0))
-        elif match := SHARD.search(name):
-            ranks.add(int(match[1]))
-    return ranks
-
-
 @dataclass
 class ResumePlan:
-    """The checkpoint every node resumes from (None: start at step 0) and what is set aside, with the reasons."""
+    """The checkpoint every rank resumes from (None: start at step 0) and what is set aside, with the reasons."""
 
     checkpoint: str | None
     set_aside: dict[str, list[str]] = field(default_factory=dict)  # checkpoint -> why it cannot be resumed from
-    views: list[str] = field(default_factory=list)  # the nodes whose folders were looked at
 
     def sentence(self) -> str:
-        why = "; ".join(
-            f"{name} is incomplete: {', '.join(reasons[:3])}"
-            for name, reasons in sorted(self.set_aside.items(), key=_step_of, reverse=True)
-        )
+        by_step = sorted(self.set_aside.items(), key=lambda item: checkpoint_step(item[0]), reverse=True)
+        why = "".join(f"; {name} is incomplete: {', '.join(reasons[:3])}" for name, reasons in by_step)
         if self.checkpoint is None:
-            return "starts from step 0 (no checkpoint is complete on every node" + (f"; {why})" if why else ")")
-        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node" + (
-            f"; {why})" if why else ")"
-        )
+            return f"starts from step 0 (no checkpoint is complete on every node{why})"
+        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node{why})"
 
 
-def _step_of(item) -> int:
-    return checkpoint_step(item[0] if isinstance(item, tuple) else item)
-
-
-RECORD = "textsql-launch.json"  # in the run folder: the world size and nodes of the launch that trains it
-
-
-def recorded_world_size(record, run_dir: Path) -> int | None:
-    """The world size in a run folder's launch record, as a node's probe read it (None: no record). The shared folder
-    is anyone's to write: anything but a record textsql wrote is refused, naming the file."""
-    if record is None:
+def recorded_world_size(run_dir: Path) -> int | None:
+    """The world size in a run folder's launch record (None: no record). The shared folder is anyone's to write:
+    anything but a record textsql wrote is refused, naming the file."""
+    if not (Path(run_dir) / RECORD).exists():
         return None
+    try:
+        record = json.loads(read_unlinked(Path(run_dir) / RECORD))
+    except ValueError as error:
+        record = f"not JSON ({error})"
     size = record.get("world_size") if isinstance(record, dict) else None
     if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
         return size
@@ -255,72 +189,52 @@ def recorded_world_size(record, run_dir: Path) -> int | None:
     )
 
 
-def saved_world_size(views: dict[str, dict[str, dict[str, bool]]], recorded: int | None) -> int | None:
+def saved_world_size(listing: dict[str, dict[str, bool]], recorded: int | None) -> int | None:
     """How many ranks wrote the run's checkpoints: what the last launch recorded, else what the file names say
     (rng_state.pth is a single process's; rng_state_<r>.pth and ZeRO shards name their rank)."""
-    listings = [files for listing in views.values() for files in listing.values()]
-    if not listings:
-        return None
-    if recorded:
-        return recorded
-    if any("rng_state.pth" in files for files in listings):
+    if not listing or recorded:
+        return recorded if listing else None
+    names = [name for files in listing.values() for name in files]
+    if "rng_state.pth" in names:
         return 1
-    ranks = set().union(*(ranks_in(files) for files in listings))
-    if not ranks:
-        return None
-    several = any(RNG.match(name) for files in listings for name in files)  # rng_state_<r>.pth: more than one rank
-    return max(max(ranks) + 1, 2 if several else 1)
+    ranks = {int(m[1]) for name in names if (m := RNG.match(name) or SHARD.search(name)) and m[1] is not None}
+    several = any(RNG.match(name) for name in names)  # rng_state_<r>.pth: more than one rank
+    return max(max(ranks) + 1, 2 if several else 1) if ranks else None
 
 
 def choose_checkpoint(
-    views: dict[str, dict[str, dict[str, bool]]],
-    ranks_by_view: dict[str, list[int]],
+    listing: dict[str, dict[str, bool]],
     world_size: int,
     zero_stage: int | None,
     *,
     recorded_world_size: int | None = None,
     run_dir: Path | str = "the run folder",
 ) -> ResumePlan:
-    """The newest checkpoint that every view can resume from.
-
-    `views`: node address -> its list_checkpoints() of the run folder: one view (node 0's, ranks_by_view = every
-    rank) when the nodes share the folder, one per node (its own ranks) when they do not. Refuses checkpoints of
-    another world size (DeepSpeed cannot re-partition them: a resume would crash, a restart would lose them), and
-    node-local folders that share no complete checkpoint while some node has one (the nodes would resume from
-    different steps).
-    """
-    saved = saved_world_size(views, recorded_world_size)
-    names = sorted({name for listing in views.values() for name in listing}, key=_step_of, reverse=True)
+    """The newest checkpoint of `listing` (textsql.checkpoints.list_checkpoints of the run folder) that every rank can
+    resume from. Refuses checkpoints of another world size (DeepSpeed cannot re-partition them: a resume would crash,
+    a restart would lose them)."""
+    saved = saved_world_size(listing, recorded_world_size)
+    names = sorted(listing, key=checkpoint_step, reverse=True)
     # Without a record, fewer ranks' files than the world size may just be a save that a dead rank left unfinished.
     certain = recorded_world_size is not None or (saved or 0) > world_size or (saved == 1) != (world_size == 1)
     if saved is not None and saved != world_size and certain:
         raise TextsqlError(
-            f"{run_dir} holds checkpoints of a run with world size {saved} ({', '.join(names[:3])}), but this launch has world size "
-            f"{world_size}. DeepSpeed cannot load a checkpoint into another number of ranks. Launch again with {saved} rank(s) to "
-            "resume it, or choose another --output_dir / --runs_root to start a new run."
+            f"{run_dir} holds checkpoints of a run with world size {saved} ({', '.join(names[:3])}), but this launch "
+            f"has world size {world_size}. DeepSpeed cannot load a checkpoint into another number of ranks. Launch "
+            f"again with {saved} rank(s) to resume it, or choose another --output_dir / --runs_root to start a new run."
         )
-    plan = ResumePlan(None, views=list(views))
-    complete_on: dict[str, list[str]] = {address: [] for address in views}
-    for name in names:
-        reasons = []
-        for address, listing in views.items():
-            where = f" on {address}" if len(views) > 1 else ""
-            if name not in listing:
-                reasons.append(f"absent{where}")
-                continue
-            parts = missing_parts(listing[name], _step_of(name), ranks_by_view[address], world_size, zero_stage, True)
-            if not parts:
-                complete_on[address].append(name)
-            reasons += [f"{part}{where}" for part in parts]
-        if not reasons:
-            plan.checkpoint = name
-            return plan
-        plan.set_aside[name] = reasons
-    if len(views) > 1 and any(complete_on.values()):
-        have = "; ".join(f"{address}: {', '.join(found) or 'none'}" for address, found in complete_on.items())
-        raise TextsqlError(
-            f"The nodes do not share the run folder {run_dir}, and no checkpoint is complete on all of them ({have}). "
-            "Resuming would start the nodes from different steps. Copy one complete checkpoint to every node, or move "
-            "the run folder away on every node to start again from step 0."
-        )
-    return plan
+    newest, set_aside = newest_whole_checkpoint(
+        run_dir, lambda name, files: missing_parts(files, checkpoint_step(name), world_size, zero_stage), listing
+    )
+    return ResumePlan(newest.name if newest else None, set_aside)
+
+
+def resume_plan(run_dir: Path, world_size: int, zero_stage: int | None) -> ResumePlan:
+    """What a launch of `world_size` ranks into `run_dir` resumes from, as the folder is now."""
+    return choose_checkpoint(
+        list_checkpoints(run_dir),
+        world_size,
+        zero_stage,
+        recorded_world_size=recorded_world_size(run_dir),
+        run_dir=run_dir,
+    )

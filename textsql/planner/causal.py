@@ -170,6 +170,8 @@ class CausalWidths:
     gated: bool
     fused_qkv: bool
     activation_saves: int  # tensors of the feed-forward width the activation keeps
+    rms_norm: bool = False
+    saved_beyond_count: int = 0  # hidden widths per token and layer (textsql.families.Family)
 
     @property
     def attention(self) -> int:
@@ -213,6 +215,8 @@ def causal_widths(config, family) -> CausalWidths:
         gated=family.gated_mlp,
         fused_qkv=len(family.lora_targets.get("qv", ())) == 1,  # one fused query-key-value layer
         activation_saves=ACTIVATION_SAVES.get(str(activation), 1),
+        rms_norm=family.rms_norm,
+        saved_beyond_count=family.saved_beyond_count,
     )
 
 
@@ -236,30 +240,64 @@ def lora_block_layers(w: CausalWidths, preset: str) -> list[tuple[str, int, int]
     return layers if preset == "all" else [layer for layer in layers if layer[0] in ("q", "v", "qkv")]
 
 
-def layer_activation_bytes(w: CausalWidths, tokens: int, sequence: int, e: int, eager: bool, padded: bool) -> dict:
-    """Bytes one decoder layer keeps for the backward pass, for `tokens` = batch x sequence positions.
+def layer_activation_bytes(
+    w: CausalWidths,
+    tokens: int,
+    sequence: int,
+    e: int,
+    eager: bool,
+    padded: bool,
+    autocast: bool = False,
+    frozen: bool = False,
+) -> dict:
+    """Bytes one decoder layer keeps for the backward pass, for `tokens` = batch x sequence positions, counted from
+    what autograd saves (bench/causal_activations.py counts it; an H200's census of every family calibrated this).
 
-    Per token: two norms (the fp32 input they keep, their output in the activation dtype, which the next matmuls keep
-    as their input); the attention's query, keys and values as the attention kernel keeps them, its output and the
-    copy the output projection keeps, and the log-sum-exp (fp32 per head); with eager attention (bloom, codegen: no
-    sdpa) the fp32 softmax and the probabilities, heads x sequence each; the feed-forward hidden states (gate, up,
-    activation output and their product where gated; the activation's saved tensors and its output otherwise).
+    `autocast`: plain PyTorch mixed precision (no DeepSpeed, --precision bf16/fp16): the weights and the residual
+    stream stay fp32, and every matmul casts its input to its own 16-bit copy. `frozen`: the base model does not
+    train (LoRA, QLoRA): a matmul whose weight is frozen keeps no input, nor does an RMS norm its output.
+
+    Per token: the two norms (an RMS norm keeps its fp32 input and, when its weight trains, its output: fp32 under
+    autocast, 16-bit otherwise; a LayerNorm its input, in the residual stream's dtype) and the inputs of the matmuls
+    after them (under autocast, one 16-bit copy per trained matmul; otherwise the LayerNorm's output, shared); the
+    attention's query, keys and values as the attention kernel keeps them, its output (which the output projection
+    reads as it is) and the log-sum-exp (fp32 per head); with eager attention (bloom, codegen: no sdpa) the fp32
+    softmax and the probabilities, heads x sequence each, and the output's contiguous copy; the feed-forward hidden
+    states (gate, activation output and up where gated, and their product where the down projection trains; the
+    activation's saved tensors, and its output where the down projection trains, otherwise); and what the family's
+    layers were measured to keep beyond this count (textsql.families.Family.saved_beyond_count).
 
     Keys and values: transformers 5.23 and 5.24 pass grouped-query (and multi-query) heads to sdpa as they are only
     when the batch has no attention mask; a padded batch (textsql pads each batch to its longest) gets them repeated to
     every query head first (repeat_kv), and sdpa keeps the repeated copies. `padded` False models the unpadded case.
     """
     kv = w.attention if padded else w.key_value
-    norms = 2 * (4 + e) * w.hidden
-    attention = (2 * w.attention + 2 * kv + w.attention) * e + 4 * w.heads
-    scores = w.heads * sequence * (4 + e) if eager else 0
-    feed_forward = (4 if w.gated else w.activation_saves + 1) * w.ffn * e
+    stream = 4 if autocast else e  # the residual stream's bytes per element
+    if w.rms_norm:
+        norm = 4 + (0 if frozen else 4 if autocast else e)
+    else:
+        norm = stream
+    if frozen:
+        inputs = 0
+    elif autocast:
+        inputs = ((1 if w.fused_qkv else 3) + (2 if w.gated else 1)) * e
+    else:
+        inputs = 0 if w.rms_norm else 2 * e
+    norms = (2 * norm + inputs) * w.hidden
+    attention = (2 * w.attention + 2 * kv) * e + 4 * w.heads
+    scores = w.heads * sequence * (4 + e) + (0 if frozen else w.attention * e) if eager else 0
+    if w.gated:
+        feed_forward = (3 if frozen else 4) * w.ffn * e
+    else:
+        feed_forward = (w.activation_saves + (0 if frozen else 1)) * w.ffn * e
+    measured = w.saved_beyond_count * w.hidden
     return {
         "norms": tokens * norms,
         "attention": tokens * (attention + scores),
         "attention_key_value": tokens * 2 * kv * e,
         "feed_forward": tokens * feed_forward,
-        "total": tokens * (norms + attention + scores + feed_forward),
+        "measured_beyond_count": tokens * measured,
+        "total": tokens * (norms + attention + scores + feed_forward + measured),
     }
 
 
@@ -271,6 +309,8 @@ def activation_bytes(
     gradient_checkpointing: bool,
     eager: bool,
     padded: bool = True,
+    autocast: bool = False,
+    frozen: bool = False,
 ) -> dict:
     """Peak bytes of activations of one training step of a causal LM over batch x sequence (prompt + SQL) tokens.
 
@@ -278,12 +318,13 @@ def activation_bytes(
     layer recomputed at a time; the embedding output, final norm and output layer's input; the gradients flowing
     back through the hidden states; and the logits term: transformers' ForCausalLMLoss upcasts the logits of every
     position to fp32 and takes their log-softmax, so the loss peaks at the start of the backward pass with the fp32
-    log-softmax, its gradient and the logits' fp32 gradient, plus the 16-bit gradient in bf16/fp16 (batch x sequence
-    x vocabulary each: 6.7 GB for bloom's 250,880 ids at batch 8 x 256 tokens in bf16)."""
+    log-softmax, its gradient and the logits' fp32 gradient (batch x sequence x vocabulary each, 12 bytes: measured on
+    an H200, the 16-bit gradient comes after the first two are freed; 5.7 GB for bloom's 250,880 ids at batch 8 x 256
+    tokens). `autocast` and `frozen`: layer_activation_bytes."""
     e = 4 if precision == "fp32" else 2
     tokens = batch * sequence
-    layer = layer_activation_bytes(w, tokens, sequence, e, eager, padded)
-    loss = tokens * w.vocab * (12 + (e if e == 2 else 0))
+    layer = layer_activation_bytes(w, tokens, sequence, e, eager, padded, autocast, frozen)
+    loss = tokens * w.vocab * 12
     if gradient_checkpointing:
         layers = w.layers * tokens * w.hidden * e  # each layer's input
         transient = max(loss, layer["total"])  # the loss first, then one layer recomputed at a time
@@ -310,6 +351,13 @@ def lora_activation_bytes(
     e = 4 if precision == "fp32" else 2
     per_layer = batch * sequence * sum(n_in * (e + 1) + rank * e for _, n_in, _ in lora_block_layers(w, preset))
     return per_layer if checkpointing else per_layer * w.layers
+
+
+def int8_matmul_input_bytes(w: CausalWidths, tokens: int) -> int:
+    """What bitsandbytes' int8 matmuls (MatMul8bitLt) keep beyond a 16-bit matmul, per decoder layer: a 16-bit copy
+    of every matmul's input (measured on an H200, Qwen2.5-0.5B's shape: 1.58 GiB over 24 layers x 3,072 tokens, one
+    copy of the layer's 10,240 input widths)."""
+    return tokens * 2 * sum(n_in for _, n_in, _ in block_linears(w))
 
 
 def generation_bytes(w: CausalWidths, eval_batch: int, beams: int, sequence: int, precision: str, fp32_module: bool):

@@ -18,6 +18,7 @@ from textsql.planner.memory import (
     with_phases,
     zero_settings,
 )
+from textsql.prep import longest_lengths
 from textsql.run_summary import RunSummary
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -171,9 +172,9 @@ def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: in
     path = Path(folder) / METADATA_FILE
     try:
         meta = json.loads(path.read_text())
-        train = meta["lengths"]["train"]
-        source = min(train["source_percentiles"]["p100"], meta.get("max_source_length") or math.inf)
-        target = min(train["target_percentiles"]["p100"], meta.get("max_target_length") or math.inf)
+        source, target = longest_lengths(meta["lengths"]["train"])
+        source = min(source, meta.get("max_source_length") or math.inf)
+        target = min(target, meta.get("max_target_length") or math.inf)
     except (OSError, KeyError, TypeError, ValueError):
         raise TextsqlError(
             f"The longest sequences of the run are unknown: '{path}' (written by textsql prep) cannot be "

@@ -279,7 +279,7 @@ class PlanArguments:
         default="none",
         metadata={
             "help": "With --lora True, also plan QLoRA: the frozen base quantized by bitsandbytes, nf4 or int8 (as "
-            "textsql train --quantize_base), for causal LMs; recommended where neither full fine-tuning nor LoRA on "
+            "textsql train --quantize_base), for causal LMs and T5; recommended where neither full fine-tuning nor LoRA on "
             "a bf16/fp32 base fits."
         },
     )
@@ -538,8 +538,11 @@ def _inspect_model(config_json: str) -> dict:
         model = model_class.from_config(config)
     parameters = list(model.parameters())  # yields a tied weight once, in DeepSpeed's ds_id order
     index = {id(p): i for i, p in enumerate(parameters)}
-    linear = {
-        index[id(p)] for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)
+    linear = {  # the matmuls autocast copies to 16 bits: GPT-2-style Conv1D layers are matmuls too
+        index[id(p)]
+        for m in model.modules()
+        if isinstance(m, (torch.nn.Linear, Conv1D))
+        for p in m.parameters(recurse=False)
     }
     # What bitsandbytes quantizes: every nn.Linear and GPT-2-style Conv1D but the output layer (transformers'
     # get_keys_to_not_convert); Conv1D stores its weight transposed (in, out).
@@ -714,8 +717,10 @@ def activation_bytes(
     precision: str,
     gradient_checkpointing: bool,
     autocast: bool,
+    frozen: bool = False,
 ) -> dict:
-    """Peak bytes of activations (everything saved for the backward pass) of one training step of a T5 model.
+    """Peak bytes of activations (everything saved for the backward pass) of one training step of a T5 model (a causal
+    LM's: textsql.planner.causal.activation_bytes, where `frozen` says the base does not train: LoRA).
 
     Counted per token from the tensors HF's T5 saves: q/k/v and the attention output; the attention scores' fp32
     softmax output, dropout mask (1 byte) and dropout output; RMS layer norm inputs and outputs (fp32 when computed
@@ -726,7 +731,14 @@ def activation_bytes(
     """
     if shape.causal:  # one sequence of prompt + SQL through one stack of decoder layers
         return causal_lm.activation_bytes(
-            shape.causal, batch, source_length + target_length, precision, gradient_checkpointing, shape.eager_attention
+            shape.causal,
+            batch,
+            source_length + target_length,
+            precision,
+            gradient_checkpointing,
+            shape.eager_attention,
+            autocast=autocast,
+            frozen=frozen,
         )
     s = shape
     b, src, tgt = batch, source_length, target_length
@@ -1113,12 +1125,18 @@ def predict(
         setup.precision,
         setup.gradient_checkpointing,
         autocast=stage == 0 and setup.precision != "fp32",
+        frozen=lora is not None and quantized is None,  # bitsandbytes' matmuls keep their inputs, frozen or not
     )
     if lora is not None:
         activations["lora"] = lora_activation_bytes(
             lora, batch, setup.source_length, setup.target_length, setup.precision, setup.gradient_checkpointing, shape
         )
         activations["total"] += activations["lora"]
+    if quantized is not None and setup.quantize_base == "int8" and shape.causal:
+        tokens = batch * (setup.source_length + setup.target_length)
+        layers = 1 if setup.gradient_checkpointing else shape.causal.layers
+        activations["int8_inputs"] = layers * causal_lm.int8_matmul_input_bytes(shape.causal, tokens)
+        activations["total"] += activations["int8_inputs"]
     buckets = bucket_bytes(
         shape,
         settings,
@@ -1464,11 +1482,6 @@ def plan_memory(args: PlanArguments) -> dict:
     if args.lora:
         _add_lora(plan, shape, setup, args, limits)
     if args.lora and args.quantize_base != "none":
-        if not shape.causal:
-            raise TextsqlError(
-                f"--quantize_base {args.quantize_base} plans QLoRA, which textsql trains on causal LMs; {shape.name} "
-                "is a T5 model. Drop --quantize_base to plan LoRA on its bf16/fp32 base."
-            )
         _add_lora(plan, shape, setup, args, limits, quantize=args.quantize_base)
     if shape.causal:
         plan["assumptions"] = plan["assumptions"] + CAUSAL_ASSUMPTIONS

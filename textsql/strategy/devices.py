@@ -424,23 +424,6 @@ def node_gpu_ids(ranks: int, devices: NodeDevices, visible_devices: str | None) 
     return visible_gpu_ids(visible_devices, len(devices.gpus))[:ranks]
 
 
-def multi_node_launcher_args(nodes: list[tuple[str, int, list[int] | None]]) -> tuple[list[tuple[str, int]], list[str]]:
-    """Hostfile entries and launcher arguments for nodes given as (address, ranks, GPU ids or None).
-
-    The hostfile says `slots=<ranks>` and DeepSpeed numbers each node's GPUs 0..ranks-1. When a node's GPUs are other
-    ids (a multi-GPU machine split into nodes, or a user's CUDA_VISIBLE_DEVICES), `--include host:ids@...` names them
-    for every node, and that node's slots cover its highest id (DeepSpeed checks the ids against the slots)."""
-    entries, include, special = [], [], False
-    for address, ranks, ids in nodes:
-        ids = list(ids) if ids else list(range(ranks))
-        if len(ids) != ranks:
-            raise TextsqlError(f"{address} runs {ranks} rank(s) but {len(ids)} GPU id(s) were given for it: {ids}.")
-        special = special or ids != list(range(ranks))
-        entries.append((address, max(ids) + 1 if ids else ranks))
-        include.append(f"{address}:{','.join(map(str, ids))}")
-    return entries, (["--include", "@".join(include)] if special else [])
-
-
 def split_local_gpus(ranks_per_node: list[int], devices: NodeDevices, visible_devices: str | None) -> list[str | None]:
     """CUDA_VISIBLE_DEVICES for each of several nodes run on one machine (the local backend): each node its own GPUs,
     in order, from those this process sees. None for every node of a machine without GPUs."""
