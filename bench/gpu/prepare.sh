@@ -20,7 +20,7 @@ done
 # the dependencies the image lacks named one by one (--no-deps: pip cannot resolve against the image from here).
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp "${platforms[@]}" \
   -d "$WHEELS" \
-  transformers==5.23.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 \
+  transformers==5.24.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 \
   regex==2026.11.19 hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 typing-inspection==0.4.4 \
   peft==0.21.2 babel==2.18.0 torchao==0.18.0 bitsandbytes==0.50.2 2>&1 | grep -v "is ignored: it is neither" || true
 # DeepSpeed has no wheel on the package index: build one from its source release, every op left to JIT (compiled on
