@@ -490,7 +490,8 @@ def length_report(dataset, max_source_length: int, max_target_length: int) -> di
     report = {}
     for name, split in dataset.items():
         labels = split["labels"]
-        if "prompt" in split.column_names:  # causal: prompt and answer in one sequence
+        causal = "prompt" in split.column_names  # prompt and answer in one sequence
+        if causal:
             source = np.array([sum(1 for i in ids if i == -100) for ids in labels], dtype=int)
             target = np.array([len(ids) for ids in labels], dtype=int) - source
         else:
@@ -501,16 +502,15 @@ def length_report(dataset, max_source_length: int, max_target_length: int) -> di
         report[name] = {
             "source_percentiles": {f"p{p}": int(np.percentile(source, p)) for p in PERCENTILES},
             "target_percentiles": {f"p{p}": int(np.percentile(target, p)) for p in PERCENTILES},
-            **(
-                {"sequence_percentiles": {f"p{p}": int(np.percentile(source + target, p)) for p in PERCENTILES}}
-                if "prompt" in split.column_names
-                else {}
-            ),
             "mean_tokens_per_example": float((source.sum() + target.sum()) / max(len(split), 1)),
             "source_over_max": int((source > max_source_length).sum()),
             "target_over_max": int((target > max_target_length).sum()),
             "examples": len(split),
         }
+        if causal:  # the whole sequence a batch is padded to (longest_lengths)
+            report[name]["sequence_percentiles"] = {
+                f"p{p}": int(np.percentile(source + target, p)) for p in PERCENTILES
+            }
     return report
 
 
