@@ -19,8 +19,10 @@ system (MALLOC_MMAP_THRESHOLD_), so freed tensors leave the resident figure. The
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -138,6 +140,7 @@ def child(
     sampler = RssSampler()
     phases: dict = {}
     work = Path(tempfile.mkdtemp(prefix="phase_memory_"))
+    atexit.register(shutil.rmtree, work, True)  # the checkpoints (1.2 GB for t5-small) go, the run fails or not
     with sampler.phase(phases, "model_and_engine_setup"):
         if dsconfig is None:
             model = T5ForConditionalGeneration(config).to(device)

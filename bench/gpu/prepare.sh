@@ -22,7 +22,7 @@ done
   -d "$WHEELS" \
   transformers==5.24.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 \
   regex==2026.11.19 hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 typing-inspection==0.4.4 \
-  peft==0.21.2 babel==2.18.0 torchao==0.18.0 bitsandbytes==0.50.2 2>&1 | grep -v "is ignored: it is neither" || true
+  peft==0.21.2 babel==2.19.0 torchao==0.18.0 bitsandbytes==0.50.2 2>&1 | grep -v "is ignored: it is neither" || true
 # DeepSpeed has no wheel on the package index: build one from its source release, every op left to JIT (compiled on
 # the GPU machine at first use, with its CUDA), so the wheel is pure Python and fits any torch.
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" deepspeed==0.19.8 2>&1 \

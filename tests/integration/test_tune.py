@@ -147,8 +147,9 @@ def test_candidates_past_their_limit_are_stopped_with_every_process(assets, tmp_
     data_dir, model_dir = assets
     marker = f"TEXTSQL_TUNE_TEST={uuid.uuid4().hex}"
     monkeypatch.setenv(*marker.split("="))
-    # A candidate killed while DeepSpeed compiles an op would leave the build's lock in the shared op cache, and every
-    # later DeepSpeed run of the suite would wait on it: these candidates, stopped at 5 s anyway, build in their own.
+    # A candidate killed while DeepSpeed compiles an op leaves the build's lock: a later run removes it first
+    # (textsql.strategy.opbuilds), but one of the other worker's runs already inside torch's wait for that build would
+    # wait forever. These candidates, stopped at 5 s anyway, build in their own op cache.
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "torch-extensions"))
     tune_dir = tmp_path / "tune"
     status, out, err = textsql_in_process(

@@ -84,8 +84,6 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
             env.setdefault(name, interface)
     if "TORCH_EXTENSIONS_DIR" not in env:
         env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()
-        for lock in Path(env["TORCH_EXTENSIONS_DIR"]).glob("*/lock"):  # a dead build's: no rank of ours runs yet
-            lock.unlink(missing_ok=True)
     env[LAUNCH_ENV] = environ[LAUNCH_ENV]
     return env
 

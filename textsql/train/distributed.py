@@ -1,11 +1,21 @@
 """Ranks and the process group: this process's rank and world size, the variables DeepSpeed needs outside its launcher,
-a free port for a rendezvous, gathering a value from every rank, and leaving the group cleanly."""
+a free port for a rendezvous, gathering a value from every rank, DeepSpeed's shared-memory buffers given back, and
+leaving the group cleanly."""
 
 from __future__ import annotations
 
 import os
 import socket
 import sys
+import time
+from pathlib import Path
+
+from textsql.strategy.opbuilds import PROC
+
+# Where POSIX shared memory lives on Linux: shm_open(name) is /dev/shm/<name>.
+SHARED_MEMORY = Path("/dev/shm")
+# A rank maps its buffer as it creates it: one no process maps after this long is a dead run's.
+SHM_BUFFER_SETTLE_S = 60
 
 
 def world_size() -> int:
@@ -38,6 +48,58 @@ def gather_to_all(value) -> list:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def deepspeed_shm_buffer(environ=os.environ) -> Path | None:
+    """This rank's all-reduce buffer from DeepSpeed's CPU communication op, or None where DeepSpeed makes none.
+
+    On the CPU, with every rank on one machine (its launcher's LOCAL_SIZE equal to WORLD_SIZE), `deepspeed_shm_comm`
+    creates one ~69 MB POSIX shared-memory segment per rank, named by DeepSpeed's shm.cpp from the user id,
+    MASTER_ADDR, MASTER_PORT and the rank."""
+    if environ.get("LOCAL_SIZE") is None or environ.get("LOCAL_SIZE") != environ.get("WORLD_SIZE"):
+        return None
+    address, port, rank_ = (environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "RANK"))
+    return SHARED_MEMORY / f"deepspeed_allreduce_buffer_{os.getuid()}_{address}_{port}_{rank_}"
+
+
+def release_deepspeed_shm_buffer() -> None:
+    """Unlink this rank's DeepSpeed all-reduce buffer (deepspeed_shm_buffer) once every rank has mapped every other's.
+
+    DeepSpeed never unlinks it, so each run launched by its launcher on the CPU left ~69 MB per rank in /dev/shm, which
+    is memory, until a reboot: a day of test runs left 13 GB on a 24 GiB machine, which then swapped and timed out
+    (sglang's CI met the same: SIGBUS once /dev/shm was full). Unlinked after a barrier, the mappings stay valid for
+    the whole run and the memory goes back when the last rank exits, however it exits. Call it on every rank, right
+    after deepspeed.init_distributed()."""
+    buffer = deepspeed_shm_buffer()
+    if buffer is None:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # each rank's init_distributed returned: each has opened every other rank's segment
+    buffer.unlink(missing_ok=True)
+    for orphan in orphaned_deepspeed_shm_buffers():  # earlier runs', before this release existed or killed before it
+        orphan.unlink(missing_ok=True)
+
+
+def orphaned_deepspeed_shm_buffers(proc: Path = PROC) -> list[Path]:
+    """This user's DeepSpeed all-reduce buffers in /dev/shm that no process maps (from /proc/<pid>/maps) and that are
+    older than SHM_BUFFER_SETTLE_S: memory that dead runs left."""
+    settled = time.time() - SHM_BUFFER_SETTLE_S
+    candidates = []
+    for buffer in SHARED_MEMORY.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"):
+        try:
+            if buffer.stat().st_mtime < settled:
+                candidates.append(buffer)
+        except FileNotFoundError:
+            continue
+    for maps in proc.glob("[0-9]*/maps") if candidates else ():
+        try:
+            mapped = maps.read_text()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        candidates = [buffer for buffer in candidates if str(buffer) not in mapped]
+    return sorted(candidates)
 
 
 def end_distributed(succeeded: bool) -> None:

@@ -68,10 +68,17 @@ from textsql.strategy.fsdpconfig import (
     resolve_fsdpconfig_path,
     trainer_fsdp_config,
 )
+from textsql.strategy.opbuilds import clear_dead_build_locks
 from textsql.tracking import attach, end_failed_run, for_training
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.train.collate import check_packing, make_collator
-from textsql.train.distributed import ensure_distributed_env, gather_to_all, nodes_in_launch, world_size
+from textsql.train.distributed import (
+    ensure_distributed_env,
+    gather_to_all,
+    nodes_in_launch,
+    release_deepspeed_shm_buffer,
+    world_size,
+)
 from textsql.train.dstools import (
     attach_flops_profiler,
     comms_logger_enabled,
@@ -375,8 +382,10 @@ def _train(
         _route_deepspeed_logs()
         if training_args.comms_logger or comms_logger_enabled(plan.dsconfig):
             own_latencies_in_comms_logger()
+        clear_dead_build_locks()  # DeepSpeed's first op load would wait forever on a killed build's lock
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
+        release_deepspeed_shm_buffer()
         if nvme_offload_blocks(plan.dsconfig):
             load_async_io()  # ZeRO-Infinity's op, before zero.Init's swapper asks for it
 

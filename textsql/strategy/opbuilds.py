@@ -1,0 +1,108 @@
+"""DeepSpeed's just-in-time op builds (TORCH_EXTENSIONS_DIR): a build lock that a killed process left is cleared, never
+waited on forever.
+
+torch builds an op under `<folder>/<op>/lock`, created by torch.utils.file_baton.FileBaton and held open while the
+build runs; every other process loading the op waits while that file exists, with no limit. A process killed during
+the build (stopped, out of memory, a timeout) leaves the file, and every later DeepSpeed run on the machine hangs in
+its first op load, silently. On a local disk a lock is the build of a live process exactly when some process has the
+file open, which /proc shows on Linux; on a network filesystem (a CML project folder shared by every pod) the builder
+may be on another machine, so there a lock no process here holds is dead only once no build could still be running."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+PROC = Path("/proc")
+# Filesystem types (prefixes of /proc's) that other machines may write: their locks' builders can be out of sight.
+NETWORK_FILESYSTEMS = ("nfs", "cifs", "smb", "lustre", "gpfs", "ceph", "glusterfs", "fuse", "9p", "virtiofs")
+# An op builds in 1-3 minutes on 2 cores: a lock this old on a network filesystem, held by no process here, is dead.
+NETWORK_BUILD_LIMIT_S = 900
+
+
+def extensions_folder(environ=os.environ) -> Path:
+    """Where torch builds ops: TORCH_EXTENSIONS_DIR, else torch's default under the user's cache folder."""
+    if environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(environ["TORCH_EXTENSIONS_DIR"])
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(get_default_build_root())
+
+
+def build_locks(folder: Path) -> list[Path]:
+    """The op build locks under `folder`: <op>/lock, or <python-and-device>/<op>/lock in torch's default folder."""
+    return sorted([*folder.glob("*/lock"), *folder.glob("*/*/lock")])
+
+
+def lock_holders(lock: Path, proc: Path = PROC) -> list[int]:
+    """The processes of this machine that have `lock` open (those whose descriptors this user may read)."""
+    target = os.path.realpath(lock)
+    holders = []
+    for descriptors in proc.glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == target for fd in descriptors.iterdir()):
+                holders.append(int(descriptors.parent.name))
+        except OSError:  # gone meanwhile, or another user's
+            continue
+    return holders
+
+
+def filesystem_type(path: Path, proc: Path = PROC) -> str:
+    """The type of the filesystem `path` is on ('ext4', 'nfs4', 'overlay', ...), from /proc/self/mountinfo's entry with
+    the longest mount point above it."""
+    real, longest, kind = os.path.realpath(path), "", ""
+    for line in (proc / "self" / "mountinfo").read_text().splitlines():
+        fields = line.split()
+        mount_point = fields[4].replace("\\040", " ")
+        inside = real == mount_point or real.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) >= len(longest):
+            longest, kind = mount_point, fields[fields.index("-") + 1]
+    return kind
+
+
+def clear_dead_build_locks(folder: Path | None = None, poll_s: float = 0.5, proc: Path = PROC) -> list[str]:
+    """Wait for the op builds in progress in `folder` (extensions_folder() by default) and remove each lock whose builder
+    is gone; the names of the ops whose locks were removed. Call it before DeepSpeed loads an op: a build that dies
+    while this waits is noticed, where torch's wait would never end. Nothing is removed where /proc cannot tell
+    (not Linux)."""
+    folder = extensions_folder() if folder is None else folder
+    if not sys.platform.startswith("linux") or not proc.is_dir():
+        return []
+    shared = filesystem_type(folder, proc).startswith(NETWORK_FILESYSTEMS)
+    cleared, announced = [], set()
+    while True:
+        building = {}
+        for lock in build_locks(folder):
+            try:
+                seen = lock.stat()
+                holders = lock_holders(lock, proc)
+                now = lock.stat()
+                if holders or (shared and time.time() - now.st_mtime < NETWORK_BUILD_LIMIT_S):
+                    building[lock] = holders
+                elif (now.st_ino, now.st_mtime_ns) == (seen.st_ino, seen.st_mtime_ns):
+                    # The same file before and after the look at /proc: no build started there meanwhile.
+                    lock.unlink()
+                    cleared.append(lock.parent.name)
+                    logger.warning(
+                        "Removed the build lock of DeepSpeed's %s op (%s): the process building it was killed before "
+                        "it finished; this run builds it again.",
+                        lock.parent.name,
+                        lock,
+                    )
+            except FileNotFoundError:  # its build finished meanwhile
+                continue
+        if not building:
+            return cleared
+        for lock, holders in building.items():
+            if lock not in announced:
+                announced.add(lock)
+                builder = f"process {', '.join(map(str, holders))}" if holders else "another machine sharing the folder"
+                logger.info(
+                    "Waiting for DeepSpeed's %s op, which %s is building (%s).", lock.parent.name, builder, lock
+                )
+        time.sleep(poll_s)
