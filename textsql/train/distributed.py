@@ -66,8 +66,8 @@ def release_deepspeed_shm_buffer() -> None:
     """Unlink this rank's DeepSpeed all-reduce buffer (deepspeed_shm_buffer) once every rank has mapped every other's.
 
     DeepSpeed never unlinks it, so each run launched by its launcher on the CPU left ~69 MB per rank in /dev/shm, which
-    is memory, until a reboot: a day of test runs left 13 GB on a 24 GiB machine, which then swapped and timed out
-    (sglang's CI met the same: SIGBUS once /dev/shm was full). Unlinked after a barrier, the mappings stay valid for
+    is memory, until a reboot: a day of test runs left 13 GB of a 24 GiB machine's memory there (sglang's CI met the
+    same: SIGBUS once /dev/shm was full). Unlinked after a barrier, the mappings stay valid for
     the whole run and the memory goes back when the last rank exits, however it exits. Call it on every rank, right
     after deepspeed.init_distributed()."""
     buffer = deepspeed_shm_buffer()
