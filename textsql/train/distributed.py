@@ -50,16 +50,17 @@ def gather_to_all(value) -> list:
     return gathered
 
 
-def deepspeed_shm_buffer(environ=os.environ) -> Path | None:
+def deepspeed_shm_buffer() -> Path | None:
     """This rank's all-reduce buffer from DeepSpeed's CPU communication op, or None where DeepSpeed makes none.
 
     On the CPU, with every rank on one machine (its launcher's LOCAL_SIZE equal to WORLD_SIZE), `deepspeed_shm_comm`
     creates one ~69 MB POSIX shared-memory segment per rank, named by DeepSpeed's shm.cpp from the user id,
     MASTER_ADDR, MASTER_PORT and the rank."""
-    if environ.get("LOCAL_SIZE") is None or environ.get("LOCAL_SIZE") != environ.get("WORLD_SIZE"):
+    local_size = os.environ.get("LOCAL_SIZE")
+    if local_size is None or int(local_size) != world_size():
         return None
-    address, port, rank_ = (environ.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT", "RANK"))
-    return SHARED_MEMORY / f"deepspeed_allreduce_buffer_{os.getuid()}_{address}_{port}_{rank_}"
+    address, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return SHARED_MEMORY / f"deepspeed_allreduce_buffer_{os.getuid()}_{address}_{port}_{rank()}"
 
 
 def release_deepspeed_shm_buffer() -> None:
@@ -78,8 +79,9 @@ def release_deepspeed_shm_buffer() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # each rank's init_distributed returned: each has opened every other rank's segment
     buffer.unlink(missing_ok=True)
-    for orphan in orphaned_deepspeed_shm_buffers():  # earlier runs', before this release existed or killed before it
-        orphan.unlink(missing_ok=True)
+    if rank() == 0:  # every rank is on this machine: one of them looks for what earlier runs left
+        for orphan in orphaned_deepspeed_shm_buffers():  # before this release existed, or killed before it
+            orphan.unlink(missing_ok=True)
 
 
 def orphaned_deepspeed_shm_buffers(proc: Path = PROC) -> list[Path]:
