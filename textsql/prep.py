@@ -27,6 +27,9 @@ logger = logging.getLogger(__name__)
 
 OVERLONG_POLICIES = ("error", "truncate", "drop")
 PROMPT_FORMATS = ("plain", "chat")
+# A source without a dev split (a subset, the release slice in shared/real) gets this fraction of train's tables held out
+# as validation by default, so that a default `textsql train`, which evaluates each epoch, can.
+DEFAULT_VALIDATION_FROM_TRAIN = 0.1
 PERCENTILES = (50, 90, 95, 99, 100)
 # Where a fine-tuned model records what it was trained to read (the T5 convention for task prefixes).
 MODEL_CONFIG_KEY = "textsql"
@@ -95,11 +98,20 @@ class PrepArguments:
         default=10, metadata={"help": "With --source generate: questions per table."}
     )
     seed: int = field(default=0, metadata={"help": "Seed for the generator (and for --validation_from_train)."})
-    validation_from_train: float = field(
-        default=0.0,
+    validation_from_train: float | None = field(
+        default=None,
         metadata={
             "help": "For a source without a validation (dev) split: hold out this fraction of the train split's "
-            "tables as validation (e.g. 0.1), so training can evaluate. 0: none."
+            "tables as validation, so training can evaluate. Default: 0.1 for such a source (said in one line), "
+            "nothing for a source with its own dev split; 0: none (then train with --eval_strategy no)."
+        },
+    )
+    generated_train: int = field(
+        default=0,
+        metadata={
+            "help": "Add about this many generated questions (textsql's WikiSQL-format generator, on generated tables "
+            "of their own) to the train split of the source, e.g. real release files; validation and test stay the "
+            "source's. 0: none. bench/real_model.py measures whether it helps."
         },
     )
     overwrite: bool = field(default=False, metadata={"help": "Replace a prepared dataset already in output_dir."})
@@ -123,10 +135,17 @@ class PrepArguments:
             raise TextsqlError("--max_source_length and --max_target_length must be at least 8 tokens.")
         if self.max_examples_per_split is not None and self.max_examples_per_split < 1:
             raise TextsqlError("--max_examples_per_split must be a positive number (or left out for all).")
-        if not 0 <= self.validation_from_train < 0.5:
+        if self.validation_from_train is not None and not 0 <= self.validation_from_train < 0.5:
             raise TextsqlError(
                 f"--validation_from_train is the fraction of train held out as validation, from 0 to below 0.5 "
                 f"(e.g. 0.1), not {self.validation_from_train!r}."
+            )
+        if self.generated_train < 0:
+            raise TextsqlError(f"--generated_train is a number of questions (0: none), not {self.generated_train}.")
+        if self.generated_train and self.source == "generate":
+            raise TextsqlError(
+                "--generated_train adds generated questions to another source; --source generate is generated already "
+                "(--generate_train_tables sets its size). Leave --generated_train out."
             )
         if self.generate_train_tables < 5 or self.generate_questions_per_table < 1:
             raise TextsqlError(
@@ -166,7 +185,9 @@ def prepare_dataset(args: PrepArguments):
         raise TextsqlError(
             f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}."
         )
-    data = validation_split(data, args)
+    data = validation_split(data, args)  # before generated questions join train: validation stays the source's
+    if args.generated_train:
+        data = with_generated_train(data, args)
     if args.source_format != "question" and not data.tables:
         raise TextsqlError(
             f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
@@ -280,11 +301,11 @@ def validation_split(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
             )
         return data
     train = data.splits["train"]
-    if not args.validation_from_train:
+    fraction = DEFAULT_VALIDATION_FROM_TRAIN if args.validation_from_train is None else args.validation_from_train
+    if not fraction:
         logger.warning(
-            "'%s' has no validation (dev) split, so the prepared data has none: `textsql train` evaluates each epoch by "
-            "default and would stop at the first evaluation. Prepare again with --validation_from_train 0.1 (a tenth of "
-            "train's tables held out as validation), or train with --eval_strategy no.",
+            "'%s' has no validation (dev) split and --validation_from_train is 0, so the prepared data has none: train "
+            "it with --eval_strategy no (`textsql train` evaluates each epoch by default).",
             args.source,
         )
         return data
@@ -294,7 +315,7 @@ def validation_split(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
     np.random.default_rng(args.seed).shuffle(tables)
     held_out, taken = set(), 0
     for table in tables:
-        if taken >= args.validation_from_train * len(train):
+        if taken >= fraction * len(train):
             break
         held_out.add(table)
         taken += count[table]
@@ -313,8 +334,43 @@ def validation_split(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
         len(validation),
         len(held_out),
         len(tables),
-        args.validation_from_train,
+        fraction,
     )
+    return data
+
+
+GENERATED_TABLE_PREFIX = "generated-"  # generated tables' ids in a mixed train split: never a real table's id
+
+
+def with_generated_train(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
+    """The source with about args.generated_train generated questions (on generated tables, their ids prefixed so
+    that none meets a real table's) added to its train split."""
+    tables_needed = max(1, -(-args.generated_train // args.generate_questions_per_table))
+    folder = generate_wikisql(
+        Path(args.output_dir) / "generated-train",
+        train_tables=tables_needed,
+        dev_tables=0,
+        test_tables=0,
+        questions_per_table=args.generate_questions_per_table,
+        seed=args.seed,
+    )
+    generated = load_wikisql(str(folder))
+    extra = [
+        Example(e.question, e.target, GENERATED_TABLE_PREFIX + e.table_id, e.sql)
+        for e in generated.splits["train"][: args.generated_train]
+    ]
+    tables = {
+        GENERATED_TABLE_PREFIX + key: {**table, "id": GENERATED_TABLE_PREFIX + key}
+        for key, table in generated.tables.items()
+    }
+    logger.warning(
+        "Added %d generated questions on %d generated tables to the %d of train (--generated_train).",
+        len(extra),
+        len({e.table_id for e in extra}),
+        len(data.splits["train"]),
+    )
+    data.splits = {**data.splits, "train": data.splits["train"] + extra}
+    data.tables = {**data.tables, **{key: tables[key] for key in {e.table_id for e in extra}}}
     return data
 
 

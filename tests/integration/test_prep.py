@@ -210,11 +210,11 @@ def test_question_plus_header_sources_name_every_column(assets, header_assets):
         PrepArguments(source="generate", source_format="question+types")
 
 
-def test_a_release_without_a_dev_split_is_named_at_prep_and_can_hold_out_train_tables(
+def test_a_release_without_a_dev_split_gets_a_tenth_of_train_tables_as_validation_by_default(
     assets, raw_wikisql, tmp_path, caplog
 ):
-    """Issue 32, item 6: prep says at once that there is no validation split, and --validation_from_train makes one
-    of whole train tables (none of them left in train)."""
+    """Issue 41, item 4: a source without a dev split gets whole train tables held out as validation (none of them
+    left in train), said in one line, so that a default training can evaluate; 0 asks for none, and says how to train."""
     import shutil
 
     _, model_dir = assets
@@ -228,13 +228,7 @@ def test_a_release_without_a_dev_split_is_named_at_prep_and_can_hold_out_train_t
         return load_prepared(prepare_dataset(args))
 
     with caplog.at_level("WARNING", logger="textsql.prep"):
-        dataset, _ = prep(release)
-    assert set(dataset) == {"train", "test"}
-    assert "no validation (dev) split" in caplog.text and "--validation_from_train 0.1" in caplog.text
-
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="textsql.prep"):
-        dataset, meta = prep(release, validation_from_train=0.1, overwrite=True)
+        dataset, meta = prep(release)
     train_tables, held_out = set(dataset["train"]["table_id"]), set(dataset["validation"]["table_id"])
     total = len(dataset["train"]) + len(dataset["validation"])
     assert (
@@ -242,6 +236,13 @@ def test_a_release_without_a_dev_split_is_named_at_prep_and_can_hold_out_train_t
     )
     assert 0.1 * total <= len(dataset["validation"]) < 0.2 * total
     assert f"{len(dataset['validation'])} questions on {len(held_out)} of train's" in caplog.text
+    assert "(--validation_from_train 0.1)" in caplog.text and len(caplog.records) == 1
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="textsql.prep"):
+        dataset, _ = prep(release, validation_from_train=0, overwrite=True)
+    assert set(dataset) == {"train", "test"}
+    assert "no validation (dev) split" in caplog.text and "--eval_strategy no" in caplog.text
 
     with pytest.raises(TextsqlError, match="has its own validation .dev. split"):
         prep(raw_wikisql, validation_from_train=0.1, overwrite=True)

@@ -73,6 +73,7 @@ def test_every_family_s_parameters_and_layer_widths_match_its_real_model(model_t
         ("meta-llama/Llama-3.1-8B", 8_030_261_248, 8),
         ("tiiuae/falcon-7b", 6_921_720_704, 1),
         ("gpt2", 124_439_808, 12),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", 134_515_008, 3),  # what `textsql import` of its GGUF file counts
     ],
 )
 def test_built_in_table_needs_nothing_downloaded(name, parameters, kv_heads, monkeypatch):

@@ -11,6 +11,7 @@ from textsql.extras import quiet_lifecycle_logs
 USAGE = """usage: textsql COMMAND [ARGS]
 
 commands:
+  import         a GGUF model file (or a packaged model: smollm2-135m-instruct) as a plain model folder
   prep           load WikiSQL (release files, hub copy, or generated), tokenize and save it
   train          fine-tune a model, with or without a DeepSpeed (dsconfig/) or FSDP (fsdpconfig/) config
   merge          fold a LoRA run's adapter into its base model: a plain model folder (CPU, fp32)
@@ -32,6 +33,7 @@ commands:
 # Each command's module in textsql.cli and its function, imported when the command runs: `textsql --help` and a
 # mistyped command answer at once, without importing torch, transformers or DeepSpeed.
 COMMANDS = {
+    "import": ("import_model", "import_cli"),
     "prep": ("prep", "prep_command"),
     "train": ("train", "train_command"),
     "merge": ("merge", "merge_cli"),

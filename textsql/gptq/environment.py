@@ -18,6 +18,7 @@ from importlib.metadata import version as installed_version
 from pathlib import Path
 
 from textsql.errors import TextsqlError
+from textsql.paths import user_cache_dir
 
 # requirements-gptq.txt at the repository root (package data through this link, like shipped_dsconfig).
 REQUIREMENTS_FILE = Path(__file__).resolve().with_name("requirements-gptq.txt")
@@ -62,9 +63,8 @@ def environment_name(torch_version: str, requirements_text: str, python: tuple[i
 
 def default_environment_dir() -> Path:
     """Where the environment lives unless --gptq_env_dir says otherwise: the user's cache, named by the pins."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     name = environment_name(textsql_torch_version(), REQUIREMENTS_FILE.read_text(), sys.version_info[:2])
-    return cache / "textsql" / "gptq" / name
+    return user_cache_dir() / "gptq" / name
 
 
 def environment_python(folder: Path) -> Path:

@@ -42,6 +42,19 @@ CAUSAL_CONFIGS = {
         "vocab_size": 152064,
         "tie_word_embeddings": False,
     },
+    # HuggingFaceTB/SmolLM2-135M-Instruct: the real model textsql measures on (`textsql import smollm2-135m-instruct`,
+    # docs/real-model.md): a llama, GQA with 3 key-value heads, tied; its imported config.json gives these keys.
+    "HuggingFaceTB/SmolLM2-135M-Instruct": {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    },
     # meta-llama/Llama-3.*: GQA with 8 key-value heads, 128,256 ids; 3.2-1B ties its output layer.
     "meta-llama/Llama-3.2-1B": {
         "model_type": "llama",

