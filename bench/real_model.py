@@ -162,12 +162,12 @@ class Bench:
 
         return self.step(f"score-{name}", work)
 
-    def train(self, name: str, dataset: Path, *flags: str) -> dict:
+    def train(self, name: str, dataset: Path, *flags: str, model_id: Path | None = None) -> dict:
         runs = self.work / "runs"
 
         def work():
             command, out = self.run(
-                f"train-{name}", "train", "--model_id", str(self.model()), "--dataset_dir", str(dataset),
+                f"train-{name}", "train", "--model_id", str(model_id or self.model()), "--dataset_dir", str(dataset),
                 "--runs_root", str(runs), "--output_dir", str(runs / name), "--overwrite", "True", *TRAIN, *flags,
             )  # fmt: skip
             summary = json.loads((runs / name / "run_summary.json").read_text())

@@ -10,7 +10,7 @@ TORCH_VERSION="${TEXTSQL_TORCH_VERSION:-2.13.0}"
 VENV="${TEXTSQL_VENV:-.venv}"
 PY="${PYTHON:-python3}"
 
-stamp_of_inputs() { cat requirements.txt requirements-lab.txt requirements-lifecycle.txt requirements-test.txt requirements-peft.txt requirements-mlflow.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16; }
+stamp_of_inputs() { cat requirements.txt requirements-lab.txt requirements-lifecycle.txt requirements-test.txt requirements-peft.txt requirements-mlflow.txt requirements-grpo.txt pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16; }
 
 setup_python() {
   local stamp; stamp="$(stamp_of_inputs)"
@@ -23,7 +23,7 @@ setup_python() {
   local installed; installed="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("torch"))')"  # not `import torch`: numpy is not installed yet, torch would warn
   # Pin exactly the torch now installed for every later pip call, build environments included (PIP_CONSTRAINT is inherited).
   mkdir -p "$VENV/etc"; echo "torch==$installed" > "$VENV/etc/constraints.txt"
-  PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-lab.txt -r requirements-lifecycle.txt -r requirements-test.txt -r requirements-peft.txt -r requirements-mlflow.txt
+  PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q -r requirements.txt -r requirements-lab.txt -r requirements-lifecycle.txt -r requirements-test.txt -r requirements-peft.txt -r requirements-mlflow.txt -r requirements-grpo.txt
   PIP_CONSTRAINT="$PWD/$VENV/etc/constraints.txt" "$VENV/bin/python" -m pip install -q --no-deps -e .
   "$VENV/bin/python" -m ipykernel install --sys-prefix --name python3 >/dev/null
   echo "$stamp" > "$VENV/.textsql-stamp"

@@ -40,6 +40,7 @@ ALLOWED_GLOBALS = frozenset(
         "textsql.train.TextsqlTrainingArguments",
         "transformers.training_args.TrainingArguments",
         "transformers.training_args_seq2seq.Seq2SeqTrainingArguments",
+        "trl.trainer.grpo_config.GRPOConfig",  # a `--stage grpo` run's (TRL's GRPOTrainer saves its config)
         "transformers.training_args.OptimizerNames",
         "transformers.training_args.ParallelMode",
         "transformers.debug_utils.DebugOption",

@@ -14,6 +14,7 @@ from textsql.errors import TextsqlError
 NOTEBOOKS_EXTRA = "textsql[notebooks]"
 LIFECYCLE_EXTRA = "textsql[lifecycle]"
 MLFLOW_EXTRA = "textsql[mlflow]"
+GRPO_EXTRA = "textsql[grpo]"
 
 
 def require_notebooks_extra(module: str, purpose: str) -> None:
@@ -24,6 +25,11 @@ def require_notebooks_extra(module: str, purpose: str) -> None:
 def require_lifecycle_extra(module: str, purpose: str) -> None:
     """The same for the lifecycle extra (peft, torchao, bitsandbytes, gradio)."""
     _require_extra(module, purpose, LIFECYCLE_EXTRA)
+
+
+def require_grpo_extra() -> None:
+    """The grpo extra (TRL), for `textsql train --stage grpo`."""
+    _require_extra("trl", "`textsql train --stage grpo`", GRPO_EXTRA)
 
 
 def require_mlflow_extra(purpose: str) -> None:

@@ -35,6 +35,9 @@ LOSS_TAGS = ("train/loss", "eval/loss")
 COLUMNS = {
     "model": "model",
     "technique": "technique",
+    # --stage grpo (run_summary's grpo): the stage and its last logged mean reward (textsql.rewards' weighted sum)
+    "stage": "stage",
+    "reward": "reward",
     "nodes": "nodes",
     "world_size": "ranks",
     "epochs": "epochs",
@@ -196,6 +199,8 @@ def report_row(record: RunRecord) -> dict:
     return {
         "model": Path(str(s.model_id or "?").rstrip("/")).name,
         "technique": s.strategy_label + (f" + LoRA r{s.lora['rank']}" if s.lora else ""),
+        "stage": (s.grpo or {}).get("stage", "sft"),
+        "reward": _number((s.grpo or {}).get("reward")),
         "nodes": s.nodes,
         "world_size": int(s.world_size or 1),
         "epochs": _number(s.epochs),
@@ -256,6 +261,7 @@ DECIMALS = {
     "planned_memory_gib": 2,
     "memory_vs_plan": 2,
     "eval_loss": 4,
+    "reward": 3,
 }
 # Shares shown as percentages in the Markdown, as everywhere else textsql prints them (the CSV keeps the fractions).
 PERCENTAGES = {"execution_accuracy", "logical_form_accuracy", "mfu", *COMPONENTS}

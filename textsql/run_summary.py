@@ -17,7 +17,8 @@ from textsql.paths import SUMMARY_FILE
 # reads as a full fine-tuning run: every parameter trained.
 # 3: flops_profile (--flops_profiler's figures of one step) and comms_summary (--comms_logger's totals); older files
 # read with both None: nothing was profiled or logged.
-SCHEMA_VERSION = 3
+# 4: grpo (None, or a `--stage grpo` run's settings, parent run and last logged rewards, KL and completion length).
+SCHEMA_VERSION = 4
 GIB = 1024**3
 
 
@@ -69,6 +70,10 @@ class RunSummary:
     # operation ({"file", "operations": {name: {"count", "total_latency_ms", "bytes"}}}).
     flops_profile: dict | None = None
     comms_summary: dict | None = None
+    # --stage grpo (textsql.train.grpo): {"stage", "num_generations", "max_completion_length", "temperature", "beta",
+    # "rewards" (weights), "parent_run", "reward", "rewards/<name>/mean", "kl", "completions/mean_length",
+    # "frac_reward_zero_std", "first_reward", "logged_steps"}
+    grpo: dict | None = None
     finished: str = ""
     version: int = SCHEMA_VERSION
     extras: dict = field(default_factory=dict)  # fields a newer textsql wrote, kept as they were
@@ -169,6 +174,8 @@ def format_summary(summary: RunSummary) -> str:
     if s.execution_accuracy is not None:
         samples = (s.arguments.get("data") or {}).get("execution_accuracy_samples")
         lines.append(f"exec accuracy  {s.execution_accuracy:.1%} on the first {samples} validation questions")
+    if s.grpo:
+        lines.append(format_grpo(s.grpo))
     for m in s.peak_memory_per_rank:
         gpu = (
             f", CUDA max allocated {m['cuda_max_allocated_bytes'] / GIB:.2f} GiB reserved {m['cuda_max_reserved_bytes'] / GIB:.2f} GiB"
@@ -186,6 +193,19 @@ def format_summary(summary: RunSummary) -> str:
         lines.append(format_comms_summary(s.comms_summary))
     lines.append(f"tensorboard    textsql tensorboard --runs_root {Path(s.output_dir).parent}")
     return "\n".join(lines)
+
+
+def format_grpo(grpo: dict) -> str:
+    """The GRPO stage in one line: its parent, the reward's first and last logged mean, each reward's, KL, length."""
+    parts = [f"grpo           from {grpo.get('parent_run') or 'a model that is no textsql run'}"]
+    if "reward" in grpo:
+        parts.append(f"reward {grpo['first_reward']:.3f} -> {grpo['reward']:.3f}")
+        each = [f"{k.split('/')[1]} {v:.2f}" for k, v in grpo.items() if k.startswith("rewards/")]
+        parts.append("(" + ", ".join(each) + ")")
+        kl = f"KL {grpo['kl']:.4f}" if "kl" in grpo else "KL not computed (--beta 0)"
+        parts.append(f"{kl}, completions {grpo.get('completions/mean_length', 0):.1f} tokens")
+        parts.append(f"groups without signal {grpo.get('frac_reward_zero_std', 0):.0%}")
+    return "; ".join(parts[:1] + [" ".join(parts[1:])]) if len(parts) > 1 else parts[0]
 
 
 def _lora_text(s: RunSummary) -> str:

@@ -186,6 +186,7 @@ def summary_metrics(summary: RunSummary) -> dict[str, float]:
     cpu = [m.get("cpu_peak_rss_bytes", 0) for m in ranks]
     check = summary.memory_check or {}
     profile = summary.flops_profile or {}
+    grpo = summary.grpo or {}
     metrics = {
         "train_runtime": summary.train_runtime,
         "train_samples_per_second": summary.train_samples_per_second,
@@ -201,6 +202,10 @@ def summary_metrics(summary: RunSummary) -> dict[str, float]:
         "memory_measured_over_predicted": check.get("ratio") if check.get("comparable") else None,
         "tflops_per_gpu": profile.get("tflops_per_gpu"),
         "mfu": profile.get("mfu"),
+        # --stage grpo: the last logged mean reward, KL and share of groups without signal (the curves come as logged)
+        "final_grpo_reward": grpo.get("reward"),
+        "final_grpo_kl": grpo.get("kl"),
+        "final_grpo_frac_reward_zero_std": grpo.get("frac_reward_zero_std"),
     }
     return {name: float(value) for name, value in metrics.items() if isinstance(value, (int, float))}
 

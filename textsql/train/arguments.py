@@ -13,6 +13,7 @@ from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
 from textsql.evaluate import check_decoding
 from textsql.paths import in_project
+from textsql.rewards import GrpoArguments
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
 from textsql.tracking import TrackingArguments
 from textsql.train.dstools import DsToolsArguments
@@ -92,7 +93,9 @@ _TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
 
 
 @dataclass
-class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments):
+class TextsqlTrainingArguments(
+    Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments, GrpoArguments
+):
     """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
 
     Building one is cheap and touches no device, so a notebook kernel or the multi-pod session (perhaps without a GPU)
@@ -100,8 +103,9 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
     TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
     (textsql.adapters.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.train.dstools.
-    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger) and MLflow's (textsql.tracking.TrackingArguments:
-    --mlflow_log_model, ...) are training arguments like the others, so they travel with them to every rank and node.
+    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger), MLflow's (textsql.tracking.TrackingArguments:
+    --mlflow_log_model, ...) and the GRPO stage's (textsql.rewards.GrpoArguments: --stage, --num_generations, ...) are
+    training arguments like the others, so they travel with them to every rank and node.
     """
 
     output_dir: str | None = field(
@@ -221,6 +225,12 @@ class TextsqlTrainingArguments(Seq2SeqTrainingArguments, LoraArguments, DsToolsA
         self.check_lora()
         self.check_ds_tools(self.deepspeed)
         self.check_tracking(self.report_to)
+        self.check_grpo()
+        if self.stage == "grpo" and self.packing:
+            raise TextsqlError(
+                "--packing packs gold examples for supervised fine-tuning; --stage grpo trains on its own sampled "
+                "completions. Leave --packing out."
+            )
         self.finalized = False
 
     def _check_numbers(self) -> None:

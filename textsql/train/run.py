@@ -25,7 +25,7 @@ from textsql.adapters import (
 )
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
-from textsql.evaluate import load_scoring_set
+from textsql.evaluate import decode_and_score, load_scoring_set
 from textsql.families import family_of
 from textsql.hub import load_config, load_model, load_tokenizer
 from textsql.paths import LOG_FILE, MODEL_NAME_LIMIT, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE, short_name
@@ -87,6 +87,16 @@ from textsql.train.dstools import (
     write_comms_summary,
 )
 from textsql.train.fsdp import wrapped_layer_classes
+from textsql.train.grpo import (
+    check_grpo_model,
+    grpo_config,
+    grpo_dataset,
+    grpo_figures,
+    grpo_record,
+    make_grpo_trainer,
+    parent_run,
+    policy_model,
+)
 from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
 from textsql.train.trainer import make_trainer_class, peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
 from textsql.vocabulary import fit_embeddings
@@ -115,6 +125,7 @@ RUN_NAME_PARTS = {
     "optim": "{}",
     "activation_checkpointing": "ckpt",
     "packing": "packed",
+    "stage": "{}",
 }
 
 
@@ -370,6 +381,7 @@ def _train(
     plan = set_up_run(model_args, training_args)
     if plan.dsconfig is not None or plan.fsdpconfig is not None or world_size() > 1:
         ensure_distributed_env()  # the Trainer runs FSDP only in a process group, one rank included
+    training_args_given = training_args  # the GRPO stage builds TRL's config from what was given (textsql.train.grpo)
     training_args = copy.copy(training_args).finalize(**plan.trainer_settings)
     configure_logging(training_args.process_index == 0, plan.output_dir / LOG_FILE)
     pin_to_one_gpu(training_args)
@@ -391,13 +403,28 @@ def _train(
 
     from transformers import set_seed
 
+    grpo = training_args.stage == "grpo"
+    if grpo:
+        check_grpo_model(model_args.model_id)
     model_tokenizer = load_tokenizer(model_args.model_id)
     train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, model_tokenizer)
-    if eval_set is None and training_args.eval_strategy != "no":
+    if eval_set is None and training_args.eval_strategy != "no" and not grpo:
         raise TextsqlError(
             f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation."
         )
-    model = load_base_model(model_args.model_id, training_args, plan)
+    adapter = None
+    if grpo:
+        train_set, tables = grpo_dataset(data_args.dataset_dir, data_args.max_train_samples)
+        model, adapter = policy_model(
+            model_args.model_id,
+            training_args,
+            lambda: load_base_model(model_args.model_id, training_args, plan),
+            lambda loaded: wrap_for_lora(loaded, model_args, training_args, tokenizer, model_tokenizer),
+        )
+        if adapter is not None and not training_args.lora:  # the parent's adapter, trained on: its settings recorded
+            plan.strategy["lora"] = adapter.get("lora")
+    else:
+        model = load_base_model(model_args.model_id, training_args, plan)
     family = family_of(model.config)  # seq2seq (T5) or causal: the collator and the Trainer follow
     if plan.fsdpconfig is not None:
         logger.info("FSDP units: %s", ", ".join(wrapped_layer_classes(model, plan.fsdpconfig)))
@@ -410,25 +437,28 @@ def _train(
         logger.info("Grew the embeddings to %d ids for the characters prep added to the tokenizer", len(tokenizer))
     if training_args.activation_checkpointing:
         model.config.use_cache = False
-    adapter = None
-    if training_args.lora:
+    if training_args.lora and not grpo:
         model, adapter = wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer)
-    multiple = 8 if plan.accelerator == "cuda" else None
-    collator = make_collator(family, tokenizer, model, packing=training_args.packing, pad_to_multiple_of=multiple)
-    trainer = make_trainer_class(family)(
-        model=model,
-        args=training_args,
-        train_dataset=train_set,
-        eval_dataset=eval_set,
-        data_collator=collator,
-        processing_class=tokenizer,
-    )
+    if grpo:
+        config = grpo_config(training_args_given, plan.trainer_settings)
+        trainer = make_grpo_trainer(model, config, train_set, tables, tokenizer, training_args.reward_weights)
+    else:
+        multiple = 8 if plan.accelerator == "cuda" else None
+        collator = make_collator(family, tokenizer, model, packing=training_args.packing, pad_to_multiple_of=multiple)
+        trainer = make_trainer_class(family)(
+            model=model,
+            args=training_args,
+            train_dataset=train_set,
+            eval_dataset=eval_set,
+            data_collator=collator,
+            processing_class=tokenizer,
+        )
     if not training_args.disable_tqdm:
         from transformers.trainer_callback import ProgressCallback
 
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(training_progress_only())
-    if data_args.execution_accuracy_samples and eval_set is not None:
+    if data_args.execution_accuracy_samples and eval_set is not None and not grpo:
         trainer.execution_scoring = load_scoring_set(
             data_args.dataset_dir, "validation", data_args.execution_accuracy_samples
         )
@@ -459,7 +489,10 @@ def _train(
         if "mismatch" in str(error).lower():
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
-    eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
+    if grpo:  # scored on validation questions with greedy decoding, as supervised runs are (TRL evaluates otherwise)
+        eval_metrics = final_sql_scores(trainer.model, tokenizer, data_args, eval_set is not None)
+    else:
+        eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
     if adapter is not None:
         # The adapter only: under ZeRO-3 the frozen base is (0,) placeholders and merge_and_unload does nothing.
         state = adapter_state(trainer.model, trainer.is_deepspeed_enabled)  # every rank: ZeRO-3 gathers collectively
@@ -472,13 +505,18 @@ def _train(
     if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
         comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
     memory = gather_to_all(peak_memory(plan.accelerator))
-    real_tokens = sum(gather_to_all(trainer.real_tokens))
+    real_tokens = sum(gather_to_all(getattr(trainer, "real_tokens", 0)))
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(
         model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer
     )
 
+    if grpo:
+        summary.grpo = {
+            **grpo_record(training_args, parent_run(model_args.model_id)),
+            **grpo_figures(trainer.state.log_history),
+        }
     summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
     summary.comms_summary = comms
     if flops_profiler is not None:
@@ -561,6 +599,23 @@ def build_summary(
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
     )
+
+
+def final_sql_scores(model, tokenizer, data_args: DataArguments, has_validation: bool) -> dict:
+    """Execution accuracy of the trained model on the first --execution_accuracy_samples validation questions (greedy,
+    or the decoding asked for), as eval metrics; {} without a validation split or with 0 samples."""
+    if not (has_validation and data_args.execution_accuracy_samples):
+        return {}
+    scoring = load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples)
+    _, metrics = decode_and_score(
+        model,
+        tokenizer,
+        scoring,
+        decoding=data_args.execution_accuracy_decoding,
+        num_beams=data_args.execution_accuracy_num_beams,
+        progress=False,
+    )
+    return {"eval_execution_accuracy": metrics["execution_accuracy"]}
 
 
 def load_base_model(model_id: str, training_args: TextsqlTrainingArguments, plan: RunSetup):

@@ -6,6 +6,7 @@ import decimal
 import re
 import sqlite3
 import threading
+import time
 import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -341,6 +342,10 @@ WIKISQL_NUMBER = re.compile(
 )  # lib/dbengine.py num_re: the fallback when a value is not a plain number
 COLUMN_TYPES = ("text", "real")
 _CONNECTION_CACHE_SIZE = 512
+# A WikiSQL query runs on one small table in well under a millisecond; this bound only keeps a pathological table or
+# query (a generated one, a reward's) from holding up scoring or training: past it SQLite is interrupted and the query
+# raises as one that cannot run.
+QUERY_TIME_LIMIT_S = 5.0
 
 
 @dataclass
@@ -372,10 +377,14 @@ def execute_query(query: dict, table: dict) -> list:
     parameters = {f"col{col}": condition_value(value, types[col]) for col, _, value in conds}
     with _databases_lock:
         database = _database_for(table, header, types, rows)
+        deadline = time.monotonic() + QUERY_TIME_LIMIT_S
+        database.connection.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
         try:
             return [row[0] for row in database.connection.execute(statement, parameters)]
         except sqlite3.Error as error:
             raise SQLExecutionError(f"SQLite could not run {statement!r}: {error}") from None
+        finally:
+            database.connection.set_progress_handler(None, 0)
 
 
 def condition_value(value: object, column_type: str) -> object:

@@ -1,0 +1,140 @@
+"""`textsql train --stage grpo` (TRL's GRPOTrainer rewarded by executing the SQL) on the tiny Qwen2: two steps from a
+fully fine-tuned run and from a LoRA run (its adapter trained on, then merged and scored), in this process; under ZeRO-2
+on two ranks through the deepspeed launcher; an interrupted GRPO run resumed; a T5 model refused with the reason."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import tiny_train_argv
+
+pytestmark = pytest.mark.slow
+
+SFT = dict(
+    max_steps=8,
+    per_device_train_batch_size=16,
+    learning_rate="3e-3",
+    logging_steps=2,
+    eval_strategy="no",
+    save_strategy="no",
+    execution_accuracy_samples=0,
+)
+# Two steps of 2 prompts x 4 completions each, 16 tokens at most; the result scored on 8 validation questions.
+GRPO = [
+    "--stage", "grpo", "--num_generations", "4", "--per_device_train_batch_size", "8", "--max_steps", "2",
+    "--max_completion_length", "16", "--learning_rate", "1e-4", "--logging_steps", "1", "--save_strategy", "no",
+    "--execution_accuracy_samples", "8", "--dataloader_num_workers", "0",
+]  # fmt: skip
+
+
+def summary_of(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if line.startswith("textsql-run-summary: "))
+    return json.loads(open(line.split(": ", 1)[1]).read())
+
+
+@pytest.fixture(scope="module")
+def sft_runs(causal_assets, tmp_path_factory):
+    """{"full": summary, "lora": summary}: the supervised runs GRPO starts from."""
+    from conftest import main_in_process
+
+    runs = tmp_path_factory.mktemp("sft")
+    env = dict(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TENSORBOARD_LOGGING_DIR="")
+    summaries = {}
+    for extra in ([], ["--lora", "True", "--lora_targets", "all"]):
+        assert main_in_process(["train", *tiny_train_argv(causal_assets, runs, *extra, **SFT)], env) == 0
+    for path in runs.glob("*/run_summary.json"):
+        summary = json.loads(path.read_text())
+        summaries["lora" if summary["strategy"]["lora"] else "full"] = summary
+    return summaries
+
+
+def grpo_argv(parent: dict, data_dir, runs_root) -> list[str]:
+    return ["train", "--model_id", parent["output_dir"], "--dataset_dir", str(data_dir), "--runs_root", str(runs_root)]
+
+
+def tensorboard_tags(run_dir) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in (run_dir / "tensorboard").rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    return tags
+
+
+def test_grpo_from_a_full_run_and_from_a_lora_run_records_its_stage_and_rewards(
+    sft_runs, causal_assets, tmp_path, textsql_in_process, monkeypatch
+):
+    data_dir, _ = causal_assets
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "")
+    # with a KL term (--beta above 0: TRL keeps a reference model and logs the KL; at 0, its default, it does not)
+    status, out, err = textsql_in_process([*grpo_argv(sft_runs["full"], data_dir, runs), *GRPO, "--beta", "0.04"])
+    assert status == 0, err[-3000:]
+    full = summary_of(out)
+    grpo = full["grpo"]
+    assert full["run"].endswith("-grpo") and full["global_step"] == 2 and full["strategy"]["lora"] is None
+    assert grpo["parent_run"] == sft_runs["full"]["output_dir"] and grpo["num_generations"] == 4
+    assert grpo["logged_steps"] == 2 and 0 <= grpo["rewards/execution/mean"] <= 1
+    assert {"kl", "completions/mean_length", "frac_reward_zero_std"} <= grpo.keys()
+    assert full["execution_accuracy"] is not None  # scored on validation questions at the end
+    assert "grpo           from" in out and "groups without signal" in out
+    assert (runs / full["run"] / "model.safetensors").is_file()
+    tags = tensorboard_tags(runs / full["run"])
+    assert {"train/reward", "train/rewards/execution/mean", "train/kl", "train/frac_reward_zero_std"} <= tags, tags
+
+    # A LoRA run's adapter is trained on: the GRPO run is an adapter folder that infer and merge take like any other
+    status, out, err = textsql_in_process([*grpo_argv(sft_runs["lora"], data_dir, runs), *GRPO])
+    assert status == 0, err[-3000:]
+    lora = summary_of(out)
+    run_dir = runs / lora["run"]
+    assert lora["strategy"]["lora"] == sft_runs["lora"]["strategy"]["lora"] and "kl" not in lora["grpo"]
+    assert 0 < lora["trainable_parameters"] < lora["parameters"] / 5
+    assert (run_dir / "adapter_model.safetensors").is_file() and not (run_dir / "model.safetensors").exists()
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", str(run_dir), "--dataset_dir", str(data_dir), "--max_examples", "8"]
+        + ["--max_new_tokens", "16", "--show_examples", "0"]
+    )
+    assert status == 0 and "8 examples (test, greedy)" in out, err[-3000:]
+    status, out, err = textsql_in_process(["merge", str(run_dir)])
+    assert status == 0, err[-3000:]
+    status, out, err = textsql_in_process(["report", "--runs_root", str(runs)])
+    assert status == 0 and "grpo" in out, err[-3000:]
+
+
+def test_an_interrupted_grpo_run_resumes_from_its_checkpoint(sft_runs, causal_assets, tmp_path, textsql_in_process):
+    data_dir, _ = causal_assets
+    folder = tmp_path / "grpo-run"
+    argv = [*grpo_argv(sft_runs["full"], data_dir, tmp_path), *GRPO, "--output_dir", str(folder)]
+    argv += ["--save_strategy", "steps", "--save_steps", "1", "--execution_accuracy_samples", "0"]
+    status, _, err = textsql_in_process([*argv, "--max_steps", "1"])
+    assert status == 0, err[-3000:]
+    (folder / "run_summary.json").unlink()  # as if it had been stopped after its first checkpoint
+    status, out, err = textsql_in_process(argv)
+    assert status == 0, err[-3000:]
+    summary = summary_of(out)
+    assert summary["resumed_from"].endswith("checkpoint-1") and summary["global_step"] == 2
+
+
+def test_grpo_under_zero2_on_two_ranks(sft_runs, causal_assets, tmp_path, cpu_env):
+    data_dir, _ = causal_assets
+    command = [sys.executable, "-m", "textsql", *grpo_argv(sft_runs["full"], data_dir, tmp_path / "runs"), *GRPO]
+    command += ["--deepspeed", "zero2", "--num_gpus", "2", "--per_device_train_batch_size", "4"]
+    done = subprocess.run(command, env=cpu_env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    summary = summary_of(done.stdout)
+    assert summary["world_size"] == 2 and summary["strategy"]["label"] == "zero2"
+    assert summary["grpo"]["logged_steps"] == 2 and (tmp_path / "runs" / summary["run"] / "model.safetensors").is_file()
+
+
+def test_grpo_refuses_t5_with_the_reason(assets, tmp_path, textsql_in_process):
+    data_dir, model_dir = assets
+    status, _, err = textsql_in_process(
+        ["train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path), *GRPO]
+    )
+    assert status == 2 and "--stage grpo trains causal LMs only" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -1,0 +1,169 @@
+"""The GRPO stage (`textsql train --stage grpo`): TRL's GRPOTrainer on a finished run's model (a LoRA run's adapter
+trained on, a full or merged model trained whole), the prepared dataset's prompts, and rewards from executing each
+completion on its question's table (textsql.rewards); its figures for the run summary."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import fields
+from pathlib import Path
+
+from textsql.adapters import (
+    is_adapter_folder,
+    load_base_for_adapter,
+    quantized_base,
+    read_adapter_record,
+    require_peft,
+)
+from textsql.errors import TextsqlError
+from textsql.extras import require_grpo_extra
+from textsql.families import family_of
+from textsql.hub import load_config
+from textsql.paths import SUMMARY_FILE
+from textsql.prep import load_prepared, load_tables
+from textsql.rewards import SqlRewards, reward_weights
+from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
+
+logger = logging.getLogger("textsql.train")
+
+GRPO_COLUMNS = ("prompt", "table_id", "sql", "target")  # what generation reads and the rewards score against
+# TRL's logged figures a run summary keeps (the last value of each): the rewards' means, KL, completion length, and the
+# share of groups whose completions all earned the same reward (no signal: GRPO's advantage is zero there).
+GRPO_FIGURES = (
+    "reward",
+    "reward_std",
+    "kl",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "frac_reward_zero_std",
+)
+
+
+def check_grpo_model(model_id: str) -> None:
+    """Refuses a model GRPO cannot train (T5), reading its config, or a LoRA run's base model's."""
+    config = load_config(read_adapter_record(model_id)["base_model"] if is_adapter_folder(model_id) else model_id)
+    family = family_of(config)
+    if not family.causal:
+        raise TextsqlError(
+            f"--stage grpo trains causal LMs only (TRL's GRPOTrainer generates with a decoder-only model), and "
+            f"'{model_id}' is a {family.name} model. Fine-tune it with the default --stage sft, or start GRPO from a "
+            "causal LM's run (docs/grpo.md)."
+        )
+
+
+def parent_run(model_id: str) -> str | None:
+    """The textsql run a GRPO stage starts from: the model folder when a run or merge wrote it, else None."""
+    folder = Path(model_id)
+    return str(folder.resolve()) if (folder / SUMMARY_FILE).is_file() or is_adapter_folder(folder) else None
+
+
+def grpo_dataset(dataset_dir: str, max_samples: int | None):
+    """(the train split's prompts with their tables' ids and gold queries, the tables): what GRPO generates from and
+    rewards against. Refuses a dataset prepared for T5 (no prompt column)."""
+    dataset, _ = load_prepared(dataset_dir)
+    train = dataset["train"]
+    missing = [column for column in GRPO_COLUMNS if column not in train.column_names]
+    if missing:
+        raise TextsqlError(
+            f"'{dataset_dir}' has no {', '.join(missing)} column(s): GRPO needs a dataset prepared for a causal LM "
+            "from the release files (prompts and tables). Prepare it with `textsql prep --model_id <the causal model> "
+            "--source_format question+header`."
+        )
+    train = train.select_columns(list(GRPO_COLUMNS))
+    if max_samples:
+        train = train.select(range(min(max_samples, len(train))))
+    return train, load_tables(dataset_dir)
+
+
+def policy_model(model_id: str, training_args, load_full, wrap_for_lora):
+    """(the model GRPO trains, the adapter record to save it with, or None for a whole model). A LoRA run's adapter
+    is trained on (its base quantized again where it was a QLoRA run); a whole model is trained whole, or wrapped in a
+    new adapter with --lora True. `load_full` and `wrap_for_lora` are textsql.train.run's loaders."""
+    if is_adapter_folder(model_id):
+        record = read_adapter_record(model_id)
+        if training_args.quantize_base not in ("none", quantized_base(record)):
+            raise TextsqlError(
+                f"'{model_id}' is a {'QLoRA' if quantized_base(record) != 'none' else 'LoRA'} run on a "
+                f"{quantized_base(record)} base; GRPO continues its adapter on that base. Leave --quantize_base out."
+            )
+        if training_args.lora and training_args.lora_settings() != record.get("lora"):
+            logger.info(
+                "--stage grpo continues the adapter of %s with its own settings: %s", model_id, record.get("lora")
+            )
+        quantized = None
+        if quantized_base(record) != "none":
+            quantized = {"compute_dtype": quantized_compute_dtype(NodeDevices.local().gpus)}
+        base, _, record = load_base_for_adapter(model_id, quantized=quantized)
+        peft = require_peft()
+        model = peft.PeftModel.from_pretrained(base, model_id, is_trainable=True)
+        return model, record
+    model = load_full()
+    if training_args.lora:
+        return wrap_for_lora(model)
+    return model, None
+
+
+def grpo_config(training_args, decided: dict):
+    """TRL's GRPOConfig: every TrainingArguments value of `training_args` (not finalized), textsql's decisions for the
+    run (precision, CPU, folder, DeepSpeed), and the stage's own settings."""
+    from transformers import TrainingArguments
+    from trl import GRPOConfig
+
+    values = {f.name: getattr(training_args, f.name) for f in fields(TrainingArguments) if f.init}
+    values.update(decided)
+    values.update(
+        num_generations=training_args.num_generations,
+        max_completion_length=training_args.max_completion_length,
+        temperature=training_args.temperature,
+        beta=training_args.beta,
+        gradient_checkpointing=training_args.activation_checkpointing,
+        eval_strategy="no",  # scored on validation questions at the end instead (execution accuracy)
+        # one group per prompt on each step: the generation batch is the train batch
+        per_device_train_batch_size=training_args.per_device_train_batch_size,
+        remove_unused_columns=False,
+        log_completions=False,
+        reward_weights=None,  # set from the chosen functions below
+    )
+    if (values["per_device_train_batch_size"] * values["gradient_accumulation_steps"]) % training_args.num_generations:
+        raise TextsqlError(
+            f"--per_device_train_batch_size x --gradient_accumulation_steps "
+            f"({values['per_device_train_batch_size']} x {values['gradient_accumulation_steps']}) counts completions "
+            f"under --stage grpo and must be a multiple of --num_generations ({training_args.num_generations}): "
+            f"e.g. --per_device_train_batch_size {2 * training_args.num_generations}."
+        )
+    try:
+        return GRPOConfig(**values)
+    except ValueError as error:
+        raise TextsqlError(f"Invalid GRPO arguments: {error}") from None
+
+
+def make_grpo_trainer(model, config, train_set, tables: dict, tokenizer, weights_text: str):
+    """GRPOTrainer with textsql's SQL rewards, weighted as --reward_weights says."""
+    require_grpo_extra()
+    from trl import GRPOTrainer
+
+    eos = model.generation_config.eos_token_id
+    eos_ids = [tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else eos or [])]
+    functions, weights = SqlRewards(tables, eos_ids).functions(reward_weights(weights_text))
+    config.reward_weights = weights
+    return GRPOTrainer(
+        model=model, reward_funcs=functions, args=config, train_dataset=train_set, processing_class=tokenizer
+    )
+
+
+def grpo_figures(log_history: list[dict]) -> dict:
+    """The last logged value of each GRPO figure and of each reward's mean (rewards/<name>/mean), and how many steps
+    logged them; the first logged reward too, to see what the stage changed."""
+    logged = [h for h in log_history if "reward" in h]
+    if not logged:
+        return {}
+    last = logged[-1]
+    figures = {name: last[name] for name in GRPO_FIGURES if name in last}
+    figures.update({key: value for key, value in last.items() if key.startswith("rewards/") and key.endswith("/mean")})
+    figures.update(first_reward=logged[0]["reward"], logged_steps=len(logged))
+    return figures
+
+
+def grpo_record(training_args, parent: str | None) -> dict:
+    """The stage as the run summary records it: its settings and its parent run."""
+    return {**training_args.grpo_settings(), "parent_run": parent}
