@@ -9,6 +9,7 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
+from textsql.model_import import PACKAGED_MODELS, imported_model_dir
 from textsql.paths import SUMMARY_FILE, in_project
 
 # What `textsql demo` (--family t5 or causal) leaves in the project, a model that works offline; else a hub model.
@@ -25,6 +26,19 @@ def default_model_id(family: str = "t5") -> str:
         raise TextsqlError(f"family is one of {', '.join(DEMO_MODELS)}, not '{family}'.")
     demo = Path(in_project(DEMO_MODELS[family]))
     return str(demo) if (demo / "config.json").is_file() else HUB_MODELS[family]
+
+
+REAL_MODEL = "smollm2-135m-instruct"  # the real pretrained model textsql measures on (docs/real-model.md)
+
+
+def real_model() -> str | None:
+    """The real SmolLM2-135M-Instruct when it has been imported, else None: `textsql import smollm2-135m-instruct`
+    writes it to the project's models/ folder (the test setup to the user's cache). A notebook prefers it: a pretrained
+    model's answers change visibly with fine-tuning, where a tiny model trained from scratch writes SQL's shape only."""
+    for folder in (Path(in_project(f"models/{PACKAGED_MODELS[REAL_MODEL].name}")), imported_model_dir(REAL_MODEL)):
+        if (folder / "config.json").is_file():
+            return str(folder)
+    return None
 
 
 def trained_demo_model() -> str | None:

@@ -164,6 +164,11 @@ def grpo_figures(log_history: list[dict]) -> dict:
     return figures
 
 
+def grpo_tokens(log_history: list[dict]) -> int:
+    """The tokens GRPO's steps read, prompts and completions, every rank's (TRL's last logged num_tokens)."""
+    return int(next((h["num_tokens"] for h in reversed(log_history) if "num_tokens" in h), 0))
+
+
 def grpo_record(training_args, parent: str | None) -> dict:
     """The stage as the run summary records it: its settings and its parent run."""
     return {**training_args.grpo_settings(), "parent_run": parent}

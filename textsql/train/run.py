@@ -86,13 +86,14 @@ from textsql.train.dstools import (
     running_ds_config,
     write_comms_summary,
 )
-from textsql.train.fsdp import wrapped_layer_classes
+from textsql.train.fsdp import synced_generation, wrapped_layer_classes
 from textsql.train.grpo import (
     check_grpo_model,
     grpo_config,
     grpo_dataset,
     grpo_figures,
     grpo_record,
+    grpo_tokens,
     make_grpo_trainer,
     parent_run,
     policy_model,
@@ -490,7 +491,7 @@ def _train(
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
     if grpo:  # scored on validation questions with greedy decoding, as supervised runs are (TRL evaluates otherwise)
-        eval_metrics = final_sql_scores(trainer.model, tokenizer, data_args, eval_set is not None)
+        eval_metrics = final_sql_scores(trainer, tokenizer, data_args, eval_set is not None)
     else:
         eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
     if adapter is not None:
@@ -505,7 +506,8 @@ def _train(
     if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
         comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
     memory = gather_to_all(peak_memory(plan.accelerator))
-    real_tokens = sum(gather_to_all(getattr(trainer, "real_tokens", 0)))
+    # TRL counts the tokens its GRPO steps read (prompts and completions) on every rank already
+    real_tokens = sum(gather_to_all(trainer.real_tokens)) if not grpo else grpo_tokens(trainer.state.log_history)
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(
@@ -601,19 +603,24 @@ def build_summary(
     )
 
 
-def final_sql_scores(model, tokenizer, data_args: DataArguments, has_validation: bool) -> dict:
+def final_sql_scores(trainer, tokenizer, data_args: DataArguments, has_validation: bool) -> dict:
     """Execution accuracy of the trained model on the first --execution_accuracy_samples validation questions (greedy,
-    or the decoding asked for), as eval metrics; {} without a validation split or with 0 samples."""
+    or the decoding asked for), as eval metrics, every rank stepping through generation together as the supervised
+    Trainer's scoring does; {} without a validation split or with 0 samples."""
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
     if not (has_validation and data_args.execution_accuracy_samples):
         return {}
     scoring = load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples)
     _, metrics = decode_and_score(
-        model,
+        trainer.accelerator.unwrap_model(trainer.model),
         tokenizer,
         scoring,
         decoding=data_args.execution_accuracy_decoding,
         num_beams=data_args.execution_accuracy_num_beams,
+        synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), trainer.is_fsdp_enabled, trainer.args.world_size),
         progress=False,
+        device=trainer.args.device,
     )
     return {"eval_execution_accuracy": metrics["execution_accuracy"]}
 
