@@ -23,7 +23,6 @@ from dataclasses import fields
 from textsql.cluster import Cluster, HostSelection, launch_training, preflight, read_hostfile
 from textsql.errors import TextsqlError
 from textsql.run_summary import format_summary
-from textsql.train.arguments import parse_arguments
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -119,6 +118,9 @@ def cluster_cli(argv: list[str]) -> int:
     own, train_argv = _split(rest)
     args = _parser(command).parse_args(own)
     selection = _selection(args) if command in ("launch", "preflight") else None
+    # The training arguments import torch and transformers: only now, so `--help` and check-hostfile answer at once.
+    from textsql.train.arguments import parse_arguments
+
     arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
     if command == "launch":
         result = launch_training(args.hostfile, arguments, ssh_config=args.ssh_config, selection=selection)
