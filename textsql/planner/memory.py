@@ -134,8 +134,9 @@ ASSUMPTIONS = [
     "with optimizer offload, a staging buffer the size of the largest parameter. ZeRO-3: the reduce buffer and "
     "reduce-scatter's copy of it; without optimizer offload the fp32 gradient buffer of the largest optimizer "
     "sub-group (sub_group_size) beyond the 2P/N the estimator counts; with it, a staging copy of a gradient partition.",
-    "Overhead: 0.5 GB CUDA context, 0.25 GB NCCL buffers with more than one GPU, and 10% of the allocated memory "
-    "for the caching allocator (not yet calibrated on a GPU; sources in textsql/planner/memory.py).",
+    f"Overhead: {CUDA_CONTEXT_BYTES / GIB:.2f} GB CUDA context and {NCCL_BUFFER_BYTES / GIB:.2f} GB NCCL buffers with "
+    f"more than one GPU (both measured on an H200; NCCL's grow with the peers), and {ALLOCATOR_OVERHEAD_FRACTION:.0%} of "
+    "the allocated memory for the caching allocator (sources in textsql/planner/memory.py).",
     "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
     "3 GB per training process for Python, libraries and data.",
     "ZeRO-Infinity (zero3_nvme): the GPU holds what it holds under zero3_offload. The host holds the pinned swap "
