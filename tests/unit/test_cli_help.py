@@ -8,7 +8,8 @@ import sys
 import pytest
 from test_cli_errors import run as run_help
 
-from textsql.cli import COMMANDS
+from textsql.cli import COMMANDS, USAGE
+from textsql.cli.cluster import TRAINING_SUBCOMMANDS
 
 EXPECTED = {"prep", "train", "infer", "check-config", "plan", "tune", "report", "tensorboard", "lab", "demo", "cluster"}
 
@@ -25,9 +26,15 @@ def test_every_command_help_exits_zero_without_traceback(capsys):
     assert not failures, "\n\n".join(failures)
 
 
+def test_textsql_help_names_every_command_once():
+    commands = USAGE.split("commands:\n", 1)[1].split("\n\n", 1)[0]
+    named = [line.split()[0] for line in commands.splitlines() if line[:3].strip() and line.startswith("  ")]
+    assert named == list(COMMANDS)
+
+
 # `textsql cluster --help` prints the module's overview (textsql/cli/cluster.py); its subcommands have usage lines.
 USAGE_ARGV = {name: [name, "--help"] for name in EXPECTED - {"cluster"}}
-USAGE_ARGV |= {f"cluster {sub}": ["cluster", sub, "--help"] for sub in ("train", "launch", "preflight")}
+USAGE_ARGV |= {f"cluster {sub}": ["cluster", sub, "--help"] for sub in TRAINING_SUBCOMMANDS}
 
 
 @pytest.mark.parametrize("command", sorted(USAGE_ARGV))

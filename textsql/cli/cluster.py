@@ -24,6 +24,9 @@ from textsql.cluster import Cluster, HostSelection, launch_training, preflight, 
 from textsql.errors import TextsqlError
 from textsql.run_summary import format_summary
 
+# `textsql cluster SUBCOMMAND`: those that train (or check a training) read `textsql train` arguments after `--`.
+TRAINING_SUBCOMMANDS = ("train", "launch", "preflight")
+
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
@@ -110,9 +113,9 @@ def cluster_cli(argv: list[str]) -> int:
         hosts = read_hostfile(rest[0])
         print(f"{rest[0]}: OK, {len(hosts)} nodes, {sum(h.slots for h in hosts)} ranks (rank 0 on {hosts[0].address})")
         return 0
-    if command not in ("train", "launch", "preflight"):
+    if command not in TRAINING_SUBCOMMANDS:
         raise TextsqlError(
-            f"unknown cluster command '{command}': use train, launch, preflight or check-hostfile "
+            f"unknown cluster command '{command}': use {', '.join(TRAINING_SUBCOMMANDS)} or check-hostfile "
             "(`textsql cluster --help` shows them)."
         )
     own, train_argv = _split(rest)
