@@ -45,11 +45,14 @@ def command_lines(commands: list[str]) -> dict[str, tuple[list[str], str]]:
 
 
 def run(argv: list[str], environment: dict, importtime: bool = False) -> tuple[float, int, str]:
-    """(seconds, exit status, stderr) of `python [-X importtime] -m textsql ARGV` in a fresh interpreter."""
+    """(seconds, exit status, stderr) of `python [-X importtime] -m textsql ARGV` in a fresh interpreter, started in
+    the user cache's folder: `-m` puts the working directory first on the path, where a checkout's textsql would win
+    over --textsql_root's."""
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "textsql", *argv],
         env=environment,
+        cwd=environment["XDG_CACHE_HOME"],
         capture_output=True,
         text=True,
         timeout=600,
