@@ -1,3 +1,3 @@
-"""textsql: fine-tune T5 to translate English questions into SQL on WikiSQL, with or without DeepSpeed ZeRO."""
+"""textsql: fine-tune T5 and decoder-only causal LMs to write SQL for WikiSQL questions, with DeepSpeed ZeRO or FSDP."""
 
 __version__ = "0.1.0"

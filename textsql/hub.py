@@ -3,6 +3,7 @@ an offline-aware error."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 import urllib.parse
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.families import Family, auto_model_class, family_of
+from textsql.paths import project_root
 
 
 def hub_offline() -> bool:
@@ -57,10 +59,27 @@ def download_command(repo_id: str, *files: str, local_dir: str, repo_type: str |
 
 
 def _not_found(name: str, error: Exception) -> TextsqlError:
-    if Path(name).expanduser().exists() or name.startswith((".", "/", "~")):
+    """The message for a model `name` from_pretrained could not load: a folder that is not a model folder, a folder
+    that does not exist (a typo: the closest existing folders named), or a hub id that is neither cached nor fetched."""
+    path = Path(name).expanduser()
+    if path.exists():
         return TextsqlError(
-            f"'{name}' ({Path(name).expanduser().absolute()}) is not a usable model folder ({str(error).splitlines()[0]}). It must hold config.json, "
+            f"'{name}' ({path.absolute()}) is not a usable model folder ({str(error).splitlines()[0]}). It must hold config.json, "
             "the weights (model.safetensors) and the tokenizer files, as written by save_pretrained."
+        )
+    closest = closest_folders(name)
+    parts = path.parts
+    # A path rather than a hub id: written as one, under a folder that exists here, or a typo of a folder here. A hub
+    # id's owner is no folder here (`Qwen/Qwen2.5-0.5B`), and one without an owner (`t5-small`) has no close folder.
+    if (
+        name.startswith((".", "/", "~"))
+        or (len(parts) > 1 and _local_folder(parts[0]))
+        or (len(parts) == 1 and closest)
+    ):
+        nearest = f"The closest existing: {', '.join(closest)}." if closest else "No existing folder has a close name."
+        return TextsqlError(
+            f"There is no folder '{name}' ({path.absolute()}). {nearest} Pass the folder of a model: config.json, "
+            "the weights and the tokenizer files, as written by save_pretrained."
         )
     local = f"models/{name.split('/')[-1]}"
     if hub_offline():
@@ -69,10 +88,43 @@ def _not_found(name: str, error: Exception) -> TextsqlError:
         where = f"The Hugging Face hub cannot be reached from here ({hub_unreachable()}) and '{name}' is not in the local cache."
     else:
         where = f"'{name}' could not be fetched from the hub ({str(error).splitlines()[0]})."
+    folders = f" If you meant a local folder, the closest existing: {', '.join(closest)}." if closest else ""
     return TextsqlError(
         f"{where} On a machine with internet access run `{download_command(name, local_dir=local)}`, "
-        f"copy the folder '{local}' into the project, and pass --model_id {local}."
+        f"copy the folder '{local}' into the project, and pass --model_id {local}.{folders}"
     )
+
+
+def _search_roots() -> list[Path]:
+    """Where a relative model folder is looked for: the working directory (from_pretrained's), then the project root."""
+    return list(dict.fromkeys([Path.cwd(), project_root()]))
+
+
+def _local_folder(name: str) -> bool:
+    return any((root / name).is_dir() for root in _search_roots())
+
+
+def closest_folders(name: str, limit: int = 3) -> list[str]:
+    """Existing folders closest to the missing path `name`, as the user would write them: each part that exists is
+    kept and each that does not is replaced by its closest sibling folders (difflib), for `textsql-demo/tiny-qwen2-rael`
+    `textsql-demo/tiny-qwen2-real`."""
+    path = Path(name).expanduser()
+    # (folder on disk, the same as written): from the filesystem root for an absolute path, else from each root
+    found = [(Path(path.anchor), path.anchor)] if path.is_absolute() else [(root, "") for root in _search_roots()]
+    for part in path.parts[1:] if path.is_absolute() else path.parts:
+        following = []
+        for folder, written in found:
+            if (folder / part).is_dir():
+                following.append((folder / part, f"{written}{part}/"))
+                continue
+            try:
+                siblings = sorted(child.name for child in folder.iterdir() if child.is_dir())
+            except OSError:
+                continue
+            for close in difflib.get_close_matches(part, siblings, n=limit, cutoff=0.6):
+                following.append((folder / close, f"{written}{close}/"))
+        found = following[:limit]
+    return list(dict.fromkeys(written.rstrip("/") for _, written in found))
 
 
 def load_tokenizer(name: str):

@@ -129,5 +129,10 @@ MLFLOW_ARTIFACTS_DIR = "mlartifacts"  # their artifacts: run summaries, configs,
 
 def user_cache_dir() -> Path:
     """textsql's folder in the user's cache ($XDG_CACHE_HOME, else ~/.cache): fetched model packages, imported models,
-    the GPTQ environment. Outside the project folder, which every collaborator can write (docs/lifecycle.md)."""
+    the GPTQ environment, the planner's model shapes. Outside the project folder, which every collaborator can write (docs/lifecycle.md)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "textsql"
+
+
+PLANNER_SHAPES_DIR = (
+    "planner-shapes"  # in the user's cache: model shapes the planner built (textsql.planner.shape_cache)
+)

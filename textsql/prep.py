@@ -10,8 +10,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from textsql import __version__
 from textsql.errors import TextsqlError
 from textsql.families import CAUSAL, family_of
@@ -312,6 +310,8 @@ def validation_split(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
     keys = [example.table_id or f"#{i}" for i, example in enumerate(train)]  # a copy without tables: each question
     count = Counter(keys)
     tables = sorted(count)
+    import numpy as np  # here, not at the top: the planner and most commands' --help import this module
+
     np.random.default_rng(args.seed).shuffle(tables)
     held_out, taken = set(), 0
     for table in tables:
@@ -543,6 +543,8 @@ def _reads_as_gold(text: str, row: dict, tables: dict[str, dict]) -> bool:
 def length_report(dataset, max_source_length: int, max_target_length: int) -> dict:
     """Token-length percentiles per split, mean real tokens per example, and how many exceed the max lengths. A causal
     LM's source is its prompt (the -100 labels) and its target the rest of its one sequence."""
+    import numpy as np  # here, not at the top: the planner and most commands' --help import this module
+
     report = {}
     for name, split in dataset.items():
         labels = split["labels"]

@@ -139,7 +139,7 @@ def test_bad_inference_input_is_one_paragraph(trained_run, textsql_in_process, t
     run_dir, data_dir = trained_run
     for argv, message in [
         (["--model_dir", str(run_dir), "--dataset_dir", str(data_dir), "--split", "nope"], "has no 'nope' split"),
-        (["--model_dir", str(tmp_path / "missing-model"), "--dataset_dir", str(data_dir)], "not a usable model folder"),
+        (["--model_dir", str(tmp_path / "missing-model"), "--dataset_dir", str(data_dir)], "There is no folder"),
         (["--model_dir", str(run_dir), "--dataset_dir", str(data_dir), "--batch_size", "0"], "must be at least 1"),
     ]:
         status, _, err = textsql_in_process(["infer", *argv])

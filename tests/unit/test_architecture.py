@@ -94,6 +94,7 @@ LAZY_TEXTSQL_IMPORTS = {
     "textsql/cli/__init__.py": "a command's module is imported when it runs: `textsql --help` answers without torch",
     "textsql/cluster/__init__.py": "names load on first use: what a node runs imports only what it needs",
     "textsql/cli/train.py": "the training modules (torch, transformers, DeepSpeed) load once the flags are known right",
+    "textsql/cli/cluster.py": "the training arguments (torch, transformers) load for train, launch and preflight only",
 }
 
 

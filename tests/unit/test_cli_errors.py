@@ -3,6 +3,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import traceback
 from pathlib import Path
@@ -155,3 +156,37 @@ def test_one_reader_of_hf_hub_offline_and_no_removed_cli_anywhere():
     ]
     removed = "huggingface" + "-cli"
     assert [p.relative_to(REPO) for p in files if removed in p.read_text(errors="ignore")] == []
+
+
+@pytest.mark.parametrize("command", ["train", "prep"])
+@pytest.mark.parametrize(
+    "typo, closest",
+    [
+        ("tiny-qwen2-rael", "tiny-qwen2-real"),
+        ("textsql-demo/tiny-qwen2-rael", "textsql-demo/tiny-qwen2-real"),
+        ("./textsql-demo/tiny-qwen2", "textsql-demo/tiny-qwen2-real"),
+    ],
+)
+def test_a_mistyped_model_folder_is_no_such_folder_with_the_closest(
+    command, typo, closest, assets, tmp_path, monkeypatch, textsql_in_process
+):
+    data_dir, model_dir = assets
+    monkeypatch.chdir(tmp_path)
+    for folder in ("tiny-qwen2-real", "textsql-demo/tiny-qwen2-real", "textsql-demo/runs"):
+        shutil.copytree(model_dir, tmp_path / folder)
+    argv = {
+        "train": ["train", "--dataset_dir", str(data_dir), "--runs_root", "runs", "--max_steps", "1"],
+        "prep": ["prep", "--source", "generate", "--output_dir", "data"],
+    }[command]
+    status, _, err = textsql_in_process([*argv, "--model_id", typo])
+    assert status == 2 and f"There is no folder '{typo}'" in err, err[-2000:]
+    assert f"The closest existing: {closest}" in err and "hf download" not in err and "\n\n" not in err.strip()
+
+
+def test_a_hub_id_whose_owner_is_no_folder_here_is_sent_to_the_hub(tmp_path, monkeypatch, textsql_in_process):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "textsql-demo" / "tiny-qwen2").mkdir(parents=True)
+    status, _, err = textsql_in_process(["prep", "--source", "generate", "--model_id", "textsql-dem/tiny-qwen2"])
+    assert status == 2 and "HF_HUB_OFFLINE is set and 'textsql-dem/tiny-qwen2' is not in the local" in err, err
+    assert "`hf download textsql-dem/tiny-qwen2 --local-dir models/tiny-qwen2`" in err
+    assert err.strip().endswith("If you meant a local folder, the closest existing: textsql-demo/tiny-qwen2.")

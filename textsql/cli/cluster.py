@@ -23,7 +23,9 @@ from dataclasses import fields
 from textsql.cluster import Cluster, HostSelection, launch_training, preflight, read_hostfile
 from textsql.errors import TextsqlError
 from textsql.run_summary import format_summary
-from textsql.train.arguments import parse_arguments
+
+# `textsql cluster SUBCOMMAND`: those that train (or check a training) read `textsql train` arguments after `--`.
+TRAINING_SUBCOMMANDS = ("train", "launch", "preflight")
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -111,14 +113,17 @@ def cluster_cli(argv: list[str]) -> int:
         hosts = read_hostfile(rest[0])
         print(f"{rest[0]}: OK, {len(hosts)} nodes, {sum(h.slots for h in hosts)} ranks (rank 0 on {hosts[0].address})")
         return 0
-    if command not in ("train", "launch", "preflight"):
+    if command not in TRAINING_SUBCOMMANDS:
         raise TextsqlError(
-            f"unknown cluster command '{command}': use train, launch, preflight or check-hostfile "
+            f"unknown cluster command '{command}': use {', '.join(TRAINING_SUBCOMMANDS)} or check-hostfile "
             "(`textsql cluster --help` shows them)."
         )
     own, train_argv = _split(rest)
     args = _parser(command).parse_args(own)
     selection = _selection(args) if command in ("launch", "preflight") else None
+    # The training arguments import torch and transformers: only now, so `--help` and check-hostfile answer at once.
+    from textsql.train.arguments import parse_arguments
+
     arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
     if command == "launch":
         result = launch_training(args.hostfile, arguments, ssh_config=args.ssh_config, selection=selection)

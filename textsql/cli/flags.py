@@ -22,7 +22,7 @@ TRAIN_ARGUMENT_SOURCES = (
 )
 
 
-def _package_file(package: str, relative: str) -> Path:
+def package_file(package: str, relative: str) -> Path:
     """A file of an installed package, found without importing the package."""
     spec = importlib.util.find_spec(package)
     return Path(spec.origin).parent / relative
@@ -32,7 +32,7 @@ def _package_file(package: str, relative: str) -> Path:
 def dataclass_fields(package: str, relative: str, classes: tuple[str, ...]) -> frozenset[str]:
     """The annotated fields of `classes` in that source file, and the keys of a LEGACY_FLAGS mapping beside them."""
     names = set()
-    for node in ast.parse(_package_file(package, relative).read_text(encoding="utf-8")).body:
+    for node in ast.parse(package_file(package, relative).read_text(encoding="utf-8")).body:
         if isinstance(node, ast.ClassDef) and node.name in classes:
             names |= {
                 item.target.id

@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
-from transformers import HfArgumentParser
+import importlib.util
+from functools import cache
+
+from textsql.cli.flags import package_file
+
+
+@cache
+def _hf_argument_parser() -> type:
+    """transformers' HfArgumentParser, loaded from its own file: importing the transformers package takes about a second
+    (it indexes every model's source) while hf_argparser.py needs only the standard library and yaml, so `textsql plan
+    --help` answers at once. A release whose hf_argparser imports more of transformers gets the package's class."""
+    spec = importlib.util.spec_from_file_location(
+        "textsql.cli._hf_argparser", package_file("transformers", "hf_argparser.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:
+        from transformers import HfArgumentParser
+
+        return HfArgumentParser
+    return module.HfArgumentParser
 
 
 def parse_arguments(dataclass_type, command: str, argv: list[str]):
     """Parse argv into one arguments dataclass for `textsql COMMAND`: usage lines name the command, and an unknown flag
     is a usage error (exit 2, one paragraph) as in argparse, not HfArgumentParser's ValueError with a traceback."""
-    parser = HfArgumentParser(dataclass_type, prog=f"textsql {command}")
+    parser = _hf_argument_parser()(dataclass_type, prog=f"textsql {command}")
     args, unknown = parser.parse_args_into_dataclasses(args=list(argv), return_remaining_strings=True)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from textsql.errors import TextsqlError
 from textsql.families import auto_model_class, family_of, t5_lora_module_names
 from textsql.hub import download_command, hub_offline
 from textsql.planner import causal as causal_lm
+from textsql.planner.shape_cache import read_record, shape_key, write_record
 from textsql.planner.zero3_trace import (
     NARROW_WIDTHS,
     ModuleTrace,
@@ -132,8 +134,9 @@ ASSUMPTIONS = [
     "with optimizer offload, a staging buffer the size of the largest parameter. ZeRO-3: the reduce buffer and "
     "reduce-scatter's copy of it; without optimizer offload the fp32 gradient buffer of the largest optimizer "
     "sub-group (sub_group_size) beyond the 2P/N the estimator counts; with it, a staging copy of a gradient partition.",
-    "Overhead: 0.5 GB CUDA context, 0.25 GB NCCL buffers with more than one GPU, and 10% of the allocated memory "
-    "for the caching allocator (not yet calibrated on a GPU; sources in textsql/planner/memory.py).",
+    f"Overhead: {CUDA_CONTEXT_BYTES / GIB:.2f} GB CUDA context and {NCCL_BUFFER_BYTES / GIB:.2f} GB NCCL buffers with "
+    f"more than one GPU (both measured on an H200; NCCL's grow with the peers), and {ALLOCATOR_OVERHEAD_FRACTION:.0%} of "
+    "the allocated memory for the caching allocator (sources in textsql/planner/memory.py).",
     "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
     "3 GB per training process for Python, libraries and data.",
     "ZeRO-Infinity (zero3_nvme): the GPU holds what it holds under zero3_offload. The host holds the pinned swap "
@@ -382,25 +385,66 @@ class ModelShape:
 
 
 def resolve_model(name: str) -> ModelShape:
-    """The shape of a local model folder, a built-in T5 shape, or a config in the Hugging Face cache (in that order)."""
+    """The shape of a local model folder, a built-in T5 shape, or a config in the Hugging Face cache (in that order).
+    Built once per model (torch and transformers), then read from the user's cache (textsql.planner.shape_cache)."""
     name = str(name)
     folder = Path(name).expanduser()
     if folder.is_dir():
-        return _shape_from_config(_config_from_folder(folder), name, f"{folder / 'config.json'}")
+        config_file = folder / "config.json"
+        identity = ["folder", hashlib.sha256(config_file.read_bytes()).hexdigest()] if config_file.is_file() else None
+        return _cached_shape(identity, name, f"{config_file}", lambda: _config_from_folder(folder))
     short = name.split("/")[-1] if name.startswith(("google-t5/", "t5/")) else name
     if short in T5_SHAPES:
-        from transformers import T5Config
 
-        config = T5Config(**T5_SHAPES[short], vocab_size=T5_VOCAB_SIZE)
-        return _shape_from_config(config, short, "built-in shape table")
+        def t5_config():
+            from transformers import T5Config
+
+            return T5Config(**T5_SHAPES[short], vocab_size=T5_VOCAB_SIZE)
+
+        identity = ["t5", T5_SHAPES[short], T5_VOCAB_SIZE]
+        return _cached_shape(identity, short, "built-in shape table", t5_config)
     builtin = causal_lm.builtin_config(name)
     if builtin is not None:
-        from transformers import AutoConfig
 
-        config = AutoConfig.for_model(builtin.pop("model_type"), **builtin)
-        return _shape_from_config(config, name, "built-in causal LM table")
+        def causal_config():
+            from transformers import AutoConfig
+
+            return AutoConfig.for_model(**builtin)
+
+        return _cached_shape(["causal", builtin], name, "built-in causal LM table", causal_config)
     _refuse_a_near_miss(name, [*T5_SHAPES, *causal_lm.CAUSAL_CONFIGS, *causal_lm.CAUSAL_ALIASES])
     return _shape_from_config(_config_from_hub(name), name, "Hugging Face cache")
+
+
+# This process's shapes by cache key: one ModuleTrace per model, as zero3_residency's cache compares traces by identity.
+_SHAPES: dict[str, dict] = {}
+
+
+def _cached_shape(identity, name: str, source: str, config) -> ModelShape:
+    """The shape of the model `identity` names (None: not cached), built from `config()` when neither this process
+    nor the user's cache has it."""
+    if identity is None:
+        return _shape_from_config(config(), name, source)
+    key = shape_key(identity)
+    if key not in _SHAPES:
+        record = read_record(key)
+        if record is None:
+            built = _shape_from_config(config(), name, source)
+            record = write_record(key, _shape_record(built))
+        _SHAPES[key] = record | {
+            "module_trace": record["module_trace"] and ModuleTrace(**record["module_trace"]),
+            "causal": record["causal"] and causal_lm.CausalWidths(**record["causal"]),
+        }
+    return ModelShape(name=name, source=source, **_SHAPES[key])
+
+
+def _shape_record(shape: ModelShape) -> dict:
+    """A shape as JSON-able values, less the name and source its caller gives."""
+    record = {f.name: getattr(shape, f.name) for f in fields(shape) if f.name not in ("name", "source")}
+    return record | {
+        "module_trace": shape.module_trace and asdict(shape.module_trace),
+        "causal": shape.causal and asdict(shape.causal),
+    }
 
 
 def _refuse_a_near_miss(name: str, known) -> None:
