@@ -113,26 +113,6 @@ def build_model(shape: str, tokenizer, seed: int, t5_configs: str | None = None)
     return build_t5(config, seed, "cuda" if torch.cuda.is_available() else "cpu")
 
 
-def t5_training_flops(config, source_length: int, target_length: int) -> float:
-    """Training FLOPs (3 x forward) of one example: every matmul, attention scores included, embedding lookups not."""
-    d, inner, layers_e, layers_d = (
-        config.d_model,
-        config.num_heads * config.d_kv,
-        config.num_layers,
-        config.num_decoder_layers,
-    )
-    ffn = (3 if config.is_gated_act else 2) * d * config.d_ff
-    s, t = source_length, target_length
-    weights = (
-        layers_e * s * (4 * d * inner + ffn)  # encoder: q, k, v, o and the feed-forward, per source token
-        + layers_d * t * (6 * d * inner + ffn)  # decoder: self-attention q, k, v, o, cross-attention q, o, feed-forward
-        + layers_d * s * 2 * d * inner  # cross-attention k, v over the encoder output
-        + t * d * config.vocab_size
-    )  # LM head
-    attention = 2 * inner * (layers_e * s * s + layers_d * (t * t + t * s))  # QK^T and AV
-    return 3 * 2 * (weights + attention)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The two recipes
 # ---------------------------------------------------------------------------------------------------------------------
@@ -258,6 +238,7 @@ def run_one(args) -> dict:
     """Child process: warm up, then train `steps` steps with one recipe and return its measurements."""
     import torch
 
+    from textsql.train.speed import example_counts, training_flops
     from textsql.train.trainer import peak_memory, tf32_enabled
 
     threads = args.threads if args.threads is not None else (0 if torch.cuda.is_available() else 1)
@@ -315,8 +296,12 @@ def run_one(args) -> dict:
         "precision": "bf16" if trainer.args.bf16 else "fp32",
         "tf32": tf32_enabled(),
         "optimizer": trainer.args.optim.value if hasattr(trainer.args.optim, "value") else str(trainer.args.optim),
-        "useful_flops": sum(t5_training_flops(config, s, t) for s, t in zip(source_lengths, target_lengths)),
-        "computed_flops": sum(b * t5_training_flops(config, s, t) for b, s, t in collator.shapes[-args.steps :]),
+        "useful_flops": sum(
+            training_flops(config, example_counts(s, t)) for s, t in zip(source_lengths, target_lengths)
+        ),
+        "computed_flops": sum(
+            b * training_flops(config, example_counts(s, t)) for b, s, t in collator.shapes[-args.steps :]
+        ),
         "model_config": {
             k: getattr(config, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "d_kv", "vocab_size")
         },

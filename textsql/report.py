@@ -44,7 +44,8 @@ COLUMNS = {
     "duration_s": "duration (s)",
     "samples_per_s": "samples/s",
     "real_tokens_per_s": "real tokens/s",
-    # --flops_profiler's step (run_summary's flops_profile): TFLOPS per GPU and MFU against the GPU's peak
+    # Every run's model FLOPs at the real lengths (run_summary's mfu; --flops_profiler's step where a run has no mfu):
+    # TFLOPS per GPU and MFU against the GPU's peak
     "tflops_per_gpu": "TFLOPS per GPU",
     "mfu": "MFU",
     "memory_per_pod_gib": "memory per pod (GiB)",
@@ -155,9 +156,10 @@ def planner_check(summary: RunSummary) -> tuple[float | None, float | None]:
 
 
 def flops_columns(summary: RunSummary) -> dict:
-    """TFLOPS per GPU and MFU of the step --flops_profiler profiled (None without one, MFU None without a known peak)."""
-    profile = summary.flops_profile or {}
-    return {"tflops_per_gpu": _number(profile.get("tflops_per_gpu")), "mfu": _number(profile.get("mfu"))}
+    """TFLOPS per GPU and MFU of the whole run (run_summary's mfu), else of the step --flops_profiler profiled (None
+    without either; MFU None without a known peak)."""
+    figures = summary.mfu if (summary.mfu or {}).get("tflops_per_gpu") is not None else summary.flops_profile or {}
+    return {"tflops_per_gpu": _number(figures.get("tflops_per_gpu")), "mfu": _number(figures.get("mfu"))}
 
 
 def execution_accuracy(record: RunRecord) -> tuple[float | None, str | None]:

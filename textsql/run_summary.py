@@ -18,7 +18,9 @@ from textsql.paths import SUMMARY_FILE
 # 3: flops_profile (--flops_profiler's figures of one step) and comms_summary (--comms_logger's totals); older files
 # read with both None: nothing was profiled or logged.
 # 4: grpo (None, or a `--stage grpo` run's settings, parent run and last logged rewards, KL and completion length).
-SCHEMA_VERSION = 4
+# 5: mfu (every run: its model FLOPs at the examples' real lengths, TFLOPS per GPU and MFU against the GPU's peak;
+# None in older files).
+SCHEMA_VERSION = 5
 GIB = 1024**3
 
 
@@ -70,6 +72,9 @@ class RunSummary:
     # operation ({"file", "operations": {name: {"count", "total_latency_ms", "bytes"}}}).
     flops_profile: dict | None = None
     comms_summary: dict | None = None
+    # Every run (textsql.train.speed.mfu_figures): {"model_flops" (rank 0's, at the real lengths), "seconds",
+    # "tflops_per_gpu", "peak_tflops", "peak", "mfu" (None on the CPU or an unknown GPU), "token_counts"}
+    mfu: dict | None = None
     # --stage grpo (textsql.train.grpo): {"stage", "num_generations", "max_completion_length", "temperature", "beta",
     # "rewards" (weights), "parent_run", "reward", "rewards/<name>/mean", "kl", "completions/mean_length",
     # "frac_reward_zero_std", "first_reward", "logged_steps"}
@@ -187,6 +192,9 @@ def format_summary(summary: RunSummary) -> str:
         )
     if s.memory_check:
         lines.append(format_comparison(s.memory_check))
+    if s.mfu and s.mfu.get("tflops_per_gpu") is not None:
+        mfu = f"MFU {s.mfu['mfu']:.1%} of {s.mfu['peak']}" if s.mfu.get("mfu") is not None else s.mfu.get("peak")
+        lines.append(f"model flops    {s.mfu['tflops_per_gpu']:.4g} TFLOPS per GPU at the real lengths; {mfu}")
     if s.flops_profile:
         lines.append(format_flops_profile(s.flops_profile))
     if s.comms_summary:

@@ -224,3 +224,30 @@ def test_a_checkpoint_saved_in_bf16_trains_from_fp32_weights(causal_assets, tmp_
     assert {p.dtype for p in load_model(str(saved)).parameters()} == {torch.bfloat16}  # what a plain load gives
     model = load_base_model(str(saved), SimpleNamespace(quantize_base="none"), None)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_the_speed_levers_that_run_on_the_cpu_train_alike_and_the_rest_are_refused_early(
+    causal_assets, tmp_path, textsql_in_process
+):
+    """LoRA in bf16 with the loss at the label positions (--fused_loss chunked) and the frozen base in bf16, against the
+    same run without them: the same losses to bf16's rounding, the model FLOPs recorded (no MFU on the CPU);
+    FlexAttention, which has no backward on the CPU, refused before a run folder is made."""
+    summaries = {}
+    lora = dict(SHORT, max_steps=2, logging_steps=1, per_device_train_batch_size=8, lora="True", precision="bf16")
+    for name, levers in (("plain", []), ("levers", ["--fused_loss", "chunked", "--lora_base_dtype", "bfloat16"])):
+        argv = tiny_train_argv(causal_assets, tmp_path / name, *levers, **lora)
+        status, out, err = textsql_in_process(["train", *argv])
+        assert status == 0, err[-3000:]
+        summaries[name] = summary_of(out)
+    plain, levers = summaries["plain"], summaries["levers"]
+    assert levers["arguments"]["training"]["fused_loss"] == "chunked"
+    assert levers["first_logged_loss"] == pytest.approx(plain["first_logged_loss"], rel=2e-2)
+    assert levers["real_tokens"] == plain["real_tokens"]
+    for summary in (plain, levers):
+        assert summary["mfu"]["model_flops"] > 0 and summary["mfu"]["mfu"] is None
+    # The output layer at the label positions only: fewer FLOPs for the same tokens
+    assert levers["mfu"]["model_flops"] < plain["mfu"]["model_flops"]
+    argv = tiny_train_argv(causal_assets, tmp_path / "flex", "--attention", "flex_attention", max_steps=1)
+    status, _, err = textsql_in_process(["train", *argv])
+    assert status != 0 and "no FlexAttention backward on the CPU" in err
+    assert not (tmp_path / "flex").exists()

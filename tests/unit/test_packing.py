@@ -1,5 +1,6 @@
 """Packed (padding-free) batches for causal LMs: the layout, the loss and gradient equal to padding's on the same
-examples for every family that packs (sdpa and eager attention), and the refusals, with their reasons measured."""
+examples for every family that packs (sdpa and eager attention; FlexAttention's mask and loss), and the refusals, with
+their reasons measured."""
 
 import pytest
 import torch
@@ -104,7 +105,59 @@ def test_t5_and_unchecked_attention_implementations_are_refused_with_the_reason(
         check_packing(T5Config())
     config = LlamaConfig()
     check_packing(config)  # the attention is decided when the model loads: the family alone is judged before
-    config._attn_implementation = "flex_attention"
-    with pytest.raises(TextsqlError, match="'flex_attention'.*sdpa, eager"):
+    config._attn_implementation = "paged|sdpa"
+    with pytest.raises(TextsqlError, match="'paged\\|sdpa'.*sdpa, eager, flex_attention"):
         check_packing(config)
     assert {f.name for f in FAMILIES if packing_refusal(f, "sdpa")} == {"t5", *REFUSED_FAMILIES}
+
+
+def packed_and_padded_masks(model_type, tokenizer, features, pad_to_multiple_of=None):
+    """transformers' masks for one packed row under flex_attention (a BlockMask, made dense) and sdpa (dense)."""
+    from torch.nn.attention.flex_attention import create_mask
+    from transformers.masking_utils import create_causal_mask
+
+    model = build_tiny_causal(tokenizer, model_type, hidden_size=32, num_layers=1, num_heads=4)
+    packed = PackedCausalLMCollator(pad_to_multiple_of, tokenizer.pad_token_id)(features)
+    length = packed["input_ids"].shape[1]
+    masks = {}
+    for attention in ("flex_attention", "sdpa"):
+        model.set_attn_implementation(attention)
+        mask = create_causal_mask(
+            config=model.config,
+            inputs_embeds=torch.zeros(1, length, 32),
+            attention_mask=None,
+            position_ids=packed["position_ids"],
+        )
+        masks[attention] = create_mask(mask.mask_mod, 1, 1, length, length) if attention == "flex_attention" else mask
+    return packed, masks
+
+
+def test_flex_attention_s_block_mask_keeps_each_packed_example_to_itself(tokenizer_and_rows):
+    """FlexAttention's BlockMask for a packed row (filled to a multiple of 128, its blocks) is the block-diagonal
+    causal mask: each position sees its own example's earlier positions and nothing else; the same as sdpa's."""
+    tokenizer, features = tokenizer_and_rows
+    packed, masks = packed_and_padded_masks("qwen2", tokenizer, features, pad_to_multiple_of=128)
+    length = packed["input_ids"].shape[1]
+    assert length % 128 == 0 and length > sum(len(f["input_ids"]) for f in features)
+    segment = (packed["position_ids"][0] == 0).cumsum(0)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    expected = causal & (segment[:, None] == segment[None, :])
+    assert torch.equal(masks["flex_attention"][0, 0], expected)
+    assert torch.equal(masks["sdpa"][0, 0], expected)
+
+
+@pytest.mark.slow
+def test_packing_with_flex_attention_gives_padding_s_loss(tokenizer_and_rows):
+    """The model's loss on a packed row through FlexAttention (compiled by transformers; forward only: torch has no
+    FlexAttention backward on the CPU, so training with it is refused here) equals the padded batch's."""
+    tokenizer, features = tokenizer_and_rows
+    model = build_tiny_causal(tokenizer, "qwen2", hidden_size=32, num_layers=2, num_heads=4, seed=1).eval()
+    padded = make_collator(family_named("qwen2"), tokenizer, model)(features)
+    tokens = torch.tensor(int(padded["labels"][:, 1:].ne(-100).sum()))
+    with torch.no_grad():
+        padded_loss = model(**padded, num_items_in_batch=tokens).loss
+        model.set_attn_implementation("flex_attention")
+        check_packing(model.config)
+        packed = make_collator(family_named("qwen2"), tokenizer, model, packing=True, pad_to_multiple_of=128)(features)
+        packed_loss = model(**packed, num_items_in_batch=tokens).loss
+    assert packed_loss.item() == pytest.approx(padded_loss.item(), rel=1e-5)

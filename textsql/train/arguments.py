@@ -17,6 +17,7 @@ from textsql.rewards import GrpoArguments
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
 from textsql.tracking import TrackingArguments
 from textsql.train.dstools import DsToolsArguments
+from textsql.train.speed import SpeedArguments, check_speed_here
 
 # The original walkthrough's flag names, kept so its commands still work.
 # transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
@@ -94,7 +95,7 @@ _TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
 
 @dataclass
 class TextsqlTrainingArguments(
-    Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments, GrpoArguments
+    Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments, GrpoArguments, SpeedArguments
 ):
     """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
 
@@ -226,6 +227,7 @@ class TextsqlTrainingArguments(
         self.check_ds_tools(self.deepspeed)
         self.check_tracking(self.report_to)
         self.check_grpo()
+        self.check_speed()  # the speed levers (textsql.train.speed.SpeedArguments); what the device refuses, at start
         if self.stage == "grpo" and self.packing:
             raise TextsqlError(
                 "--packing packs gold examples for supervised fine-tuning; --stage grpo trains on its own sampled "
@@ -266,6 +268,7 @@ class TextsqlTrainingArguments(
             super().__post_init__()
         except ValueError as error:
             raise TextsqlError(f"Invalid training arguments: {error}") from None
+        check_speed_here(self)  # the device, strategy and precision now known; before any run folder is made
         self.finalized = True
         return self
 

@@ -11,9 +11,12 @@ from textsql.families import Family, family_of, pad_token_id
 IGNORE_INDEX = -100  # labels the loss skips
 # The attention implementations that keep packed examples apart (transformers' own names). sdpa and eager get a
 # block-diagonal mask built from the position ids (measured here on the CPU: loss and gradient equal to padding's);
-# flash-attention reads the position ids as the examples' boundaries (transformers' padding-free path; GPU only, not
-# run here). Others (flex_attention, kernels from the hub) are not checked, so refused.
-PACKING_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+# flex_attention a BlockMask from the same segments, whose blocks between examples it skips (its loss equal to
+# padding's: tests/unit/test_packing.py); flash-attention reads the position ids as the examples' boundaries
+# (transformers' padding-free path; GPU only, not run here). Others (kernels from the hub) are not checked, so refused.
+PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3")
+# The batch's token counts (textsql.train.speed.TOKEN_COUNTS), counted on the host by CountTokens.
+TOKEN_COUNTS_KEY = "textsql_token_counts"
 
 
 @dataclass
@@ -52,14 +55,46 @@ class PackedCausalLMCollator:
     at the position ids). Labels as prep wrote them (-100 on the prompt, the SQL and its EOS learned); each example's
     first label is -100, so no example learns to predict the next one's first token (its first label is the prompt's,
     -100 already: the loss counts exactly the tokens the padded batch counts). `use_cache=False` goes with the batch:
-    with a cache the model never looks for packed examples either (transformers 5.23 and 5.24, masking_utils)."""
+    with a cache the model never looks for packed examples either (transformers 5.23 and 5.24, masking_utils).
+
+    `pad_to_multiple_of`: the row is filled up to a multiple of it with one more segment of padding (its own
+    positions from 0, labels -100), so that rows come in a few lengths: a compiled model and FlexAttention's blocks
+    (128 positions) see the same shapes again instead of a new one per batch."""
+
+    def __init__(self, pad_to_multiple_of: int | None = None, pad_token_id: int = 0):
+        self.pad_to_multiple_of, self.pad_token_id = pad_to_multiple_of, pad_token_id
 
     def __call__(self, features: list[dict]) -> dict:
         from transformers import DataCollatorWithFlattening
 
         rows = [{"input_ids": feature["input_ids"], "labels": feature["labels"]} for feature in features]
+        total = sum(len(row["input_ids"]) for row in rows)
+        fill = -total % self.pad_to_multiple_of if self.pad_to_multiple_of else 0
+        if fill:
+            rows.append({"input_ids": [self.pad_token_id] * fill, "labels": [IGNORE_INDEX] * fill})
         batch = DataCollatorWithFlattening(separator_id=IGNORE_INDEX, return_tensors="pt")(rows)
         batch["use_cache"] = False
+        return batch
+
+
+@dataclass
+class CountTokens:
+    """The wrapped collator's batch with its token counts (textsql.train.speed.TOKEN_COUNTS) under TOKEN_COUNTS_KEY,
+    counted from the examples' lengths on the host while the batch is made: the source (a causal LM's whole sequence,
+    T5's question) and target (the label tokens) of each example, their squares and products. The Trainer takes them
+    out before the model sees the batch (TextsqlTrainer._prepare_inputs)."""
+
+    collator: object
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.collator(features)
+        counts = [0, 0, 0, 0, 0]
+        for feature in features:
+            source = len(feature["input_ids"])
+            target = sum(1 for label in feature["labels"] if label != IGNORE_INDEX)
+            for i, value in enumerate((source, target, source * source, target * target, source * target)):
+                counts[i] += value
+        batch[TOKEN_COUNTS_KEY] = counts
         return batch
 
 
@@ -91,7 +126,7 @@ def make_collator(family: Family, tokenizer, model, *, packing: bool = False, pa
     """The batches a family trains on: T5's padded source and target; a causal LM's padded sequence, or packed."""
     if packing:
         check_packing(model.config)
-        return PackedCausalLMCollator()
+        return PackedCausalLMCollator(pad_to_multiple_of, pad_token_id(tokenizer))
     if family.causal:
         return CausalLMCollator(pad_token_id(tokenizer), pad_to_multiple_of=pad_to_multiple_of)
     from transformers import DataCollatorForSeq2Seq

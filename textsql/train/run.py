@@ -520,6 +520,9 @@ def _train(
             **grpo_figures(trainer.state.log_history),
         }
     summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
+    if not grpo:  # every run's model FLOPs and MFU (textsql.train.speed)
+        gpu = memory[0].get("device") if plan.accelerator == "cuda" else None
+        summary.mfu = trainer.mfu_figures(summary.train_runtime, gpu, plan.precision.name, summary.tf32)
     summary.comms_summary = comms
     if flops_profiler is not None:
         summary.flops_profile = flops_profiler.figures(

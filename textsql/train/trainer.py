@@ -13,8 +13,10 @@ from pathlib import Path
 
 from textsql.evaluate import decode_and_score
 from textsql.families import Family, family_named
+from textsql.train.collate import TOKEN_COUNTS_KEY, CountTokens
 from textsql.train.distributed import rank
 from textsql.train.fsdp import accelerate_fsdp2_kwargs, full_state_dict, group_tied_embeddings, synced_generation
+from textsql.train.speed import TOKEN_COUNTS, apply_speed, mfu_figures, training_flops
 
 logger = logging.getLogger("textsql.train")
 
@@ -34,7 +36,6 @@ def make_trainer_class(family: Family = None):
     """The family's Trainer (Seq2SeqTrainer for T5, Trainer for causal LMs; T5's without a family) whose step's loss is
     one batch's whatever the accumulation and ranks, that counts real (non-pad) tokens and logs throughput to
     TensorBoard."""
-    import torch
     import transformers
 
     family = family or family_named("t5")
@@ -43,8 +44,15 @@ def make_trainer_class(family: Family = None):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.real_tokens = 0
-            self._pending_tokens = torch.zeros((), dtype=torch.long)
+            # The tokens of each batch, counted on the host as the collator makes it (CountTokens): no device work
+            # and no sync per step; they also give the step's FLOPs (textsql.train.speed.training_flops).
+            self.token_counts = dict.fromkeys(TOKEN_COUNTS, 0)
+            self._pending_tokens = 0
             self._last_log = (time.perf_counter(), 0, 0)
+            self._parameters_for_flops = None
+            if self.data_collator is not None:
+                self.data_collator = CountTokens(self.data_collator)
+            apply_speed(self, family)
             from transformers.loss.loss_utils import ForCausalLMLoss
             from transformers.trainer_utils import unwrap_peft_model
 
@@ -110,15 +118,32 @@ def make_trainer_class(family: Family = None):
 
         flops_profiling = None  # a textsql.train.dstools.FlopsProfilerCallback profiling a step without DeepSpeed
 
-        def training_step(self, model, inputs, num_items_in_batch=None):
-            # Accumulated on the batch's device and read only at log time, so no sync per step. A causal LM's labels
-            # are its input_ids (the answer's), counted once; a packed batch has no padding and no attention mask.
-            mask = inputs.get("attention_mask")
-            tokens = mask.sum() if mask is not None else inputs["input_ids"].new_tensor(inputs["input_ids"].numel())
-            if not family.causal:
-                tokens = tokens + (inputs["labels"] != -100).sum()
-            self._pending_tokens = self._pending_tokens.to(tokens.device) + tokens
-            return super().training_step(model, inputs, num_items_in_batch)
+        def _prepare_inputs(self, inputs):
+            # The batch's token counts (CountTokens) are the trainer's, never the model's: taken out here, where
+            # training and evaluation batches both pass; counted for training only.
+            counts = inputs.pop(TOKEN_COUNTS_KEY, None)
+            if counts is not None and self.model.training:
+                for name, value in zip(TOKEN_COUNTS, counts):
+                    self.token_counts[name] += value
+                self._pending_tokens += counts[0] + (0 if family.causal else counts[1])
+            return super()._prepare_inputs(inputs)
+
+        def floating_point_ops(self, inputs) -> int:
+            # The Trainer asks this for every micro-batch (total_flos in the run's metrics); transformers counts the
+            # model's parameters again on each call, a walk over every parameter per step. Counted once here.
+            main = inputs.get(getattr(self.model, "main_input_name", "input_ids"))
+            if main is None or not hasattr(self.model, "num_parameters"):
+                return 0
+            if self._parameters_for_flops is None:
+                self._parameters_for_flops = self.model.num_parameters(exclude_embeddings=True)
+            return 6 * main.numel() * self._parameters_for_flops
+
+        def mfu_figures(self, seconds: float, gpu: str | None, precision: str, tf32: bool) -> dict:
+            """run_summary.json's `mfu`: this rank's model FLOPs over the training time, against the GPU's peak."""
+            config = self.accelerator.unwrap_model(self.model).config
+            at_labels = getattr(self.args, "fused_loss", "none") != "none"
+            flops = training_flops(config, self.token_counts, logits_at_labels=at_labels)
+            return dict(mfu_figures(flops, seconds, gpu, precision, tf32), token_counts=dict(self.token_counts))
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             """Each micro-batch's share of its optimizer step's loss: the sum of its label tokens' losses divided by
@@ -154,8 +179,8 @@ def make_trainer_class(family: Family = None):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
         def log(self, logs, start_time=None):
-            self.real_tokens += int(self._pending_tokens.item())
-            self._pending_tokens.zero_()
+            self.real_tokens += self._pending_tokens
+            self._pending_tokens = 0
             now, last_step, last_tokens = time.perf_counter(), *self._last_log[1:]
             last_time = self._last_log[0]
             if "loss" in logs and self.state.global_step > last_step and now > last_time:
