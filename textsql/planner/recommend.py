@@ -1,0 +1,551 @@
+"""The plan: every strategy's peak per pod for `textsql plan`'s arguments, the fastest that fits with its largest batch,
+LoRA and QLoRA where full fine-tuning does not fit, and the assumptions behind the numbers."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from textsql.adapters import LoraArguments
+from textsql.errors import TextsqlError
+from textsql.planner.phases import (
+    ALLOCATOR_OVERHEAD_FRACTION,
+    CUDA_CONTEXT_BYTES,
+    NCCL_BUFFER_BYTES,
+    predict_strategy,
+)
+from textsql.planner.shape import (
+    GIB,
+    PRECISIONS,
+    ModelShape,
+    resolve_model,
+)
+from textsql.planner.states import (
+    NVME_GB_PER_S,
+    Setup,
+    lora_layers,
+    quantized_base,
+    read_dsconfig,
+    zero_settings,
+)
+from textsql.strategy.dsconfig import describe_strategy
+from textsql.strategy.table import DEEPSPEED_STRATEGIES, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
+
+MAX_BATCH_SEARCHED = 4096
+
+
+ASSUMPTIONS = [
+    "GB = 2**30 bytes. The GPU figure is what nvidia-smi shows at the peak: torch's reserved memory plus the CUDA "
+    "context and NCCL buffers.",
+    "Model states (parameters + gradients + optimizer states) equal DeepSpeed's estimate_zero2/zero3_model_states_mem_"
+    "needs for ZeRO-2/3 in bf16/fp16 (2-byte parameters and gradients, fp32 master weights and Adam moments). In fp32 "
+    "every 2-byte copy is 4 bytes (ZeRO-2: 4P + 20P/N instead of 2P + 18P/N). ZeRO-1 keeps full gradients "
+    "(its own formula: 2P + 2P + 16P/N). No DeepSpeed: fp32 weights, fp32 gradients and two fp32 Adam moments (16P) "
+    "whatever the precision (autocast), plus DDP's gradient buckets (4P) on more than one GPU.",
+    "Weight copies beyond the model states. ZeRO-3: the parameters gathered on the GPU at the peak, in the training "
+    "dtype (4 bytes in fp32), less the largest layer the estimator already counts, plus the persistent parameters "
+    "(each at most stage3_param_persistence_threshold elements, kept on every GPU). The gathered figure replays "
+    "DeepSpeed 0.19.8's PartitionedParameterCoordinator on the model's module trace (recorded on a narrow copy of the model) with "
+    "the dsconfig's stage3_prefetch_bucket_size, stage3_max_live_parameters and stage3_max_reuse_distance: with "
+    "prefetching on, it keeps up to about stage3_max_live_parameters gathered (1e9 in common configs: all of t5-large). "
+    "No DeepSpeed in bf16/fp16: autocast's 16-bit copy of every matmul weight (2 bytes per parameter), kept for the "
+    "backward pass.",
+    "Gradients are counted as coexisting with the activations and the gathered parameters (conservative); the "
+    "optimizer step's temporaries are not counted: the Trainer's default fused AdamW has none (the older foreach AdamW "
+    "allocated 4 bytes per parameter once the activations were freed).",
+    "Activations: every tensor T5 saves for the backward pass (attention scores, softmax in fp32, dropout masks, "
+    "feed-forward hidden states, layer norms), for the longest batch (batch x max lengths), plus the loss over the "
+    "vocabulary (log-softmax output, its gradient and the logits' gradient). With gradient checkpointing only each "
+    "block's input is kept, plus one block recomputed at a time.",
+    "Buckets: ZeRO-1/2 reduce buffers (reduce_bucket_size elements of the gradient type; two with overlap_comm) and, "
+    "with optimizer offload, a staging buffer the size of the largest parameter. ZeRO-3: the reduce buffer and "
+    "reduce-scatter's copy of it; without optimizer offload the fp32 gradient buffer of the largest optimizer "
+    "sub-group (sub_group_size) beyond the 2P/N the estimator counts; with it, a staging copy of a gradient partition.",
+    f"Overhead: {CUDA_CONTEXT_BYTES / GIB:.2f} GB CUDA context and {NCCL_BUFFER_BYTES / GIB:.2f} GB NCCL buffers with "
+    f"more than one GPU (both measured on an H200; NCCL's grow with the peers), and {ALLOCATOR_OVERHEAD_FRACTION:.0%} of "
+    "the allocated memory for the caching allocator (sources in textsql/planner/phases.py).",
+    "CPU per node: DeepSpeed's host estimate for the model states (zero.Init with ZeRO-3, as textsql trains) plus "
+    "3 GB per training process for Python, libraries and data.",
+    "ZeRO-Infinity (zero3_nvme): the GPU holds what it holds under zero3_offload. The host holds the pinned swap "
+    "buffers (offload_optimizer.buffer_count x the largest optimizer sub-group partition in fp32; offload_param."
+    "buffer_count x buffer_size in the training dtype) and the fp32 gradient partitions (4 bytes per trainable "
+    "parameter / N), plus 3 GB per process. The disk (--nvme_path) holds each rank's 16-bit parameter partition and "
+    "fp32 master weights and Adam moments (2 or 4 + 12 bytes per parameter / N). Per step the parameters are read in "
+    "the forward and the backward pass and written after the update, and the optimizer states are read and written: "
+    "(3 x 2 or 4 + 24) bytes per parameter / N; the time that takes at --nvme_gb_per_s (default 2 GB/s per pod, one "
+    "PCIe NVMe drive: an assumption, measure yours with DeepSpeed's ds_nvme_tune) is a lower bound on a step.",
+    "FSDP2 (fully_shard): parameters, gradients and Adam moments sharded in fp32 (4 + 4 + 8 bytes per parameter / N, "
+    "N the GPUs a parameter is sharded over: all of them, or one pod's with hybrid sharding), on the host with "
+    "offload. Weight copies: the gathered units in the compute dtype: T5's tied embeddings (one unit, kept gathered "
+    "through the step), two T5 blocks at a time (the one computing and the one prefetched) with full sharding, every "
+    "block after the forward pass with shard-grad-op. Buckets: the largest unit's unsharded gradient and its fp32 "
+    "copy for the reduce-scatter. Activations as DeepSpeed's (the module itself computes in bf16). Not yet calibrated "
+    "on a GPU.",
+]
+
+
+ASSUMPTIONS.append(
+    "Phases: a pod's peak is the largest of the training step, evaluation, checkpoint save and final save. Between "
+    "steps the activations are freed, and PyTorch's and FSDP's gradients (DeepSpeed keeps its gradient partitions; "
+    "ZeRO-3's gathered parameters are counted whole). Evaluation adds the eval loss's forward pass over the "
+    "vocabulary or, when it generates SQL, generate()'s caches: eval batch x beams rows of encoder output, "
+    "cross-attention and self-attention keys and values of every decoder layer, and fp32 scores. Checkpoint save "
+    "adds host memory: rank 0's whole model (ZeRO-3 gathers it in the training dtype; else safetensors copies the "
+    "GPU tensors) and torch.save's copy of a GPU optimizer partition. The final fp32 save adds the full fp32 copy "
+    "of the largest parameter on the GPU (DeepSpeed, FSDP) and every rank's fp32 state dict on the host (rank 0's "
+    "alone under FSDP; the adapter alone with LoRA).",
+)
+
+
+LORA_ASSUMPTIONS = [
+    "LoRA rows (--lora True): the base model is frozen and held in the training dtype under DeepSpeed (DeepSpeed casts "
+    "the whole module; fp32 without DeepSpeed, as textsql loads it), partitioned under ZeRO-3 like any parameter. "
+    "Gradients, fp32 master weights and Adam moments exist for the trainable parameters only: r x (in + out) for each "
+    "adapted nn.Linear (plus 2 x d_model per character prep added, not counted here: a few thousand parameters). "
+    "Activations: the full fine-tuning ones (the frozen layers still pass gradients back), plus, per adapted layer and "
+    "token, the adapter's input after dropout with its mask and its r-wide hidden state. With CPU offload the optimizer "
+    "states live in host memory, so there LoRA saves host memory, not GPU memory.",
+]
+
+
+CAUSAL_ASSUMPTIONS = [
+    "Causal LM: prompt and SQL are one sequence of max_source_length + max_target_length tokens through one stack of "
+    "decoder layers; the widths are the config's as its family reads them (textsql.families), the parameter count "
+    "the model's own built on the meta device. Activations per layer and token: two norms (fp32 input, output), the "
+    "attention's query, keys, values, output and its copy for the output projection (sdpa; transformers repeats "
+    "grouped-query keys and values to every query head when the batch is padded, so GQA/MQA shrink the KV cache of "
+    "generation, not the training step's saved keys and values), with eager attention (bloom, codegen) the fp32 "
+    "softmax and probabilities over the sequence, and the feed-forward hidden states (4 x the feed-forward width "
+    "where gated). The logits term: every position's logits upcast to fp32 by transformers' loss, 12 bytes (+2 in "
+    "bf16) per position and vocabulary entry at the backward pass's start. Dropout masks are not counted (0 in most "
+    "causal configs; gpt2 and opt use 0.1).",
+]
+
+
+QLORA_ASSUMPTIONS = [
+    "QLoRA rows (--quantize_base): bitsandbytes quantizes every nn.Linear (and Conv1D) but the output layer. NF4 "
+    "with double quantization: 4 bits per weight, a uint8 absmax per block of 64 and an fp32 absmax per 256 blocks "
+    "(4.13 bits per weight), plus an fp32 offset and the 16- and 256-entry codes per tensor; int8: 1 byte per weight "
+    "plus an fp32 scale per output row. Everything else (embeddings, norms, biases, the output layer) in fp32, as "
+    "peft's prepare_model_for_kbit_training casts it. Weight copies: one weight dequantized in the compute dtype "
+    "while its layer runs. The adapter, its gradients and Adam states as for LoRA. Host memory: no copy of the model "
+    "(bitsandbytes quantizes each weight as it loads it onto the GPU), the 3 GB per process. Falcon's FalconLinear layers are "
+    "not swapped by transformers' bitsandbytes integration; the plan assumes they are (textsql train checks it).",
+]
+
+
+@dataclass
+class PlanArguments:
+    """The model, the pods and the batch to plan for."""
+
+    model: str = field(
+        default="t5-small",
+        metadata={
+            "help": "t5-small, t5-base, t5-large, t5-3b or t5-11b, or a causal LM of the built-in table (Qwen/Qwen2.5-"
+            "0.5B/1.5B/7B, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B, mistralai/Mistral-7B-v0.1, bigscience/bloom-"
+            "1b1, bigscience/bloom-7b1, tiiuae/falcon-7b, Salesforce/codegen2-1B, bigcode/starcoderbase-1b, gpt2, "
+            "facebook/opt-1.3b: nothing is downloaded), a local model folder with config.json, or a hub name already in "
+            "the local Hugging Face cache."
+        },
+    )
+    nodes: int = field(default=1, metadata={"help": "Pods (nodes) training together."})
+    gpus_per_node: int = field(default=1, metadata={"help": "GPUs in each pod."})
+    gpu_memory_gb: float = field(
+        default=40.0, metadata={"help": "Memory of one GPU in GB (2**30 bytes; an A100-40GB has 40)."}
+    )
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch per GPU."})
+    per_device_eval_batch_size: int = field(
+        default=32, metadata={"help": "Evaluation batch per GPU (as textsql train's), for the evaluation phase."}
+    )
+    eval_num_beams: int = field(
+        default=1,
+        metadata={
+            "help": "Beams of the SQL generated at each evaluation (textsql train --execution_accuracy_num_beams; 1: "
+            "greedy); 0 when evaluation generates nothing (--execution_accuracy_samples 0)."
+        },
+    )
+    max_source_length: int = field(
+        default=96,
+        metadata={
+            "help": "Longest question in a batch, in tokens (batches are padded to their longest); a causal LM's prompt."
+        },
+    )
+    max_target_length: int = field(
+        default=96,
+        metadata={
+            "help": "Longest SQL target in a batch, in tokens. A causal LM reads prompt and SQL as one sequence of "
+            "max_source_length + max_target_length tokens."
+        },
+    )
+    precision: str = field(default="bf16", metadata={"help": "fp32, bf16 or fp16 (bf16 on Ampere and newer GPUs)."})
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata={"help": "Recompute activations in the backward pass (less memory, about 30 percent slower)."},
+    )
+    dsconfig: str | None = field(
+        default=None,
+        metadata={
+            "help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3, ...): bucket and sub-group "
+            "sizes and the stage3_* settings (max live parameters, max reuse distance, prefetch bucket, "
+            "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."
+        },
+    )
+    cpu_memory_gb: float | None = field(
+        default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."}
+    )
+    safety_margin: float = field(
+        default=0.1,
+        metadata={
+            "help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."
+        },
+    )
+    lora: bool = field(
+        default=False,
+        metadata={
+            "help": "Also plan LoRA (textsql train --lora True) under every strategy, and "
+            "recommend it where full fine-tuning does not fit or needs more pods."
+        },
+    )
+    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r (as textsql train --lora_rank)."})
+    lora_targets: str = field(default="qv", metadata={"help": "qv or all (as textsql train --lora_targets)."})
+    quantize_base: str = field(
+        default="none",
+        metadata={
+            "help": "With --lora True, also plan QLoRA: the frozen base quantized by bitsandbytes, nf4 or int8 (as "
+            "textsql train --quantize_base), for causal LMs and T5; recommended where neither full fine-tuning nor LoRA on "
+            "a bf16/fp32 base fits."
+        },
+    )
+    nvme_gb_per_s: float = field(
+        default=NVME_GB_PER_S,
+        metadata={
+            "help": "Sustained read and write bandwidth of the NVMe folder zero3_nvme swaps to, GB/s per pod: the "
+            "zero3_nvme row's seconds per step of disk traffic. Default 2: one PCIe NVMe drive (an assumption; "
+            "measure yours with DeepSpeed's ds_nvme_tune)."
+        },
+    )
+    json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
+    assumptions: bool = field(
+        default=False, metadata={"help": "Print the assumptions behind the numbers under the table."}
+    )
+
+    def __post_init__(self):
+        if not str(self.model).strip():
+            raise TextsqlError("--model is empty. Pass t5-small, t5-base, t5-large, t5-3b, t5-11b or a model folder.")
+        for name in (
+            "nodes",
+            "gpus_per_node",
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "max_source_length",
+            "max_target_length",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TextsqlError(f"--{name} must be a whole number of at least 1, not {value!r}.")
+        if isinstance(self.eval_num_beams, bool) or not isinstance(self.eval_num_beams, int) or self.eval_num_beams < 0:
+            raise TextsqlError(
+                f"--eval_num_beams must be 0 (evaluation generates nothing), 1 (greedy) or more beams, "
+                f"not {self.eval_num_beams!r}."
+            )
+        if not self.gpu_memory_gb > 0:
+            raise TextsqlError(f"--gpu_memory_gb must be positive (40 for an A100-40GB), not {self.gpu_memory_gb!r}.")
+        if self.cpu_memory_gb is not None and not self.cpu_memory_gb > 0:
+            raise TextsqlError(f"--cpu_memory_gb must be positive (or left out), not {self.cpu_memory_gb!r}.")
+        if self.precision not in PRECISIONS:
+            raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
+        LoraArguments(
+            lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets, quantize_base=self.quantize_base
+        )  # the same checks as training
+        if not self.nvme_gb_per_s > 0:
+            raise TextsqlError(
+                f"--nvme_gb_per_s must be positive (2 for one PCIe NVMe drive), not {self.nvme_gb_per_s!r}."
+            )
+        if not 0 <= self.safety_margin < 1:
+            raise TextsqlError(
+                f"--safety_margin is a fraction of memory kept free, from 0 to below 1 (e.g. 0.1), "
+                f"not {self.safety_margin!r}."
+            )
+
+
+def plan_memory(args: PlanArguments) -> dict:
+    """Predict every strategy's peak memory per pod and recommend the fastest that fits, with its largest batch (JSON-able)."""
+    shape = resolve_model(args.model)
+    dsconfig = read_dsconfig(args.dsconfig) if args.dsconfig else None
+    settings = zero_settings(dsconfig)
+    setup = Setup(
+        args.nodes,
+        args.gpus_per_node,
+        args.max_source_length,
+        args.max_target_length,
+        args.precision,
+        args.gradient_checkpointing,
+        tuple(sorted(settings.items())),
+        eval_batch=args.per_device_eval_batch_size,
+        eval_num_beams=args.eval_num_beams,
+        nvme_gb_per_s=args.nvme_gb_per_s,
+    )
+    limits = _limits(args)
+    strategies = {}
+    for name in STRATEGIES:
+        row = predict_strategy(shape, setup, name, args.per_device_train_batch_size)
+        strategies[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
+    plan = {
+        "model": shape.as_dict(),
+        "inputs": {k: v for k, v in asdict(args).items() if k != "json"} | {"world_size": setup.gpus},
+        "dsconfig_strategy": _dsconfig_label(dsconfig),
+        "zero_settings": {k: v for k, v in settings.items() if k != "shipped"},
+        "zero_settings_source": args.dsconfig or "shipped dsconfig/ files",
+        "strategies": strategies,
+        "assumptions": ASSUMPTIONS,
+    }
+    plan["recommendation"], plan["problem"] = _recommend(shape, setup, args, strategies, limits)
+    if args.lora:
+        _add_lora(plan, shape, setup, args, limits)
+    if args.lora and args.quantize_base != "none":
+        _add_lora(plan, shape, setup, args, limits, quantize=args.quantize_base)
+    if shape.causal:
+        plan["assumptions"] = plan["assumptions"] + CAUSAL_ASSUMPTIONS
+    return plan
+
+
+def _add_lora(
+    plan: dict, shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, quantize: str = "none"
+) -> None:
+    """LoRA rows for every strategy, and the recommendation: LoRA's fastest fitting strategy where full fine-tuning
+    fits under none on these pods or needs more of them; with the offload strategies, the host memory LoRA saves.
+    With `quantize` (nf4, int8) the same for QLoRA (plan["qlora"]), recommended where neither full fine-tuning nor
+    LoRA on the unquantized base fits."""
+    from dataclasses import replace
+
+    key = "lora" if quantize == "none" else "qlora"
+    lora_setup = replace(setup, lora_rank=args.lora_rank, lora_targets=args.lora_targets, quantize_base=quantize)
+    layers = lora_layers(shape, args.lora_rank, args.lora_targets)
+    rows = {}
+    for name in DEEPSPEED_STRATEGIES:  # LoRA is modelled on the ZeRO strategies (and plain DDP); not yet under FSDP
+        row = predict_strategy(shape, lora_setup, name, args.per_device_train_batch_size)
+        rows[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
+    plan[key] = {
+        "rank": args.lora_rank,
+        "targets": args.lora_targets,
+        "quantize_base": quantize,
+        "trainable_parameters": layers["trainable"],
+        "adapted_layers": sum(count for _, count, *_ in layers["layers"]),
+        "strategies": rows,
+    }
+    if quantize != "none":
+        plan[key]["quantized_base"] = quantized_base(shape, quantize)
+        plan["assumptions"] = plan["assumptions"] + QLORA_ASSUMPTIONS
+        _recommend_lora(plan, key, shape, lora_setup, args, limits, rows)
+        return
+    plan["assumptions"] = plan["assumptions"] + LORA_ASSUMPTIONS
+    offload = [n for n in DEEPSPEED_STRATEGIES if STRATEGY_LAYOUT[n][1] and n not in NVME_STRATEGIES]
+    plan["lora"]["offload_note"] = (
+        "; ".join(
+            f"{n}: GPU {plan['strategies'][n]['gpu_total_gb']:.1f} -> {rows[n]['gpu_total_gb']:.1f} GB, host "
+            f"{plan['strategies'][n]['cpu_per_node_gb']:.1f} -> {rows[n]['cpu_per_node_gb']:.1f} GB per pod"
+            for n in offload
+        )
+        + ": with CPU offload the optimizer states live in host memory, so LoRA's saving is there."
+    )
+    _recommend_lora(plan, key, shape, lora_setup, args, limits, rows)
+
+
+def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
+    """plan[key]["recommendation"] (LoRA or QLoRA's fastest fitting strategy), and the plan's recommendation where
+    nothing before it fits (full fine-tuning, then LoRA on the unquantized base)."""
+    full = plan["recommendation"]
+    fitting = [n for n in DEEPSPEED_STRATEGIES if rows[n]["fits_with_margin"]]
+    if not fitting:
+        plan[key]["recommendation"] = None
+        return
+    name = fitting[0]
+    quantize = lora_setup.quantize_base
+    lora_recommendation = {
+        "strategy": name,
+        "lora": True,
+        "lora_rank": args.lora_rank,
+        "lora_targets": args.lora_targets,
+        "quantize_base": quantize,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "largest_per_device_train_batch_size": largest_batch(shape, lora_setup, name, limits),
+        "predicted_gpu_gb": rows[name]["gpu_total_gb"],
+        "peak_phase": rows[name]["peak_phase"],
+    }
+    plan[key]["recommendation"] = lora_recommendation
+    if quantize != "none":
+        faster = full is not None and STRATEGIES.index(name) < STRATEGIES.index(full["strategy"])
+        # LoRA on the unquantized base wins unless it fits only by offloading to host memory or NVMe, which moves
+        # the model states over PCIe at every step: slower than dequantizing each weight on the GPU
+        offloaded = (
+            full is not None and full["strategy"] in STRATEGY_LAYOUT and any(STRATEGY_LAYOUT[full["strategy"]][1:])
+        )
+        if full is None or (full.get("lora") and faster and offloaded):
+            why = (
+                f"neither full fine-tuning nor LoRA on a {args.precision} base fits under any strategy"
+                if full is None
+                else f"full fine-tuning fits under no strategy, and LoRA on a {args.precision} base only under "
+                f"{full['strategy']}, which offloads to the host or NVMe"
+            )
+            plan["recommendation"] = dict(
+                lora_recommendation,
+                reason=(
+                    f"{why} on {args.nodes} pod(s) of {args.gpus_per_node} GPU(s). QLoRA (LoRA r={args.lora_rank} on "
+                    f"{args.lora_targets}, the base in {quantize}) under {name} fits in {1 - args.safety_margin:.0%} "
+                    f"of {args.gpu_memory_gb:g} GB: textsql train --lora True --lora_rank {args.lora_rank} "
+                    f"--lora_targets {args.lora_targets} --quantize_base {quantize}"
+                    + ("" if name == "none" else f" --deepspeed {name}")
+                ),
+            )
+            plan["problem"] = None
+        elif faster:
+            full["alternative"] = (
+                f"QLoRA ({quantize} base) fits under {name}, a faster strategy ({rows[name]['gpu_total_gb']:.1f} GB)"
+            )
+        return
+    if full is None:
+        from dataclasses import replace
+
+        full_setup = replace(lora_setup, lora_rank=0, lora_targets="qv", quantize_base="none")
+        pods = pods_for_full_fine_tuning(shape, full_setup, args, limits)
+        needs = f"; full fine-tuning would need {pods} pods of {args.gpus_per_node} GPU(s)" if pods else ""
+        plan["recommendation"] = dict(
+            lora_recommendation,
+            reason=(
+                f"full fine-tuning fits under no strategy on {args.nodes} pod(s){needs}. LoRA (r={args.lora_rank}, "
+                f"{args.lora_targets}) under {name} fits in {1 - args.safety_margin:.0%} of {args.gpu_memory_gb:g} GB: "
+                f"textsql train --lora True --lora_rank {args.lora_rank} --lora_targets {args.lora_targets}"
+                + ("" if name == "none" else f" --deepspeed {name}")
+            ),
+        )
+        plan["problem"] = None
+    elif STRATEGIES.index(name) < STRATEGIES.index(full["strategy"]):
+        # full fine-tuning fits only under a slower strategy (the model spread over the GPUs, or offloaded to the host)
+        full["alternative"] = (
+            f"LoRA (r={args.lora_rank}, {args.lora_targets}) fits under {name}, a faster strategy, "
+            f"on each GPU alone ({rows[name]['gpu_total_gb']:.1f} GB)"
+        )
+
+
+def pods_for_full_fine_tuning(
+    shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, most: int = 64
+) -> int | None:
+    """The fewest pods (up to `most`) on which some strategy fits full fine-tuning at this batch; None if none."""
+    from dataclasses import replace
+
+    for nodes in range(args.nodes + 1, most + 1):
+        more = replace(setup, nodes=nodes)
+        if any(_fits(predict_strategy(shape, more, n, args.per_device_train_batch_size), limits) for n in STRATEGIES):
+            return nodes
+    return None
+
+
+def _limits(args: PlanArguments) -> dict:
+    keep = 1 - args.safety_margin
+    return {
+        "gpu": args.gpu_memory_gb * GIB * keep,
+        "cpu": None if args.cpu_memory_gb is None else args.cpu_memory_gb * GIB * keep,
+    }
+
+
+def _fits(row: dict, limits: dict) -> bool:
+    cpu_ok = limits["cpu"] is None or row["cpu_per_node_bytes"] <= limits["cpu"]
+    return row["gpu_total_bytes"] <= limits["gpu"] and cpu_ok
+
+
+def _with_verdict(row: dict, limits: dict, gpu_memory_gb: float, cpu_memory_gb: float | None) -> dict:
+    row = dict(row)
+    row["gpu_gb"] = {k: round(v / GIB, 3) for k, v in row["gpu_bytes"].items()}
+    row["gpu_total_gb"] = round(row["gpu_total_bytes"] / GIB, 3)
+    row["cpu_per_node_gb"] = round(row["cpu_per_node_bytes"] / GIB, 3)
+    row["fits_gpu"] = row["gpu_total_bytes"] <= gpu_memory_gb * GIB
+    row["fits_cpu"] = None if cpu_memory_gb is None else row["cpu_per_node_bytes"] <= cpu_memory_gb * GIB
+    row["fits_with_margin"] = _fits(row, limits)
+    return row
+
+
+def _recommend(shape, setup, args, strategies, limits):
+    """(recommendation, problem): the first strategy in speed order that fits with the margin, and its largest batch."""
+    for name in STRATEGIES:
+        if strategies[name]["fits_with_margin"]:
+            largest = largest_batch(shape, setup, name, limits)
+            return {
+                "strategy": name,
+                "per_device_train_batch_size": args.per_device_train_batch_size,
+                "largest_per_device_train_batch_size": largest,
+                "predicted_gpu_gb": strategies[name]["gpu_total_gb"],
+                "peak_phase": strategies[name]["peak_phase"],
+                "reason": f"{name} is the fastest strategy whose peak over the run's phases fits in {1 - args.safety_margin:.0%} of "
+                f"{args.gpu_memory_gb:g} GB"
+                + (f" (and of {args.cpu_memory_gb:g} GB host memory)" if args.cpu_memory_gb else ""),
+            }, None
+    return None, _no_fit_message(shape, setup, args, strategies, limits)
+
+
+def largest_batch(shape: ModelShape, setup: Setup, strategy: str, limits: dict) -> int:
+    """The largest per-device batch (up to 4096) whose prediction fits the limits under `strategy`; 0 if none."""
+
+    def fits(batch):
+        return _fits(predict_strategy(shape, setup, strategy, batch), limits)
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= MAX_BATCH_SEARCHED and fits(high):
+        low, high = high, high * 2
+    high = min(high, MAX_BATCH_SEARCHED + 1)
+    while high - low > 1:  # fits(low) and not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def _no_fit_message(shape, setup, args, strategies, limits) -> str:
+    smallest = min(STRATEGIES, key=lambda n: strategies[n]["gpu_total_bytes"])
+    allowed = f"{args.gpu_memory_gb:g} GB less the {args.safety_margin:.0%} safety margin"
+    fixes = []
+    if args.nodes * args.gpus_per_node < 64:
+        fixes.append("more pods (--nodes) or GPUs per pod, which divide the ZeRO-3 model states")
+    if not args.gradient_checkpointing:
+        fixes.append("--gradient_checkpointing True")
+    if args.precision == "fp32":
+        fixes.append("--precision bf16 (Ampere or newer)")
+    if strategies[smallest]["peak_phase"] == "evaluation":
+        fixes.insert(
+            0,
+            f"a smaller --per_device_eval_batch_size or fewer --eval_num_beams (evaluation sets {smallest}'s peak: "
+            f"textsql train's --per_device_eval_batch_size and --execution_accuracy_num_beams)",
+        )
+    if shape.causal and not args.lora:
+        fixes.append("LoRA (--lora True) or QLoRA (--lora True --quantize_base nf4), which the plan then shows")
+    elif shape.causal and args.quantize_base == "none":
+        fixes.append("QLoRA (--quantize_base nf4)")
+    fixes.append("shorter --max_source_length/--max_target_length or a smaller model")
+    for name in STRATEGIES:
+        batch = largest_batch(shape, setup, name, limits)
+        if batch:
+            return (
+                f"A per-device batch of {args.per_device_train_batch_size} fits under no strategy for {shape.name} on "
+                f"{args.nodes} x {args.gpus_per_node} GPU(s): the smallest prediction is "
+                f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB "
+                f"allowed ({allowed}). The fastest strategy that fits at all is {name} with a batch of at most "
+                f"{batch}: pass --per_device_train_batch_size {batch} and raise --gradient_accumulation_steps to keep "
+                f"the effective batch, or use {', or '.join(fixes)}."
+            )
+    cpu_note = ""
+    if args.cpu_memory_gb is not None and not strategies[smallest]["fits_cpu"]:
+        cpu_note = (
+            f" The host memory also falls short ({strategies[smallest]['cpu_per_node_gb']:.1f} GB per node needed)."
+        )
+    return (
+        f"{shape.name} fits under no strategy on {args.nodes} x {args.gpus_per_node} GPU(s) of {args.gpu_memory_gb:g} GB, "
+        f"not even with a batch of 1: the smallest prediction at batch {args.per_device_train_batch_size} is "
+        f"{strategies[smallest]['gpu_total_gb']:.1f} GB ({smallest}), over the {limits['gpu'] / GIB:.1f} GB allowed "
+        f"({allowed}).{cpu_note} Use {', or '.join(fixes)}."
+    )
+
+
+def _dsconfig_label(dsconfig) -> str | None:
+    if dsconfig is None:
+        return None
+
+    return describe_strategy(dsconfig)["label"]
