@@ -139,6 +139,12 @@ class TextsqlTrainingArguments(
         "would give; False: each rank's own tokens, the ranks' losses then averaged (docs/training.md)",
     )
     ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
+    logging_nan_inf_filter: bool = _textsql_default(
+        "logging_nan_inf_filter",
+        False,
+        "a NaN or inf loss is logged as it is, not hidden; the check cost a GPU sync at every micro-batch "
+        "(bench/step_profile.py)",
+    )
     fsdp_config: str | None = field(
         default=None,
         metadata={

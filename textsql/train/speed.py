@@ -8,7 +8,9 @@ import logging
 from dataclasses import dataclass, field
 
 from textsql.errors import TextsqlError
-from textsql.families import Family, decoder_layer_classes
+from textsql.families import Family, decoder_layer_classes, family_of
+from textsql.planner.causal import causal_widths
+from textsql.strategy.devices import peak_tflops
 
 logger = logging.getLogger("textsql.train")
 
@@ -333,9 +335,6 @@ def flops_coefficients(config, logits_at_labels: bool = False) -> dict:
             "source_target": 2 * 2 * inner * dec,
         }
     else:
-        from textsql.families import family_of
-        from textsql.planner.causal import causal_widths
-
         w = causal_widths(config, family_of(config))
         kv = w.kv_heads * w.head_dim
         attention_weights = w.hidden * w.heads * w.head_dim * 2 + w.hidden * kv * 2  # q, o and k, v
@@ -366,8 +365,6 @@ def example_counts(source_length: int, target_length: int) -> dict:
 def mfu_figures(flops: float, seconds: float, gpu: str | None, precision: str, tf32: bool) -> dict:
     """run_summary.json's `mfu`: one GPU's model FLOPs (at its examples' real lengths) per second against the GPU's
     dense peak for its precision (textsql.strategy.devices.GPU_PEAK_TFLOPS); no MFU on the CPU or an unknown card."""
-    from textsql.strategy.devices import peak_tflops
-
     tflops = flops / seconds / 1e12 if seconds else None
     figures = {"model_flops": flops, "seconds": seconds, "tflops_per_gpu": tflops}
     peak = peak_tflops(gpu) if gpu else None
