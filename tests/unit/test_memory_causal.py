@@ -287,3 +287,25 @@ def test_what_a_llama_like_step_saves_is_what_the_planner_counts_under_autocast_
         got = measure(config, "cpu", 4, 40, "bf16", lora_rank)["saved_bytes"]["activations"]
         plan = planned(tmp_path, 4, 40, "bf16", lora_rank)["saved_activations"]
         assert 0.9 < got / plan < 1.1, (lora_rank, got, plan)
+
+
+def test_the_speed_levers_that_change_memory_change_the_plan():
+    """--fused_loss: the logits at the label positions only (the SQL), in chunks of the planner's size; and
+    --lora_base_dtype bfloat16: LoRA's frozen base in 2 bytes a parameter, with nothing for autocast to copy."""
+    from dataclasses import replace
+
+    from textsql.planner import causal as causal_planner
+    from textsql.planner.memory import Setup, predict, resolve_model, zero_settings
+
+    shape = resolve_model("Qwen/Qwen2.5-0.5B")
+    setup = Setup(1, 1, 60, 20, "bf16", False, tuple(sorted(zero_settings(None).items())), lora_rank=8)
+    plain = predict(shape, setup, 0, False, False, 16)
+    fused = predict(shape, replace(setup, fused_loss="chunked"), 0, False, False, 16)
+    assert plain["activations_detail"]["loss_peak"] == 16 * 80 * shape.vocab_size * 12
+    rows = causal_planner.loss_logit_rows(16 * 20, shape.vocab_size)
+    assert rows == 16 * 20 < causal_planner.LOSS_CHUNK_LOGITS // shape.vocab_size  # one chunk at WikiSQL's lengths
+    assert fused["activations_detail"]["loss_peak"] == rows * shape.vocab_size * 12
+    bf16 = predict(shape, replace(setup, lora_base_dtype="bfloat16"), 0, False, False, 16)
+    assert bf16["gpu_bytes"]["parameters"] == plain["gpu_bytes"]["parameters"] - 2 * shape.parameters
+    assert bf16["weight_copies_detail"]["autocast"] == 0 < plain["weight_copies_detail"]["autocast"]
+    assert bf16["gpu_total_bytes"] < plain["gpu_total_bytes"]

@@ -10,9 +10,9 @@ import torch
 from textsql.errors import TextsqlError
 from textsql.families import family_named
 from textsql.hub import load_tokenizer
+from textsql.planner import causal as causal_planner
 from textsql.prep import load_prepared
 from textsql.tiny import build_tiny_causal
-from textsql.train import speed
 from textsql.train.arguments import TextsqlTrainingArguments
 from textsql.train.collate import CausalLMCollator, CountTokens, PackedCausalLMCollator
 from textsql.train.speed import (
@@ -101,7 +101,7 @@ def test_the_loss_at_the_label_positions_is_the_full_loss_in_value_and_gradient(
     padded and packed batches: the full loss and every gradient, to rounding."""
     tokenizer, features = tokenizer_and_features
     if chunk_logits:
-        monkeypatch.setattr(speed, "CHUNK_LOGITS", chunk_logits)  # several chunks: the checkpointed path
+        monkeypatch.setattr(causal_planner, "LOSS_CHUNK_LOGITS", chunk_logits)  # several chunks: checkpointed
     full = build_tiny_causal(tokenizer, model_type, hidden_size=32, num_layers=2, num_heads=4, seed=1).eval()
     for module in full.modules():  # gpt2 drops out 10%: the two forwards must compute the same thing
         if isinstance(module, torch.nn.Dropout):

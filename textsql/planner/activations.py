@@ -18,6 +18,7 @@ def activation_bytes(
     gradient_checkpointing: bool,
     autocast: bool,
     frozen: bool = False,
+    fused_loss: str = "none",
 ) -> dict:
     """Peak bytes of activations (everything saved for the backward pass) of one training step of a T5 model (a causal
     LM's: textsql.planner.causal.activation_bytes, where `frozen` says the base does not train: LoRA).
@@ -27,9 +28,11 @@ def activation_bytes(
     in fp32); the feed-forward hidden state (activation output, dropout mask and output); residual dropout masks.
     The loss over the vocabulary peaks at the start of the backward pass with three batch x target x vocab tensors
     (log-softmax output, its gradient, the logits' gradient). `autocast` is plain PyTorch mixed precision: 16-bit
-    matmul outputs, fp32 layer norms and loss.
+    matmul outputs, fp32 layer norms and loss. `fused_loss` (a causal LM's, textsql train --fused_loss): the loss at
+    the label positions (the SQL) only, in chunks.
     """
     if shape.causal:  # one sequence of prompt + SQL through one stack of decoder layers
+        rows = None if fused_loss == "none" else causal_lm.loss_logit_rows(batch * target_length, shape.causal.vocab)
         return causal_lm.activation_bytes(
             shape.causal,
             batch,
@@ -39,6 +42,7 @@ def activation_bytes(
             shape.eager_attention,
             autocast=autocast,
             frozen=frozen,
+            loss_rows=rows,
         )
     s = shape
     b, src, tgt = batch, source_length, target_length

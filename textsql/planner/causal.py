@@ -314,6 +314,17 @@ def layer_activation_bytes(
     }
 
 
+# Logits the loss at the label positions (textsql train --fused_loss chunked) computes at once: 2**26 (256 MiB in fp32)
+# whatever the vocabulary, 441 rows of Qwen's 151,936 ids; more rows are done in chunks, each recomputed in the
+# backward pass. Liger Kernel's fused linear cross-entropy chunks its rows likewise.
+LOSS_CHUNK_LOGITS = 2**26
+
+
+def loss_logit_rows(label_tokens: int, vocab: int) -> int:
+    """The rows of logits that exist at once when the loss is computed at `label_tokens` positions in chunks."""
+    return min(label_tokens, max(1, LOSS_CHUNK_LOGITS // vocab))
+
+
 def activation_bytes(
     w: CausalWidths,
     batch: int,
@@ -324,6 +335,7 @@ def activation_bytes(
     padded: bool = True,
     autocast: bool = False,
     frozen: bool = False,
+    loss_rows: int | None = None,
 ) -> dict:
     """Peak bytes of activations of one training step of a causal LM over batch x sequence (prompt + SQL) tokens.
 
@@ -333,11 +345,12 @@ def activation_bytes(
     position to fp32 and takes their log-softmax, so the loss peaks at the start of the backward pass with the fp32
     log-softmax, its gradient and the logits' fp32 gradient (batch x sequence x vocabulary each, 12 bytes: measured on
     an H200, the 16-bit gradient comes after the first two are freed; 5.7 GB for bloom's 250,880 ids at batch 8 x 256
-    tokens). `autocast` and `frozen`: layer_activation_bytes."""
+    tokens). `autocast` and `frozen`: layer_activation_bytes. `loss_rows`: the positions whose logits exist at once
+    when the loss is computed at the label positions only (--fused_loss: loss_logit_rows); None: every position."""
     e = 4 if precision == "fp32" else 2
     tokens = batch * sequence
     layer = layer_activation_bytes(w, tokens, sequence, e, eager, padded, autocast, frozen)
-    loss = tokens * w.vocab * 12
+    loss = (tokens if loss_rows is None else loss_rows) * w.vocab * 12
     if gradient_checkpointing:
         layers = w.layers * tokens * w.hidden * e  # each layer's input
         transient = max(loss, layer["total"])  # the loss first, then one layer recomputed at a time

@@ -72,6 +72,9 @@ def predict(
     settings = dict(setup.settings)
     lora = lora_layers(shape, setup.lora_rank, setup.lora_targets) if setup.lora_rank else None
     quantized = quantized_base(shape, setup.quantize_base) if lora and setup.quantize_base != "none" else None
+    # --lora_base_dtype bfloat16: the frozen base in bf16 where the run computes in bf16 without DeepSpeed (which
+    # holds it in the training dtype already)
+    bf16_base = bool(lora) and not quantized and stage == 0 and setup.lora_base_dtype == "bfloat16"
     if lora is None:
         states = model_states(
             shape.parameters,
@@ -94,7 +97,7 @@ def predict(
             setup.gpus_per_node,
             setup.nodes,
             setup.precision,
-            base_bytes=quantized["total"] if quantized else None,
+            base_bytes=quantized["total"] if quantized else 2 * shape.parameters if bf16_base else None,
         )
     activations = activation_bytes(
         shape,
@@ -103,8 +106,9 @@ def predict(
         setup.target_length,
         setup.precision,
         setup.gradient_checkpointing,
-        autocast=stage == 0 and setup.precision != "fp32",
+        autocast=stage == 0 and setup.precision != "fp32" and not bf16_base,
         frozen=lora is not None and quantized is None,  # bitsandbytes' matmuls keep their inputs, frozen or not
+        fused_loss=setup.fused_loss,
     )
     if lora is not None:
         activations["lora"] = lora_activation_bytes(
@@ -126,7 +130,7 @@ def predict(
         trainable=None if lora is None else lora["trainable"],
     )
     residency = zero3_residency_for(shape, settings, setup.gradient_checkpointing) if stage == 3 else None
-    copies = weight_copy_bytes(shape, stage, setup.precision, residency, quantized)
+    copies = weight_copy_bytes(shape, stage, setup.precision, residency, quantized, bf16_base)
     reclaimable = buckets.get("gradients_awaiting_copy", 0)
     gpu = {
         "parameters": states["parameters"],

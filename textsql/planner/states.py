@@ -367,20 +367,26 @@ def nvme_bytes(shape: ModelShape, setup: Setup, trainable: int) -> dict:
 
 
 def weight_copy_bytes(
-    shape: ModelShape, stage: int, precision: str, residency: dict | None, quantized: dict | None = None
+    shape: ModelShape,
+    stage: int,
+    precision: str,
+    residency: dict | None,
+    quantized: dict | None = None,
+    base_in_16_bits: bool = False,
 ) -> dict:
     """GPU bytes of parameter copies beyond the model states: ZeRO-3's gathered and persistent parameters (in the
     training dtype; `residency` is zero3_residency_for's), or, without DeepSpeed in 16-bit mixed precision, autocast's
     16-bit copy of every matmul weight. With a quantized base (`quantized`: quantized_base's), autocast copies only
     the matmuls left unquantized (the output layer), ZeRO-3 gathers the quantized bytes, and bitsandbytes'
-    dequantized copy of one weight in the compute dtype exists while its layer runs forward or backward."""
+    dequantized copy of one weight in the compute dtype exists while its layer runs forward or backward.
+    `base_in_16_bits`: LoRA's frozen base held in bf16 (--lora_base_dtype bfloat16): autocast has nothing to copy."""
     low = 4 if precision == "fp32" else 2
     copies = {}
     if quantized is not None:
         copies["dequantized"] = low * max((n for n, _ in shape.quantizable), default=0)
     matmul = shape.matmul_parameters - (quantized["weights"] if quantized else 0)
     if stage == 0:
-        return copies | {"autocast": 2 * matmul if precision != "fp32" else 0}
+        return copies | {"autocast": 2 * matmul if precision != "fp32" and not base_in_16_bits else 0}
     if stage != 3:
         return copies
     in_model_states = low * shape.largest_layer_parameters  # DeepSpeed's estimator already counts the largest layer
@@ -473,6 +479,9 @@ class Setup:
     eval_batch: int = 32  # per_device_eval_batch_size
     eval_num_beams: int = 1  # beams of the SQL generated during evaluation; 0: evaluation computes the loss only
     nvme_gb_per_s: float = NVME_GB_PER_S
+    # The speed levers that change memory (textsql train's --fused_loss and --lora_base_dtype; textsql.train.speed)
+    fused_loss: str = "none"  # chunked or liger: a causal LM's logits at the label positions only, in chunks
+    lora_base_dtype: str = "float32"  # bfloat16: LoRA's frozen base in bf16 without DeepSpeed (no autocast copies)
 
     @property
     def gpus(self) -> int:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from textsql.errors import TextsqlError
 from textsql.families import Family, decoder_layer_classes, family_of
+from textsql.planner import causal as causal_planner
 from textsql.planner.causal import causal_widths
 from textsql.strategy.devices import peak_tflops
 
@@ -18,9 +19,6 @@ ATTENTIONS = ("auto", "sdpa", "eager", "flex_attention")
 COMPILES = ("none", "layers")
 FUSED_LOSSES = ("none", "chunked", "liger")
 LORA_BASE_DTYPES = ("float32", "bfloat16")
-# Rows of the output layer computed at once by the chunked loss: 2**26 logits (256 MiB in fp32) whatever the
-# vocabulary (441 rows of Qwen's 151,936 ids). A WikiSQL micro-batch has a few hundred label tokens: one chunk.
-CHUNK_LOGITS = 2**26
 IGNORE_INDEX = -100
 
 
@@ -295,7 +293,8 @@ def output_layer_loss(hidden, weight, bias, targets, kind: str = "chunked"):
         logits = F.linear(rows, weight, bias).float()
         return F.cross_entropy(logits, chunk_targets, reduction="sum")
 
-    rows = max(1, CHUNK_LOGITS // weight.shape[0])
+    # the planner's chunk (LOSS_CHUNK_LOGITS): a WikiSQL micro-batch's few hundred label tokens are one chunk
+    rows = causal_planner.loss_logit_rows(hidden.shape[0], weight.shape[0])
     if hidden.shape[0] <= rows:
         return chunk_loss(hidden, targets)
     from torch.utils.checkpoint import checkpoint
