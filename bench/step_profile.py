@@ -218,6 +218,7 @@ def textsql_setup(args, model_dir: Path, data_dir: Path, output_dir: Path):
     from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.train.collate import make_collator
     from textsql.train.run import load_base_model, load_training_data, set_up_run
+    from textsql.vocabulary import fit_embeddings
 
     model_args = ModelArguments(model_id=str(model_dir))
     training = TextsqlTrainingArguments(
@@ -241,6 +242,7 @@ def textsql_setup(args, model_dir: Path, data_dir: Path, output_dir: Path):
         DataArguments(dataset_dir=str(data_dir)), load_tokenizer(str(model_dir))
     )
     model = load_base_model(str(model_dir), finalized, plan)
+    fit_embeddings(model, tokenizer)  # the characters prep added to the tokenizer, as textsql train grows them
     family = family_of(model.config)
     collator = make_collator(
         family, tokenizer, model, packing=finalized.packing, pad_to_multiple_of=8 if args.device == "cuda" else None

@@ -17,6 +17,8 @@ from pathlib import Path
 from textsql.adapters import QUANTIZED_BASES
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
+from textsql.families import family_of
+from textsql.hub import load_config
 from textsql.paths import (
     METADATA_FILE,
     TUNE_LOGS_DIR,
@@ -50,6 +52,19 @@ ADAPTERS = {
     "lora": {"lora": True},
     **{f"qlora-{base}": {"lora": True, "quantize_base": base} for base in QUANTIZED_BASES if base != "none"},
 }
+# The speed levers a tune can try (textsql.train.speed and the Trainer's own flags): each name's `textsql train`
+# arguments. fused AdamW is textsql's default (the Trainer's adamw_torch_fused): its alternative is what is measured.
+LEVERS = {
+    "fused_loss": {"fused_loss": "chunked"},
+    "liger": {"fused_loss": "liger"},
+    "compile": {"compile": "layers"},
+    "packing": {"packing": True},
+    "flex_packing": {"packing": True, "attention": "flex_attention"},
+    "bf16_lora_base": {"lora_base_dtype": "bfloat16"},
+    "foreach_adamw": {"optim": "adamw_torch"},
+    "workers": {"dataloader_num_workers": 2, "dataloader_persistent_workers": True},
+}
+CAUSAL_ONLY_LEVERS = ("fused_loss", "liger", "packing", "flex_packing")
 RETRIED = ("failed", "out of memory", "timed out")  # what --retry_failed measures again
 RANK_QUOTE = re.compile(r"^(rank \d+ )?\| ")  # how textsql.cluster.launch.failure_message quotes a rank's output
 OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "cannot allocate memory")
@@ -161,6 +176,16 @@ class TuneArguments:
         },
     )
     accelerator: str = field(default="auto", metadata={"help": "auto, cuda or cpu, as textsql train's --accelerator."})
+    levers: str = field(
+        default="",
+        metadata={
+            "help": "Speed levers to measure on the fastest setting of the first round: each alone, then those that "
+            "made it faster together; comma-separated from fused_loss, liger, compile, packing, flex_packing, "
+            "bf16_lora_base, foreach_adamw, workers (textsql train's --fused_loss, --compile, --packing, --attention, "
+            "--lora_base_dtype, --optim, --dataloader_num_workers), or all. A lever that cannot run here (FlexAttention "
+            "and Liger on the CPU) is recorded with textsql's reason."
+        },
+    )
 
     def __post_init__(self):
         if self.quantize_base not in QUANTIZED_BASES:
@@ -183,6 +208,14 @@ class TuneArguments:
             )
         if not 0 <= self.tolerance < 1:
             raise TextsqlError(f"--tolerance is a fraction (0.05 = 5 percent), not {self.tolerance!r}.")
+        unknown = [name for name in self.lever_names if name not in LEVERS]
+        if unknown:
+            raise TextsqlError(f"Unknown levers {unknown}: choose from {', '.join(LEVERS)}, or all.")
+
+    @property
+    def lever_names(self) -> list[str]:
+        names = [part.strip() for part in self.levers.split(",") if part.strip()]
+        return list(LEVERS) if names == ["all"] else names
 
     @property
     def timeout_s(self) -> float:
@@ -202,11 +235,13 @@ class Candidate:
     predicted_fits: bool | None = None  # None: no prediction applies (the CPU, a config file)
     adapter: str = ""  # "": every weight trains; else a name of ADAPTERS
     default: bool = False  # textsql train's own settings
+    levers: tuple = ()  # names of LEVERS on top
 
     @property
     def key(self) -> str:
         name = Path(self.strategy).stem if self.strategy.endswith(".json") else self.strategy
-        return f"{name}-mb{self.micro_batch}-acc{self.accumulation}" + (f"-{self.adapter}" if self.adapter else "")
+        key = f"{name}-mb{self.micro_batch}-acc{self.accumulation}" + (f"-{self.adapter}" if self.adapter else "")
+        return key + (f"-{'+'.join(self.levers)}" if self.levers else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -358,6 +393,8 @@ def candidate_arguments(base: dict, candidate: Candidate, args: TuneArguments, o
     )
     values.update(strategy_values(candidate.strategy))
     values.update(ADAPTERS.get(candidate.adapter, {}))
+    for lever in candidate.levers:
+        values.update(LEVERS[lever])
     values.update(candidate_values(base.get("mlflow_parent_run_id")))  # a tracked tune: nested MLflow runs
     return arguments_from_dict(values)
 
@@ -409,6 +446,7 @@ def result_row(candidate: Candidate, status: str, *, repeat: int = 0, error: str
         "micro_batch": candidate.micro_batch,
         "accumulation": candidate.accumulation,
         "adapter": candidate.adapter,
+        "levers": list(candidate.levers),
         "default": candidate.default,
         "predicted_gpu_gb": candidate.predicted_gpu_gb,
         "predicted_fits": candidate.predicted_fits,
@@ -591,7 +629,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "predicted_gpu_gb",
                 "predicted_fits",
             )
-        }
+        } | {"levers": first.get("levers") or []}
         if ok:
             rates = [r["samples_per_second"] for r in ok]
             middle = statistics.median(rates)
@@ -614,9 +652,15 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def simplicity(entry: dict) -> tuple:
-    """Simpler first: every weight trained (an adapter learns less), the strategy table's order (plain data parallel,
-    then ZeRO-1, ...), then less accumulation."""
-    return (bool(entry.get("adapter")), strategy_rank(entry["strategy"]), entry["accumulation"], entry["key"])
+    """Simpler first: every weight trained (an adapter learns less), fewer speed levers, the strategy table's order
+    (plain data parallel, then ZeRO-1, ...), then less accumulation."""
+    return (
+        bool(entry.get("adapter")),
+        len(entry.get("levers") or ()),
+        strategy_rank(entry["strategy"]),
+        entry["accumulation"],
+        entry["key"],
+    )
 
 
 def choose_winner(table: list[dict], tolerance: float) -> dict | None:
@@ -750,6 +794,15 @@ def run_tune(
     try:
         for i, candidate in enumerate(ordered, 1):
             run_one(candidate, 0, f"[{i}/{len(ordered)}]")
+        if args.lever_names:
+            causal = family_of(load_config(args.model_id)).causal
+            for stage in ("alone", "together"):
+                first = summarize([r for r in rows if r["repeat"] == 0 and r["key"] in {c.key for c in ordered}])
+                added = lever_candidates(first, {c.key: c for c in ordered}, args.lever_names, causal, stage)
+                for i, candidate in enumerate(added, 1):
+                    run_one(candidate, 0, f"[lever {stage} {i}/{len(added)}]")
+                ordered += added
+                candidates += added
         for round_, contenders in enumerate(repeat_rounds(rows, ordered, args), 1):
             for i, candidate in enumerate(contenders, 1):
                 run_one(candidate, round_, f"[round {round_ + 1}/{args.repeats}, {i}/{len(contenders)}]")
@@ -781,6 +834,35 @@ def repeat_rounds(rows: list[dict], ordered: list[Candidate], args: TuneArgument
     chosen = {e["key"] for e in ok[: args.repeat_top]} | {e["key"] for e in ok if e["default"]}
     contenders = [c for c in ordered if c.key in chosen]
     return [contenders[::-1] if round_ % 2 else contenders for round_ in range(1, args.repeats)]
+
+
+def lever_candidates(first: list[dict], by_key: dict, levers: list[str], causal: bool, stage: str) -> list[Candidate]:
+    """The lever round's candidates. "alone": each lever on the fastest candidate without levers of the first round
+    (those that do not apply to it left out: the causal LMs' levers on T5, LoRA's base without an adapter). "together":
+    the levers that made it faster (above the candidate's own speed), all at once, when there are two or more."""
+    plain = [e for e in first if e["status"] == "ok" and not e.get("levers")]
+    if not plain:
+        return []
+    base = by_key[plain[0]["key"]]  # fastest first
+    if stage == "alone":
+        applicable = [
+            name
+            for name in levers
+            if (causal or name not in CAUSAL_ONLY_LEVERS) and (name != "bf16_lora_base" or base.adapter == "lora")
+        ]
+        return [replace(base, levers=(name,), default=False) for name in applicable]
+    faster = [
+        e["levers"][0]
+        for e in first
+        if e["status"] == "ok"
+        and len(e.get("levers") or ()) == 1
+        and e["samples_per_second"] > plain[0]["samples_per_second"]
+    ]
+    # one value per flag: flex_packing over packing, liger over fused_loss when both helped
+    for loser, winner in (("packing", "flex_packing"), ("fused_loss", "liger")):
+        if loser in faster and winner in faster:
+            faster.remove(loser)
+    return [replace(base, levers=tuple(faster), default=False)] if len(faster) > 1 else []
 
 
 def _refused_here(
@@ -883,6 +965,8 @@ def recipe_values(winner: dict, model, data, training, args: TuneArguments) -> d
         "gradient_accumulation_steps": winner["accumulation"],
     }
     values |= ADAPTERS.get(winner.get("adapter") or "", {})
+    for lever in winner.get("levers") or ():
+        values |= LEVERS[lever]
     if args.num_gpus is not None:
         values["num_gpus"] = args.num_gpus
     return values

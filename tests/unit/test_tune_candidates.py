@@ -18,6 +18,7 @@ from textsql.tune import (
     failure_reason,
     failure_status,
     format_table,
+    lever_candidates,
     micro_batch_choices,
     plan_candidates,
     read_results,
@@ -136,8 +137,9 @@ def test_failures_are_named():
         assert failure_reason(launch) == "Out of disk."
 
 
-def row(key, strategy, accumulation, rate, status="ok", repeat=0):
+def row(key, strategy, accumulation, rate, status="ok", repeat=0, levers=()):
     return {
+        "levers": list(levers),
         "key": key,
         "repeat": repeat,
         "status": status,
@@ -216,3 +218,40 @@ def test_the_table_states_each_figures_spread_and_a_busy_machine(tmp_path):
     assert "| 90.0 | 80.0-100.0 (±11%) | 1.80x | 3 |" in line  # the median, its min-max, against the default
     assert "load average up to 5.5" in text and "busier than its 2 cores while 1 candidate(s)" in text
     assert "busier" not in format_table(TuneResult(table[1:], None, None, [], tmp_path, None, None, 1, 32))
+
+
+def test_levers_are_tried_alone_on_the_fastest_setting_then_together_and_the_recipe_keeps_them(tmp_path):
+    fastest, slower = Candidate("zero2", 16, 2, adapter="lora"), Candidate("none", 32, 1, default=True)
+    by_key = {c.key: c for c in (fastest, slower)}
+    first = summarize([row(fastest.key, "zero2", 2, 100.0), row(slower.key, "none", 1, 80.0)])
+    levers = ["fused_loss", "compile", "bf16_lora_base", "packing", "flex_packing"]
+    alone = lever_candidates(first, by_key, levers, causal=True, stage="alone")
+    assert [c.key for c in alone] == [f"zero2-mb16-acc2-lora-{name}" for name in levers]
+    assert all(c.strategy == "zero2" and c.adapter == "lora" and not c.default for c in alone)
+    # T5 leaves out the causal LMs' levers; full fine-tuning leaves out LoRA's base
+    t5 = lever_candidates(
+        first, {**by_key, fastest.key: Candidate("zero2", 16, 2)}, levers, causal=False, stage="alone"
+    )
+    assert [c.levers for c in t5] == [("compile",)]
+    measured = first + summarize(
+        [row(c.key, "zero2", 2, rate, levers=c.levers) for c, rate in zip(alone, (130.0, 90.0, 110.0, 105.0, 120.0))]
+    )
+    (together,) = lever_candidates(measured, by_key, levers, causal=True, stage="together")
+    assert together.levers == ("fused_loss", "flex_packing", "bf16_lora_base")  # the faster ones, fastest first;
+    # flex_packing rather than plain packing, which set the same flag
+    args = TuneArguments(levers="fused_loss,compile")
+    values = candidate_arguments(arguments_dict(*parse_arguments([])), together, args, tmp_path / "run")[2]
+    assert (values.fused_loss, values.lora_base_dtype, values.packing, values.attention) == (
+        "chunked",
+        "bfloat16",
+        True,
+        "flex_attention",
+    )
+    winner = {"strategy": "zero2", "micro_batch": 16, "accumulation": 2, "adapter": "lora", "levers": ["compile"]}
+    assert recipe_values(winner, *parse_arguments([]), args)["compile"] == "layers"
+    # fewer levers is simpler: within the tolerance, the setting without them wins
+    table = summarize([row("a", "zero2", 2, 100.0), row("b", "zero2", 2, 102.0, levers=("compile",))])
+    assert choose_winner(table, 0.05)["key"] == "a"
+    with pytest.raises(TextsqlError, match="Unknown levers"):
+        TuneArguments(levers="warp_drive")
+    assert TuneArguments(levers="all").lever_names[0] == "fused_loss"
