@@ -9,6 +9,10 @@ JSON is rewritten after every step, so what was measured before a cut-off is kep
 
   environment     the GPU, the libraries, and the memory the CUDA context and NCCL take beside torch's reservation
   data            generated WikiSQL-format data and a tokenizer trained on it (shared by every later step)
+  speed           where a step's time goes (bench/step_profile.py: textsql's Trainer against the plain Trainer and a
+                  PyTorch loop, torch's profiler on the GPU), and each speed lever on and off and the best combination
+                  with MFU (bench/speed_levers.py): t5-small's shape at the walkthrough's batch and a large one,
+                  t5-large's, Qwen2.5-0.5B's with LoRA and full fine-tuning
   strategies      every strategy one GPU can run (none, ZeRO-1/2/3, CPU offload, FSDP at world size 1) and LoRA, on
                   t5-small's real shape in bf16: the run summary's CUDA peak against `textsql plan`'s prediction
                   (bench/plan_vs_measured.py, several runs at once on the one GPU)
@@ -77,6 +81,11 @@ class Sizes:
     causal_activation_batches: str
     causal_activation_layers: int
     quantize_methods: str
+    speed_profile: tuple  # (T5 shape, batch) bench/step_profile.py profiles
+    speed_t5: tuple  # (shape, batch, levers: speed_levers.py's --levers) of each T5 run
+    speed_causal: tuple  # (label, lora, batch, levers) of each causal LM run (Qwen2.5-0.5B's shape; the tiny Qwen2)
+    speed_steps: int
+    speed_repetitions: int
     budgets: dict
 
 
@@ -109,9 +118,28 @@ GPU = Sizes(
     causal_activation_batches="4,16",
     causal_activation_layers=4,
     quantize_methods="torchao-int8,bnb-int8,bnb-nf4",
+    speed_profile=("t5-small", 32),
+    speed_t5=(
+        ("t5-small", 32, "compile=layers optim=adamw_torch dataloader_num_workers=2"),  # the walkthrough's batch
+        ("t5-small", 256, "compile=layers"),  # a batch that can load the GPU
+        ("t5-large", 32, "compile=layers optim=adamw_torch"),
+    ),
+    speed_causal=(
+        (
+            "lora",
+            True,
+            16,
+            "fused_loss=chunked fused_loss=liger lora_base_dtype=bfloat16 packing=True "
+            "packing=True,attention=flex_attention compile=layers",
+        ),
+        ("full", False, 16, "fused_loss=chunked fused_loss=liger packing=True,attention=flex_attention compile=layers"),
+    ),
+    speed_steps=8,
+    speed_repetitions=2,
     budgets={
         "environment": 60,
         "data": 90,
+        "speed": 330,
         "strategies": 170,
         "throughput": 150,
         "flops_profiler": 75,
@@ -145,9 +173,19 @@ CPU = Sizes(
     causal_activation_batches="2",
     causal_activation_layers=1,
     quantize_methods="dynamic-int8",
+    # The code path of each: the profile on the tiny T5, and the causal levers that run here beside two refused (GPU
+    # only); the T5 levers' runs take the same path (bench/speed_levers.py) and are left to the GPU
+    speed_profile=("tiny", 8),
+    speed_t5=(),
+    speed_causal=(
+        ("lora", True, 8, "fused_loss=chunked lora_base_dtype=bfloat16 attention=flex_attention fused_loss=liger"),
+    ),
+    speed_steps=2,
+    speed_repetitions=1,
     budgets={
         "environment": 60,
         "data": 180,
+        "speed": 400,
         "strategies": 300,
         "throughput": 240,
         "flops_profiler": 180,
@@ -321,7 +359,7 @@ def step_data(ctx) -> dict:
     paths = marked_json(
         run([sys.executable, "-c", code, str(ctx.work / "generated")], ctx.deadline, ctx.log, ctx.env), "DATA"
     )
-    ctx.data_dir = Path(paths["data_dir"])
+    ctx.data_dir, ctx.tiny_t5 = Path(paths["data_dir"]), Path(paths["tokenizer_dir"])
     return paths
 
 
@@ -485,21 +523,79 @@ print("MODEL " + json.dumps({"model_dir": str(out), "shape": shape}))
 """
 
 
-def step_causal(ctx) -> dict:
-    """A decoder-only causal LM through textsql's own commands: prep (prompt + SQL + EOS), training (LoRA and full
-    fine-tuning) with the run summary's peak memory and throughput, then batched left-padded generation, scored."""
-    from textsql.run_summary import read_summary
-
-    sizes = ctx.sizes
+def causal_model_and_data(ctx) -> tuple[dict, Path, Path]:
+    """(the model's record, its folder, its prepared data): Qwen2.5-0.5B's shape with the real Qwen2 tokenizer on a
+    GPU with --real, else the tiny Qwen2; built and prepared once, for the speed and causal steps."""
+    if getattr(ctx, "causal_model", None):
+        return ctx.causal_model
     qwen = ctx.real / "qwen2" if ctx.real is not None and (ctx.real / "qwen2" / "tokenizer.json").is_file() else None
     raw = ctx.real / "wikisql" if ctx.real is not None else ctx.work / "generated" / "wikisql-generated"
     model_dir, data_dir = ctx.work / "causal-model", ctx.work / "causal-data"
     command = [sys.executable, "-c", CAUSAL_MODEL, str(model_dir), str(raw)]
     command += [str(qwen) if qwen and ctx.on_gpu else "", json.dumps(QWEN25_05B)]
     model = marked_json(run(command, ctx.deadline, ctx.log, ctx.env), "MODEL")
+    prep = [sys.executable, "-m", "textsql.cli", "prep", "--source", str(raw), "--model_id", str(model_dir)]
+    prep += ["--output_dir", str(data_dir), "--source_format", "question+header", "--overwrite", "True"]
+    run(prep, ctx.deadline, ctx.log, ctx.env)
+    ctx.causal_model = (model, model_dir, data_dir)
+    return ctx.causal_model
+
+
+def step_speed(ctx) -> dict:
+    """Where a step's time goes, and each speed lever on and off with the best combination, MFU from the model's FLOPs
+    (bench/step_profile.py, bench/speed_levers.py): t5-small's shape at the walkthrough's batch of 32 and at one that
+    loads the GPU, t5-large's, and Qwen2.5-0.5B's (LoRA and full fine-tuning) in bf16; on the CPU the tiny models,
+    the GPU-only levers recorded with textsql's reason."""
+    sizes, bench = ctx.sizes, REPO / "bench"
+    device = ["--device", "cuda"] if ctx.on_gpu else ["--device", "cpu", "--threads", "1"]
+    common = [*device, "--steps", str(sizes.speed_steps), "--repetitions", str(sizes.speed_repetitions)]
+    result = {"t5": [], "causal": []}
+    t5_models = {}
+
+    def t5_model(shape: str) -> Path:  # the tiny T5 the data step built, or a random T5 of the real shape
+        if shape not in t5_models:
+            if shape == "tiny":
+                t5_models[shape] = ctx.tiny_t5
+            else:
+                folder = ctx.work / "speed-models" / shape
+                code = "import sys; from bench.shapes import save_random_t5; save_random_t5(*sys.argv[1:])"
+                run([sys.executable, "-c", code, str(folder), str(ctx.data_dir), shape], ctx.deadline, ctx.log, ctx.env)
+                t5_models[shape] = folder
+        return t5_models[shape]
+
+    shape, batch = sizes.speed_profile  # where one step goes, at the walkthrough's batch
+    output = ctx.work / "step_profile.json"
+    profile = [sys.executable, str(bench / "step_profile.py"), "--model", str(t5_model(shape)), *device]
+    profile += ["--dataset_dir", str(ctx.data_dir), "--batch", str(batch), "--precision", sizes.precision]
+    profile += ["--steps", str(4 * sizes.speed_steps), "--warmup", "2", "--repetitions", str(sizes.speed_repetitions)]
+    run([*profile, "--output", str(output)], ctx.deadline, ctx.log, ctx.env)
+    result["profile"] = read_json(output)
+    for shape, batch, levers in sizes.speed_t5:
+        output = ctx.work / f"speed-{shape}-{batch}.json"
+        command = [sys.executable, str(bench / "speed_levers.py"), "--model", str(t5_model(shape)), *common]
+        command += ["--dataset_dir", str(ctx.data_dir), "--batch", str(batch), "--precision", sizes.precision]
+        run([*command, "--levers", levers, "--output", str(output)], ctx.deadline, ctx.log, ctx.env)
+        result["t5"].append({"shape": shape, "batch": batch, **read_json(output)})
+    model, model_dir, data_dir = causal_model_and_data(ctx)
+    result["causal_model"] = model
+    for label, lora, batch, levers in sizes.speed_causal:
+        output = ctx.work / f"speed-causal-{label}.json"
+        command = [sys.executable, str(bench / "speed_levers.py"), "--model", str(model_dir), *common]
+        command += ["--dataset_dir", str(data_dir), "--batch", str(batch), "--precision", "bf16"]
+        command += ["--lora"] if lora else []
+        run([*command, "--levers", levers, "--output", str(output)], ctx.deadline, ctx.log, ctx.env)
+        result["causal"].append({"label": label, "batch": batch, **read_json(output)})
+    return result
+
+
+def step_causal(ctx) -> dict:
+    """A decoder-only causal LM through textsql's own commands: prep (prompt + SQL + EOS), training (LoRA and full
+    fine-tuning) with the run summary's peak memory and throughput, then batched left-padded generation, scored."""
+    from textsql.run_summary import read_summary
+
+    sizes = ctx.sizes
+    model, model_dir, data_dir = causal_model_and_data(ctx)
     textsql = [sys.executable, "-m", "textsql.cli"]
-    prep = [*textsql, "prep", "--source", str(raw), "--model_id", str(model_dir), "--output_dir", str(data_dir)]
-    run([*prep, "--source_format", "question+header", "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)
     result, summary_paths = {"model": model, "runs": []}, []
     for strategy, lora, quantize_base, packing in sizes.causal_runs:
         label = f"{strategy}{'-lora' if lora else ''}{'' if quantize_base == 'none' else '-' + quantize_base}"
@@ -588,6 +684,7 @@ def step_causal_activations(ctx) -> dict:
 STEPS = {
     "environment": step_environment,
     "data": step_data,
+    "speed": step_speed,  # the first measurement: what the next GPU window is for (issue 39)
     "strategies": step_strategies,
     "throughput": step_throughput,
     "flops_profiler": step_flops_profiler,
@@ -614,6 +711,8 @@ class Context:
     on_gpu: bool = False
     deadline: float = 0.0
     data_dir: Path | None = None
+    tiny_t5: Path | None = None  # the data step's tiny T5 (generated data)
+    causal_model: tuple | None = None  # causal_model_and_data's (record, model folder, data folder), built once
     causal: dict | None = None  # the causal step's model, data and full fine-tuning run, for causal_quantize
 
 

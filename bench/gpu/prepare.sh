@@ -18,11 +18,13 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 manyl
 done
 # The pins of requirements*.txt where the image's version is older than textsql needs or the package is missing;
 # the dependencies the image lacks named one by one (--no-deps: pip cannot resolve against the image from here).
+# liger-kernel: Liger Kernel's Triton kernels (--fused_loss liger), pure Python on the Triton CUDA torch ships.
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --implementation cp "${platforms[@]}" \
   -d "$WHEELS" \
   transformers==5.24.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 \
   regex==2026.11.19 hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.7.0 typing-inspection==0.4.4 \
-  peft==0.21.2 babel==2.19.0 torchao==0.18.0 bitsandbytes==0.50.2 2>&1 | grep -v "is ignored: it is neither" || true
+  peft==0.21.2 babel==2.19.0 torchao==0.18.0 bitsandbytes==0.50.2 \
+  liger-kernel==0.8.5 2>&1 | grep -v "is ignored: it is neither" || true
 # DeepSpeed has no wheel on the package index: build one from its source release, every op left to JIT (compiled on
 # the GPU machine at first use, with its CUDA), so the wheel is pure Python and fits any torch.
 DS_BUILD_OPS=0 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WHEELS" deepspeed==0.19.8 2>&1 \

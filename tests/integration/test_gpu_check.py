@@ -27,6 +27,7 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     expected = {
         "environment",
         "data",
+        "speed",
         "strategies",
         "throughput",
         "flops_profiler",
@@ -42,6 +43,21 @@ def test_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     assert not failed, failed
     # Each section holds what the GPU window is for, on the CPU's terms.
     assert steps["environment"]["result"]["versions"]["deepspeed"][0].isdigit()
+    # The speed step: where a step goes (textsql's Trainer against the plain Trainer and a loop), and each lever on and
+    # off; the GPU-only ones refused with textsql's reason
+    speed = steps["speed"]["result"]
+    profile = speed["profile"]["results"]
+    assert set(profile) == {"loop", "hf_trainer", "textsql_before", "textsql"}
+    assert (
+        profile["textsql"]["sync_calls_outside_data_per_step"]
+        < profile["textsql_before"]["sync_calls_outside_data_per_step"]
+    )
+    (lora,) = speed["causal"]
+    levers = lora["results"]
+    assert levers["fused_loss=chunked"]["first_loss"] == pytest.approx(levers["baseline"]["first_loss"], rel=1e-3)
+    assert levers["lora_base_dtype=bfloat16"]["status"] == "ok"
+    assert "no FlexAttention backward on the CPU" in levers["attention=flex_attention"]["reason"]
+    assert "GPUs only" in levers["fused_loss=liger"]["reason"]
     runs = steps["strategies"]["result"]["full"]["runs"] + steps["strategies"]["result"]["lora"]["runs"]
     assert {(r["strategy"], r["lora"]) for r in runs} == {("zero2", False), ("none", True)}
     assert all(not r.get("failed") and r["steps"] == 2 and r["measured"]["cpu_peak_rss_bytes"] > 0 for r in runs)
