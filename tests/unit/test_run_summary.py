@@ -158,3 +158,26 @@ def test_a_version_2_summary_reads_without_tools_and_a_profiled_run_prints_its_f
     assert missed["profiled"] is False and "step 50 was not run (the run ended at step 40" in missed["reason"]
     profiled.flops_profile = missed
     assert "flops profile  step 50 not profiled: step 50 was not run" in format_summary(profiled)
+
+
+def test_every_run_s_mfu_is_recorded_printed_and_reported(tmp_path):
+    """run_summary's mfu (schema 5): the run's model FLOPs over its time against the GPU's peak; the report's TFLOPS
+    and MFU columns take it before a profiled step's; an older summary reads with None."""
+    from textsql.report import flops_columns
+    from textsql.train.speed import mfu_figures
+
+    summary = a_summary(tmp_path)
+    summary.mfu = mfu_figures(989e12 * 10 * 0.25, 10.0, "NVIDIA H100 80GB HBM3", "bf16", False)
+    assert summary.mfu["mfu"] == pytest.approx(0.25) and summary.mfu["peak_tflops"] == 989.0
+    write_summary(summary, tmp_path)
+    again = read_summary(tmp_path)
+    assert again.mfu == summary.mfu and again.version == SCHEMA_VERSION == 5
+    assert "model flops    247.2 TFLOPS per GPU at the real lengths; MFU 25.0% of NVIDIA H100" in format_summary(again)
+    assert flops_columns(again) == {"tflops_per_gpu": pytest.approx(247.25), "mfu": pytest.approx(0.25)}
+    on_cpu = mfu_figures(1e9, 2.0, None, "fp32", False)
+    assert on_cpu["mfu"] is None and on_cpu["peak"] == "no peak known (CPU)"
+    values = again.as_dict()
+    del values["mfu"]
+    values["version"] = 4
+    (tmp_path / SUMMARY_FILE).write_text(json.dumps(values))
+    assert read_summary(tmp_path).mfu is None
