@@ -195,3 +195,25 @@ def test_tune_measures_qlora_candidates(causal_assets, tmp_path, textsql_in_proc
         "textsql tune: --quantize_base must be one of none, nf4, int8"
         in textsql_in_process([*argv[: argv.index("--")], "--quantize_base", "nf8"])[2]
     )
+
+
+@pytest.mark.slow
+def test_tune_tries_a_speed_lever_on_the_fastest_setting(assets, tmp_path, textsql_in_process):
+    """--levers: the fastest setting of the first round measured again with each lever that applies (the causal LMs'
+    --fused_loss left out for T5), in the table and the results beside the others."""
+    data_dir, model_dir = assets
+    tune_dir = tmp_path / "tune"
+    argv = ["tune", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--tune_dir", str(tune_dir)]
+    argv += ["--global_batch_size", "16", "--micro_batches", "16", "--strategies", "none", "--warmup_steps", "1"]
+    argv += ["--timed_steps", "2", "--repeat_top", "0", "--levers", "fused_loss,foreach_adamw"]
+    argv += ["--", "--eval_strategy", "no", "--save_strategy", "no", "--dataloader_num_workers", "0"]
+    status, out, err = textsql_in_process(argv)
+    assert status == 0, out + err
+    assert "[lever alone 1/1] none-mb16-acc1-foreach_adamw: training 1 + 2 steps" in out
+    rows = table_lines(out)
+    assert {"none-mb16-acc1", "none-mb16-acc1-foreach_adamw"} <= set(rows)
+    results = [json.loads(line) for line in (tune_dir / "tune_results.jsonl").read_text().splitlines()]
+    lever = next(r for r in results if r["levers"])
+    assert lever["levers"] == ["foreach_adamw"] and lever["status"] == "ok" and lever["samples_per_second"] > 0
+    run = json.loads((Path(lever["run_dir"]) / "run_summary.json").read_text())
+    assert run["arguments"]["training"]["optim"] == "adamw_torch"
