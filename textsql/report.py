@@ -44,8 +44,8 @@ COLUMNS = {
     "duration_s": "duration (s)",
     "samples_per_s": "samples/s",
     "real_tokens_per_s": "real tokens/s",
-    # Every run's model FLOPs at the real lengths (run_summary's mfu; --flops_profiler's step where a run has no mfu):
-    # TFLOPS per GPU and MFU against the GPU's peak
+    # --flops_profiler's step where a run was profiled, else every run's model FLOPs at the real lengths (run_summary's
+    # mfu): TFLOPS per GPU and MFU against the GPU's peak
     "tflops_per_gpu": "TFLOPS per GPU",
     "mfu": "MFU",
     "memory_per_pod_gib": "memory per pod (GiB)",
@@ -156,9 +156,10 @@ def planner_check(summary: RunSummary) -> tuple[float | None, float | None]:
 
 
 def flops_columns(summary: RunSummary) -> dict:
-    """TFLOPS per GPU and MFU of the whole run (run_summary's mfu), else of the step --flops_profiler profiled (None
-    without either; MFU None without a known peak)."""
-    figures = summary.mfu if (summary.mfu or {}).get("tflops_per_gpu") is not None else summary.flops_profile or {}
+    """TFLOPS per GPU and MFU of the step --flops_profiler profiled (the count the user asked for), else of
+    the whole run from the model's FLOPs (run_summary's mfu); None without either, MFU None without a known peak."""
+    profile = summary.flops_profile or {}
+    figures = profile if profile.get("profiled") else summary.mfu or {}
     return {"tflops_per_gpu": _number(figures.get("tflops_per_gpu")), "mfu": _number(figures.get("mfu"))}
 
 

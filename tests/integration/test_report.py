@@ -359,7 +359,9 @@ def test_throughput_bench_recipes_differ_only_as_documented(assets, tmp_path):
     )
     real = sum(len(ids) for ids in subset["input_ids"])
     assert sum(int(b["attention_mask"].sum()) for b in trainer.get_train_dataloader()) == real
-    flops = bench.t5_training_flops(bench.build_model("t5-small", tokenizer, 0).config, 96, 96)
+    from textsql.train.speed import example_counts, training_flops
+
+    flops = training_flops(bench.build_model("t5-small", tokenizer, 0).config, example_counts(96, 96))
     assert (
         0.4 < flops / (6 * 60.5e6 * 192) < 0.8
     )  # ~half of 6·N·tokens: each T5 weight sees either the source or the target

@@ -162,7 +162,7 @@ def test_a_version_2_summary_reads_without_tools_and_a_profiled_run_prints_its_f
 
 def test_every_run_s_mfu_is_recorded_printed_and_reported(tmp_path):
     """run_summary's mfu (schema 5): the run's model FLOPs over its time against the GPU's peak; the report's TFLOPS
-    and MFU columns take it before a profiled step's; an older summary reads with None."""
+    and MFU columns take it where no step was profiled; an older summary reads with None."""
     from textsql.report import flops_columns
     from textsql.train.speed import mfu_figures
 
