@@ -460,6 +460,7 @@ def summarize(rounds: list[dict]) -> dict:
         "step_ms_min": min(steps),
         "phases_ms_median": {n: statistics.median(r["phases_ms"][n] for r in rounds) for n in PHASES},
         "trainer_host_ms_median": statistics.median(r["trainer_host_ms"] for r in rounds),
+        "trainer_host_ms_min": min(r["trainer_host_ms"] for r in rounds),
         "sync_calls_outside_data_per_step": first["sync_calls_outside_data_per_step"],
         "syncs_per_step": first["syncs_per_step"],
         "sync_callers": first["sync_callers"],
