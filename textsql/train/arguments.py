@@ -8,6 +8,7 @@ from pathlib import Path
 
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+from transformers.training_args import OptimizerNames
 
 from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
@@ -139,6 +140,12 @@ class TextsqlTrainingArguments(
         "would give; False: each rank's own tokens, the ranks' losses then averaged (docs/training.md)",
     )
     ddp_find_unused_parameters: bool | None = _textsql_default("ddp_find_unused_parameters", False)
+    optim: OptimizerNames | str = _textsql_default(
+        "optim",
+        "adamw_torch_fused",
+        "one kernel updates every parameter, on GPUs and the CPU; the foreach AdamW was no faster in "
+        "bench/speed_levers.py",
+    )
     logging_nan_inf_filter: bool = _textsql_default(
         "logging_nan_inf_filter",
         False,
