@@ -689,6 +689,7 @@ def test_a_stopped_rank_is_named_by_its_own_pod_within_60_s(assets, project, clu
     assert leftovers(project) == []
 
 
+@pytest.mark.slow
 def test_a_one_process_training_binds_torchs_store_to_127_0_0_1(assets, project):
     """`textsql train` in one process with DeepSpeed (a process group of one): torch's store listens on 127.0.0.1
     only, never on every address, for the whole training."""

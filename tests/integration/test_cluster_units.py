@@ -94,7 +94,7 @@ CANARY = "hf_canary_0123456789abcdef"
 
 
 def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
-    from textsql.cluster.environment import for_pod, forwarded, system
+    from textsql.redaction import for_pod, forwarded, system
 
     environ = {
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",

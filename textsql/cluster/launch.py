@@ -87,7 +87,6 @@ class LaunchPlan:
     precision: object  # textsql.strategy.devices.PrecisionChoice
     resume: object  # textsql.cluster.runs.ResumePlan
     zero_stage: int | None
-    min_ranks: int  # the smallest world size it may train at (elastic), else world_size
     arguments: dict  # textsql.train.arguments_dict: what every rank trains with, exactly
     expect: dict  # what every rank checks itself against (versions, folders, file digests, the shared-folder marker)
     env: dict[str, str] = field(default_factory=dict)  # the allowlisted variables of the session, for every rank
@@ -97,19 +96,19 @@ class LaunchPlan:
         return sum(self.ranks)
 
     def spec(self, **extra) -> dict:
-        return dict(
-            launch_id=self.launch_id,
-            launch_dir=str(self.launch_dir),
-            workdir=str(self.workdir),
-            arguments=self.arguments,
-            accelerator=self.accelerator,
-            precision=self.precision.name,
-            expect=self.expect,
-            env=self.env,
-            run_dir=str(self.run_dir),
-            zero_stage=self.zero_stage,
-            **extra,
+        names = (
+            "launch_id",
+            "launch_dir",
+            "workdir",
+            "run_dir",
+            "arguments",
+            "accelerator",
+            "expect",
+            "env",
+            "zero_stage",
         )
+        spec = {name: str(v) if isinstance(v := getattr(self, name), Path) else v for name in names}
+        return dict(spec, precision=self.precision.name, **extra)
 
     def describe(self) -> str:
         return (
@@ -128,8 +127,8 @@ def plan_launch(
     session's first (None: one per GPU it has), then the workers' (their own GPUs); `devices`: the session's
     (textsql.strategy.devices.NodeDevices); `min_pods`: elastic, the launch may train on its first `min_pods` pods
     alone. Every rank checks that its pod matches (textsql.cluster.rank.check_pod)."""
-    from textsql.cluster.environment import forwarded
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
+    from textsql.redaction import forwarded
     from textsql.strategy.devices import (
         NodeDevices,
         choose_accelerator,
@@ -206,7 +205,6 @@ def plan_launch(
         precision,
         resume,
         strategy["zero_stage"],
-        least,
         dict(arguments_dict(model, data, training), **decided),  # what every rank trains with, exactly
         expect,
         forwarded(environ),

@@ -25,7 +25,9 @@ from textsql.cluster.rank import BEATS_ENV, LAUNCH_ENV, POD_ENV, ROUND_ENV
 from textsql.errors import TextsqlError
 
 RANKS_ENV = "TEXTSQL_POD_RANKS"
-POD_CODE = "import sys\nfrom textsql.cluster.pods import pod_main\nsys.exit(pod_main())\n"
+POD_CODE = (
+    "from textsql.cluster.pods import pod_main\nfrom textsql.cluster.rank import exit_now\nexit_now(pod_main())\n"
+)
 SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
 GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive before the error is written
@@ -33,12 +35,10 @@ LEFT_OUT = "left out"  # an elastic launch's pod that had not joined when the tr
 
 
 def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
-    """textsql's changes to torchrun's elastic agent in this pod (torch's private methods: the cluster tests run them):
-    the trainers' store bound to the pod's address (torch's binds every address), and a new one each rendezvous round
-    (torch keeps the first round's: a restarted round met the last one's keys, a late node waited for an address
-    never published, pytorch#135712), the round told to the ranks; in an elastic launch, no restart for a pod that
-    joins after the start (see Cluster: it keeps the pods it started with); and a record for every rank that failed without
-    one of its own (killed by a signal) before torchrun ends or restarts the round, so that it is the one named."""
+    """textsql's changes to torchrun's agent in this pod (torch's private methods; the cluster tests run each): the
+    trainers' store bound to the pod's address, a new one each rendezvous round (torch keeps the first: a restart met
+    its keys, pytorch#135712) and the round told to the ranks; no restart for a pod joining an elastic launch late;
+    a record for every rank that failed without its own (a signal), so that it is the one named."""
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler as Handler
@@ -61,23 +61,21 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
             for rank, failure in result.failures.items():
                 how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
                 if rank not in have:
-                    record = dict(pod_failure(address, how), rank=rank, round=round_, pid=failure.pid)
-                    write_record(launch_dir, "failure", dict(record, ended_at=failure.timestamp))
+                    record = dict(pod_failure(address, how), rank=rank, pid=failure.pid, ended_at=failure.timestamp)
+                    write_record(launch_dir, "failure", dict(record, round=round_))
         return result
 
-    Handler.next_rendezvous = next_rendezvous
+    Handler.next_rendezvous, LocalElasticAgent._monitor_workers = next_rendezvous, monitor_workers
+    Handler._create_tcp_store_server = lambda self, address, port: bound_store(address, port)
     if elastic:
         Handler.num_nodes_waiting = lambda self: 0
-    Handler._create_tcp_store_server = lambda self, master_addr, master_port: bound_store(master_addr, master_port)
-    LocalElasticAgent._monitor_workers = monitor_workers
 
 
 def _heartbeat(spec: dict, address: str, beats: Path) -> None:
-    """Every silence/4 s: tell the session this pod is alive (a counter in its store: a frozen or cut-off pod is named
-    once it stops), and name a rank of this pod whose own heartbeat stopped for `silence` s (hung, or stopped): its
-    failure record, then SIGKILL, after which torchrun ends or restarts the round as for any failed rank. Anyone who
-    reaches the store's port can forge its counter; a rank's heartbeat is a file in this pod's private folder, which
-    only this user can write. A store that is gone stops only the counter: torchrun's agent then stops its ranks."""
+    """Every silence/4 s: add to this pod's counter in the session's store (a frozen or cut-off pod is named when it
+    stops; a gone store stops only the counting), and name a rank of this pod whose own heartbeat, a file in a folder
+    only this user can write (the store's counter can be forged), stopped for `silence` s: its failure record, then
+    SIGKILL (torchrun then ends or restarts the round)."""
     import datetime
 
     import psutil
@@ -107,21 +105,20 @@ def _heartbeat(spec: dict, address: str, beats: Path) -> None:
 
 
 def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, str]:
-    """The pod's environment for torchrun and its ranks: what it keeps of its own (its basics, devices and allowlisted
-    variables: a CML worker's environment holds the project's secrets), the session's allowlisted variables, and
-    textsql's choices unless set (CPU DeepSpeed, threads per rank, the interface, a private build folder), and a private
-    folder for its ranks' heartbeats."""
-    from textsql.cluster.environment import for_pod, interface_of, node_local_extensions_dir
+    """The environment of the pod's torchrun and ranks: what it keeps of its own (a CML worker's holds the project's
+    secrets), the session's allowlisted variables, textsql's choices unless set (CPU DeepSpeed, threads per rank, the
+    interface, a private build folder), and a private folder for its ranks' heartbeats."""
+    from textsql.cluster.environment import node_local_extensions_dir
+    from textsql.redaction import for_pod
     from textsql.strategy.devices import local_devices, threads_per_rank, use_accelerator
+    from textsql.train.distributed import interface_of
 
     env = {**for_pod(environ), **spec["env"], POD_ENV: address}
     use_accelerator(spec["accelerator"], env)
     ranks = int(environ.get(RANKS_ENV) or 1)
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(local_devices(), ranks)))
-    interface = interface_of(address)
-    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if interface:
-            env.setdefault(name, interface)
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if (interface := interface_of(address)) else ():
+        env.setdefault(name, interface)
     if "TORCH_EXTENSIONS_DIR" not in env:
         env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()
     env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"textsql-beats-{spec['launch_id']}-")  # 0700: only this user writes
@@ -191,7 +188,7 @@ class Pod:
 def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: list[int] | None = None) -> Pod:
     """A pod as a local process in its own session (a notebook interrupt reaches the session only), with what a pod
     keeps of this process's environment (textsql.cluster.environment.for_pod), plus `env`."""
-    from textsql.cluster.environment import for_pod
+    from textsql.redaction import for_pod
     from textsql.sharedfiles import open_unlinked
 
     env = {**for_pod(), **env, POD_ENV: address}
@@ -264,11 +261,9 @@ class Cluster:
     `backend`: "cml" (worker pods through CML's `cml.workers_v1`: `launch_workers(code=..., env=...)`; the session is
     $CDSW_IP_ADDRESS, a worker's address is known from `list_workers` once it runs) or "local" (worker pods as local
     processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of the
-    cores). `min_workers`: elastic (`torchrun --nnodes MIN:MAX`, with --output_dir): the launch trains on the pods that
-    joined when 1 + min_workers had and torchrun's last call passed; the others are stopped, no failure (torchrun would
-    restart every rank at the new size when one came later, and a checkpoint cannot change world size).
-    `max_restarts`: torchrun restarts every pod's ranks this many times after a failure, from the newest checkpoint
-    complete for every rank (0: the launch ends).
+    cores). `min_workers`: elastic (`--nnodes MIN:MAX`, with --output_dir): the pods that joined when training started
+    train, the others are stopped. `max_restarts`: torchrun restarts every pod's ranks after a failure, from the newest
+    complete checkpoint (docs/multi-pod.md).
     """
 
     backend: str = "local"
@@ -293,8 +288,8 @@ class Cluster:
             raise TextsqlError(f"min_workers must be between 0 and workers ({self.workers}), not {self.min_workers}.")
         if self.min_workers is not None and self.max_restarts:
             raise TextsqlError(
-                "max_restarts cannot be combined with min_workers: a restart of an elastic launch may form with another "
-                "number of pods, and the ranks of another world size cannot load the run's checkpoints. Choose one."
+                "max_restarts cannot be combined with min_workers: an elastic restart may form at another world size, "
+                "whose ranks cannot load the run's checkpoints. Choose one."
             )
         if self.backend not in ("local", "cml"):
             raise TextsqlError(f"backend must be 'cml' or 'local', not '{self.backend}'.")
@@ -442,9 +437,9 @@ class Cluster:
 
     def _watch(self, plan, store, grace_seconds: float, timeout_s) -> dict[str, str]:
         """Echo every pod's log until every pod that trains ended well, or the first failure and a grace for the other
-        records: returns the pods lost (address -> how). A rank's failure record ends the launch at once only when
-        torchrun does not restart (max_restarts 0); else the pod whose torchrun gives up ends. An elastic launch stops
-        the pods that had not joined when its first round started. TrainingTimedOut past `timeout_s`."""
+        records (a rank's record only without restarts; else a pod whose torchrun gave up): returns the pods lost
+        (address -> how). An elastic launch stops the pods missing from its first round. TrainingTimedOut past
+        `timeout_s`."""
         from textsql.cluster.launch import new_lines
         from textsql.sharedfiles import open_unlinked
 
@@ -456,6 +451,7 @@ class Cluster:
             while True:
                 now = time.monotonic()
                 failures = read_records(plan.launch_dir, "failure", last_round(plan.launch_dir))
+                recorded = {r.get("node_address") for r in failures}
                 for pod in self.pods:
                     status = self._cml_status(pod) if pod.process is None else None
                     if pod.ended is None and pod.process is not None and pod.process.poll() is not None:
@@ -475,13 +471,20 @@ class Cluster:
                     elif pod.ended is None and beat and now - pod.beat[1] > self.silence_seconds:
                         silent = f"{now - pod.beat[1]:.0f} s (no heartbeat: frozen, or cut off from the network)"
                         lost.setdefault(pod.address, f"it went silent for {silent}")
-                    if pod.ended not in (None, "ok", LEFT_OUT) and pod.address not in {
-                        r["node_address"] for r in failures
-                    }:
+                    if pod.ended not in (None, "ok", LEFT_OUT) and pod.address not in recorded:
                         lost.setdefault(pod.address, pod.ended + "".join(f"\n  | {t}" for t in pod.tail))
-                if elastic and not formed and (formed := self._first_round(plan)):  # the pods that train, for good
-                    for pod in [p for p in self.pods if p.ended is None and p.address not in formed[1]]:
-                        self._leave_out(pod, formed[0])
+                first = read_records(plan.launch_dir, "started", 0) if elastic and not formed else []
+                if first and {r["rank"] for r in first} == set(range(_int(first[0].get("world_size")))):
+                    formed, trains = True, {r.get("node_address") for r in first}  # the pods of the first round train
+                    for pod in [p for p in self.pods if p.ended is None and p.address not in trains]:
+                        self.echo(
+                            f"textsql: pod {pod.worker_id or pod.address} had not joined when the training started at "
+                            f"world size {len(first)}: stopped (joining later would restart every rank at a size the "
+                            "checkpoints cannot load)."
+                        )
+                        pod.ended, pod.joined = LEFT_OUT, False
+                        with contextlib.suppress(Exception):
+                            stop_local_pods([pod.process]) if pod.process else self.cml.stop_workers(pod.worker_id)
                 waiting = [p for p in self.pods if not p.joined and p.ended is None]
                 if not formed and now - began > self.start_timeout and len(self.pods) - len(waiting) < needed:
                     for pod in waiting:
@@ -504,30 +507,6 @@ class Cluster:
                     raise TrainingTimedOut(timeout_s, list(recent))
                 time.sleep(0.5)
 
-    @staticmethod
-    def _first_round(plan) -> tuple[int, set[str]] | None:
-        """The world size and the pods of the launch's first round, once every rank of it started (None before)."""
-        started = read_records(plan.launch_dir, "started")
-        first = [r for r in started if r["round"] == min(r["round"] for r in started)]
-        size = first[0].get("world_size") if first else None
-        if type(size) is int and {r["rank"] for r in first} == set(range(size)):
-            return size, {str(r.get("node_address")) for r in first}
-        return None
-
-    def _leave_out(self, pod: Pod, world_size: int) -> None:
-        """Stop a pod of an elastic launch that had not joined when the training started: no failure."""
-        self.echo(
-            f"textsql: pod {pod.worker_id or pod.address} had not joined when the training started at world size {world_size}: stopped. An "
-            "elastic launch keeps the pods it started with (torchrun would restart every rank at a new world size, "
-            "which the run's checkpoints cannot be loaded into)."
-        )
-        pod.ended, pod.joined = LEFT_OUT, False
-        if pod.process is not None:
-            stop_local_pods([pod.process])
-        else:
-            with contextlib.suppress(Exception):
-                self.cml.stop_workers(pod.worker_id)
-
     def _cml_status(self, pod: Pod) -> str:
         """A CML worker's status ("scheduling", "running", "failed", ...); its address is learned on the way."""
         for listed in self.cml.list_workers():
@@ -539,6 +518,10 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"Cluster({self.backend}, workers={self.workers}, {'started' if self.started else 'not started'})"
+
+
+def _int(value) -> int:
+    return value if type(value) is int else 0
 
 
 def _how(code: int) -> str:

@@ -4,6 +4,7 @@ rank (no pickle), DeepSpeed's shared-memory buffers given back, and leaving the 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import sys
@@ -166,3 +167,19 @@ def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((address, 0))
         return s.getsockname()[1]
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface whose subnet holds `address` (lo for 127.x), for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME."""
+    import psutil
+
+    try:
+        target = ipaddress.ip_address(socket.gethostbyname(address))
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        for a in addresses:
+            if a.family == socket.AF_INET and a.netmask:
+                if target in ipaddress.ip_network(f"{a.address}/{a.netmask}", strict=False):
+                    return name
+    return None
