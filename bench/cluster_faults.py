@@ -14,11 +14,15 @@ process SIGKILLed once checkpoint-4 is saved: "trained" when torchrun's restart 
 within CAP_S of the strike is stopped (Ctrl-C) and reported as such. Both designs use their default silence limits.
 cli: `textsql cluster train --backend local` in a process of its own, no fault: seconds from its start to the first
 pod started, and from rank 0's summary record to the command's exit. Each run records the 1-minute load.
+pg_timeout, file_timer: what torch itself offers against a stopped rank, without textsql: two gloo ranks under
+`torchrun --standalone` all-reducing in a loop, rank 1 SIGSTOPped; a process-group timeout of 30 s, or torch's
+watchdog (TORCHELASTIC_ENABLE_FILE_TIMER, a 20 s timer around each step). Which rank raised or was killed, and when.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -149,9 +153,75 @@ def cli(assets, project: Path) -> dict:
     return result
 
 
+HANG_WORKER = """
+import datetime, os, sys, time
+import torch, torch.distributed as dist
+variant = sys.argv[1]
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30 if variant == "pg_timeout" else 1800))
+if variant == "file_timer":
+    from torch.distributed.elastic import timer
+    timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+    time.sleep(3)  # torch's watchdog opens its pipe in a thread of its own: a request before that fails (ENXIO)
+print(f"ready {dist.get_rank()} {os.getpid()}", flush=True)
+t = torch.ones(1000)
+while True:
+    try:
+        if variant == "file_timer":
+            with timer.expires(after=20, scope="step"):
+                dist.all_reduce(t); time.sleep(0.05)
+        else:
+            dist.all_reduce(t); time.sleep(0.05)
+    except Exception as e:
+        print(f"raised {dist.get_rank()} {time.time()} {type(e).__name__}: {str(e)[:200]}", flush=True)
+        sys.exit(1)
+"""
+
+
+def torch_hang_detector(variant: str, work: Path) -> dict:
+    """Rank 1 of two plain torchrun ranks SIGSTOPped; what torch alone does about it within CAP_S."""
+    import re
+    import subprocess
+
+    (work / "hang_worker.py").write_text(HANG_WORKER)
+    env = dict(os.environ, LOGLEVEL="INFO", TORCHELASTIC_TIMER_FILE=str(work / f"timer-{variant}"))
+    env.update(TORCHELASTIC_ENABLE_FILE_TIMER="1" if variant == "file_timer" else "0")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    command += ["--monitor-interval", "0.5", str(work / "hang_worker.py"), variant]
+    run = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
+    lines, pids = [], {}
+    threading.Thread(target=lambda: [lines.append((time.time(), line)) for line in run.stdout], daemon=True).start()
+    deadline = time.monotonic() + CAP_S
+    while len(pids) < 2 and run.poll() is None and time.monotonic() < deadline:
+        pids = {int(m[1]): int(m[2]) for _, line in lines if (m := re.match(r"ready (\d) (\d+)", line))}
+        time.sleep(0.1)
+    if len(pids) < 2:
+        run.kill()
+        return {"fault": variant, "outcome": "the ranks did not start", "tail": [line for _, line in lines[-5:]]}
+    time.sleep(5)
+    os.kill(pids[1], signal.SIGSTOP)
+    struck = time.time()
+    try:
+        run.wait(timeout=CAP_S)
+    except subprocess.TimeoutExpired:
+        pass
+    ended = time.time()
+    for pid in (*pids.values(), run.pid):  # this run's own processes, by id
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+    events = [
+        f"{t - struck:.1f} s: {line.strip()[:160]}"
+        for t, line in lines
+        if t >= struck and re.search(r"raised|Reaping|Terminating|exitcode|SIGKILL|SIGTERM", line)
+    ]
+    return {"fault": variant, "load": os.getloadavg()[0], "ended_s": round(ended - struck, 1), "events": events[:8]}
+
+
 def one(kind: str | None, assets, project: Path) -> dict:
     from textsql.cluster import Cluster
 
+    if kind in ("pg_timeout", "file_timer"):
+        return torch_hang_detector(kind, project)
     if kind == "cli":
         return dict(cli(assets, project), load=os.getloadavg()[0])
     argv = train_argv(assets, project / f"runs-{kind}", kind)

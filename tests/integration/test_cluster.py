@@ -503,6 +503,28 @@ def test_a_pod_that_never_starts_is_named_and_stopped(project, clusters, assets,
 
 
 @pytest.mark.slow
+def test_a_cml_worker_that_dies_is_named_by_its_worker_status(project, clusters, assets):
+    """The CML worker's pod killed (every process of it, the stand-in's too): the session learns it from CML's worker
+    status and names the pod with it, in one sentence."""
+    import psutil
+
+    def kill_worker(line):
+        (worker,) = standin_workers()  # this test's own (the stand-in's registry is in the test's folder)
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("CDSW_ENGINE_ID") == worker["id"]:
+                    process.kill()
+
+    cluster = clusters("cml", echo=on_line("Training starts", kill_worker))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000, logging_steps=50))
+    print(failure.value)
+    (worker,) = standin_workers()
+    assert str(failure.value).startswith(f"Pod 127.0.0.2 was lost first: its CML worker {worker['id']} is failed.")
+    wait_until_clean(project)
+
+
+@pytest.mark.slow
 def test_an_elastic_launch_trains_on_the_pods_that_joined(project, clusters, assets, monkeypatch):
     """--nnodes 1:2 (min_workers=0): the worker pod never starts; torchrun's c10d rendezvous completes with the
     session's pod alone once its last call (5 s) has passed, the training finishes at world size 1, and the worker

@@ -168,7 +168,7 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
     import stat
     import tempfile
 
-    from textsql.cluster.environment import node_local_extensions_dir
+    from textsql.cluster.pods import node_local_extensions_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     root = tmp_path / f"textsql-{os.getuid()}"

@@ -96,17 +96,7 @@ class LaunchPlan:
         return sum(self.ranks)
 
     def spec(self, **extra) -> dict:
-        names = (
-            "launch_id",
-            "launch_dir",
-            "workdir",
-            "run_dir",
-            "arguments",
-            "accelerator",
-            "expect",
-            "env",
-            "zero_stage",
-        )
+        names = "launch_id launch_dir workdir run_dir arguments accelerator expect env zero_stage".split()
         spec = {name: str(v) if isinstance(v := getattr(self, name), Path) else v for name in names}
         return dict(spec, precision=self.precision.name, **extra)
 
@@ -256,9 +246,7 @@ def read_records(launch_dir: Path, kind: str, round_: int | None = None) -> list
 
 def last_round(launch_dir: Path) -> int:
     """The newest round any rank started or failed in (0: no restart)."""
-    return max(
-        (r.get("round", 0) for kind in ("started", "failure") for r in read_records(launch_dir, kind)), default=0
-    )
+    return max((r["round"] for kind in ("started", "failure") for r in read_records(launch_dir, kind)), default=0)
 
 
 def secondary(record: dict) -> bool:

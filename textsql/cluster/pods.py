@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -74,14 +75,14 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
 def _heartbeat(spec: dict, address: str, beats: Path) -> None:
     """Every silence/4 s: add to this pod's counter in the session's store (a frozen or cut-off pod is named when it
     stops; a gone store stops only the counting), and name a rank of this pod whose own heartbeat, a file in a folder
-    only this user can write (the store's counter can be forged), stopped for `silence` s: its failure record, then
-    SIGKILL (torchrun then ends or restarts the round)."""
+    only this user can write (the store's counter can be forged), stopped for `silence` s while its process used no
+    CPU (a long call that holds the GIL still does): its failure record, then SIGKILL (torchrun ends or restarts)."""
     import datetime
 
     import psutil
     import torch.distributed as dist
 
-    every, store, last = spec["silence"] / 4, None, time.monotonic()
+    every, store, last, cpu = spec["silence"] / 4, None, time.monotonic(), {}
     host, port = spec["store"].rsplit(":", 1)
     with contextlib.suppress(Exception):  # unreachable: the session names the silence
         store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 4))
@@ -96,7 +97,8 @@ def _heartbeat(spec: dict, address: str, beats: Path) -> None:
             with contextlib.suppress(psutil.Error, OSError, KeyError, ValueError):
                 env, beat = child.environ(), beats / str(child.pid)
                 silent = time.time() - (beat.stat().st_mtime if beat.exists() else child.create_time())
-                if "RANK" in env and silent > spec["silence"]:
+                used, cpu[child.pid] = cpu.get(child.pid), sum(child.cpu_times()[:2])
+                if "RANK" in env and silent > spec["silence"] and used == cpu[child.pid]:
                     how = f"it hung: no sign of life for {silent:.0f} s (its process is {child.status()})"
                     record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid)
                     write_record(spec["launch_dir"], "failure", dict(record, round=int(env.get(ROUND_ENV, "0"))))
@@ -108,7 +110,6 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
     """The environment of the pod's torchrun and ranks: what it keeps of its own (a CML worker's holds the project's
     secrets), the session's allowlisted variables, textsql's choices unless set (CPU DeepSpeed, threads per rank, the
     interface, a private build folder), and a private folder for its ranks' heartbeats."""
-    from textsql.cluster.environment import node_local_extensions_dir
     from textsql.redaction import for_pod
     from textsql.strategy.devices import local_devices, threads_per_rank, use_accelerator
     from textsql.train.distributed import interface_of
@@ -124,6 +125,43 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
     env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"textsql-beats-{spec['launch_id']}-")  # 0700: only this user writes
     env[LAUNCH_ENV] = environ[LAUNCH_ENV]
     return env
+
+
+def node_local_extensions_dir() -> str:
+    """Where a node's ranks build DeepSpeed's JIT ops when the user chose no TORCH_EXTENSIONS_DIR: node-local storage.
+    torch's default (~/.cache/torch_extensions) is in CML's shared project folder, where every pod would wait on one
+    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU.
+
+    It is <tmp>/textsql-<uid>/torch-extensions, private to this user: a build folder another local user could write
+    would let them plant the library. The top folder is made with mode 0700; one that exists must be a real folder
+    (not a symbolic link) of this user that nobody else can write (a readable one is made private), or TextsqlError
+    says so: another local user may have made it first."""
+    root = Path(tempfile.gettempdir()) / f"textsql-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(root)
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = f"it is a symbolic link (to {os.readlink(root)})"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "it is not a folder"
+    elif info.st_uid != os.getuid():
+        problem = f"it belongs to user id {info.st_uid}, not to you (user id {os.getuid()})"
+    elif info.st_mode & 0o022:
+        problem = f"others can write into it (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        raise TextsqlError(
+            f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
+            f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
+            "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write."
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
+    folder = root / "torch-extensions"
+    folder.mkdir(mode=0o700, exist_ok=True)  # inside a private folder nobody else can make a link
+    return str(folder)
 
 
 def torchrun_args(spec: dict, address: str, ranks) -> list[str]:
@@ -187,7 +225,7 @@ class Pod:
 
 def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: list[int] | None = None) -> Pod:
     """A pod as a local process in its own session (a notebook interrupt reaches the session only), with what a pod
-    keeps of this process's environment (textsql.cluster.environment.for_pod), plus `env`."""
+    keeps of this process's environment (textsql.redaction.for_pod), plus `env`."""
     from textsql.redaction import for_pod
     from textsql.sharedfiles import open_unlinked
 
@@ -378,13 +416,8 @@ class Cluster:
             prepare(plan)
             store = bound_store(self.session)  # the rendezvous store, on the session's address only
             nnodes = f"{1 + self.min_workers}:{1 + self.workers}" if self.min_workers is not None else 1 + self.workers
-            spec = plan.spec(
-                store=f"{self.session}:{store.port}",
-                nnodes=str(nnodes),
-                max_restarts=self.max_restarts,
-                silence=self.silence_seconds,
-                start_timeout=self.start_timeout,
-            )
+            spec = plan.spec(store=f"{self.session}:{store.port}", nnodes=str(nnodes), max_restarts=self.max_restarts)
+            spec.update(silence=self.silence_seconds, start_timeout=self.start_timeout)
             command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
             self.echo("every pod: " + " ".join(command))
             try:
