@@ -229,6 +229,14 @@ def choose_checkpoint(
     return ResumePlan(newest.name if newest else None, set_aside)
 
 
+def set_aside(run_dir: Path, resume: ResumePlan, suffix: str) -> None:
+    """The checkpoints newer than the one resumed from renamed, never deleted (textsql.train resumes from the newest)."""
+    chosen = checkpoint_step(resume.checkpoint) if resume.checkpoint else -1
+    for name in resume.set_aside:
+        if checkpoint_step(name) > chosen and (Path(run_dir) / name).is_dir():
+            (Path(run_dir) / name).rename(Path(run_dir) / f"{QUARANTINE_PREFIX}{name}-{suffix}")
+
+
 def resume_plan(run_dir: Path, world_size: int, zero_stage: int | None) -> ResumePlan:
     """What a launch of `world_size` ranks into `run_dir` resumes from, as the folder is now."""
     return choose_checkpoint(

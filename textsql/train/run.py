@@ -74,7 +74,7 @@ from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTraini
 from textsql.train.collate import check_packing, make_collator
 from textsql.train.distributed import (
     ensure_distributed_env,
-    gather_to_all,
+    gather_fields,
     nodes_in_launch,
     release_deepspeed_shm_buffer,
     world_size,
@@ -505,9 +505,11 @@ def _train(
     comms = None
     if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
         comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
-    memory = gather_to_all(peak_memory(plan.accelerator))
-    # TRL counts the tokens its GRPO steps read (prompts and completions) on every rank already
-    real_tokens = sum(gather_to_all(trainer.real_tokens)) if not grpo else grpo_tokens(trainer.state.log_history)
+    memory = gather_fields(peak_memory(plan.accelerator))  # numbers and names, never a peer's pickle
+    if grpo:  # TRL counts the tokens its GRPO steps read (prompts and completions), every rank's already
+        real_tokens = grpo_tokens(trainer.state.log_history)
+    else:
+        real_tokens = sum(r["real_tokens"] for r in gather_fields({"real_tokens": int(trainer.real_tokens)}))
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(
