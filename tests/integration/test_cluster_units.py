@@ -347,7 +347,7 @@ def zero(step, stage, ranks=(0, 1), model_states=True, trainer_state=True, cut=(
 
 
 def test_what_makes_a_checkpoint_complete():
-    from textsql.cluster.runs import missing_parts
+    from textsql.checkpoints import missing_parts
 
     assert missing_parts(ddp(10), 10, 2, None) == []
     assert missing_parts(ddp(10, ranks=(0,)), 10, 2, None) == ["rank 1's RNG state (rng_state_1.pth) is missing"]
