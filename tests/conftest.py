@@ -193,6 +193,8 @@ def cpu_env(tmp_path):
 
 def child_cpu_env() -> dict[str, str]:
     """cpu_env for fixtures of a wider scope."""
+    from textsql.strategy.opbuilds import extensions_folder
+
     env = dict(os.environ)
     env.update(
         DS_ACCELERATOR="cpu",
@@ -202,7 +204,7 @@ def child_cpu_env() -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
     )
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_folder(env)))  # textsql's one op cache
     return env
 
 

@@ -127,7 +127,11 @@ MLFLOW_STORE_FILE = "mlflow.db"  # runs, parameters and metrics (SQLite)
 MLFLOW_ARTIFACTS_DIR = "mlartifacts"  # their artifacts: run summaries, configs, models
 
 
-def user_cache_dir() -> Path:
+OP_CACHE_DIR = "torch-extensions"  # DeepSpeed's compiled ops, in the user's cache (textsql.strategy.opbuilds)
+
+
+def user_cache_dir(environ=os.environ) -> Path:
     """textsql's folder in the user's cache ($XDG_CACHE_HOME, else ~/.cache): fetched model packages, imported models,
-    the GPTQ environment. Outside the project folder, which every collaborator can write (docs/lifecycle.md)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "textsql"
+    the GPTQ environment, DeepSpeed's compiled ops. Outside the project folder, which every collaborator can write
+    (docs/lifecycle.md)."""
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "textsql"

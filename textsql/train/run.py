@@ -68,7 +68,7 @@ from textsql.strategy.fsdpconfig import (
     resolve_fsdpconfig_path,
     trainer_fsdp_config,
 )
-from textsql.strategy.opbuilds import clear_dead_build_locks
+from textsql.strategy.opbuilds import clear_dead_build_locks, use_extensions_folder
 from textsql.tracking import attach, end_failed_run, for_training
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.train.collate import check_packing, make_collator
@@ -345,7 +345,7 @@ def train(
     import torch.nn.functional as F
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-    linear = F.linear
+    linear, op_cache = F.linear, os.environ.get("TORCH_EXTENSIONS_DIR")
     try:
         return _train(model_args, data_args, training_args)
     except BaseException:
@@ -356,9 +356,12 @@ def train(
         # in-process and then loads or runs another model gets plain torch and transformers: ZeRO-3 replaces torch's
         # F.linear (DeepSpeed: "This will persist unless manually reset"; a torchao-quantized model fails on it), and
         # transformers keeps the run's DeepSpeed config as the process's, so every later from_pretrained would
-        # partition the model under zero.Init.
+        # partition the model under zero.Init. The op cache this run chose (use_extensions_folder) is not the session's:
+        # a multi-pod launch from it gives each pod its own.
         F.linear = linear
         unset_hf_deepspeed_config()
+        if op_cache is None:
+            os.environ.pop("TORCH_EXTENSIONS_DIR", None)
 
 
 def _train(
@@ -382,7 +385,8 @@ def _train(
         _route_deepspeed_logs()
         if training_args.comms_logger or comms_logger_enabled(plan.dsconfig):
             own_latencies_in_comms_logger()
-        clear_dead_build_locks()  # DeepSpeed's first op load would wait forever on a killed build's lock
+        # One op cache whoever started this rank; DeepSpeed's first op load would wait forever on a killed build's lock.
+        clear_dead_build_locks(use_extensions_folder())
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
         release_deepspeed_shm_buffer()
