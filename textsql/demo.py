@@ -13,7 +13,7 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.evaluate import DECODINGS, load_scoring_set, score_predictions
 from textsql.infer import InferArguments, run_inference
-from textsql.paths import METADATA_FILE, in_project
+from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
@@ -29,10 +29,10 @@ DEMO_ACCURACY_NOTE = (
     "whatever the data size or format); fine-tune a pretrained model (t5-small or larger, Qwen2.5-0.5B or larger: "
     "recipes/) on a GPU for real scores."
 )
-# The demo's two roads: folder of the tiny model, what people call it, and the prepared data's folder prefix.
+# The demo's two roads: folder of the tiny model (and of its run), what people call it, the prepared data's folder prefix.
 DEMO_FAMILIES = {
-    "t5": ("tiny-t5", "tiny T5", "data"),
-    "causal": ("tiny-qwen2", "tiny causal LM (Qwen2-shaped, byte-level BPE)", "data-causal"),
+    "t5": (DEMO_MODEL_DIRS["t5"], "tiny T5", "data"),
+    "causal": (DEMO_MODEL_DIRS["causal"], "tiny causal LM (Qwen2-shaped, byte-level BPE)", "data-causal"),
 }
 
 
@@ -41,7 +41,7 @@ class DemoArguments:
     """What the demo builds and how long it trains."""
 
     workdir: str = field(
-        default="textsql-demo", metadata={"help": "Everything the demo writes goes under this folder."}
+        default=DEMO_DIR, metadata={"help": "Everything the demo writes goes under this folder."}
     )
     deepspeed: str = field(
         default="zero2",
@@ -166,9 +166,12 @@ def build_assets(
 
 
 def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
-    """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates."""
+    """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates. The run
+    goes to runs/<the model's folder name> (runs/tiny-qwen2), where the README's and the notebooks' next steps find it."""
+    runs_root = Path(args.workdir) / DEMO_RUNS_DIR
     training = TextsqlTrainingArguments(
-        runs_root=str(Path(args.workdir) / "runs"),
+        runs_root=str(runs_root),
+        output_dir=str(runs_root / DEMO_FAMILIES[args.family][0]),
         num_train_epochs=args.epochs,
         per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=64,
@@ -182,7 +185,7 @@ def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
     )
     return (
         ModelArguments(model_id=str(model_dir)),
-        DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=200),
+        DataArguments(dataset_dir=str(data_dir)),  # the SQL scored once, at the end (200 validation questions)
         training,
     )
 

@@ -91,6 +91,12 @@ TUNE_RECIPE_FILE = "tune_recipe.yaml"  # the winner as a `textsql train` recipe
 TUNE_LOGS_DIR = "logs"  # each candidate's training output
 TUNE_RUNS_DIR = "runs"  # each candidate's run folder
 
+# What `textsql demo` leaves in the project (textsql.demo): per family its tiny model and, under runs/, the run that
+# fine-tuned it, in a folder named after the model (the README's and the notebooks' default models).
+DEMO_DIR = "textsql-demo"
+DEMO_MODEL_DIRS = {"t5": "tiny-t5", "causal": "tiny-qwen2"}
+DEMO_RUNS_DIR = "runs"
+
 # The project: the folder the notebooks and the command share (a textsql checkout, or a CML project holding one).
 PROJECT_DIR_VARIABLE = "TEXTSQL_PROJECT_DIR"
 PROJECT_MARKERS = ("notebooks", "dsconfig")  # folders a textsql project holds at its root

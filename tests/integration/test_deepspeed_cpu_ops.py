@@ -156,19 +156,24 @@ def test_on_a_network_filesystem_a_lock_nobody_here_holds_is_dead_only_once_no_b
 
 
 def test_one_op_cache_whoever_starts_textsql(tmp_path, cpu_env, assets):
-    """A shell that never ran bootstrap.sh (no TORCH_EXTENSIONS_DIR) gets the folder the package decides for its ranks:
-    a dead build lock planted there is cleared by the rank, and the op cached in the suite's own folder (linked in,
-    so nothing is rebuilt) loads from there; torch's own default folder is never made. A user's folder is kept."""
+    """A shell that never ran bootstrap.sh (no TORCH_EXTENSIONS_DIR) and whose PATH finds another ninja first (the
+    system's, as `.venv/bin/textsql` without an activated environment does) gets the folder and the ninja the package
+    decides for its ranks: a dead build lock planted in that folder is cleared by the rank, and the op the suite built
+    there (linked in) loads without being rebuilt; torch's own default folder is never made. A user's folder is kept."""
     from textsql.paths import user_cache_dir
 
-    cache = tmp_path / "cache"
+    cache, venv = tmp_path / "cache", str(Path(sys.executable).parent)
+    path = os.pathsep.join(part for part in cpu_env["PATH"].split(os.pathsep) if part != venv)
     env = {k: v for k, v in cpu_env.items() if k != "TORCH_EXTENSIONS_DIR"} | {"XDG_CACHE_HOME": str(cache)}
+    env["PATH"] = path
     folder = extensions_folder(env)
     assert folder.parent == user_cache_dir(env) / "torch-extensions" and folder.is_relative_to(cache)
     assert extensions_folder(dict(env, TORCH_EXTENSIONS_DIR="/mine")) == Path("/mine")
     assert "TORCH_EXTENSIONS_DIR" not in (Path(__file__).parents[2] / "scripts" / "bootstrap.sh").read_text()
     built = Path(cpu_env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm"
     built.mkdir(parents=True, exist_ok=True)  # built there by the suite's first DeepSpeed run, or by this one
+    library = built / "deepspeed_shm_comm.so"
+    before = library.stat().st_mtime_ns if library.exists() else None
     folder.mkdir(parents=True)
     (folder / "deepspeed_shm_comm").symlink_to(built)
     (folder / "killed_op").mkdir()
@@ -181,3 +186,5 @@ def test_one_op_cache_whoever_starts_textsql(tmp_path, cpu_env, assets):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"killed_op op ({folder / 'killed_op' / 'lock'})" in done.stdout + done.stderr
     assert not (folder / "killed_op" / "lock").exists() and not (cache / "torch_extensions").exists()
+    if before is not None:
+        assert library.stat().st_mtime_ns == before, "the op was built again"

@@ -29,6 +29,9 @@ NETWORK_FILESYSTEMS = ("nfs", "cifs", "smb", "lustre", "gpfs", "ceph", "glusterf
 NETWORK_BUILD_LIMIT_S = 900
 
 
+OP_BUILD_VARIABLES = ("TORCH_EXTENSIONS_DIR", "PATH")  # what use_op_cache sets
+
+
 def extensions_folder(environ=os.environ) -> Path:
     """Where DeepSpeed's ops are built and cached: TORCH_EXTENSIONS_DIR when set (by the user, or by a multi-pod launch:
     each pod's own, textsql.cluster.environment), else one folder in textsql's user cache, whoever starts textsql (the
@@ -40,12 +43,19 @@ def extensions_folder(environ=os.environ) -> Path:
     return user_cache_dir(environ) / OP_CACHE_DIR / build
 
 
-def use_extensions_folder(environ=os.environ) -> Path:
-    """extensions_folder(), set as TORCH_EXTENSIONS_DIR in `environ` (torch reads it when DeepSpeed loads an op, and the
-    processes this one starts inherit it): call it before DeepSpeed loads an op, in the process that loads it, never in
-    a multi-pod session (each pod decides its own)."""
+def use_op_cache(environ=os.environ) -> Path:
+    """Set up this process (`environ`) for DeepSpeed's op builds, before it loads an op, in the process that loads it
+    (never in a multi-pod session: each pod decides its own): TORCH_EXTENSIONS_DIR as extensions_folder() (torch reads
+    it when an op loads; processes started from here inherit it), and the ninja installed beside this Python first on
+    PATH, where there is one. torch builds with whichever `ninja` PATH finds, and two ninjas (pip's 1.13, a Linux
+    distribution's 1.11) hash a build's command differently, so each rebuilt every op the other built (minutes each):
+    `.venv/bin/textsql` from bootstrap.sh and `textsql` in an activated shell found different ones. The folder."""
     folder = extensions_folder(environ)
     environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    here = str(Path(sys.executable).parent)
+    if (Path(here) / "ninja").is_file():
+        rest = [part for part in environ.get("PATH", "").split(os.pathsep) if part and part != here]
+        environ["PATH"] = os.pathsep.join([here, *rest])
     return folder
 
 

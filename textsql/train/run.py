@@ -25,7 +25,7 @@ from textsql.adapters import (
 )
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
-from textsql.evaluate import load_scoring_set
+from textsql.evaluate import load_scoring_set, sql_token_budget
 from textsql.families import family_of
 from textsql.hub import load_config, load_model, load_tokenizer
 from textsql.paths import LOG_FILE, MODEL_NAME_LIMIT, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE, short_name
@@ -68,7 +68,7 @@ from textsql.strategy.fsdpconfig import (
     resolve_fsdpconfig_path,
     trainer_fsdp_config,
 )
-from textsql.strategy.opbuilds import clear_dead_build_locks, use_extensions_folder
+from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
 from textsql.tracking import attach, end_failed_run, for_training
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.train.collate import check_packing, make_collator
@@ -345,7 +345,7 @@ def train(
     import torch.nn.functional as F
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-    linear, op_cache = F.linear, os.environ.get("TORCH_EXTENSIONS_DIR")
+    linear, op_builds = F.linear, {name: os.environ.get(name) for name in OP_BUILD_VARIABLES}
     try:
         return _train(model_args, data_args, training_args)
     except BaseException:
@@ -356,12 +356,15 @@ def train(
         # in-process and then loads or runs another model gets plain torch and transformers: ZeRO-3 replaces torch's
         # F.linear (DeepSpeed: "This will persist unless manually reset"; a torchao-quantized model fails on it), and
         # transformers keeps the run's DeepSpeed config as the process's, so every later from_pretrained would
-        # partition the model under zero.Init. The op cache this run chose (use_extensions_folder) is not the session's:
-        # a multi-pod launch from it gives each pod its own.
+        # partition the model under zero.Init. The op cache this run chose (use_op_cache) is not the session's: a
+        # multi-pod launch from it gives each pod its own.
         F.linear = linear
         unset_hf_deepspeed_config()
-        if op_cache is None:
-            os.environ.pop("TORCH_EXTENSIONS_DIR", None)
+        for name, value in op_builds.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _train(
@@ -386,7 +389,7 @@ def _train(
         if training_args.comms_logger or comms_logger_enabled(plan.dsconfig):
             own_latencies_in_comms_logger()
         # One op cache whoever started this rank; DeepSpeed's first op load would wait forever on a killed build's lock.
-        clear_dead_build_locks(use_extensions_folder())
+        clear_dead_build_locks(use_op_cache())
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
         release_deepspeed_shm_buffer()
@@ -436,9 +439,11 @@ def _train(
         trainer.execution_scoring = load_scoring_set(
             data_args.dataset_dir, "validation", data_args.execution_accuracy_samples
         )
+        trainer.execution_each_evaluation = data_args.execution_accuracy_each_evaluation
         trainer.execution_decoding = {
             "decoding": data_args.execution_accuracy_decoding,
             "num_beams": data_args.execution_accuracy_num_beams,
+            "max_new_tokens": sql_token_budget(data_meta),
         }
     flops_profiler = attach_flops_profiler(trainer, training_args.flops_profiler, plan.output_dir)
     arguments = arguments_dict(model_args, data_args, training_args)
@@ -536,6 +541,7 @@ def build_summary(
             "train_loss": metrics.get("train_loss"),
             "eval_loss": eval_metrics.get("eval_loss"),
             "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
+            "execution_accuracy_questions": len(trainer.execution_scoring.sources) if trainer.execution_scoring else None,
             "execution_accuracy_history": [
                 {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]}
                 for h in trainer.state.log_history
