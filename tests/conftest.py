@@ -390,6 +390,29 @@ def causal_assets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def causal_demo(tmp_path_factory) -> Path:
+    """The textsql-demo folder `textsql demo --family causal` leaves, run small (in this process): the untrained tiny
+    causal LM (tiny-qwen2/), its generated data, and the run that fine-tuned it (runs/tiny-qwen2/: a few hundred steps,
+    enough to write SQL's shape). The README's causal road and the causal notebook start from it."""
+    workdir = tmp_path_factory.mktemp("causal-demo") / "textsql-demo"
+    sizes = ["--train_tables", "60", "--questions_per_table", "5", "--epochs", "16", "--d_model", "64"]
+    status = main_in_process(["demo", "--family", "causal", "--workdir", str(workdir), *sizes], IN_PROCESS_ENV)
+    assert status == 0 and (workdir / "runs" / "tiny-qwen2" / "run_summary.json").is_file()
+    return workdir
+
+
+def demo_in_project(project: Path, demo: Path, family: str) -> None:
+    """`project`/textsql-demo as the demo of `family` leaves it there (its untrained model and its run, linked from
+    `demo`): the default models of the README's roads and the notebooks."""
+    from textsql.paths import DEMO_MODEL_DIRS
+
+    name = DEMO_MODEL_DIRS[family]
+    (project / "textsql-demo" / "runs").mkdir(parents=True, exist_ok=True)
+    (project / "textsql-demo" / name).symlink_to(demo / name)
+    (project / "textsql-demo" / "runs" / name).symlink_to(demo / "runs" / name)
+
+
+@pytest.fixture(scope="session")
 def causal_family_models(causal_assets, tmp_path_factory) -> Path:
     """A folder holding a tiny random model of every causal family (FAMILY/: hidden size 64, as bitsandbytes' CPU 4-bit
     kernels need, two decoder layers, no dropout) and a tiny T5 (t5/), each with the tiny Qwen2's tokenizer, so that the

@@ -151,7 +151,11 @@ def causal_run(causal_assets, tmp_path_factory):
             save_strategy="no",
             report_to="none",
         )
-        summary = train(ModelArguments(model_id=str(model_dir)), DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=0), training)
+        summary = train(
+            ModelArguments(model_id=str(model_dir)),
+            DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=0),
+            training,
+        )
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -272,7 +272,15 @@ def test_a_default_training_on_a_release_without_a_dev_split_ends_with_a_validat
     )
     assert status == 0, err[-3000:]
     validation = len(load_prepared(data_dir)[0]["validation"])
-    argv = ["train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(tmp_path / "runs")]
+    argv = [
+        "train",
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(tmp_path / "runs"),
+    ]
     status, out, err = textsql_in_process([*argv, "--max_steps", "2", "--per_device_train_batch_size", "8"])
     assert status == 0, err[-3000:]
     summary = read_summary(out.split("textsql-run-summary: ", 1)[1].split()[0])

@@ -336,18 +336,19 @@ def load_training_data(data: DataArguments, model_tokenizer):
 
 
 def train(
-    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
+    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments, callbacks=()
 ) -> RunSummary | None:
     """Plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0.
 
-    The arguments are left as given: the Trainer gets a finalized copy.
+    The arguments are left as given: the Trainer gets a finalized copy. `callbacks`: transformers TrainerCallbacks
+    added to the run's Trainer (the demo's timer).
     """
     import torch.nn.functional as F
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     linear, op_builds = F.linear, {name: os.environ.get(name) for name in OP_BUILD_VARIABLES}
     try:
-        return _train(model_args, data_args, training_args)
+        return _train(model_args, data_args, training_args, callbacks)
     except BaseException:
         end_failed_run()  # a tracked run's MLflow run ends as FAILED
         raise
@@ -368,7 +369,7 @@ def train(
 
 
 def _train(
-    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
+    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments, callbacks=()
 ) -> RunSummary | None:
     check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
     if training_args.packing:
@@ -430,6 +431,8 @@ def _train(
         data_collator=collator,
         processing_class=tokenizer,
     )
+    for callback in callbacks:
+        trainer.add_callback(callback)
     if not training_args.disable_tqdm:
         from transformers.trainer_callback import ProgressCallback
 
@@ -541,7 +544,9 @@ def build_summary(
             "train_loss": metrics.get("train_loss"),
             "eval_loss": eval_metrics.get("eval_loss"),
             "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
-            "execution_accuracy_questions": len(trainer.execution_scoring.sources) if trainer.execution_scoring else None,
+            "execution_accuracy_questions": len(trainer.execution_scoring.sources)
+            if trainer.execution_scoring
+            else None,
             "execution_accuracy_history": [
                 {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]}
                 for h in trainer.state.log_history
