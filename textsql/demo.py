@@ -276,11 +276,13 @@ class TrainingTimer(TrainerCallback):
         """(warm-up steps, timed steps): fewer in a short run, so it is timed before it ends."""
         return min(self.warmup_steps, max_steps // 10), max(1, min(self.timed_steps, max_steps // 5))
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.window(state.max_steps)[0]:
+            self.started = time.perf_counter()
+
     def on_step_end(self, args, state, control, **kwargs):
         warmup, timed = self.window(state.max_steps)
-        if state.global_step == warmup:
-            self.started = time.perf_counter()
-        elif state.global_step == warmup + timed and self.started is not None:
+        if state.global_step == warmup + timed and self.started is not None:
             step_s = (time.perf_counter() - self.started) / timed
             evaluations = math.ceil(state.num_train_epochs) if args.eval_strategy == "epoch" else 0
             if args.eval_strategy == "steps":
