@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
-from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+from bench.common import emit, run_report  # noqa: E402  (the repository root is on sys.path now)
 
 FAMILIES = ("t5", "causal")
 # One training in a fresh process, run by the checkout on PYTHONPATH: the demo's assets (built or reused), then its
@@ -119,19 +119,7 @@ def main(argv=None) -> None:
                 }
                 results.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    emit(
-        {
-            "benchmark": "demo_speed",
-            "date": time.strftime("%Y-%m-%d"),
-            "wall_seconds": round(time.perf_counter() - started, 1),
-            "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
-            "machine": machine(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "results": results,
-        },
-        args.output,
-    )
+    emit(run_report("demo_speed", args, started, load_before, results), args.output)
 
 
 if __name__ == "__main__":
