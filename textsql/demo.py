@@ -193,14 +193,12 @@ def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
 
 @dataclass
 class DemoResult:
-    """What the demo did: the run's summary, its scores on the generated test split and a trivial baseline's, and how
-    long its training was estimated to take (seconds, from its first steps; None when too short to time)."""
+    """What the demo did: the run's summary, its scores on the generated test split and a trivial baseline's."""
 
     summary: object  # textsql.run_summary.RunSummary
     test_metrics: dict
     baseline_metrics: dict
     mean_real_tokens_per_example: float
-    estimated_training_s: float | None = None
 
 
 @contextlib.contextmanager
@@ -214,8 +212,9 @@ def demo_step(echo, number: int, title: str):
 
 DEMO_STEPS = 4
 # The demo's tensors are tiny (batches of 16 x ~40 tokens, width 128): a second OpenMP thread gains little, and where
-# another process holds a core it waits at every operation's barrier. Measured on 2 cores at load 3-7, one thread
-# trained the T5 and the causal demo alike 6-7x faster than two (bench/demo_speed.py, bench/README.md).
+# another process holds a core it waits at every operation's barrier. Measured on 2 cores at load 5-7, 100 steps of the
+# demos' trainings: one thread 5-7x the samples/s of two, the T5's and the causal LM's alike (bench/README.md,
+# "demo_speed.py").
 DEMO_THREADS = 1
 
 
@@ -336,7 +335,7 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
             family=args.family,
         )
     with demo_step(echo, 2, f"training ({args.deepspeed}; the progress bar shows the steps left)"):
-        summary, estimate_s = demo_train(args, data_dir, model_dir, echo)
+        summary, _ = demo_train(args, data_dir, model_dir, echo)
     metadata = json.loads((data_dir / METADATA_FILE).read_text())
     beams = 4 if args.decoding == "execution_guided" else 1
     with demo_step(echo, 3, "scoring the test split as WikiSQL's evaluate.py does"), torch_threads(DEMO_THREADS):
@@ -353,7 +352,7 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
         )
     with demo_step(echo, 4, "a trivial baseline for comparison"):
         baseline = trivial_baseline(data_dir)
-    return DemoResult(summary, test, baseline, metadata["lengths"]["train"]["mean_tokens_per_example"], estimate_s)
+    return DemoResult(summary, test, baseline, metadata["lengths"]["train"]["mean_tokens_per_example"])
 
 
 def trivial_baseline(data_dir: Path) -> dict:

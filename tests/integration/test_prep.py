@@ -108,7 +108,10 @@ def test_overlong_examples_are_never_truncated_silently(assets, raw_wikisql, tmp
 
 def test_existing_dataset_needs_overwrite(assets, raw_wikisql):
     data_dir, model_dir = assets
-    with pytest.raises(TextsqlError, match="already holds a prepared dataset.*--overwrite"):
+    # the command's flag, and the parameter of the notebooks that prepare (a notebook's prep cell meets it on a re-run)
+    with pytest.raises(
+        TextsqlError, match=r"already holds a prepared dataset.*--overwrite \(overwrite=True in a notebook"
+    ):
         prepare_dataset(PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(data_dir)))
 
 
@@ -262,6 +265,7 @@ def test_a_default_training_on_a_release_without_a_dev_split_ends_with_a_validat
 ):
     """Issue 41, item 4: prep of such a release, then `textsql train` with its defaults (a few steps): the run evaluates
     on the held-out tables and scores its SQL there at the end, instead of stopping at its first evaluation."""
+    from textsql.evaluate import sql_token_budget
     from textsql.run_summary import read_summary
 
     _, model_dir = assets
@@ -271,7 +275,11 @@ def test_a_default_training_on_a_release_without_a_dev_split_ends_with_a_validat
         + ["--output_dir", str(data_dir)]
     )
     assert status == 0, err[-3000:]
-    validation = len(load_prepared(data_dir)[0]["validation"])
+    dataset, meta = load_prepared(data_dir)
+    validation = len(dataset["validation"])
+    # the SQL scored gets room for the split's longest gold query, and not much more (a rambling model stops there)
+    longest = meta["lengths"]["validation"]["target_percentiles"]["p100"]
+    assert longest < sql_token_budget(meta) < 2 * longest and sql_token_budget({}) == 128
     argv = [
         "train",
         "--model_id",
