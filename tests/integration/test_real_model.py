@@ -83,7 +83,16 @@ def test_the_real_model_learns_real_lines_and_writes_sql_through_infer(
     runs = tmp_path / "runs"
     common = ["--dataset_dir", str(real_data), "--runs_root", str(runs), "--precision", "bf16", "--save_strategy", "no"]
     argv = ["train", "--model_id", str(real_model), *common, "--max_steps", "8", "--per_device_train_batch_size", "8"]
-    argv += ["--learning_rate", "3e-4", "--logging_steps", "1", "--eval_strategy", "no"]
+    argv += [
+        "--learning_rate",
+        "3e-4",
+        "--logging_steps",
+        "1",
+        "--eval_strategy",
+        "no",
+        "--execution_accuracy_samples",
+        "0",
+    ]
     status, out, err = textsql_in_process(argv)
     assert status == 0, err[-3000:]
     summary = json.loads(next(runs.glob("*/run_summary.json")).read_text())
@@ -109,7 +118,7 @@ def test_a_real_lora_adapter_merges_and_quantizes(real_model, real_data, tmp_pat
     runs = tmp_path / "runs"
     argv = ["train", "--model_id", str(real_model), "--dataset_dir", str(real_data), "--runs_root", str(runs)]
     argv += ["--lora", "True", "--max_steps", "2", "--per_device_train_batch_size", "4", "--eval_strategy", "no"]
-    argv += ["--save_strategy", "no", "--precision", "bf16"]
+    argv += ["--save_strategy", "no", "--precision", "bf16", "--execution_accuracy_samples", "0"]
     status, _, err = textsql_in_process(argv)
     assert status == 0, err[-3000:]
     run_dir = next(runs.glob("*lora*"))
