@@ -28,6 +28,7 @@ from textsql.wikisql.sql import COMPONENTS
 logger = logging.getLogger(__name__)
 
 TABLE_MD, TABLE_CSV = "report.md", "report.csv"
+GRPO_COLUMNS = ("stage", "reward")
 TIME_MEMORY_PNG, LOSS_PNG = "time_memory.png", "loss_curves.png"
 LOSS_TAGS = ("train/loss", "eval/loss")
 
@@ -242,10 +243,14 @@ def sort_records(records: list[RunRecord]) -> list[RunRecord]:
 
 
 def build_table(records: list[RunRecord]):
-    """The report as a pandas DataFrame, one row per run, in the order of `records`."""
+    """The report as a pandas DataFrame, one row per run, in the order of `records`; the GRPO columns only where a
+    run is a GRPO run (every other run is "sft" with no reward: two columns of nothing)."""
     import pandas as pd
 
-    return pd.DataFrame([report_row(r) for r in records], columns=list(COLUMNS))
+    table = pd.DataFrame([report_row(r) for r in records], columns=list(COLUMNS))
+    if (table["stage"] == "sft").all():
+        table = table.drop(columns=list(GRPO_COLUMNS))
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------------
