@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
-from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+from bench.common import emit, run_report  # noqa: E402  (the repository root is on sys.path now)
 
 RUNS = {  # name: (model, extra `textsql train` flags)
     "t5": ("t5", []),
@@ -248,20 +248,8 @@ def main(argv=None) -> None:
         result["scores"] = score(summary, assets[RUNS[name][0]][0], args.score_questions)
         results.append(result)
         print(json.dumps(result), file=sys.stderr, flush=True)
-    emit(
-        {
-            "benchmark": "causal_vs_t5",
-            "date": time.strftime("%Y-%m-%d"),
-            "wall_seconds": round(time.perf_counter() - started, 1),
-            "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
-            "data": f"generated WikiSQL-format, {args.train_tables} training tables x 10 questions, question+header",
-            "machine": machine(),
-            "load_average_before": [round(x, 2) for x in load_before],
-            "load_average_after": [round(x, 2) for x in os.getloadavg()],
-            "results": results,
-        },
-        args.output,
-    )
+    data = f"generated WikiSQL-format, {args.train_tables} training tables x 10 questions, question+header"
+    emit(run_report("causal_vs_t5", args, started, load_before, results, data=data), args.output)
 
 
 if __name__ == "__main__":

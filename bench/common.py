@@ -48,6 +48,24 @@ def machine() -> dict:
     return info
 
 
+def run_report(benchmark: str, args, started: float, load_before, results: list, **extra) -> dict:
+    """A benchmark's JSON: its name, the date, the wall time since `started` (time.perf_counter), its settings (`args`
+    but where it writes), `extra`, the machine, the load average before (`load_before`) and now, and its results."""
+    import time
+
+    return {
+        "benchmark": benchmark,
+        "date": time.strftime("%Y-%m-%d"),
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("output", "workdir")},
+        **extra,
+        "machine": machine(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "results": results,
+    }
+
+
 def emit(report: dict, output: str | None) -> None:
     """Print the report as JSON, and write it to `output` too when given."""
     text = json.dumps(report, indent=2)

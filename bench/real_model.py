@@ -75,9 +75,8 @@ TRAINED = {
 SELECT = {
     "full_lr3e-4": ("plain", ["--learning_rate", "3e-4"]),
     "full_lr1e-4": ("plain", ["--learning_rate", "1e-4"]),
-    "full_chat_lr3e-4": ("chat", ["--learning_rate", "3e-4"]),
     "lora_all_r16_lr1e-3": ("plain", ["--learning_rate", "1e-3", "--lora", "True", "--lora_targets", "all"]),
-    "lora_all_r16_lr3e-4": ("plain", ["--learning_rate", "3e-4", "--lora", "True", "--lora_targets", "all"]),
+    "full_chat_lr3e-4": ("chat", ["--learning_rate", "3e-4"]),
 }
 SELECT_EPOCHS = 3
 
@@ -301,7 +300,7 @@ def selection(bench: Bench) -> dict:
         lora_rank = ["--lora_rank", "16", "--lora_alpha", "32"] if "--lora" in flags else []
         trained = bench.train(
             f"select-{name}", dataset, *flags, *lora_rank, "--num_train_epochs", str(SELECT_EPOCHS),
-            "--eval_strategy", "epoch", "--execution_accuracy_samples", "100000",
+            "--eval_strategy", "epoch", "--execution_accuracy_samples", "100000", "--per_device_eval_batch_size", "64",
         )  # fmt: skip
         results[name] = trained
     return results

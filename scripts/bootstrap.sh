@@ -53,9 +53,8 @@ setup_system() {
 }
 
 cmd="${1:-}"; shift || true
-# DeepSpeed builds its C++ ops once (60-70 s each on 2 cores) into this cache; the demo, the lab and the tests share it,
-# so no command rebuilds what another built.
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$HOME/.cache/textsql-torch-extensions}"
+# DeepSpeed's C++ ops (60-70 s each to build on 2 cores) are cached in the one folder textsql itself decides
+# (textsql.strategy.opbuilds.extensions_folder), whoever starts it: nothing to set here.
 case "$cmd" in
   demo)
     setup_system demo; setup_python

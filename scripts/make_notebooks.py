@@ -243,14 +243,17 @@ NOTEBOOKS = {
             "trained on the frozen base (`textsql train --lora True`), merged into a plain model folder in fp32 "
             "(`textsql merge`), quantized (`textsql quantize`: size, questions/s and the execution-accuracy delta), and "
             "base, adapter, merged and quantized models answer the same questions (`textsql compare --output`), beside a "
-            "T5 run when `t5_model` names one. Offline with the tiny causal LM of `textsql demo --family causal`; "
-            "for real scores set `model_id` to a pretrained model (recipes/qwen2.5-0.5b-lora.yaml has its settings). "
+            "T5 run when `t5_model` names one. Offline on the model `textsql demo --family causal` fine-tuned "
+            "(`bash scripts/bootstrap.sh demo --family causal`: a tiny causal LM that writes SQL's shape; its untrained "
+            "base writes none); for real scores set `model_id` to a pretrained model (recipes/qwen2.5-0.5b-lora.yaml has "
+            "its settings). "
             "Needs the lifecycle extra (`pip install '.[lifecycle]'`)."
         ),
         new_code_cell(
-            "model_id = None  # None: the tiny causal LM of `textsql demo --family causal` (offline), else Qwen/Qwen2.5-0.5B\n"
+            "model_id = None  # None: the model `textsql demo --family causal` fine-tuned (offline), else Qwen/Qwen2.5-0.5B\n"
             'source = "generate"  # or the WikiSQL release folder (train.jsonl, train.tables.jsonl, ...)\n'
-            'dataset_dir = "data/wikisql-causal"\nmax_examples_per_split = None\noverwrite = False\n'
+            'dataset_dir, source_format = "data/notebook-causal", None  # None: the format model_id learned, else question+header\n'
+            "max_examples_per_split = None\noverwrite = False  # True: prepare and train again over an earlier run's\n"
             'runs_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
             'lora_rank, lora_targets, epochs = 8, "all", 3  # lora_targets: "all" (every linear layer) or "qv"\n'
             "per_device_train_batch_size = 16\n"
@@ -260,11 +263,12 @@ NOTEBOOKS = {
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id\n"
+            "from textsql.notebook import default_model_id, source_format_for, trained_demo_model\n"
             "from textsql.prep import PrepArguments, format_layout, format_length_report, load_prepared, prepare_dataset\n\n"
-            'model_id = model_id or default_model_id("causal")\n'
-            'folder = prepare_dataset(PrepArguments(source=source, model_id=model_id, output_dir=dataset_dir, source_format="question+header",\n'
-            "                                       max_examples_per_split=max_examples_per_split, overwrite=overwrite))\n"
+            'model_id = model_id or trained_demo_model("causal") or default_model_id("causal")\n'
+            "folder = prepare_dataset(PrepArguments(source=source, model_id=model_id, output_dir=dataset_dir, overwrite=overwrite,\n"
+            "                                       source_format=source_format or source_format_for(model_id),\n"
+            "                                       max_examples_per_split=max_examples_per_split))\n"
             "dataset, metadata = load_prepared(folder)\n"
             "print(format_layout(metadata))\nprint(format_length_report(metadata['lengths']))\n"
             "print(dataset['train'][0]['prompt'] + dataset['train'][0]['target'])  # one training sequence (then EOS)"
@@ -272,14 +276,14 @@ NOTEBOOKS = {
         new_code_cell(
             "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments, run_training\n\n"
             "training = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, lora_rank=lora_rank,\n"
-            "                                    lora_targets=lora_targets, num_train_epochs=epochs,\n"
+            "                                    lora_targets=lora_targets, num_train_epochs=epochs, overwrite=overwrite,\n"
             "                                    per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
             "summary = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), training)\n"
             "adapter_dir = summary.output_dir"
         ),
         new_code_cell(
             "from textsql.adapters import MergeArguments, merge_adapter\n\n"
-            "merged_dir = merge_adapter(MergeArguments(adapter=adapter_dir))  # <adapter>-merged, beside it"
+            "merged_dir = merge_adapter(MergeArguments(adapter=adapter_dir, overwrite=overwrite))  # <adapter>-merged, beside it"
         ),
         new_code_cell(
             "from textsql.quantize import QuantizeArguments, quantize_model\n\n"
@@ -301,9 +305,10 @@ NOTEBOOKS = {
             "if quantize_base:\n"
             "    qlora = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, quantize_base=quantize_base,\n"
             "                                     lora_rank=lora_rank, lora_targets=lora_targets, num_train_epochs=epochs,\n"
-            "                                     per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
+            "                                     overwrite=overwrite, per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
             "    qlora_dir = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), qlora).output_dir\n"
-            "    merge = MergeArguments(adapter=str(qlora_dir), score_examples=max_examples, max_new_tokens=max_new_tokens)\n"
+            "    merge = MergeArguments(adapter=str(qlora_dir), score_examples=max_examples, max_new_tokens=max_new_tokens,\n"
+            "                           overwrite=overwrite)\n"
             '    qlora_merged_dir = merge_and_score(merge)["output_dir"]'
         ),
         new_code_cell(

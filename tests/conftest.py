@@ -193,6 +193,8 @@ def cpu_env(tmp_path):
 
 def child_cpu_env() -> dict[str, str]:
     """cpu_env for fixtures of a wider scope."""
+    from textsql.strategy.opbuilds import extensions_folder
+
     env = dict(os.environ)
     env.update(
         DS_ACCELERATOR="cpu",
@@ -202,15 +204,17 @@ def child_cpu_env() -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PATH=str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", ""),
     )
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_folder(env)))  # textsql's one op cache
     return env
 
 
 def tiny_train_argv(assets, runs_root, *extra, **flags) -> list[str]:
     """`textsql train` arguments for the tiny T5 on the generated data (the `assets` fixture), writing under
-    `runs_root`: `--name value` for each of `flags` in their order, then `extra` (a flag given again there wins)."""
+    `runs_root`: `--name value` for each of `flags` in their order, then `extra` (a flag given again there wins). The
+    SQL is not scored unless a test asks (execution_accuracy_samples=N): a generation pass the others do not need."""
     data_dir, model_dir = assets
     argv = ["--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--runs_root", str(runs_root)]
+    argv += ["--execution_accuracy_samples", "0"]
     for name, value in flags.items():
         argv += [f"--{name}", str(value)]
     return [*argv, *extra]
@@ -320,6 +324,7 @@ def trained_run(assets, tmp_path_factory):
         save_strategy="no",
         max_eval_samples=64,
         execution_accuracy_samples=32,
+        execution_accuracy_each_evaluation=True,
     )
     done = subprocess.run(
         [sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, timeout=900
@@ -382,6 +387,29 @@ def causal_assets(tmp_path_factory):
         )
     )
     return data_dir, model_dir
+
+
+@pytest.fixture(scope="session")
+def causal_demo(tmp_path_factory) -> Path:
+    """The textsql-demo folder `textsql demo --family causal` leaves, run small (in this process): the untrained tiny
+    causal LM (tiny-qwen2/), its generated data, and the run that fine-tuned it (runs/tiny-qwen2/: a few hundred steps,
+    enough to write SQL's shape). The README's causal road and the causal notebook start from it."""
+    workdir = tmp_path_factory.mktemp("causal-demo") / "textsql-demo"
+    sizes = ["--train_tables", "60", "--questions_per_table", "5", "--epochs", "16", "--d_model", "64"]
+    status = main_in_process(["demo", "--family", "causal", "--workdir", str(workdir), *sizes], IN_PROCESS_ENV)
+    assert status == 0 and (workdir / "runs" / "tiny-qwen2" / "run_summary.json").is_file()
+    return workdir
+
+
+def demo_in_project(project: Path, demo: Path, family: str) -> None:
+    """`project`/textsql-demo as the demo of `family` leaves it there (its untrained model and its run, linked from
+    `demo`): the default models of the README's roads and the notebooks."""
+    from textsql.paths import DEMO_MODEL_DIRS
+
+    name = DEMO_MODEL_DIRS[family]
+    (project / "textsql-demo" / "runs").mkdir(parents=True, exist_ok=True)
+    (project / "textsql-demo" / name).symlink_to(demo / name)
+    (project / "textsql-demo" / "runs" / name).symlink_to(demo / "runs" / name)
 
 
 @pytest.fixture(scope="session")

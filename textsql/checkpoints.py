@@ -245,3 +245,68 @@ def newest_whole_checkpoint(run_dir, problems=save_problems, listing=None) -> tu
             return Path(run_dir) / name, set_aside
         set_aside[name] = found
     return None, set_aside
+
+
+# What every rank of a multi-node run writes (textsql.cluster.runs decides where a launch resumes with these).
+RNG = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
+SHARD = re.compile(r"(?:^|/)(?:[a-z0-9]+_)?zero_pp_rank_(\d+)_mp_rank_\d+_(optim|model)_states\.pt$")
+
+
+def missing_parts(files: dict[str, bool], step: int, world_size: int, zero_stage: int | None) -> list[str]:
+    """What checkpoint-<step> (its files: name -> whole) lacks for every rank to resume from it (empty: nothing).
+
+    DeepSpeed (zero_stage not None) writes model states (one per rank under ZeRO-3) and one optimizer shard per rank
+    under global_step<N>/; without DeepSpeed rank 0 writes model, optimizer and scheduler. Every rank writes its RNG
+    state. The run folder is shared by every pod (each rank checks it sees the launch folder), so this is every node's.
+    """
+    missing = []
+
+    def need(name: str, what: str) -> None:
+        if name not in files:
+            missing.append(f"{what} ({name}) is missing")
+        elif not files[name]:
+            missing.append(f"{what} ({name}) is cut short")
+
+    need(TRAINER_STATE, "the trainer state")
+    for rank in range(world_size):
+        need("rng_state.pth" if world_size == 1 else f"rng_state_{rank}.pth", f"rank {rank}'s RNG state")
+    if zero_stage is None:
+        weights = [n for n in files if n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")]
+        if not weights:
+            missing.append("the model weights (model.safetensors) are missing")
+        for name in weights:
+            need(name, "the model weights")
+        need("optimizer.pt", "the optimizer state")
+        need("scheduler.pt", "the scheduler state")
+        return missing
+    states = f"global_step{step}"
+    for rank in range(world_size):
+        if zero_stage >= 1:
+            need(_shard(files, states, rank, "optim"), f"rank {rank}'s optimizer shard")
+        if zero_stage == 3:
+            need(_shard(files, states, rank, "model"), f"rank {rank}'s model states")
+    if zero_stage < 3:
+        need(f"{states}/mp_rank_00_model_states.pt", "the model states")
+    return missing
+
+
+def _shard(files: dict[str, bool], folder: str, rank: int, kind: str) -> str:
+    """The file name of a rank's shard as written (a bf16_ prefix under bf16), or the plain name when absent."""
+    for name in files:
+        match = SHARD.search(name)
+        if name.startswith(folder + "/") and match and int(match[1]) == rank and match[2] == kind:
+            return name
+    return f"{folder}/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt"
+
+
+def saved_world_size(listing: dict[str, dict[str, bool]], recorded: int | None) -> int | None:
+    """How many ranks wrote the run's checkpoints: what the last launch recorded, else what the file names say
+    (rng_state.pth is a single process's; rng_state_<r>.pth and ZeRO shards name their rank)."""
+    if not listing or recorded:
+        return recorded if listing else None
+    names = [name for files in listing.values() for name in files]
+    if "rng_state.pth" in names:
+        return 1
+    ranks = {int(m[1]) for name in names if (m := RNG.match(name) or SHARD.search(name)) and m[1] is not None}
+    several = any(RNG.match(name) for name in names)  # rng_state_<r>.pth: more than one rank
+    return max(max(ranks) + 1, 2 if several else 1) if ranks else None

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 from textsql.errors import TextsqlError
 from textsql.evaluate import DECODINGS, load_scoring_set, score_predictions
 from textsql.infer import InferArguments, run_inference
-from textsql.paths import METADATA_FILE, in_project
+from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
@@ -29,10 +32,10 @@ DEMO_ACCURACY_NOTE = (
     "whatever the data size or format); fine-tune a pretrained model (t5-small or larger, Qwen2.5-0.5B or larger: "
     "recipes/) on a GPU for real scores."
 )
-# The demo's two roads: folder of the tiny model, what people call it, and the prepared data's folder prefix.
+# The demo's two roads: folder of the tiny model (and of its run), what people call it, the prepared data's folder prefix.
 DEMO_FAMILIES = {
-    "t5": ("tiny-t5", "tiny T5", "data"),
-    "causal": ("tiny-qwen2", "tiny causal LM (Qwen2-shaped, byte-level BPE)", "data-causal"),
+    "t5": (DEMO_MODEL_DIRS["t5"], "tiny T5", "data"),
+    "causal": (DEMO_MODEL_DIRS["causal"], "tiny causal LM (Qwen2-shaped, byte-level BPE)", "data-causal"),
 }
 
 
@@ -40,9 +43,7 @@ DEMO_FAMILIES = {
 class DemoArguments:
     """What the demo builds and how long it trains."""
 
-    workdir: str = field(
-        default="textsql-demo", metadata={"help": "Everything the demo writes goes under this folder."}
-    )
+    workdir: str = field(default=DEMO_DIR, metadata={"help": "Everything the demo writes goes under this folder."})
     deepspeed: str = field(
         default="zero2",
         metadata={"help": "Shipped strategy (zero1, zero2, zero3_offload), a dsconfig file, or 'none'."},
@@ -136,7 +137,7 @@ def build_assets(
         if family == "causal":  # a causal LM's prompt has no task prefix (textsql.prep)
             make_tiny_causal_model(
                 model_dir,
-                corpus_for_tokenizer(questions, tables, prefix=""),
+                corpus_for_tokenizer(questions, tables, prefix="", layout="causal"),
                 hidden_size=d_model,
                 num_layers=num_layers,
                 seed=seed,
@@ -166,9 +167,12 @@ def build_assets(
 
 
 def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
-    """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates."""
+    """(model, data, training arguments) of the demo's run: a tiny model learns from many small, fast updates. The run
+    goes to runs/<the model's folder name> (runs/tiny-qwen2), where the README's and the notebooks' next steps find it."""
+    runs_root = Path(args.workdir) / DEMO_RUNS_DIR
     training = TextsqlTrainingArguments(
-        runs_root=str(Path(args.workdir) / "runs"),
+        runs_root=str(runs_root),
+        output_dir=str(runs_root / DEMO_FAMILIES[args.family][0]),
         num_train_epochs=args.epochs,
         per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=64,
@@ -182,7 +186,7 @@ def demo_training(args: DemoArguments, data_dir: Path, model_dir: Path):
     )
     return (
         ModelArguments(model_id=str(model_dir)),
-        DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=200),
+        DataArguments(dataset_dir=str(data_dir)),  # the SQL scored once, at the end (200 validation questions)
         training,
     )
 
@@ -207,23 +211,100 @@ def demo_step(echo, number: int, title: str):
 
 
 DEMO_STEPS = 4
-# Minutes on 2 idle CPU cores: T5's measured (README, "Measured"); the causal LM's from its training time against T5's,
-# measured alternately in one run on the same machine: about the same (docs/causal-lm.md, "The demo").
-DEMO_IDLE_MINUTES = {"t5": 4, "causal": 4}
+# The demo's tensors are tiny (batches of 16 x ~40 tokens, width 128): a second OpenMP thread gains little, and where
+# another process holds a core it waits at every operation's barrier. Measured on 2 cores at load 5-7, 100 steps of the
+# demos' trainings: one thread 5-7x the samples/s of two, the T5's and the causal LM's alike (bench/README.md,
+# "demo_speed.py").
+DEMO_THREADS = 1
 
 
-def demo_estimate(cores: int, load_average: float, idle_minutes: float = DEMO_IDLE_MINUTES["t5"]) -> str:
-    """How long the demo will take here, from the machine's cores and its load (the processes already wanting a core):
-    the demo's two training threads get a share of what is left. Measured: 3 min 41 s at load 0 on 2 cores, 29.5 min
-    at load 2-8."""
-    share = max(1.0, (load_average + 2) / max(cores, 1))  # the demo's own 2 threads plus what already runs
-    minutes = idle_minutes * share
-    if share < 1.25:
-        return f"about {minutes:.0f} minutes on {cores} CPU cores"
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's intra-op threads set to `count` inside, as they were after; OMP_NUM_THREADS too, which accelerate reads:
+    where it is unset, accelerate sets torch's threads to the cores per rank when a CPU run starts its process group
+    (ZeRO on the CPU), over what was set here."""
+    import torch
+
+    before, variable = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(count)
+    os.environ["OMP_NUM_THREADS"] = str(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+        if variable is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = variable
+
+
+def training_estimate_s(
+    step_s: float, steps: int, evaluations: int, eval_examples: int, train_batch: int, eval_batch: int
+) -> float:
+    """Seconds a whole training takes at `step_s` a training step: its steps, and its evaluations' forward passes over
+    `eval_examples` in batches of `eval_batch`, an example's forward a third of its training step (a step is a forward,
+    a backward about twice as long, and the optimizer's small share)."""
+    per_evaluation = math.ceil(eval_examples / eval_batch) * eval_batch / train_batch * step_s / 3
+    return steps * step_s + evaluations * per_evaluation
+
+
+def describe_estimate(seconds: float, step_s: float, first: int, last: int, load: float, cores: int) -> str:
+    """The estimate as the demo prints it, with what it was measured on."""
+    length = f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} minutes"
+    ends = time.strftime("%H:%M", time.localtime(time.time() + seconds))
     return (
-        f"about {minutes:.0f} minutes at this machine's load ({load_average:.1f} on {cores} cores; "
-        f"{idle_minutes:g} when idle)"
+        f"timed here: {step_s * 1000:.0f} ms a step over steps {first}-{last} (load {load:.1f} on {cores} cores), so "
+        f"the training takes about {length} in all, evaluations included (until about {ends})."
     )
+
+
+class TrainingTimer(TrainerCallback):
+    """Times the training's own steps after a few warm-up ones and says once how long the whole training takes on this
+    machine, at this load (training_estimate_s); `estimate_s` keeps it. A few seconds of steps, not a constant: the
+    machine, its load and the model decide."""
+
+    # The steps after the first 50 (which hold the run's longest batch: length-grouped sampling puts it first), then 50
+    # more: about one of the sampler's megabatches (up to 50 batches, each sorted longest first), its average length.
+    def __init__(self, echo, eval_examples: int, warmup_steps: int = 50, timed_steps: int = 50):
+        self.echo, self.eval_examples = echo, eval_examples
+        self.warmup_steps, self.timed_steps = warmup_steps, timed_steps
+        self.started = None
+        self.estimate_s = None
+
+    def window(self, max_steps: int) -> tuple[int, int]:
+        """(warm-up steps, timed steps): fewer in a short run, so it is timed before it ends."""
+        return min(self.warmup_steps, max_steps // 10), max(1, min(self.timed_steps, max_steps // 5))
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.window(state.max_steps)[0]:
+            self.started = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        warmup, timed = self.window(state.max_steps)
+        if state.global_step == warmup + timed and self.started is not None:
+            step_s = (time.perf_counter() - self.started) / timed
+            evaluations = math.ceil(state.num_train_epochs) if args.eval_strategy == "epoch" else 0
+            if args.eval_strategy == "steps":
+                evaluations = state.max_steps // state.eval_steps
+            self.estimate_s = training_estimate_s(
+                step_s,
+                state.max_steps,
+                evaluations,
+                self.eval_examples,
+                args.per_device_train_batch_size,
+                args.per_device_eval_batch_size,
+            )
+            cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+            self.echo(describe_estimate(self.estimate_s, step_s, warmup + 1, warmup + timed, load, cores))
+
+
+def demo_train(args: DemoArguments, data_dir: Path, model_dir: Path, echo=print):
+    """The demo's training on one thread, timed by its first steps: (run summary, estimated seconds or None)."""
+    examples = json.loads((data_dir / METADATA_FILE).read_text())["examples"]
+    timer = TrainingTimer(echo, examples.get("validation", 0))
+    with torch_threads(DEMO_THREADS):
+        summary = train(*demo_training(args, data_dir, model_dir), callbacks=[timer])
+    return summary, timer.estimate_s
 
 
 def run_demo(args: DemoArguments, echo=print) -> DemoResult:
@@ -234,11 +315,11 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
     datasets.disable_progress_bars()  # the terminal shows training's progress bar, not one per file written
     questions = args.train_tables * args.questions_per_table
     _, model_name, _ = DEMO_FAMILIES[args.family]
-    estimate = demo_estimate(os.cpu_count() or 1, os.getloadavg()[0], DEMO_IDLE_MINUTES[args.family])
     echo(
         f"textsql demo: {questions:,} generated training questions, a {model_name} trained for {args.epochs:g} epochs with "
-        f"{args.deepspeed}; {estimate}. Shorter: --epochs 2 or "
-        f"--train_tables 100 (the scores drop). Everything goes to {Path(args.workdir).absolute()}."
+        f"{args.deepspeed}; its first training steps are timed to tell how long the rest takes on this machine. "
+        f"Shorter: --epochs 2 or --train_tables 100 (the scores drop). Everything goes to "
+        f"{Path(args.workdir).absolute()}."
     )
     with demo_step(
         echo, 1, f"data, tokenizer and model: generated WikiSQL, a tokenizer trained on it, a {model_name}, prep"
@@ -254,10 +335,10 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
             family=args.family,
         )
     with demo_step(echo, 2, f"training ({args.deepspeed}; the progress bar shows the steps left)"):
-        summary = train(*demo_training(args, data_dir, model_dir))
+        summary, _ = demo_train(args, data_dir, model_dir, echo)
     metadata = json.loads((data_dir / METADATA_FILE).read_text())
     beams = 4 if args.decoding == "execution_guided" else 1
-    with demo_step(echo, 3, "scoring the test split as WikiSQL's evaluate.py does"):
+    with demo_step(echo, 3, "scoring the test split as WikiSQL's evaluate.py does"), torch_threads(DEMO_THREADS):
         test = run_inference(
             InferArguments(
                 model_dir=summary.output_dir,

@@ -95,6 +95,14 @@ def generate_sql(
     return outputs
 
 
+def sql_token_budget(metadata: dict, split: str = "validation", default: int = 128) -> int:
+    """New tokens to generate for a prepared split's questions: its longest gold SQL (with EOS) and a quarter more, as
+    prep counted them, so a model that has not learned to stop yet (early in training) costs no more than that; a
+    longer answer is none of the split's queries. `default` where prep recorded no lengths."""
+    longest = ((metadata.get("lengths") or {}).get(split) or {}).get("target_percentiles", {}).get("p100")
+    return int(longest * 1.25) + 1 if longest else default
+
+
 def choose_prediction(candidates: list[str], table: dict | None, decoding: str) -> tuple[str, int]:
     """(prediction, its rank among the candidates): the top one, or with execution_guided the first that executes
     plausibly on the table (textsql.wikisql.sql.executes_plausibly), falling back to the top one."""

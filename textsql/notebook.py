@@ -9,22 +9,21 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
+from textsql.hub import load_config
 from textsql.model_import import PACKAGED_MODELS, imported_model_dir
-from textsql.paths import SUMMARY_FILE, in_project
+from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, SUMMARY_FILE, in_project
+from textsql.prep import fine_tuned_settings
 
-# What `textsql demo` (--family t5 or causal) leaves in the project, a model that works offline; else a hub model.
-DEMO_MODELS = {"t5": "textsql-demo/tiny-t5", "causal": "textsql-demo/tiny-qwen2"}
-DEMO_RUNS = "textsql-demo/runs"  # and the runs that fine-tuned them
-HUB_MODELS = {"t5": "t5-small", "causal": "Qwen/Qwen2.5-0.5B"}
+HUB_MODELS = {"t5": "t5-small", "causal": "Qwen/Qwen2.5-0.5B"}  # where the project has no demo's model
 
 
 def default_model_id(family: str = "t5") -> str:
     """The demo's tiny model of `family` (t5 or causal) when the project has one (it trains on a CPU, offline), else
     t5-small or Qwen2.5-0.5B from the hub. Pass a model_id to use another: a hub name, or a folder copied into the
     project (`hf download t5-small --local-dir models/t5-small` on a machine with internet access)."""
-    if family not in DEMO_MODELS:
-        raise TextsqlError(f"family is one of {', '.join(DEMO_MODELS)}, not '{family}'.")
-    demo = Path(in_project(DEMO_MODELS[family]))
+    if family not in DEMO_MODEL_DIRS:
+        raise TextsqlError(f"family is one of {', '.join(DEMO_MODEL_DIRS)}, not '{family}'.")
+    demo = Path(in_project(DEMO_DIR)) / DEMO_MODEL_DIRS[family]
     return str(demo) if (demo / "config.json").is_file() else HUB_MODELS[family]
 
 
@@ -41,14 +40,22 @@ def real_model() -> str | None:
     return None
 
 
-def trained_demo_model() -> str | None:
-    """The demo's fine-tuned model (its newest finished run) when the project has one, else None: a base that already
-    writes SQL's shape, so that an adapter trained for minutes on top of it changes answers one can see (on the demo's
-    untrained tiny T5 every model writes the same few tokens)."""
-    # the tiny T5's runs only: `textsql demo --family causal` leaves its runs (tiny-qwen2-...) in the same folder
-    runs = Path(in_project(DEMO_RUNS)).glob(f"{Path(DEMO_MODELS['t5']).name}*/{SUMMARY_FILE}")
+def trained_demo_model(family: str = "t5") -> str | None:
+    """The model `textsql demo` (--family t5 or causal) fine-tuned, when the project has one (its newest finished run:
+    textsql-demo/runs/tiny-t5, or a name of an older textsql's), else None: a base that already writes SQL's shape, so
+    that an adapter trained for minutes on top of it changes answers one can see (on the demo's untrained tiny model
+    every model writes the same few tokens, and scores 0)."""
+    default_model_id(family)  # refuses an unknown family
+    # this family's runs only: both demos leave their runs in the same folder
+    runs = (Path(in_project(DEMO_DIR)) / DEMO_RUNS_DIR).glob(f"{DEMO_MODEL_DIRS[family]}*/{SUMMARY_FILE}")
     finished = sorted(runs, key=lambda path: path.stat().st_mtime)
     return str(finished[-1].parent) if finished else None
+
+
+def source_format_for(model_id: str, default: str = "question+header") -> str:
+    """The source format `model_id` was fine-tuned on by textsql (the demo's run: the question alone), else `default`:
+    data prepared for a model must be in the format it reads."""
+    return (fine_tuned_settings(load_config(model_id)) or {}).get("source_format", default)
 
 
 def show_error(shell, exception_type, exception, traceback, tb_offset=None):

@@ -91,6 +91,12 @@ TUNE_RECIPE_FILE = "tune_recipe.yaml"  # the winner as a `textsql train` recipe
 TUNE_LOGS_DIR = "logs"  # each candidate's training output
 TUNE_RUNS_DIR = "runs"  # each candidate's run folder
 
+# What `textsql demo` leaves in the project (textsql.demo): per family its tiny model and, under runs/, the run that
+# fine-tuned it, in a folder named after the model (the README's and the notebooks' default models).
+DEMO_DIR = "textsql-demo"
+DEMO_MODEL_DIRS = {"t5": "tiny-t5", "causal": "tiny-qwen2"}
+DEMO_RUNS_DIR = "runs"
+
 # The project: the folder the notebooks and the command share (a textsql checkout, or a CML project holding one).
 PROJECT_DIR_VARIABLE = "TEXTSQL_PROJECT_DIR"
 PROJECT_MARKERS = ("notebooks", "dsconfig")  # folders a textsql project holds at its root
@@ -127,10 +133,14 @@ MLFLOW_STORE_FILE = "mlflow.db"  # runs, parameters and metrics (SQLite)
 MLFLOW_ARTIFACTS_DIR = "mlartifacts"  # their artifacts: run summaries, configs, models
 
 
-def user_cache_dir() -> Path:
+OP_CACHE_DIR = "torch-extensions"  # DeepSpeed's compiled ops, in the user's cache (textsql.strategy.opbuilds)
+
+
+def user_cache_dir(environ=os.environ) -> Path:
     """textsql's folder in the user's cache ($XDG_CACHE_HOME, else ~/.cache): fetched model packages, imported models,
-    the GPTQ environment, the planner's model shapes. Outside the project folder, which every collaborator can write (docs/lifecycle.md)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "textsql"
+    the GPTQ environment, the planner's model shapes, DeepSpeed's compiled ops. Outside the project folder, which every
+    collaborator can write (docs/lifecycle.md)."""
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "textsql"
 
 
 PLANNER_SHAPES_DIR = (

@@ -174,7 +174,8 @@ def prepare_dataset(args: PrepArguments):
     output_dir = Path(args.output_dir)
     if (output_dir / METADATA_FILE).exists() and not args.overwrite:
         raise TextsqlError(
-            f"'{output_dir}' already holds a prepared dataset. Pass --overwrite to replace it, or choose another --output_dir."
+            f"'{output_dir}' already holds a prepared dataset. Pass --overwrite (overwrite=True in a notebook) to "
+            "replace it, or prepare into another folder."
         )
     data = load_source(args)  # the user's data first: a missing folder is named before any model is looked for
     family = model_family(args.model_id)
@@ -743,6 +744,11 @@ def record_source_settings(model_config, metadata: dict) -> None:
     model_config.task_specific_params = params
 
 
+def fine_tuned_settings(model_config) -> dict | None:
+    """The source settings a model was fine-tuned with by textsql (record_source_settings), None for any other model."""
+    return (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
+
+
 def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path) -> None:
     """Refuse data whose sources differ from what the model was fine-tuned to read (a model not fine-tuned by textsql
     carries no settings and accepts any), and data laid out for another model family (T5's or a causal LM's)."""
@@ -753,7 +759,7 @@ def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path)
             f"'{dataset_dir}' was prepared for a {layout} model ({metadata.get('model_family', 't5')}), and this is a "
             f"{family.kind} {family.name} model. Run `textsql prep` again with --model_id set to the model you use."
         )
-    trained = (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
+    trained = fine_tuned_settings(model_config)
     if not trained:
         return
     given = source_settings(metadata)
@@ -778,15 +784,19 @@ def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path)
 
 def metadata_for_model(model_config, metadata: dict, dataset_dir: str | Path) -> dict:
     """How a model reads this dataset's questions (what model_source takes): the dataset's own settings where it was
-    prepared for the model's family (checked as check_source_settings checks), else the settings the model was
-    fine-tuned with, so that a T5 run and a causal LM run answer the same questions about the same tables side by side
+    prepared for the model's family and in the format the model reads (check_source_settings), else the settings the
+    model was fine-tuned with, so that a T5 run and a causal LM run, or two runs fine-tuned on other source formats
+    (the question alone, the question and its columns), answer the same questions about the same tables side by side
     (textsql compare). A model of the other family that textsql did not fine-tune carries none and is refused."""
     family = family_of(model_config)
     layout = metadata.get("layout", "seq2seq")
     if layout == family.kind:
-        check_source_settings(model_config, metadata, dataset_dir)
-        return metadata
-    trained = (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
+        try:
+            check_source_settings(model_config, metadata, dataset_dir)
+            return metadata
+        except TextsqlError:
+            pass  # fine-tuned on other sources than the dataset's (so it carries its settings): read as it learned to
+    trained = fine_tuned_settings(model_config)
     if not trained:
         raise TextsqlError(
             f"'{dataset_dir}' was prepared for a {layout} model ({metadata.get('model_family', 't5')}), and this "

@@ -20,7 +20,7 @@ from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.paths import METRICS_FILE as EVAL_METRICS_FILE
 from textsql.paths import REPORT_DIR, SUMMARY_FILE, in_project
-from textsql.run_summary import GIB, RunSummary, read_summary
+from textsql.run_summary import GIB, RunSummary, accuracy_questions, read_summary
 from textsql.strategy.table import strategy_rank
 from textsql.tracking import download_summaries
 from textsql.wikisql.sql import COMPONENTS
@@ -28,6 +28,7 @@ from textsql.wikisql.sql import COMPONENTS
 logger = logging.getLogger(__name__)
 
 TABLE_MD, TABLE_CSV = "report.md", "report.csv"
+GRPO_COLUMNS = ("stage", "reward")
 TIME_MEMORY_PNG, LOSS_PNG = "time_memory.png", "loss_curves.png"
 LOSS_TAGS = ("train/loss", "eval/loss")
 
@@ -166,8 +167,9 @@ def flops_columns(summary: RunSummary) -> dict:
 def execution_accuracy(record: RunRecord) -> tuple[float | None, str | None]:
     """(accuracy, what it was measured on).
 
-    From eval_metrics.json (`textsql infer`: a whole split) where present, else from the run summary (the last
-    evaluation during training, on the first --execution_accuracy_samples validation questions), else (None, None).
+    From eval_metrics.json (`textsql infer`: a whole split) where present, else from the run summary (the final
+    weights, scored at the end of training on the first --execution_accuracy_samples validation questions), else
+    (None, None).
     """
     metrics = record.eval_metrics or {}
     if metrics.get("execution_accuracy") is not None:
@@ -175,10 +177,10 @@ def execution_accuracy(record: RunRecord) -> tuple[float | None, str | None]:
         split = metrics.get("split") or "?"
         return float(metrics["execution_accuracy"]), f"{split} ({examples} questions)" if examples else split
     if record.summary.execution_accuracy is not None:
-        samples = (record.summary.arguments.get("data") or {}).get("execution_accuracy_samples")
-        return float(
-            record.summary.execution_accuracy
-        ), f"validation ({samples} questions, in training)" if samples else "validation (in training)"
+        questions = accuracy_questions(record.summary)
+        return float(record.summary.execution_accuracy), (
+            f"validation ({questions} questions, end of training)" if questions else "validation (end of training)"
+        )
     return None, None
 
 
@@ -244,10 +246,14 @@ def sort_records(records: list[RunRecord]) -> list[RunRecord]:
 
 
 def build_table(records: list[RunRecord]):
-    """The report as a pandas DataFrame, one row per run, in the order of `records`."""
+    """The report as a pandas DataFrame, one row per run, in the order of `records`; the GRPO columns only where a
+    run is a GRPO run (every other run is "sft" with no reward: two columns of nothing)."""
     import pandas as pd
 
-    return pd.DataFrame([report_row(r) for r in records], columns=list(COLUMNS))
+    table = pd.DataFrame([report_row(r) for r in records], columns=list(COLUMNS))
+    if (table["stage"] == "sft").all():
+        table = table.drop(columns=list(GRPO_COLUMNS))
+    return table
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -17,10 +17,12 @@ from textsql.paths import SUMMARY_FILE
 # reads as a full fine-tuning run: every parameter trained.
 # 3: flops_profile (--flops_profiler's figures of one step) and comms_summary (--comms_logger's totals); older files
 # read with both None: nothing was profiled or logged.
-# 4: grpo (None, or a `--stage grpo` run's settings, parent run and last logged rewards, KL and completion length).
-# 5: mfu (every run: its model FLOPs at the examples' real lengths, TFLOPS per GPU and MFU against the GPU's peak;
+# 4: execution_accuracy_questions (how many validation questions execution_accuracy was measured on); older files read
+# None: their --execution_accuracy_samples is the most it can have been.
+# 5: grpo (None, or a `--stage grpo` run's settings, parent run and last logged rewards, KL and completion length).
+# 6: mfu (every run: its model FLOPs at the examples' real lengths, TFLOPS per GPU and MFU against the GPU's peak;
 # None in older files).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 GIB = 1024**3
 
 
@@ -54,7 +56,8 @@ class RunSummary:
     epochs: float = 0.0
     train_loss: float | None = None
     eval_loss: float | None = None
-    execution_accuracy: float | None = None
+    execution_accuracy: float | None = None  # on the final weights (the last entry of its history)
+    execution_accuracy_questions: int | None = None
     execution_accuracy_history: list = field(default_factory=list)  # [{"step", "execution_accuracy"}]
     first_logged_loss: float | None = None
     last_logged_loss: float | None = None
@@ -162,6 +165,14 @@ def run_state(run_dir: str | Path) -> str:
     return "new"
 
 
+def accuracy_questions(summary: RunSummary) -> int | None:
+    """How many validation questions the run's execution accuracy was measured on (in a summary older than the count,
+    its --execution_accuracy_samples: the most it can have been)."""
+    if summary.execution_accuracy_questions is not None:
+        return summary.execution_accuracy_questions
+    return (summary.arguments.get("data") or {}).get("execution_accuracy_samples")
+
+
 def format_summary(summary: RunSummary) -> str:
     """A few lines for people: what ran, how fast, how well, how much memory per rank."""
     s = summary
@@ -177,8 +188,10 @@ def format_summary(summary: RunSummary) -> str:
         f"train {s.train_loss or 0:.3f}, eval {eval_loss}",
     ]
     if s.execution_accuracy is not None:
-        samples = (s.arguments.get("data") or {}).get("execution_accuracy_samples")
-        lines.append(f"exec accuracy  {s.execution_accuracy:.1%} on the first {samples} validation questions")
+        questions = accuracy_questions(s)
+        lines.append(
+            f"exec accuracy  {s.execution_accuracy:.1%} on the first {questions} validation questions, end of training"
+        )
     if s.grpo:
         lines.append(format_grpo(s.grpo))
     for m in s.peak_memory_per_rank:

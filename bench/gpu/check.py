@@ -438,6 +438,7 @@ def step_flops_profiler(ctx) -> dict:
         command += ["--deepspeed", strategy] if strategy != "none" else []
         command += ["--per_device_train_batch_size", str(sizes.batch), "--max_steps", "4", "--flops_profiler", "3"]
         command += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--overwrite", "True"]
+        command += ["--execution_accuracy_samples", "0"]
         command += ["--num_gpus", "1"]
         run(command, ctx.deadline, ctx.log, ctx.env)
         summaries = sorted(runs_root.glob("*/run_summary.json"))
@@ -607,6 +608,7 @@ def step_causal(ctx) -> dict:
         train += ["--per_device_train_batch_size", str(sizes.causal_batch), "--precision", sizes.precision]
         train += ["--deepspeed", strategy] if strategy != "none" else []
         train += ["--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none", "--num_gpus", "1"]
+        train += ["--execution_accuracy_samples", "0"]
         entry = {"strategy": strategy, "lora": lora, "quantize_base": quantize_base, "packing": packing}
         try:  # one setting that fails (a strategy refused with a quantized base, say) is a finding; the rest run
             run([*train, "--overwrite", "True"], ctx.deadline, ctx.log, ctx.env)

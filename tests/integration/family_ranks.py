@@ -30,8 +30,9 @@ FSDP_STRATEGY = "fsdp_full_shard"  # the unit is the family's; every strategy's 
 # batch (random sampling: the ranks take consecutive batches of the same shuffled order).
 ZERO3_FLAGS = [
     "--deepspeed", "zero3", "--max_steps", "2", "--per_device_train_batch_size", "4", "--learning_rate", "3e-3",
-    "--logging_steps", "1", "--eval_strategy", "no", "--max_eval_samples", "8", "--save_strategy", "no",
-    "--train_sampling_strategy", "random", "--dataloader_num_workers", "0", "--disable_tqdm", "True",
+    "--logging_steps", "1", "--eval_strategy", "no", "--max_eval_samples", "8", "--execution_accuracy_samples", "0",
+    "--save_strategy", "no", "--train_sampling_strategy", "random", "--dataloader_num_workers", "0",
+    "--disable_tqdm", "True",
 ]  # fmt: skip
 
 

@@ -3,16 +3,22 @@ torchrun's elastic agent as a real local process, started by the local backend o
 (tests/cml_standin: the `cml.workers_v1` signatures, real local processes), gloo on the CPU; and user-managed nodes
 over real pdsh and sshd.
 
-ZeRO-2 full fine-tuning and a LoRA run across two pods; each fault of issue #30 (a rank that raises, a pod killed, the
-session that hosts the store killed, a pod that never starts, a frozen pod, Ctrl-C) ends the launch naming the rank or
-pod within 60 s with no process left; the next launch resumes after a lost pod; the canary secret is never in a log, a
-rank's environment or the notebook; nothing listens beyond the pods' own addresses. Fault tests run plain DDP ranks.
+ZeRO-2 full fine-tuning and a LoRA run across two pods; each fault of issues #30 and #40 (a rank that raises, a pod
+killed, the session that hosts the store killed, a pod that never starts, elastic or not, a frozen pod, a stopped
+rank, Ctrl-C) ends the launch naming the rank or pod within 60 s with no process left; the next launch resumes after a
+lost pod; torchrun's restart resumes from the newest complete checkpoint; an elastic run resumes at the size it
+trained at and is refused at another; a worker that comes after an elastic launch started is stopped, and a torchrun
+that joins late restarts nothing; the canary secret, under known and unknown names, is never in a log, a rank's
+environment, the CML worker's or the notebook; nothing listens beyond the pods' own addresses, nor in a one-process
+training. Fault tests run plain DDP ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +42,8 @@ STANDIN = TESTS / "cml_standin"
 FAULTS = TESTS / "faults"
 NODES = ("127.0.0.1", "127.0.0.2")
 CANARY = "hf_canary_7c1d0e5a9b3f24680"
+RENDEZVOUS_LOG = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+UNKNOWN_SECRETS = {"TEXTSQL_DB_CONN": f"host=db.internal user=textsql password={CANARY}", "HF_HUB_DOWNLOAD_SIG": CANARY}
 
 
 def check_rank_arguments(rank: dict, argv: list[str]):
@@ -102,6 +110,7 @@ def project(cpu_env, monkeypatch, tmp_path):
         "PYTHONPATH", os.pathsep.join([str(FAULTS), str(STANDIN), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     )
     monkeypatch.setenv("CML_STANDIN_DIR", str(tmp_path / ".cml-standin"))
+    monkeypatch.setenv("TEXTSQL_FORWARD_ENV", "TEXTSQL_TEST_FAULT")  # the fault injector's: the user's own addition
     monkeypatch.setenv("CDSW_IP_ADDRESS", NODES[0])
     monkeypatch.syspath_prepend(str(STANDIN))
     monkeypatch.chdir(tmp_path)
@@ -155,6 +164,10 @@ def check_two_pod_run(result, assets, stage, offload, steps=10):
     ]
     assert ranks[0]["final_loss"] == pytest.approx(ranks[1]["final_loss"], rel=1e-6)
     assert ranks[0]["logged_losses"][-1] < ranks[0]["logged_losses"][0]
+    # Each rank's memory and the real tokens of both, gathered without a pickle (distributed.gather_fields).
+    memory = summary.peak_memory_per_rank
+    assert [(m["rank"], m["device"]) for m in memory] == [(0, "cpu"), (1, "cpu")] and summary.real_tokens > 0
+    assert all(m["host"] == socket.gethostname() and m["cpu_peak_rss_bytes"] > 2**20 for m in memory)
     for address in NODES:  # each pod's log, and torchrun's files of its rank's output (--log-dir)
         assert (result["launch_dir"] / f"pod-{address}.log").is_file()
         assert list((result["launch_dir"] / f"torchrun-{address}").rglob("stdout.log")), address
@@ -185,10 +198,10 @@ def listeners(pids: list[int]) -> list[tuple[int, str, str, int]]:
     return found
 
 
-def rank_pids(project: Path) -> dict[int, int]:
-    """Each rank's process id, from the records the ranks write when they start (the newest launch's)."""
+def rank_pids(project: Path, round_: int = 0) -> dict[int, int]:
+    """Each rank's process id in a round, from the records the ranks write when they start (the newest launch's)."""
     pids = {}
-    for path in sorted(project.glob(".textsql/cluster/*/launches/*/ranks/rank-*.started.json")):
+    for path in sorted(project.glob(f".textsql/cluster/*/launches/*/ranks/r{round_}-rank-*.started.json")):
         record = json.loads(path.read_text())
         pids[record["rank"]] = record["pid"]
     return pids
@@ -249,6 +262,8 @@ def interrupt_soon(delay: float = 0.0) -> None:
 def test_two_pods_zero2_full_fine_tuning_local_backend(assets, project, clusters, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", CANARY)  # a secret in the session: it must reach no pod, rank, log or file
     monkeypatch.setenv("TEXTSQL_TEST_PASSWORD", CANARY)
+    for name, value in UNKNOWN_SECRETS.items():  # secrets under names no filter knows: not asked for, not forwarded
+        monkeypatch.setenv(name, value)
     for name, value in (("NCCL_DEBUG", "WARN"), ("DS_TEXTSQL_TEST", "reached")):
         monkeypatch.setenv(name, value)  # a user's tuning and debugging variables: they must reach every rank
     monkeypatch.delenv("OMP_NUM_THREADS")  # textsql chooses: each local pod has 1 of this machine's cores
@@ -279,6 +294,7 @@ def test_two_pods_zero2_full_fine_tuning_local_backend(assets, project, clusters
         assert env["NCCL_DEBUG"] == "WARN" and env["DS_TEXTSQL_TEST"] == "reached" and env["DS_ACCELERATOR"] == "cpu"
         assert env["OMP_NUM_THREADS"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo"
         assert "HF_TOKEN" not in env and "TEXTSQL_TEST_PASSWORD" not in env and CANARY not in json.dumps(env)
+        assert not set(UNKNOWN_SECRETS) & set(env)
     # No textsql process listens beyond the pods' own addresses: the session's rendezvous store, each torchrun's
     # store and gloo are bound to 127.0.0.x, never to every address; no port takes orders (there is none left).
     new = [s for s in seen["listeners"] if (s[0], s[2], s[3]) not in before]
@@ -295,17 +311,25 @@ def test_lora_on_a_causal_lm_on_two_pods_through_the_cml_standin(causal_assets, 
     stand-in; the T5 road's two-pod run is the ZeRO-2 test above."""
     assets = causal_assets
     monkeypatch.setenv("HF_TOKEN", CANARY)
+    for name, value in UNKNOWN_SECRETS.items():  # the stand-in gives the worker every variable, as CML gives the
+        monkeypatch.setenv(name, value)  # project's: the worker's pod keeps none of them for its ranks
     monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "2")  # the worker pod starts late, well within the timeout
     import cml.workers_v1 as standin
 
+    from textsql.cluster.launch import decode
+
     standin.calls.clear()
-    cluster = clusters("cml", nvidia_gpu=1)
+    seen = {}
+    snapshot = lambda line: seen.update({r: environ_of(pid) for r, pid in rank_pids(project).items()})  # noqa: E731
+    cluster = clusters("cml", nvidia_gpu=1, echo=on_line("Training starts", snapshot))
     argv = cluster_argv(assets, project / "runs", "--lora", "True", "--lora_targets", "all", "--learning_rate", "1e-2")
     result = cluster.train(argv)
     (launch,) = [c for c in standin.calls if c[0] == "launch_workers"]
     assert launch[1:7] == (1, 1, 2, 1, True, False)  # n, cpu, memory, nvidia_gpu, code, no script
     env = launch[7]  # what the pod learns, in its environment only: the launch's spec, no secret
     assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
+    assert CANARY not in json.dumps(decode(env["TEXTSQL_LAUNCH"]))
+    assert sorted(seen) == [0, 1] and all(CANARY not in json.dumps(e) for e in seen.values())
     check_two_pod_run(result, assets, stage=None, offload="none")
     assert result["summary"].lora and (Path(result["summary"].output_dir) / "adapter_model.safetensors").exists()
     assert standin.calls[-1][0] == "stop_workers" and [w["status"] for w in standin.list_workers()] == ["stopped"]
@@ -455,17 +479,48 @@ def test_the_session_that_hosts_the_store_killed_takes_every_pod_with_it(assets,
     Cluster("local", workers=1, project_dir=project).start().stop()  # the kernel's locks died with it
 
 
-def test_a_pod_that_never_starts_is_named_and_stopped(project, clusters, assets, monkeypatch):
+@pytest.mark.parametrize("min_workers", [None, 1])
+def test_a_pod_that_never_starts_is_named_and_stopped(project, clusters, assets, monkeypatch, min_workers):
+    """Two pods needed (min_workers 1 of 1 worker: elastic, --nnodes 2:2): the worker that never starts is named, not
+    the session's pod that waits for it (torchrun's rendezvous would fail there a minute later)."""
     import cml.workers_v1 as standin
 
     monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
-    cluster = clusters("cml", start_timeout=3)
-    with pytest.raises(
-        LaunchFailed,
-        match=r"Pod \S+ was lost first: it did not start within 3 s \(its worker standin-\S+ is scheduling\)",
-    ):
-        cluster.train(cluster_argv(assets, project / "runs", steps=2))
-    assert [w["status"] for w in standin.list_workers()] == ["stopped"]
+    cluster = clusters("cml", start_timeout=3, min_workers=min_workers)
+    began = time.monotonic()
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "elastic", "--output_dir", str(project / "elastic"), steps=2))
+    message = str(failure.value)
+    print(message)
+    (worker,) = standin.list_workers()
+    first = message.splitlines()[0]  # the worker, by its address once CML lists one, else by its id
+    assert re.fullmatch(
+        rf"Pod \S+ was lost first: it did not start within 3 s \(its worker {worker['id']} is scheduling\)\.", first
+    )
+    assert NODES[0] not in first
+    assert time.monotonic() - began < 60 and worker["status"] == "stopped"
+    wait_until_clean(project)
+
+
+@pytest.mark.slow
+def test_a_cml_worker_that_dies_is_named_by_its_worker_status(project, clusters, assets):
+    """The CML worker's pod killed (every process of it, the stand-in's too): the session learns it from CML's worker
+    status and names the pod with it, in one sentence."""
+    import psutil
+
+    def kill_worker(line):
+        (worker,) = standin_workers()  # this test's own (the stand-in's registry is in the test's folder)
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if process.environ().get("CDSW_ENGINE_ID") == worker["id"]:
+                    process.kill()
+
+    cluster = clusters("cml", echo=on_line("Training starts", kill_worker))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000, logging_steps=50))
+    print(failure.value)
+    (worker,) = standin_workers()
+    assert str(failure.value).startswith(f"Pod 127.0.0.2 was lost first: its CML worker {worker['id']} is failed.")
     wait_until_clean(project)
 
 
@@ -485,6 +540,196 @@ def test_an_elastic_launch_trains_on_the_pods_that_joined(project, clusters, ass
     assert [(r["rank"], r["node_address"], r["world_size"]) for r in result["ranks"]] == [(0, NODES[0], 1)]
     assert [w["status"] for w in standin.list_workers()] == ["stopped"]
     wait_until_clean(project)
+
+
+@pytest.mark.slow
+def test_an_elastic_run_resumes_at_the_size_it_trained_at_and_is_refused_at_another(
+    project, clusters, assets, monkeypatch
+):
+    """An elastic launch whose worker never starts trains at world size 1 and fails while saving checkpoint-4: the
+    run's record says 1 (not the planned 2); a launch of 2 pods into the run is refused before it starts, naming both
+    sizes, and touches nothing; the elastic launch again resumes from checkpoint-2 at world size 1."""
+    from textsql.cluster.runs import RECORD
+
+    monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
+    run = project / "elastic-run"
+    argv = cluster_argv(assets, project / "runs", "--output_dir", str(run), "--save_strategy", "steps")
+    argv += ["--save_steps", "2", "--max_steps", "6", "--logging_steps", "2"]
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", "enospc:0:checkpoint-4/rng_state.pth")
+    cluster = clusters("cml", min_workers=0, start_timeout=3)
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(argv)
+    print(failure.value)
+    assert str(failure.value).startswith("Rank 0 on pod 127.0.0.1 failed first: OSError: [Errno 28]")
+    assert failure.value.resume.startswith("resumes from checkpoint-2 (the newest checkpoint complete on every node;")
+    assert json.loads((run / RECORD).read_text())["world_size"] == 1
+    monkeypatch.delenv("TEXTSQL_TEST_FAULT")
+    wait_until_clean(project)
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(
+        PreflightError, match=r"holds checkpoints of a run with world size 1 \(.*\), but this launch has world size 2"
+    ):
+        clusters("local", name="two", min_workers=1).train(argv)
+    assert sorted(p.name for p in run.iterdir()) == before
+    result = cluster.train(argv)
+    summary = result["summary"]
+    assert (summary.world_size, summary.global_step, Path(summary.resumed_from).name) == (1, 6, "checkpoint-2")
+    assert list(run.glob("incomplete-checkpoint-4-*")) and json.loads((run / RECORD).read_text())["world_size"] == 1
+    assert [w["status"] for w in standin_workers()] == ["stopped", "stopped"]
+    wait_until_clean(project)
+
+
+def standin_workers() -> list[dict]:
+    import cml.workers_v1 as standin
+
+    return standin.list_workers()
+
+
+def test_a_rank_refuses_a_round_of_another_world_size_than_the_runs_checkpoints(project, assets):
+    """What each rank checks when an elastic launch's world size is known (textsql.cluster.rank.start_round), on a
+    real run folder: checkpoints of world size 1 refused at 2, naming both; accepted at 1, its record written."""
+    from textsql.cluster.rank import start_round
+    from textsql.cluster.runs import RECORD
+
+    run = project / "run"
+    (run / "checkpoint-2").mkdir(parents=True)
+    for name in ("trainer_state.json", "config.json"):
+        (run / "checkpoint-2" / name).write_text("{}")
+    (run / RECORD).write_text(json.dumps({"launch": "L0", "world_size": 1}))
+    spec = {"run_dir": str(run), "launch_id": "L1", "zero_stage": None, "arguments": {}}
+    with pytest.raises(TextsqlError, match=r"world size 1 \(checkpoint-2\), but this launch has world size 2"):
+        start_round(spec, 0, 2, 0)
+    assert json.loads((run / RECORD).read_text())["world_size"] == 1
+    start_round(spec, 0, 1, 0)
+    assert json.loads((run / RECORD).read_text()) == {"launch": "L1", "round": 0, "world_size": 1}
+    start_round(spec, 1, 1, 0)  # another rank: the record of its launch and round is there, it goes on
+
+
+@pytest.mark.slow
+def test_a_worker_that_comes_after_an_elastic_launch_started_is_stopped_and_a_late_torchrun_restarts_nothing(
+    project, clusters, assets, monkeypatch
+):
+    """An elastic launch (--nnodes 1:2) whose worker is scheduled 30 s late trains at world size 1; the worker, still
+    scheduling when the training starts, is stopped and named (no failure). A torchrun that joins the rendezvous
+    afterwards (a pod started by hand with the launch's environment, at 127.0.0.3) waits in torch's wait list and
+    restarts nothing: the same ranks finish, in round 0; it ends with the launch's store."""
+    monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "30")
+    late, lines = {}, []
+
+    def start_late_pod(line):
+        from textsql.cluster.pods import POD_CODE
+
+        (session_pod,) = [p for p in cluster.pods if p.process is not None]
+        env = dict(environ_of(session_pod.process.pid), TEXTSQL_POD_ADDRESS="127.0.0.3")
+        late["pids"] = rank_pids(project)
+        code = (
+            f"import logging\nlogging.getLogger({RENDEZVOUS_LOG!r}).setLevel(logging.DEBUG)\n{POD_CODE}"  # it says more
+        )
+        with open(project / "late-pod.log", "wb") as log:
+            late["pod"] = subprocess.Popen(
+                [sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=project
+            )
+
+    cluster = clusters(
+        "cml", min_workers=0, start_timeout=600, echo=on_line("Training starts", start_late_pod, lines.append)
+    )
+    argv = cluster_argv(assets, project / "runs", "--output_dir", str(project / "late"), steps=600, logging_steps=100)
+    try:
+        result = cluster.train(argv)
+        late_log = (project / "late-pod.log").read_text() + "".join(
+            p.read_text() for p in project.glob(".textsql/cluster/*/launches/*/pod-127.0.0.3.log")
+        )
+        late["pod"].wait(timeout=60)  # its rendezvous store is gone with the launch
+    finally:
+        if "pod" in late and late["pod"].poll() is None:
+            late["pod"].kill()
+    summary = result["summary"]
+    assert (summary.world_size, summary.global_step) == (1, 600) and result["restarts"] == []
+    assert [(r["rank"], r["pid"], r["round"]) for r in result["ranks"]] == [(0, late["pids"][0], 0)]
+    assert "added itself to the wait list of round 1" in late_log, late_log[-3000:]
+    (worker,) = standin_workers()
+    assert worker["status"] == "stopped"
+    assert any(
+        f"pod {worker['id']} had not joined when the training started at world size 1: stopped" in line
+        for line in lines
+    )
+    wait_until_clean(project)
+
+
+@pytest.mark.slow
+def test_max_restarts_resumes_from_the_newest_complete_checkpoint_after_a_killed_rank(assets, project, clusters):
+    """max_restarts=1: rank 1's process alone SIGKILLed once checkpoint-4 is complete; torchrun restarts every pod's
+    ranks (a new rendezvous round, a new trainers' store), they resume from the newest checkpoint complete for every
+    rank and finish; the restart names rank 1, not rank 0 that lost its peer."""
+    runs = project / "runs"
+    argv = cluster_argv(assets, runs, "--save_strategy", "steps", "--save_steps", "4", steps=16, logging_steps=2)
+    output_dir = runs / "tiny-t5-none-ws2-bs16-lr0.003-steps16-warmup2"
+    killed = {}
+
+    def kill_rank():
+        deadline = time.monotonic() + 300
+        while not (output_dir / "checkpoint-4" / "trainer_state.json").exists():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(rank_pids(project)[1], signal.SIGKILL)
+        killed["at"] = time.monotonic()
+
+    killer = threading.Thread(target=kill_rank, daemon=True)
+    killer.start()
+    result = clusters("local", max_restarts=1).train(argv)
+    killer.join(timeout=5)
+    assert "at" in killed, "rank 1 was never killed: training ended or stalled before its first checkpoint"
+    (restart,) = result["restarts"]
+    assert (restart["rank"], restart["node_address"], restart["how"]) == (1, NODES[1], "killed by SIGKILL")
+    summary = result["summary"]
+    assert summary.global_step == 16 and int(Path(summary.resumed_from).name.split("-")[1]) >= 4
+    assert [(r["rank"], r["round"], r["global_step"]) for r in result["ranks"]] == [(0, 1, 16), (1, 1, 16)]
+    wait_until_clean(project)
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_by_its_own_pod_within_60_s(assets, project, clusters):
+    """Rank 1's process alone SIGSTOPped (its pod's torchrun runs on, rank 0 waits in a collective): its pod sees
+    its heartbeat stop and names it; every process is gone after."""
+    hit = {}
+
+    def stop_rank(line):
+        os.kill(rank_pids(project)[1], signal.SIGSTOP)
+        hit["at"] = time.monotonic()
+
+    cluster = clusters("local", echo=on_line("Training starts", stop_rank))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000, logging_steps=50))
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert re.match(
+        r"Rank 1 on pod 127\.0\.0\.2 failed first: it hung: no sign of life for \d+ s \(its process is stopped\)",
+        message,
+    )
+    assert leftovers(project) == []
+
+
+@pytest.mark.slow
+def test_a_one_process_training_binds_torchs_store_to_127_0_0_1(assets, project):
+    """`textsql train` in one process with DeepSpeed (a process group of one): torch's store listens on 127.0.0.1
+    only, never on every address, for the whole training."""
+    import psutil
+
+    argv = cluster_argv(assets, project / "runs", "--deepspeed", "zero2", steps=4, logging_steps=2)
+    process = subprocess.Popen([sys.executable, "-m", "textsql.train", *argv], cwd=project)
+    seen = set()
+    while process.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            seen |= {
+                (c.laddr.ip, c.laddr.port)
+                for c in psutil.Process(process.pid).net_connections("tcp")
+                if c.status == psutil.CONN_LISTEN
+            }
+        time.sleep(0.1)
+    assert process.returncode == 0
+    assert seen and {ip for ip, _ in seen} == {"127.0.0.1"}, seen
 
 
 @pytest.mark.slow

@@ -151,7 +151,11 @@ def causal_run(causal_assets, tmp_path_factory):
             save_strategy="no",
             report_to="none",
         )
-        summary = train(ModelArguments(model_id=str(model_dir)), DataArguments(dataset_dir=str(data_dir)), training)
+        summary = train(
+            ModelArguments(model_id=str(model_dir)),
+            DataArguments(dataset_dir=str(data_dir), execution_accuracy_samples=0),
+            training,
+        )
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -329,6 +333,31 @@ def test_split_comparison_as_json(assets, lora_adapter, quantized_model, causal_
     assert "same SQL as first" in out and f"wrote {output}" in out
 
 
+def test_a_run_fine_tuned_on_another_source_format_reads_the_questions_as_it_learned(
+    causal_assets, causal_run, tmp_path
+):
+    """Issue 41: the causal demo's run (the question alone) beside runs on questions and columns, on one dataset: each
+    model of the family reads the questions in the format it was fine-tuned on, where compare refused it before."""
+    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.serve.compare import CompareArguments, Comparison
+
+    data_dir, model_dir = causal_assets
+    questions_only = prepare_dataset(  # the demo's format; causal_run learned on question+header
+        PrepArguments(
+            source=str(data_dir.parent / "wikisql-generated"),
+            model_id=str(model_dir),
+            output_dir=str(tmp_path / "question"),
+            max_examples_per_split=6,
+        )
+    )
+    comparison = Comparison(
+        CompareArguments(models=[f"run={causal_run}", f"base={model_dir}"], dataset_dir=str(questions_only))
+    )
+    own = comparison.sources_for(comparison.models[0], comparison.scoring)
+    assert "### Columns: " in own.sources[0] and "### Columns: " not in comparison.scoring.sources[0]
+    assert comparison.sources_for(comparison.models[1], comparison.scoring) is comparison.scoring
+
+
 def test_a_model_of_the_other_family_not_fine_tuned_by_textsql_is_refused(assets, causal_assets, textsql_in_process):
     """A base causal LM carries no record of how it reads a question: on T5's data it is refused, with the fix."""
     data_dir, _ = assets
@@ -336,6 +365,7 @@ def test_a_model_of_the_other_family_not_fine_tuned_by_textsql_is_refused(assets
         ["compare", f"qwen={causal_assets[1]}", "--dataset_dir", str(data_dir), "--output", "x.json"]
     )
     assert status == 2 and "was not fine-tuned by textsql" in err and "textsql prep --model_id" in err
+    assert f"The model 'qwen' ({causal_assets[1]}) cannot be compared" in err  # which one, of those named
 
 
 def test_two_models_with_one_label_are_refused(assets, textsql_in_process):

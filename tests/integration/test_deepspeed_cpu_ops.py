@@ -1,7 +1,8 @@
 """What DeepSpeed's C++ ops leave behind on a machine, given back by textsql: the shared-memory all-reduce buffers of its
 CPU communication op (two real ranks: unlinked once every rank mapped them, DeepSpeed's own shared-memory all-reduce
 still sums through them, nothing left in /dev/shm), and the build lock of a process killed while it built an op
-(torch's own FileBaton held by real processes: a dead one's removed, a live one's waited for)."""
+(torch's own FileBaton held by real processes: a dead one's removed, a live one's waited for); and where the ops are
+cached: one folder, whoever starts textsql."""
 
 import json
 import mmap
@@ -13,7 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
-from textsql.strategy.opbuilds import NETWORK_BUILD_LIMIT_S, clear_dead_build_locks
+from textsql.strategy.opbuilds import NETWORK_BUILD_LIMIT_S, clear_dead_build_locks, extensions_folder
 from textsql.train.distributed import SHARED_MEMORY, SHM_BUFFER_SETTLE_S, free_port
 
 # One rank: DeepSpeed initialised as textsql's training does (deepspeed.init_distributed, then the release), then an
@@ -152,3 +153,38 @@ def test_on_a_network_filesystem_a_lock_nobody_here_holds_is_dead_only_once_no_b
     os.utime(lock, (old, old))
     thread.join(timeout=30)
     assert not thread.is_alive() and result["cleared"] == ["cpu_adam"] and not lock.exists()
+
+
+def test_one_op_cache_whoever_starts_textsql(tmp_path, cpu_env, assets):
+    """A shell that never ran bootstrap.sh (no TORCH_EXTENSIONS_DIR) and whose PATH finds another ninja first (the
+    system's, as `.venv/bin/textsql` without an activated environment does) gets the folder and the ninja the package
+    decides for its ranks: a dead build lock planted in that folder is cleared by the rank, and the op the suite built
+    there (linked in) loads without being rebuilt; torch's own default folder is never made. A user's folder is kept."""
+    from textsql.paths import user_cache_dir
+
+    cache, venv = tmp_path / "cache", str(Path(sys.executable).parent)
+    path = os.pathsep.join(part for part in cpu_env["PATH"].split(os.pathsep) if part != venv)
+    env = {k: v for k, v in cpu_env.items() if k != "TORCH_EXTENSIONS_DIR"} | {"XDG_CACHE_HOME": str(cache)}
+    env["PATH"] = path
+    folder = extensions_folder(env)
+    assert folder.parent == user_cache_dir(env) / "torch-extensions" and folder.is_relative_to(cache)
+    assert extensions_folder(dict(env, TORCH_EXTENSIONS_DIR="/mine")) == Path("/mine")
+    assert "TORCH_EXTENSIONS_DIR" not in (Path(__file__).parents[2] / "scripts" / "bootstrap.sh").read_text()
+    built = Path(cpu_env["TORCH_EXTENSIONS_DIR"]) / "deepspeed_shm_comm"
+    built.mkdir(parents=True, exist_ok=True)  # built there by the suite's first DeepSpeed run, or by this one
+    library = built / "deepspeed_shm_comm.so"
+    before = library.stat().st_mtime_ns if library.exists() else None
+    folder.mkdir(parents=True)
+    (folder / "deepspeed_shm_comm").symlink_to(built)
+    (folder / "killed_op").mkdir()
+    (folder / "killed_op" / "lock").touch()  # a build whose process is gone
+    data_dir, model_dir = assets
+    command = [sys.executable, "-m", "textsql", "train", "--model_id", str(model_dir), "--dataset_dir", str(data_dir)]
+    command += ["--runs_root", str(tmp_path / "runs"), "--deepspeed", "zero2", "--max_steps", "1"]
+    command += ["--per_device_train_batch_size", "4", "--max_eval_samples", "4", "--execution_accuracy_samples", "0"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"killed_op op ({folder / 'killed_op' / 'lock'})" in done.stdout + done.stderr
+    assert not (folder / "killed_op" / "lock").exists() and not (cache / "torch_extensions").exists()
+    if before is not None:
+        assert library.stat().st_mtime_ns == before, "the op was built again"

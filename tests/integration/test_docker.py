@@ -49,7 +49,7 @@ CML_OVERRIDDEN = ("EDITOR", "EDITION", "DESCRIPTION", "SHORT_VERSION", "MAINTENA
 # The extras a CML user needs beside the core (requirements.txt, which holds the notebooks extra too): LoRA, QLoRA and
 # the causal-LM road (peft, bitsandbytes), quantization and the compare app (lifecycle), runs in CML Experiments
 # (mlflow). Each is installed from the project's requirements-<extra>.txt; no other requirements file may be.
-IMAGE_EXTRAS = ("lifecycle", "mlflow")
+IMAGE_EXTRAS = ("lifecycle", "grpo", "mlflow")
 PROJECT_REQUIREMENTS = ("requirements.txt", *(f"requirements-{extra}.txt" for extra in IMAGE_EXTRAS))
 # pyproject extras an image does not install: the test tools, and what the CML base image brings (JupyterLab).
 NOT_IN_IMAGES = {"test"}

@@ -27,6 +27,7 @@ import pytest
 
 from textsql.errors import TextsqlError
 from textsql.strategy.dsconfig import DsConfigWarning, load_dsconfig
+from textsql.strategy.opbuilds import extensions_folder
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "dsconfig"
 PRECISION = "fp16.enabled is true: the Trainer stops unless --fp16 is True too"
@@ -168,7 +169,7 @@ def test_the_trainer_trains_what_is_accepted_and_stops_where_it_is_refused(tmp_p
     mismatch = DATA / "accepted" / "accelerate_zero2.json"
     stopped = [DATA / "refused" / name for name, (_, said) in sorted(REFUSED.items()) if said is not None]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "textsql-torch-extensions"))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_folder(env)))  # textsql's one op cache
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     results = tmp_path / "results.jsonl"
     done = subprocess.run(

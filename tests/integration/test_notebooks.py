@@ -148,17 +148,23 @@ def test_finetune_lora_notebook_executes(assets, two_tiny_runs, tmp_path, cpu_en
 
 
 @pytest.mark.slow
-def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_path, cpu_env, monkeypatch):
-    """prep -> LoRA -> merge -> quantize, then QLoRA (NF4) -> merge (scored again) -> GPTQ, and compare on the tiny
-    causal LM, with no model_id (the demo's, offline) and a T5 run compared beside it on the same questions."""
+def test_finetune_causal_lm_notebook_executes(causal_demo, trained_run, tmp_path, cpu_env, monkeypatch):
+    """prep -> LoRA -> merge -> quantize, then QLoRA (NF4) -> merge (scored again) -> GPTQ, and compare, with no
+    model_id: on the run `textsql demo --family causal` fine-tuned (offline), in a project where the README's causal road
+    already prepared its data (the notebook's default folder is another), with a T5 run compared beside it on the same
+    questions; the adapter then scores above the demo's untrained model."""
+    from conftest import demo_in_project
+
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
-    demo_model_in_project(tmp_path, "tiny-qwen2", causal_assets[1])
+    demo_in_project(tmp_path, causal_demo, "causal")
+    (tmp_path / "data" / "wikisql-causal").mkdir(parents=True)  # what the README's causal road prepared
+    (tmp_path / "data" / "wikisql-causal" / "textsql_data.json").write_text("{}")
     notebook = execute(
         "finetune_causal_lm.ipynb",
         tmp_path,
         {
-            "source": str(causal_assets[0].parent / "wikisql-generated"),
+            "source": str(causal_demo / "wikisql-generated"),
             "max_examples_per_split": 48,
             "lora_rank": 4,
             "per_device_train_batch_size": 16,
@@ -170,7 +176,8 @@ def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_pa
         },
     )
     text = outputs_text(notebook)
-    assert "layout: causal LM (qwen2)" in text and "### Question: " in text and "### Columns: " in text
+    assert "layout: causal LM (qwen2)" in text and "### Question: " in text
+    assert "### Columns: " not in text  # prepared in the format the demo's run learned: the question alone
     (adapter,) = (tmp_path / "runs").glob("tiny-qwen2-none-lora-r4-*-steps4")
     assert (adapter / "adapter_config.json").is_file()
     assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()
@@ -182,3 +189,9 @@ def test_finetune_causal_lm_notebook_executes(causal_assets, trained_run, tmp_pa
     for row in ("base ", "lora ", "merged ", "dynamic-int8 ", "qlora ", "qlora-merged ", "gptq-4bit ", "t5 "):
         assert f"\n{row}" in text, f"{row!r} is not a row of the comparison"
     assert "qwen2" in text and "Traceback" not in text
+    from textsql.serve.compare import CompareArguments, Comparison
+
+    untrained = f"untrained={tmp_path / 'textsql-demo' / 'tiny-qwen2'}"
+    compared = Comparison(CompareArguments([untrained, f"lora={adapter}"], str(tmp_path / "data" / "notebook-causal")))
+    parts = [sum(m["components"].values()) for m in compared.compare_split(24)["models"]]
+    assert parts[1] > parts[0], parts

@@ -108,7 +108,10 @@ def test_overlong_examples_are_never_truncated_silently(assets, raw_wikisql, tmp
 
 def test_existing_dataset_needs_overwrite(assets, raw_wikisql):
     data_dir, model_dir = assets
-    with pytest.raises(TextsqlError, match="already holds a prepared dataset.*--overwrite"):
+    # the command's flag, and the parameter of the notebooks that prepare (a notebook's prep cell meets it on a re-run)
+    with pytest.raises(
+        TextsqlError, match=r"already holds a prepared dataset.*--overwrite \(overwrite=True in a notebook"
+    ):
         prepare_dataset(PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(data_dir)))
 
 
@@ -210,18 +213,24 @@ def test_question_plus_header_sources_name_every_column(assets, header_assets):
         PrepArguments(source="generate", source_format="question+types")
 
 
+def release_without_dev(raw_wikisql, folder):
+    """The generated release files without dev.jsonl and its tables (shared/real's layout, and any user's subset)."""
+    import shutil
+
+    release = folder / "release-without-dev"
+    release.mkdir()
+    for name in ("train.jsonl", "train.tables.jsonl", "test.jsonl", "test.tables.jsonl"):
+        shutil.copy(raw_wikisql / name, release / name)
+    return release
+
+
 def test_a_release_without_a_dev_split_gets_a_tenth_of_train_tables_as_validation_by_default(
     assets, raw_wikisql, tmp_path, caplog
 ):
     """Issue 41, item 4: a source without a dev split gets whole train tables held out as validation (none of them
     left in train), said in one line, so that a default training can evaluate; 0 asks for none, and says how to train."""
-    import shutil
-
     _, model_dir = assets
-    release = tmp_path / "release-without-dev"
-    release.mkdir()
-    for name in ("train.jsonl", "train.tables.jsonl", "test.jsonl", "test.tables.jsonl"):
-        shutil.copy(raw_wikisql / name, release / name)
+    release = release_without_dev(raw_wikisql, tmp_path)
 
     def prep(folder, **more):
         args = PrepArguments(source=str(folder), model_id=str(model_dir), output_dir=str(tmp_path / "out"), **more)
@@ -248,3 +257,41 @@ def test_a_release_without_a_dev_split_gets_a_tenth_of_train_tables_as_validatio
         prep(raw_wikisql, validation_from_train=0.1, overwrite=True)
     with pytest.raises(TextsqlError, match="from 0 to below 0.5"):
         PrepArguments(source="generate", validation_from_train=0.7)
+
+
+@pytest.mark.slow
+def test_a_default_training_on_a_release_without_a_dev_split_ends_with_a_validation_score(
+    assets, raw_wikisql, tmp_path, textsql_in_process
+):
+    """Issue 41, item 4: prep of such a release, then `textsql train` with its defaults (a few steps): the run evaluates
+    on the held-out tables and scores its SQL there at the end, instead of stopping at its first evaluation."""
+    from textsql.evaluate import sql_token_budget
+    from textsql.run_summary import read_summary
+
+    _, model_dir = assets
+    data_dir = tmp_path / "data"
+    status, _, err = textsql_in_process(
+        ["prep", "--source", str(release_without_dev(raw_wikisql, tmp_path)), "--model_id", str(model_dir)]
+        + ["--output_dir", str(data_dir)]
+    )
+    assert status == 0, err[-3000:]
+    dataset, meta = load_prepared(data_dir)
+    validation = len(dataset["validation"])
+    # the SQL scored gets room for the split's longest gold query, and not much more (a rambling model stops there)
+    longest = meta["lengths"]["validation"]["target_percentiles"]["p100"]
+    assert longest < sql_token_budget(meta) < 2 * longest and sql_token_budget({}) == 128
+    argv = [
+        "train",
+        "--model_id",
+        str(model_dir),
+        "--dataset_dir",
+        str(data_dir),
+        "--runs_root",
+        str(tmp_path / "runs"),
+    ]
+    status, out, err = textsql_in_process([*argv, "--max_steps", "2", "--per_device_train_batch_size", "8"])
+    assert status == 0, err[-3000:]
+    summary = read_summary(out.split("textsql-run-summary: ", 1)[1].split()[0])
+    assert summary.eval_loss is not None and 0.0 <= summary.execution_accuracy <= 1.0
+    assert summary.execution_accuracy_questions == min(validation, 200)
+    assert f"on the first {min(validation, 200)} validation questions, end of training" in out

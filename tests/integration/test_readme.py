@@ -1,6 +1,7 @@
 """The README's quick start runs as written: each fenced `textsql` command, in order, against what the demo leaves in
 textsql-demo/ (built here small), through textsql.cli.main in this process (one interpreter: cheap); then the causal
-road's block after it (what `textsql demo --family causal` leaves). Its first lines name both families' demos."""
+road's block after it, from `textsql demo --family causal` (run small) to a comparison where the trained models score
+above the untrained one. Its first lines name both families' demos, and how to run each."""
 
 import re
 import shlex
@@ -53,17 +54,23 @@ def test_quick_start_activates_the_environment_first(tmp_path):
 def test_quick_start_names_every_step():
     commands = [argv[1] for argv in quick_start_commands()]
     assert commands == ["prep", "check-config", "plan", "train", "infer", "report"]
-    assert [argv[1] for argv in quick_start_commands(1)] == ["prep", "train", "compare"]
+    assert [argv[1] for argv in quick_start_commands(1)] == ["demo", "prep", "train", "compare"]
+    assert quick_start_commands(1)[0] == ["textsql", "demo", "--family", "causal"]
+    assert "bash scripts/bootstrap.sh demo --family causal" in README.read_text()
 
 
 @pytest.mark.slow
-def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_process):
-    from textsql.demo import build_assets
+def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_process, causal_demo):
+    import json
 
-    for family in ("t5", "causal"):  # what `textsql demo` and `textsql demo --family causal` leave, small
-        build_assets(
-            tmp_path / "textsql-demo", train_tables=20, questions_per_table=4, d_model=32, num_layers=1, family=family
-        )
+    from conftest import demo_in_project
+
+    from textsql.demo import build_assets
+    from textsql.report import build_table, find_runs, load_scalars
+
+    # what `textsql demo` leaves, small; and `textsql demo --family causal`, the causal block's first line (run small)
+    build_assets(tmp_path / "textsql-demo", train_tables=20, questions_per_table=4, d_model=32, num_layers=1)
+    demo_in_project(tmp_path, causal_demo, "causal")
     monkeypatch.chdir(tmp_path)
     for argv in quick_start_commands():
         status, out, err = textsql_in_process(argv[1:])
@@ -71,20 +78,26 @@ def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_p
         assert "Traceback" not in out + err
     run = tmp_path / "runs" / "tiny-t5-zero2-ws1-bs16-steps20"
     assert (run / "eval_metrics.json").is_file()
-    from textsql.report import load_scalars
-
-    losses = load_scalars([run / "tensorboard"])["train/loss"]
-    assert len(losses) >= 10, f"a 20-step run draws a loss curve, not one point: {losses}"
+    scalars = load_scalars([run / "tensorboard"], tags=("train/loss", "eval/execution_accuracy"))
+    assert len(scalars["train/loss"]) >= 10, f"a 20-step run draws a loss curve, not one point: {scalars}"
+    # a default run scores its SQL at the end: in its summary, TensorBoard and the report
+    summary = json.loads((run / "run_summary.json").read_text())
+    assert 0.0 <= summary["execution_accuracy"] <= 1.0 and summary["execution_accuracy_questions"] > 0
+    assert [step for step, _ in scalars["eval/execution_accuracy"]] == [20]
     assert (tmp_path / "runs" / "report" / "report.md").is_file()
-    # the causal road: prep for the tiny causal LM, a LoRA adapter, and both families compared on the same questions
-    for argv in quick_start_commands(1):
+    # the causal road: prep for the demo's run, a LoRA adapter on it, and the models compared on the same questions
+    for argv in quick_start_commands(1)[1:]:
         status, out, err = textsql_in_process(argv[1:])
         assert status == 0, f"`{' '.join(argv)}` exited {status}:\n{out[-2000:]}\n{err[-3000:]}"
-    import json
-
     report = json.loads((tmp_path / "compare.json").read_text())
     assert [(m["label"], m["family"], m["kind"]) for m in report["models"]] == [
+        ("untrained", "qwen2", "model"),
+        ("demo", "qwen2", "model"),
+        ("lora", "qwen2", "LoRA adapter"),
         ("t5", "t5", "model"),
-        ("qwen2-lora", "qwen2", "LoRA adapter"),
     ]
     assert report["examples"] == 20
+    parts = {m["label"]: sum(m["components"].values()) for m in report["models"]}
+    assert parts["demo"] > parts["untrained"] and parts["lora"] > parts["untrained"], report["models"]
+    (lora,) = (row for row in build_table(find_runs(tmp_path / "runs")).to_dict("records") if "lora" in row["run"])
+    assert lora["execution_accuracy"] is not None and lora["accuracy_split"].endswith("questions, end of training)")

@@ -292,7 +292,9 @@ def test_nodes_gpu_memory_accuracy_and_order_from_made_up_runs(tmp_path):
     assert large["model"] == "t5-large" and large["nodes"] == 3 and large["memory_per_pod_gib"] == pytest.approx(14.0)
     assert large["memory_measure"].startswith("GPU reserved")
     assert large["planned_memory_gib"] == pytest.approx(12.5) and large["memory_vs_plan"] == pytest.approx(1.12)
-    assert large["execution_accuracy"] == 0.5 and large["accuracy_split"] == "validation (200 questions, in training)"
+    assert (
+        large["execution_accuracy"] == 0.5 and large["accuracy_split"] == "validation (200 questions, end of training)"
+    )
     assert offload["nodes"] == 2 and offload["world_size"] == 4 and offload["memory_per_pod_gib"] == pytest.approx(5.0)
     assert offload["execution_accuracy"] == 0.375  # eval_metrics.json wins over the summary's in-training value
     assert small["nodes"] == 1 and pd.isna(small["eval_loss"]) and pd.isna(small["execution_accuracy"])

@@ -73,6 +73,8 @@ def test_tune_reports_failures_resumes_and_its_recipe_trains(assets, tmp_path, t
         "no",
         "--dataloader_num_workers",
         "0",
+        "--execution_accuracy_samples",
+        "0",
     ]
     status, out, err = textsql_in_process(argv)
     assert status == 0, out + err

@@ -2,7 +2,7 @@
 
     textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- --model_id t5-small --deepspeed zero2 --epochs 3
     textsql cluster train --backend local --workers 1 -- ...        # this machine: 127.0.0.1 + 127.0.0.2
-    textsql cluster train --backend cml --workers 3 --min_workers 1 -- ...   # elastic: torchrun --nnodes 2:4
+    textsql cluster train --backend cml --workers 3 --min_workers 1 -- --output_dir runs/NAME ...  # elastic: torchrun --nnodes 2:4
     textsql cluster preflight --backend cml --workers 2 -- ...      # the plan, without starting a pod
     textsql cluster preflight --hostfile H [--ssh_config C] -- ...  # check your own machines
     textsql cluster launch --hostfile H [--ssh_config C] -- ...     # your own machines, over your own ssh (pdsh)

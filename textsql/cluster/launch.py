@@ -96,17 +96,9 @@ class LaunchPlan:
         return sum(self.ranks)
 
     def spec(self, **extra) -> dict:
-        return dict(
-            launch_id=self.launch_id,
-            launch_dir=str(self.launch_dir),
-            workdir=str(self.workdir),
-            arguments=self.arguments,
-            accelerator=self.accelerator,
-            precision=self.precision.name,
-            expect=self.expect,
-            env=self.env,
-            **extra,
-        )
+        names = "launch_id launch_dir workdir run_dir arguments accelerator expect env zero_stage".split()
+        spec = {name: str(v) if isinstance(v := getattr(self, name), Path) else v for name in names}
+        return dict(spec, precision=self.precision.name, **extra)
 
     def describe(self) -> str:
         return (
@@ -117,13 +109,16 @@ class LaunchPlan:
         )
 
 
-def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, log_root: Path, environ) -> LaunchPlan:
+def plan_launch(
+    arguments, *, ranks: list[int | None], devices, workdir: Path, log_root: Path, environ, min_pods: int | None = None
+) -> LaunchPlan:
     """Decide and prepare a launch on the session (the run folder is shared by every pod): raises PreflightError.
     `arguments`: textsql.train's three dataclasses or a command line; `ranks`: the ranks each pod asks for, the
     session's first (None: one per GPU it has), then the workers' (their own GPUs); `devices`: the session's
-    (textsql.strategy.devices.NodeDevices). Every rank checks that its pod matches (textsql.cluster.rank.check_pod)."""
-    from textsql.cluster.environment import forwarded
-    from textsql.cluster.runs import interrupted_siblings, planned_run_dir, resume_plan
+    (textsql.strategy.devices.NodeDevices); `min_pods`: elastic, the launch may train on its first `min_pods` pods
+    alone. Every rank checks that its pod matches (textsql.cluster.rank.check_pod)."""
+    from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
+    from textsql.redaction import forwarded
     from textsql.strategy.devices import (
         NodeDevices,
         choose_accelerator,
@@ -147,7 +142,7 @@ def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, l
     try:
         accelerator = "cpu" if training.accelerator == "cpu" else choose_accelerator(training.accelerator, devices)
         ranks = [ranks_per_node(ranks[0], devices if accelerator == "cuda" else NodeDevices()), *ranks[1:]]
-        world = sum(ranks)
+        world, least = sum(ranks), sum(ranks[: min_pods or len(ranks)])
         precision = resolve_precision(
             precision_from_trainer_flags(training.precision, training.bf16, training.fp16),
             model.model_id,
@@ -157,6 +152,11 @@ def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, l
         strategy = load_strategy(str(dsconfig) if dsconfig else None, training.fsdp_config, training.nvme_path)[1]
     except TextsqlError as error:
         raise PreflightError(str(error)) from None
+    if least < world and not training.output_dir:
+        raise PreflightError(
+            f"An elastic launch trains at a world size known only once its pods joined ({least} to {world} ranks), "
+            "and a run folder's name holds the world size: pass --output_dir (output_dir=...) to name the run's folder."
+        )
     run_dir = planned_run_dir(model, training, world, workdir, strategy["label"])
     if (run_dir / "run_summary.json").exists() and not training.overwrite:
         raise PreflightError(
@@ -170,8 +170,10 @@ def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, l
                 f"(and would start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume "
                 "it; or, to start afresh at this size, move that folder away or pass another --runs_root / --output_dir."
             )
-    try:
-        resume = ResumePlan(None) if training.overwrite else resume_plan(run_dir, world, strategy["zero_stage"])
+    try:  # an elastic run resumes at the size it trained at, when the launch can reach it (its ranks check it)
+        recorded = recorded_world_size(run_dir)
+        size = recorded if recorded is not None and least <= recorded <= world else world
+        resume = ResumePlan(None) if training.overwrite else resume_plan(run_dir, size, strategy["zero_stage"])
     except TextsqlError as error:
         raise PreflightError(str(error)) from None
     dataset, model_dir = absolute_in(workdir, data.dataset_dir), absolute_in(workdir, model.model_id)
@@ -202,43 +204,49 @@ def plan_launch(arguments, *, ranks: list[int | None], devices, workdir: Path, l
 def prepare(plan: LaunchPlan) -> None:
     """Get the run folder and the launch folder ready (the session holds the run lock): newer incomplete checkpoints
     set aside (renamed, never deleted: textsql.train resumes from the newest one left), the chosen one checked before
-    any rank loads it, the launch record, and the marker by which every rank proves it sees this launch folder."""
-    from textsql.checkpoints import checkpoint_step, verify_checkpoint
-    from textsql.cluster.runs import QUARANTINE_PREFIX, RECORD
+    any rank loads it, and the marker by which every rank proves it sees this launch folder. Rank 0 writes the run's
+    record once its world size is known (textsql.cluster.rank.start_round)."""
+    from textsql.checkpoints import verify_checkpoint
+    from textsql.cluster.runs import set_aside
     from textsql.sharedfiles import replace_file
 
-    run_dir, resume = plan.run_dir, plan.resume
-    chosen = checkpoint_step(resume.checkpoint) if resume.checkpoint else -1
-    for name in resume.set_aside:
-        if checkpoint_step(name) > chosen and (run_dir / name).is_dir():
-            (run_dir / name).rename(run_dir / f"{QUARANTINE_PREFIX}{name}-{plan.launch_id}")
-    if resume.checkpoint:
-        verify_checkpoint(run_dir / resume.checkpoint)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    replace_file(run_dir / RECORD, json.dumps({"launch": plan.launch_id, "world_size": plan.world_size}) + "\n")
+    set_aside(plan.run_dir, plan.resume, plan.launch_id)
+    if plan.resume.checkpoint:
+        verify_checkpoint(plan.run_dir / plan.resume.checkpoint)
+    plan.run_dir.mkdir(parents=True, exist_ok=True)
     (plan.launch_dir / "ranks").mkdir(parents=True)
     marker = plan.launch_dir / "shared-marker"
     replace_file(marker, secrets.token_hex(16))
     plan.expect["files"][str(marker)] = digest(marker)
 
 
-def write_record(launch_dir, name: str, record: dict) -> None:
+def write_record(launch_dir, kind: str, record: dict) -> None:
+    """A rank's record of one kind for its round (torchrun's restarts start a new round), or a pod's (rank -1)."""
     from textsql.sharedfiles import replace_file
 
+    rank, round_ = record["rank"], record.get("round", 0)
+    name = f"r{round_}-rank-{rank}.{kind}.json" if rank >= 0 else f"pod-{record['node_address']}.{kind}.json"
     replace_file(Path(launch_dir) / "ranks" / name, json.dumps(record))
 
 
-def read_records(launch_dir: Path, kind: str) -> list[dict]:
-    """The records of one kind (`failure`, `summary`, `started`) in the launch folder; a broken one is skipped."""
+def read_records(launch_dir: Path, kind: str, round_: int | None = None) -> list[dict]:
+    """The records of one kind (`failure`, `summary`, `started`) in the launch folder, of one round when given (a
+    pod's own count in every round); a broken one is skipped."""
     found = []
     for path in sorted((Path(launch_dir) / "ranks").glob(f"*.{kind}.json")):
         try:
             record = json.loads(read_unlinked(path))
         except (OSError, ValueError, TextsqlError):
             continue
-        if isinstance(record, dict) and type(record.get("rank")) is int:
-            found.append(record)
+        if isinstance(record, dict) and type(record.get("rank")) is int and type(record.setdefault("round", 0)) is int:
+            if round_ is None or record["round"] == round_ or record["rank"] < 0:
+                found.append(record)
     return found
+
+
+def last_round(launch_dir: Path) -> int:
+    """The newest round any rank started or failed in (0: no restart)."""
+    return max((r["round"] for kind in ("started", "failure") for r in read_records(launch_dir, kind)), default=0)
 
 
 def secondary(record: dict) -> bool:
@@ -276,23 +284,27 @@ def failure_message(failures: list[dict], lost: dict[str, str], launch_dir: Path
 
 
 def finish(plan: LaunchPlan, lost: dict[str, str], command: list[str]) -> dict:
-    """Once every process of the launch is stopped: raises LaunchFailed naming the rank or pod that failed first, with
-    what the next launch resumes from; else the run's summary, each rank's own summary, where the logs are."""
-    from textsql.cluster.runs import resume_plan
+    """Once every process of the launch is stopped: raises LaunchFailed naming the rank or pod that failed first (in
+    the last round: torchrun restarted the earlier ones), with what the next launch resumes from; else the run's
+    summary, each rank's own summary, the first failure of each round torchrun restarted, where the logs are."""
+    from textsql.cluster.runs import recorded_world_size, resume_plan
     from textsql.run_summary import read_summary
 
-    failures = read_records(plan.launch_dir, "failure")
+    last = last_round(plan.launch_dir)
+    failures = read_records(plan.launch_dir, "failure", last)
     if failures or lost:
         try:  # what the next launch will do, from the run folder's checkpoints as they are now (after the stop)
-            resume = resume_plan(plan.run_dir, plan.world_size, plan.zero_stage).sentence()
+            size = recorded_world_size(plan.run_dir) or plan.world_size
+            resume = resume_plan(plan.run_dir, size, plan.zero_stage).sentence()
         except TextsqlError as error:
             resume = f"cannot tell which checkpoint it resumes from: {error}"
         raise LaunchFailed(failure_message(failures, lost, plan.launch_dir, resume), failures, plan.launch_dir, resume)
-    ranks = sorted(read_records(plan.launch_dir, "summary"), key=lambda r: r["rank"])
+    restarts = [first_failure(f) for r in range(last) if (f := read_records(plan.launch_dir, "failure", r))]
+    ranks = sorted(read_records(plan.launch_dir, "summary", last), key=lambda r: r["rank"])
     if not ranks or ranks[0]["rank"] != 0 or not ranks[0].get("run_summary"):
         raise LaunchFailed(f"The launch ended without rank 0's summary (logs: {plan.launch_dir}).", [], plan.launch_dir)
     summary = read_summary(ranks[0]["run_summary"])
-    return {"summary": summary, "ranks": ranks, "launch_dir": plan.launch_dir, "command": command, "plan": plan}
+    return dict(summary=summary, ranks=ranks, restarts=restarts, launch_dir=plan.launch_dir, command=command, plan=plan)
 
 
 def new_lines(path: Path, offsets: dict[str, int]) -> list[str]:

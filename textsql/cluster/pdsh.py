@@ -142,7 +142,7 @@ def runner_environment(ssh_config: Path | None, accelerator: str, echo=print, wo
     every user of the machine) and through a shell on every node. So it gets this machine's basics, the ssh options,
     PYTHONPATH (checked) and the accelerator; the ranks get each host's own login environment, and no .deepspeed_env
     is read."""
-    from textsql.cluster.environment import system
+    from textsql.redaction import system
 
     env = system(os.environ)
     env.update(PDSH_SSH_ARGS_APPEND=" ".join(ssh_options(ssh_config)), PYTHONUNBUFFERED="1", DS_ENV_FILE=os.devnull)

@@ -1,91 +1,167 @@
 """Several pods on torchrun's elastic agent (docs/multi-pod.md): every pod runs `torchrun` with c10d rendezvous at
 the session's store and `textsql.cluster.rank`, its command and environment fixed when the pod is created, so no pod
-listens for orders. The session hosts the store, starts the pods, watches their logs, records, heartbeats and
-processes (or CML status), and stops every pod in a `finally` once the launch ends or the first failure is named."""
+listens for orders; each pod names its own ranks that hang. The session hosts the store, starts the pods, watches
+their logs, records, heartbeats and processes (or CML status), and stops every pod in a `finally` once the launch
+ends or the first failure is named."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.cluster.launch import decode, encode, read_records, write_record
-from textsql.cluster.rank import LAUNCH_ENV, POD_ENV
+from textsql.cluster.launch import decode, encode, last_round, read_records, write_record
+from textsql.cluster.rank import BEATS_ENV, LAUNCH_ENV, POD_ENV, ROUND_ENV
 from textsql.errors import TextsqlError
 
 RANKS_ENV = "TEXTSQL_POD_RANKS"
-POD_CODE = "import sys\nfrom textsql.cluster.pods import pod_main\nsys.exit(pod_main())\n"
+POD_CODE = (
+    "from textsql.cluster.pods import pod_main\nfrom textsql.cluster.rank import exit_now\nexit_now(pod_main())\n"
+)
 SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
 GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive before the error is written
+LEFT_OUT = "left out"  # an elastic launch's pod that had not joined when the training started: stopped, no failure
 
 
-def narrow_store(address: str, port: int = 0):
-    """A torch TCPStore server bound to `address` only, through a socket made here (torch's own binds every address,
-    '::'). The store owns the socket from then on: it closes it when it is dropped."""
-    import torch.distributed as dist
+def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
+    """textsql's changes to torchrun's agent in this pod (torch's private methods; the cluster tests run each): the
+    trainers' store bound to the pod's address, a new one each rendezvous round (torch keeps the first: a restart met
+    its keys, pytorch#135712) and the round told to the ranks; no restart for a pod joining an elastic launch late;
+    a record for every rank that failed without its own (a signal), so that it is the one named."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler as Handler
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((address, port))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    return dist.TCPStore(address, port, is_master=True, master_listen_fd=sock.detach())
+    from textsql.train.distributed import bound_store
+
+    join, monitor = Handler.next_rendezvous, LocalElasticAgent._monitor_workers
+
+    def next_rendezvous(self):
+        self._bootstrap_store_info = self._shared_tcp_store_server = None
+        info = join(self)
+        os.environ[ROUND_ENV] = str(self._state_holder.state.round)  # the ranks started next inherit it
+        return info
+
+    def monitor_workers(self, group):
+        result = monitor(self, group)
+        if result.state == WorkerState.FAILED:
+            round_ = int(os.environ.get(ROUND_ENV, "0"))
+            have = {r["rank"] for r in read_records(launch_dir, "failure", round_)}
+            for rank, failure in result.failures.items():
+                how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
+                if rank not in have:
+                    record = dict(pod_failure(address, how), rank=rank, pid=failure.pid, ended_at=failure.timestamp)
+                    write_record(launch_dir, "failure", dict(record, round=round_))
+        return result
+
+    Handler.next_rendezvous, LocalElasticAgent._monitor_workers = next_rendezvous, monitor_workers
+    Handler._create_tcp_store_server = lambda self, address, port: bound_store(address, port)
+    if elastic:
+        Handler.num_nodes_waiting = lambda self: 0
 
 
-def _narrow_store_server() -> None:
-    """torchrun's node-rank-0 agent hosts the trainers' store (MASTER_ADDR/PORT): bind it to the pod's own address."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    def create(self, master_addr, master_port):
-        return narrow_store(master_addr, master_port)
-
-    dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = create
-
-
-def _heartbeat(endpoint: str, address: str, every: float) -> None:
-    """Tell the session this pod is alive (a counter in its store), so that a frozen or cut-off pod is named once the
-    counter stops. A store that is gone ends only this thread: torchrun's agent stops its ranks itself when it loses
-    the rendezvous store (the session that hosts it died)."""
+def _heartbeat(spec: dict, address: str, beats: Path) -> None:
+    """Every silence/4 s: add to this pod's counter in the session's store (a frozen or cut-off pod is named when it
+    stops; a gone store stops only the counting), and name a rank of this pod whose own heartbeat, a file in a folder
+    only this user can write (the store's counter can be forged), stopped for `silence` s while its process used no
+    CPU (a long call that holds the GIL still does): its failure record, then SIGKILL (torchrun ends or restarts)."""
     import datetime
 
+    import psutil
     import torch.distributed as dist
 
-    host, port = endpoint.rsplit(":", 1)
-    with contextlib.suppress(Exception):  # the store gone or unreachable: the session names the silence
+    every, store, last, cpu = spec["silence"] / 4, None, time.monotonic(), {}
+    host, port = spec["store"].rsplit(":", 1)
+    with contextlib.suppress(Exception):  # unreachable: the session names the silence
         store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 4))
-        while True:
-            store.add(f"textsql/alive/{address}", 1)
-            time.sleep(every)
+    while True:
+        try:
+            if store is not None:
+                store.add(f"textsql/alive/{address}", 1)
+        except Exception:  # the session, and its store, are gone
+            store = None
+        awake, last = time.monotonic() - last < spec["silence"], time.monotonic()  # not woken from a pod-wide stop
+        for child in psutil.Process().children() if awake else ():
+            with contextlib.suppress(psutil.Error, OSError, KeyError, ValueError):
+                env, beat = child.environ(), beats / str(child.pid)
+                silent = time.time() - (beat.stat().st_mtime if beat.exists() else child.create_time())
+                used, cpu[child.pid] = cpu.get(child.pid), sum(child.cpu_times()[:2])
+                if "RANK" in env and silent > spec["silence"] and used == cpu[child.pid]:
+                    how = f"it hung: no sign of life for {silent:.0f} s (its process is {child.status()})"
+                    record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid)
+                    write_record(spec["launch_dir"], "failure", dict(record, round=int(env.get(ROUND_ENV, "0"))))
+                    child.kill()
+        time.sleep(every)
 
 
 def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, str]:
-    """The pod's environment for torchrun and its ranks: its own less secrets, the session's allowlisted variables,
-    and textsql's choices unless set (CPU DeepSpeed, threads per rank, the interface, a private build folder)."""
-    from textsql.cluster.environment import interface_of, is_secret, node_local_extensions_dir
+    """The environment of the pod's torchrun and ranks: what it keeps of its own (a CML worker's holds the project's
+    secrets), the session's allowlisted variables, textsql's choices unless set (CPU DeepSpeed, threads per rank, the
+    interface, a private build folder), and a private folder for its ranks' heartbeats."""
+    from textsql.redaction import for_pod
     from textsql.strategy.devices import local_devices, threads_per_rank, use_accelerator
+    from textsql.train.distributed import interface_of
 
-    env = {k: v for k, v in environ.items() if not is_secret(k, v) and k != LAUNCH_ENV}
-    env.update(spec["env"])
-    env[POD_ENV] = address
+    env = {**for_pod(environ), **spec["env"], POD_ENV: address}
     use_accelerator(spec["accelerator"], env)
     ranks = int(environ.get(RANKS_ENV) or 1)
     env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(local_devices(), ranks)))
-    interface = interface_of(address)
-    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if interface:
-            env.setdefault(name, interface)
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if (interface := interface_of(address)) else ():
+        env.setdefault(name, interface)
     if "TORCH_EXTENSIONS_DIR" not in env:
         env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()
+    env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"textsql-beats-{spec['launch_id']}-")  # 0700: only this user writes
     env[LAUNCH_ENV] = environ[LAUNCH_ENV]
     return env
+
+
+def node_local_extensions_dir() -> str:
+    """Where a node's ranks build DeepSpeed's JIT ops when the user chose no TORCH_EXTENSIONS_DIR: node-local storage.
+    torch's default (~/.cache/torch_extensions) is in CML's shared project folder, where every pod would wait on one
+    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU.
+
+    It is <tmp>/textsql-<uid>/torch-extensions, private to this user: a build folder another local user could write
+    would let them plant the library. The top folder is made with mode 0700; one that exists must be a real folder
+    (not a symbolic link) of this user that nobody else can write (a readable one is made private), or TextsqlError
+    says so: another local user may have made it first."""
+    root = Path(tempfile.gettempdir()) / f"textsql-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(root)
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = f"it is a symbolic link (to {os.readlink(root)})"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "it is not a folder"
+    elif info.st_uid != os.getuid():
+        problem = f"it belongs to user id {info.st_uid}, not to you (user id {os.getuid()})"
+    elif info.st_mode & 0o022:
+        problem = f"others can write into it (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem:
+        raise TextsqlError(
+            f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
+            f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
+            "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write."
+        )
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
+    folder = root / "torch-extensions"
+    folder.mkdir(mode=0o700, exist_ok=True)  # inside a private folder nobody else can make a link
+    return str(folder)
 
 
 def torchrun_args(spec: dict, address: str, ranks) -> list[str]:
@@ -111,26 +187,22 @@ def pod_main() -> int:
     try:
         env = pod_environment(spec, address)
     except TextsqlError as error:
-        write_record(spec["launch_dir"], f"pod-{address}.failure.json", pod_failure(address, str(error)))
+        write_record(spec["launch_dir"], "failure", pod_failure(address, str(error)))
         print(f"textsql pod {address}: {error}", flush=True)
         return 3
     os.environ.clear()
     os.environ.update(env)
-    _narrow_store_server()
-    threading.Thread(target=_heartbeat, args=(spec["store"], address, spec["silence"] / 4), daemon=True).start()
+    _patch_torchrun(spec["launch_dir"], address, ":" in spec["nnodes"])
+    threading.Thread(target=_heartbeat, args=(spec, address, Path(env[BEATS_ENV])), daemon=True).start()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     try:
         torchrun(torchrun_args(spec, address, int(os.environ.get(RANKS_ENV) or 1)))
-    except ChildFailedError as error:  # ranks killed without a record of their own (a signal): the agent saw them
-        have = {r["rank"] for r in read_records(Path(spec["launch_dir"]), "failure")}
-        for rank, failure in error.failures.items():
-            if rank not in have:
-                how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exit code {failure.exitcode}"
-                record = dict(pod_failure(address, how), rank=rank, pid=failure.pid, ended_at=failure.timestamp)
-                write_record(spec["launch_dir"], f"rank-{rank}.failure.json", record)
+    except ChildFailedError:  # every failed rank has its record (its own, or torchrun's agent's: _patch_torchrun)
         return 1
+    finally:
+        shutil.rmtree(env[BEATS_ENV], ignore_errors=True)
     return 0
 
 
@@ -152,12 +224,12 @@ class Pod:
 
 
 def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: list[int] | None = None) -> Pod:
-    """A pod as a local process in its own session (a notebook interrupt reaches the session only), with this
-    process's environment less secrets, plus `env`."""
-    from textsql.cluster.environment import is_secret
+    """A pod as a local process in its own session (a notebook interrupt reaches the session only), with what a pod
+    keeps of this process's environment (textsql.redaction.for_pod), plus `env`."""
+    from textsql.redaction import for_pod
     from textsql.sharedfiles import open_unlinked
 
-    env = {**{k: v for k, v in os.environ.items() if not is_secret(k, v)}, **env, POD_ENV: address}
+    env = {**for_pod(), **env, POD_ENV: address}
     with open_unlinked(launch_dir / f"pod-{address}.log", "a", binary=True) as out:
         process = subprocess.Popen(
             [sys.executable, "-c", POD_CODE],
@@ -227,9 +299,9 @@ class Cluster:
     `backend`: "cml" (worker pods through CML's `cml.workers_v1`: `launch_workers(code=..., env=...)`; the session is
     $CDSW_IP_ADDRESS, a worker's address is known from `list_workers` once it runs) or "local" (worker pods as local
     processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of the
-    cores). `min_workers`: elastic (`torchrun --nnodes MIN:MAX`): the launch starts once 1 + min_workers pods joined,
-    and a worker that never joins is no failure. `max_restarts`: torchrun restarts every pod's ranks this many times
-    after a failure (0: the launch ends).
+    cores). `min_workers`: elastic (`--nnodes MIN:MAX`, with --output_dir): the pods that joined when training started
+    train, the others are stopped. `max_restarts`: torchrun restarts every pod's ranks after a failure, from the newest
+    complete checkpoint (docs/multi-pod.md).
     """
 
     backend: str = "local"
@@ -252,6 +324,11 @@ class Cluster:
             raise TextsqlError(f"workers must be 0 or more, not {self.workers}.")
         if self.min_workers is not None and not 0 <= self.min_workers <= self.workers:
             raise TextsqlError(f"min_workers must be between 0 and workers ({self.workers}), not {self.min_workers}.")
+        if self.min_workers is not None and self.max_restarts:
+            raise TextsqlError(
+                "max_restarts cannot be combined with min_workers: an elastic restart may form at another world size, "
+                "whose ranks cannot load the run's checkpoints. Choose one."
+            )
         if self.backend not in ("local", "cml"):
             raise TextsqlError(f"backend must be 'cml' or 'local', not '{self.backend}'.")
         self.cml = None
@@ -316,6 +393,7 @@ class Cluster:
             workdir=Path.cwd(),
             log_root=self.dir / "launches",
             environ=os.environ,
+            min_pods=None if self.min_workers is None else 1 + self.min_workers,
         )
 
     def preflight(self, *arguments):
@@ -330,20 +408,16 @@ class Cluster:
         textsql.train.local_launch.TrainingTimedOut past `timeout_s`; every pod is stopped before it returns."""
         from textsql.cluster.launch import finish, prepare
         from textsql.cluster.runs import run_lock
+        from textsql.train.distributed import bound_store
 
         plan = self.plan(*arguments)
         self.echo(plan.describe())
         with run_lock(plan.run_dir, plan.launch_id):
             prepare(plan)
-            store = narrow_store(self.session)  # the rendezvous store, on the session's address only
+            store = bound_store(self.session)  # the rendezvous store, on the session's address only
             nnodes = f"{1 + self.min_workers}:{1 + self.workers}" if self.min_workers is not None else 1 + self.workers
-            spec = plan.spec(
-                store=f"{self.session}:{store.port}",
-                nnodes=str(nnodes),
-                max_restarts=self.max_restarts,
-                silence=self.silence_seconds,
-                start_timeout=self.start_timeout,
-            )
+            spec = plan.spec(store=f"{self.session}:{store.port}", nnodes=str(nnodes), max_restarts=self.max_restarts)
+            spec.update(silence=self.silence_seconds, start_timeout=self.start_timeout)
             command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
             self.echo("every pod: " + " ".join(command))
             try:
@@ -395,23 +469,28 @@ class Cluster:
         stop_local_pods([p.process for p in pods if p.process is not None])
 
     def _watch(self, plan, store, grace_seconds: float, timeout_s) -> dict[str, str]:
-        """Echo every pod's log until every pod that joined ended well, or the first failure and a grace for the other
-        records: returns the pods lost (address -> how). TrainingTimedOut past `timeout_s`."""
+        """Echo every pod's log until every pod that trains ended well, or the first failure and a grace for the other
+        records (a rank's record only without restarts; else a pod whose torchrun gave up): returns the pods lost
+        (address -> how). An elastic launch stops the pods missing from its first round. TrainingTimedOut past
+        `timeout_s`."""
         from textsql.cluster.launch import new_lines
         from textsql.sharedfiles import open_unlinked
 
-        began, offsets, lost, failing_since = time.monotonic(), {}, {}, None
+        began, offsets, lost, failing_since, formed = time.monotonic(), {}, {}, None, False
         recent: deque[str] = deque(maxlen=6)
         elastic = self.min_workers is not None
+        needed = 1 + self.min_workers if elastic else len(self.pods)
         with open_unlinked(plan.launch_dir / "launch.log", "a", buffering=1) as launch_log:
             while True:
                 now = time.monotonic()
+                failures = read_records(plan.launch_dir, "failure", last_round(plan.launch_dir))
+                recorded = {r.get("node_address") for r in failures}
                 for pod in self.pods:
                     status = self._cml_status(pod) if pod.process is None else None
                     if pod.ended is None and pod.process is not None and pod.process.poll() is not None:
                         pod.ended = "ok" if pod.process.returncode == 0 else _how(pod.process.returncode)
                     elif pod.ended is None and status in ("failed", "stopped", "succeeded", "timedout", "missing"):
-                        pod.ended = "ok" if status == "succeeded" else f"its worker {pod.worker_id} is {status}"
+                        pod.ended = "ok" if status == "succeeded" else f"its CML worker {pod.worker_id} is {status}"
                     for line in new_lines(plan.launch_dir / f"pod-{pod.address}.log", offsets):
                         shown = f"{pod.address}: {line}"
                         launch_log.write(shown + "\n")
@@ -425,20 +504,30 @@ class Cluster:
                     elif pod.ended is None and beat and now - pod.beat[1] > self.silence_seconds:
                         silent = f"{now - pod.beat[1]:.0f} s (no heartbeat: frozen, or cut off from the network)"
                         lost.setdefault(pod.address, f"it went silent for {silent}")
-                    if pod.ended is None and not pod.joined and now - began > self.start_timeout and not elastic:
-                        lost.setdefault(
-                            pod.address if pod.address != "?" else pod.worker_id,
-                            f"it did not start within {self.start_timeout:.0f} s"
-                            + (f" (its worker {pod.worker_id} is {status})" if status else ""),
+                    if pod.ended not in (None, "ok", LEFT_OUT) and pod.address not in recorded:
+                        lost.setdefault(pod.address, pod.ended + "".join(f"\n  | {t}" for t in pod.tail))
+                first = read_records(plan.launch_dir, "started", 0) if elastic and not formed else []
+                if first and {r["rank"] for r in first} == set(range(_int(first[0].get("world_size")))):
+                    formed, trains = True, {r.get("node_address") for r in first}  # the pods of the first round train
+                    for pod in [p for p in self.pods if p.ended is None and p.address not in trains]:
+                        self.echo(
+                            f"textsql: pod {pod.worker_id or pod.address} had not joined when the training started at "
+                            f"world size {len(first)}: stopped (joining later would restart every rank at a size the "
+                            "checkpoints cannot load)."
                         )
-                    if pod.ended not in (None, "ok"):
-                        if not any(
-                            r.get("node_address") == pod.address for r in read_records(plan.launch_dir, "failure")
-                        ):
-                            lost.setdefault(pod.address, f"it {pod.ended}" + "".join(f"\n  | {t}" for t in pod.tail))
-                if all(p.ended == "ok" for p in self.pods if p.joined or not elastic):
+                        pod.ended, pod.joined = LEFT_OUT, False
+                        with contextlib.suppress(Exception):
+                            stop_local_pods([pod.process]) if pod.process else self.cml.stop_workers(pod.worker_id)
+                waiting = [p for p in self.pods if not p.joined and p.ended is None]
+                if not formed and now - began > self.start_timeout and len(self.pods) - len(waiting) < needed:
+                    for pod in waiting:
+                        how = f"it did not start within {self.start_timeout:.0f} s"
+                        status = f" (its worker {pod.worker_id} is {self._cml_status(pod)})" if pod.worker_id else ""
+                        lost.setdefault(pod.address if pod.address != "?" else pod.worker_id, how + status)
+                if all(p.ended in ("ok", LEFT_OUT) for p in self.pods if p.joined or not elastic):
                     return lost
-                if failing_since is None and (lost or read_records(plan.launch_dir, "failure")):
+                ended_badly = any(p.ended not in (None, "ok", LEFT_OUT) for p in self.pods)
+                if failing_since is None and (lost or ended_badly or (failures and not self.max_restarts)):
                     failing_since = now
                 if failing_since is not None and (
                     now - failing_since >= grace_seconds or all(p.ended for p in self.pods)
@@ -464,8 +553,12 @@ class Cluster:
         return f"Cluster({self.backend}, workers={self.workers}, {'started' if self.started else 'not started'})"
 
 
+def _int(value) -> int:
+    return value if type(value) is int else 0
+
+
 def _how(code: int) -> str:
-    return f"was killed by {signal.Signals(-code).name}" if code < 0 else f"ended with exit status {code}"
+    return f"it was killed by {signal.Signals(-code).name}" if code < 0 else f"it ended with exit status {code}"
 
 
 if __name__ == "__main__":

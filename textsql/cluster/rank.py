@@ -1,25 +1,31 @@
 """One rank of a multi-pod launch: `python -m textsql.cluster.rank [--textsql_spec=B64]`, started by torchrun on a
 pod (the spec in $TEXTSQL_LAUNCH) or by DeepSpeed's launcher over pdsh (the spec in argv, never an environment value).
 
-It dies with the process that started it, checks its pod against what the session decided, trains with
-`textsql.train`, and writes `rank-N.started.json`, then `rank-N.summary.json` or `rank-N.failure.json` (how it
+It dies with the process that started it, tells its pod it is alive (a heartbeat file in the pod's private folder),
+checks its pod against what the session decided, checks the run folder for the world size its round trains at, trains
+with `textsql.train`, and writes `r<round>-rank-N.started.json`, then `...summary.json` or `...failure.json` (how it
 failed, when, its last lines) into the shared launch folder, so that the session names the rank that failed first."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
+from pathlib import Path
 
 from textsql.cluster.launch import decode, digest, versions, write_record
 from textsql.errors import TextsqlError
 
 LAUNCH_ENV, POD_ENV = "TEXTSQL_LAUNCH", "TEXTSQL_POD_ADDRESS"
+ROUND_ENV, BEATS_ENV = "TEXTSQL_ROUND", "TEXTSQL_BEATS"  # set by the pod: its rendezvous round, its heartbeat folder
+RECORD_WAIT_S = 600  # how long the other ranks of a round wait for rank 0's check of the run folder
 SPEC_FLAG = "--textsql_spec="
 
 
@@ -64,16 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     if not (words or os.environ.get(LAUNCH_ENV)):
         raise SystemExit(f"textsql.cluster.rank: no {SPEC_FLAG}... argument and no ${LAUNCH_ENV}: a launch sets one")
     spec = decode(words[0] if words else os.environ[LAUNCH_ENV])
+    if os.environ.get(BEATS_ENV):  # before anything slow: the pod names a rank whose heartbeat stops (hung, stopped)
+        beat = Path(os.environ[BEATS_ENV]) / str(os.getpid())
+        threading.Thread(target=_beat, args=(beat, spec["silence"] / 4), daemon=True).start()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    round_, world = int(os.environ.get(ROUND_ENV, "0")), int(os.environ.get("WORLD_SIZE", "1"))
     hosts = spec.get("hosts")  # pdsh: the hostfile's addresses; DeepSpeed's node launcher sets CROSS_RANK
     address = os.environ.get(POD_ENV) or (hosts[int(os.environ.get("CROSS_RANK", "0"))] if hosts else None)
     address = address or socket.gethostname()
     if spec["accelerator"] == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before DeepSpeed is imported
     record = dict(rank=rank, local_rank=local_rank, node_address=address, host=socket.gethostname(), pid=os.getpid())
-    write_record(spec["launch_dir"], f"rank-{rank}.started.json", record)
+    record.update(round=round_, world_size=world)
+    write_record(spec["launch_dir"], "started", record)
     try:
         check_pod(spec, f"pod {address} (rank {rank})")
+        start_round(spec, rank, world, round_)
         summary = train(spec)
     except BaseException as error:
         how = "stopped by a signal" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
@@ -81,11 +93,42 @@ def main(argv: list[str] | None = None) -> int:
         failure = dict(
             record, how=how.splitlines()[0][:500] if how else "failed", tail=lines[-15:], ended_at=time.time()
         )
-        write_record(spec["launch_dir"], f"rank-{rank}.failure.json", failure)
+        write_record(spec["launch_dir"], "failure", failure)
         print(f"textsql rank {rank}: {how}", file=sys.stderr, flush=True)
         return 1
-    write_record(spec["launch_dir"], f"rank-{rank}.summary.json", dict(record, **summary))
+    write_record(spec["launch_dir"], "summary", dict(record, **summary))
     return 0
+
+
+def _beat(path: Path, every: float) -> None:
+    """This rank's heartbeat: the file's time, renewed while the process runs (a stopped or hung one stops it)."""
+    while True:
+        path.touch()
+        time.sleep(every)
+
+
+def start_round(spec: dict, rank: int, world: int, round_: int) -> None:
+    """What the session cannot decide before the launch: the world size an elastic launch trains at, and what a
+    restart (a new round) resumes from. Rank 0 checks the run folder for this world size (another size's checkpoints
+    are refused, naming both), sets newer incomplete checkpoints aside and records the size the run trains at; the
+    other ranks wait for that record, so that every rank's textsql.train resumes from the same checkpoint."""
+    from textsql.cluster.runs import RECORD, resume_plan, set_aside
+    from textsql.sharedfiles import read_unlinked, replace_file
+
+    run_dir, mine = Path(spec["run_dir"]), {"launch": spec["launch_id"], "round": round_, "world_size": world}
+    if rank == 0:
+        if not spec["arguments"].get("overwrite"):
+            set_aside(run_dir, resume_plan(run_dir, world, spec["zero_stage"]), f"{spec['launch_id']}-r{round_}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        replace_file(run_dir / RECORD, json.dumps(mine) + "\n")
+        return
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, TextsqlError):
+            if json.loads(read_unlinked(run_dir / RECORD)) == mine:
+                return
+        time.sleep(0.2)
+    raise TextsqlError(f"Rank 0 did not check the run folder {run_dir} within {RECORD_WAIT_S} s (see its log).")
 
 
 def train(spec: dict) -> dict:
@@ -119,5 +162,18 @@ def train(spec: dict) -> dict:
     return dict(seen, final_loss=losses[-1] if losses else None, arguments=spec["arguments"], run_summary=summary)
 
 
+def exit_now(code: int) -> None:
+    """End this process, its work and records done: atexit handlers, logs and output flushed, but not the interpreter's
+    teardown of torch, transformers and DeepSpeed (3.3 s on 2 cores), which its pod and the session would wait for."""
+    import atexit
+    import logging
+
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -115,8 +115,11 @@ def load_models(models: list[str], device: str, dataset_dir: str, metadata: dict
     """Every model, loaded once, with how it reads the dataset's questions (checked against its source format)."""
     loaded = []
     for label, path in model_specs(models):
-        model, tokenizer = load_for_inference(path, device)
-        reads = metadata_for_model(model.config, metadata, dataset_dir)
+        try:
+            model, tokenizer = load_for_inference(path, device)
+            reads = metadata_for_model(model.config, metadata, dataset_dir)
+        except TextsqlError as error:  # which of the models, where several are named
+            raise TextsqlError(f"The model '{label}' ({path}) cannot be compared: {error}") from None
         # One short generation first: first-call costs (allocations, weight packing) stay out of the latencies shown.
         generate_sql(model, tokenizer, ["warm up"], batch_size=1, max_new_tokens=2, progress=False)
         family = family_of(model.config).name
@@ -240,6 +243,7 @@ class Comparison:
                     "logical_form_accuracy": metrics["logical_form_accuracy"],
                     "exact_match": metrics["exact_match"],
                     "parse_errors": metrics["parse_errors"],
+                    "components": metrics["components"],  # the parts of the query right, which move first
                     "queries_per_second": round(len(records) / seconds, 2),
                     "agreement_with_first": sum(
                         a["predicted_sql"] == b["predicted_sql"] for a, b in zip(first, records, strict=True)

@@ -1,5 +1,5 @@
-"""DeepSpeed's just-in-time op builds (TORCH_EXTENSIONS_DIR): a build lock that a killed process left is cleared, never
-waited on forever.
+"""DeepSpeed's just-in-time op builds (TORCH_EXTENSIONS_DIR): one folder whoever starts textsql, and a build lock that a
+killed process left is cleared, never waited on forever.
 
 torch builds an op under `<folder>/<op>/lock`, created by torch.utils.file_baton.FileBaton and held open while the
 build runs; every other process loading the op waits while that file exists, with no limit. A process killed during
@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
+
+from textsql.paths import OP_CACHE_DIR, user_cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -25,13 +29,34 @@ NETWORK_FILESYSTEMS = ("nfs", "cifs", "smb", "lustre", "gpfs", "ceph", "glusterf
 NETWORK_BUILD_LIMIT_S = 900
 
 
+OP_BUILD_VARIABLES = ("TORCH_EXTENSIONS_DIR", "PATH")  # what use_op_cache sets
+
+
 def extensions_folder(environ=os.environ) -> Path:
-    """Where torch builds ops: TORCH_EXTENSIONS_DIR, else torch's default under the user's cache folder."""
+    """Where DeepSpeed's ops are built and cached: TORCH_EXTENSIONS_DIR when set (by the user, or by a multi-pod launch:
+    each pod's own, textsql.cluster.environment), else one folder in textsql's user cache, whoever starts textsql (the
+    command, a notebook, bootstrap.sh, a rank), per torch build and Python: an op built against one torch does not load
+    into another, where torch's own default folder tells only the Python and CUDA versions apart."""
     if environ.get("TORCH_EXTENSIONS_DIR"):
         return Path(environ["TORCH_EXTENSIONS_DIR"])
-    from torch.utils.cpp_extension import get_default_build_root
+    build = re.sub(r"[^\w.]", "-", f"torch-{version('torch')}-py{sys.version_info.major}{sys.version_info.minor}")
+    return user_cache_dir(environ) / OP_CACHE_DIR / build
 
-    return Path(get_default_build_root())
+
+def use_op_cache(environ=os.environ) -> Path:
+    """Set up this process (`environ`) for DeepSpeed's op builds, before it loads an op, in the process that loads it
+    (never in a multi-pod session: each pod decides its own): TORCH_EXTENSIONS_DIR as extensions_folder() (torch reads
+    it when an op loads; processes started from here inherit it), and the ninja installed beside this Python first on
+    PATH, where there is one. torch builds with whichever `ninja` PATH finds, and two ninjas (pip's 1.13, a Linux
+    distribution's 1.11) hash a build's command differently, so each rebuilt every op the other built (minutes each):
+    `.venv/bin/textsql` from bootstrap.sh and `textsql` in an activated shell found different ones. The folder."""
+    folder = extensions_folder(environ)
+    environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    here = str(Path(sys.executable).parent)
+    if (Path(here) / "ninja").is_file():
+        rest = [part for part in environ.get("PATH", "").split(os.pathsep) if part and part != here]
+        environ["PATH"] = os.pathsep.join([here, *rest])
+    return folder
 
 
 def build_locks(folder: Path) -> list[Path]:

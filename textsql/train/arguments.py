@@ -55,10 +55,19 @@ class DataArguments:
         default=None, metadata={"help": "Evaluate on at most this many validation examples."}
     )
     execution_accuracy_samples: int = field(
-        default=0,
+        default=200,
         metadata={
-            "help": "At each evaluation, generate SQL for the first N validation questions and log their execution "
-            "accuracy (TensorBoard eval/execution_accuracy, run_summary.json). 0 turns it off."
+            "help": "Generate SQL (batched) for the first N validation questions and score it as WikiSQL does, once at "
+            "the end of training on the final weights: execution accuracy in run_summary.json, textsql report, "
+            "TensorBoard (eval/execution_accuracy) and MLflow. Costs one generation pass over N questions (its time "
+            "in docs/training.md); 0 turns it off. Nothing is scored without a validation split."
+        },
+    )
+    execution_accuracy_each_evaluation: bool = field(
+        default=False,
+        metadata={
+            "help": "Score those N questions at every evaluation (--eval_strategy) too, not only at the end: a curve "
+            "of execution accuracy, one generation pass per evaluation."
         },
     )
     execution_accuracy_decoding: str = field(

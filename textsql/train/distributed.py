@@ -1,9 +1,10 @@
-"""Ranks and the process group: this process's rank and world size, the variables DeepSpeed needs outside its launcher,
-a free port for a rendezvous, gathering a value from every rank, DeepSpeed's shared-memory buffers given back, and
-leaving the group cleanly."""
+"""Ranks and the process group: this process's rank and world size, the variables DeepSpeed needs outside its launcher
+(with torch's store bound to 127.0.0.1), a free port for a rendezvous, gathering numbers and short texts from every
+rank (no pickle), DeepSpeed's shared-memory buffers given back, and leaving the group cleanly."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import sys
@@ -16,6 +17,8 @@ from textsql.strategy.opbuilds import PROC
 SHARED_MEMORY = Path("/dev/shm")
 # A rank maps its buffer as it creates it: one no process maps after this long is a dead run's.
 SHM_BUFFER_SETTLE_S = 60
+TEXT_BYTES = 128  # a text gathered from every rank (a host or GPU name) is cut to this many UTF-8 bytes
+_stores: list = []  # the stores this process hosts for its own process group: alive as long as the process
 
 
 def world_size() -> int:
@@ -32,21 +35,61 @@ def nodes_in_launch() -> int:
 
 
 def ensure_distributed_env() -> None:
-    """DeepSpeed outside its launcher needs the rank variables (else it looks for mpi4py)."""
+    """DeepSpeed outside its launcher needs the rank variables (else it looks for mpi4py). Every rank is this process:
+    it hosts torch's store on 127.0.0.1, which the process group then shares (torch reuses a multi-tenant store of its
+    port); torch's own would listen on every address for as long as the process lives."""
     if "RANK" in os.environ:
         return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    store = bound_store("127.0.0.1", int(os.environ.get("MASTER_PORT") or 0))
+    _stores.append(store)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
 
 
-def gather_to_all(value) -> list:
-    """Every rank's value (rank order) when running distributed, else just this one."""
+def bound_store(address: str, port: int = 0):
+    """A torch TCPStore server bound to `address` only, through a socket made here (torch's own binds every address,
+    '::'). The store owns the socket from then on: it closes it when it is dropped."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, port))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    return dist.TCPStore(address, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach())
+
+
+def gather_fields(values: dict) -> list[dict]:
+    """Every rank's `values` (rank order): whole numbers and short texts (TEXT_BYTES), under the same names on every
+    rank. One all_reduce of an integer tensor in which each rank fills its own row: nothing another rank sends is
+    unpickled (all_gather_object would run whatever a peer, or anyone who joined the process group, sent)."""
+    import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [value]
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
+        return [dict(values)]
+    names = sorted(values)
+    for name in names:
+        if type(values[name]) not in (int, str):
+            raise TypeError(f"gather_fields takes whole numbers and texts, not {name}={values[name]!r}")
+    row = []
+    for name in names:
+        value = values[name]
+        row += [value] if type(value) is int else list(value.encode()[:TEXT_BYTES].ljust(TEXT_BYTES, b"\0"))
+    backend = str(dist.get_backend())
+    device = f"cuda:{torch.cuda.current_device()}" if "nccl" in backend and "gloo" not in backend else "cpu"
+    table = torch.zeros(dist.get_world_size(), len(row), dtype=torch.int64, device=device)
+    table[dist.get_rank()] = torch.tensor(row, dtype=torch.int64)
+    dist.all_reduce(table)
+    gathered = []
+    for numbers in table.tolist():
+        fields, at = {}, 0
+        for name in names:
+            width = 1 if type(values[name]) is int else TEXT_BYTES
+            chunk = numbers[at : at + width]
+            fields[name] = (
+                chunk[0] if width == 1 else bytes(b & 0xFF for b in chunk).rstrip(b"\0").decode(errors="replace")
+            )
+            at += width
+        gathered.append(fields)
     return gathered
 
 
@@ -124,3 +167,19 @@ def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((address, 0))
         return s.getsockname()[1]
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface whose subnet holds `address` (lo for 127.x), for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME."""
+    import psutil
+
+    try:
+        target = ipaddress.ip_address(socket.gethostbyname(address))
+    except OSError:
+        return None
+    for name, addresses in psutil.net_if_addrs().items():
+        for a in addresses:
+            if a.family == socket.AF_INET and a.netmask:
+                if target in ipaddress.ip_network(f"{a.address}/{a.netmask}", strict=False):
+                    return name
+    return None

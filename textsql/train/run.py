@@ -25,7 +25,7 @@ from textsql.adapters import (
 )
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
-from textsql.evaluate import decode_and_score, load_scoring_set
+from textsql.evaluate import decode_and_score, load_scoring_set, sql_token_budget
 from textsql.families import family_of
 from textsql.hub import load_config, load_model, load_tokenizer
 from textsql.paths import LOG_FILE, MODEL_NAME_LIMIT, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE, short_name
@@ -68,13 +68,13 @@ from textsql.strategy.fsdpconfig import (
     resolve_fsdpconfig_path,
     trainer_fsdp_config,
 )
-from textsql.strategy.opbuilds import clear_dead_build_locks
+from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
 from textsql.tracking import attach, end_failed_run, for_training
 from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.train.collate import check_packing, make_collator
 from textsql.train.distributed import (
     ensure_distributed_env,
-    gather_to_all,
+    gather_fields,
     nodes_in_launch,
     release_deepspeed_shm_buffer,
     world_size,
@@ -348,18 +348,19 @@ def load_training_data(data: DataArguments, model_tokenizer):
 
 
 def train(
-    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
+    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments, callbacks=()
 ) -> RunSummary | None:
     """Plan, train, evaluate, save the model, and write run_summary.json (rank 0). Returns the summary on rank 0.
 
-    The arguments are left as given: the Trainer gets a finalized copy.
+    The arguments are left as given: the Trainer gets a finalized copy. `callbacks`: transformers TrainerCallbacks
+    added to the run's Trainer (the demo's timer).
     """
     import torch.nn.functional as F
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-    linear = F.linear
+    linear, op_builds = F.linear, {name: os.environ.get(name) for name in OP_BUILD_VARIABLES}
     try:
-        return _train(model_args, data_args, training_args)
+        return _train(model_args, data_args, training_args, callbacks)
     except BaseException:
         end_failed_run()  # a tracked run's MLflow run ends as FAILED
         raise
@@ -368,13 +369,19 @@ def train(
         # in-process and then loads or runs another model gets plain torch and transformers: ZeRO-3 replaces torch's
         # F.linear (DeepSpeed: "This will persist unless manually reset"; a torchao-quantized model fails on it), and
         # transformers keeps the run's DeepSpeed config as the process's, so every later from_pretrained would
-        # partition the model under zero.Init.
+        # partition the model under zero.Init. The op cache this run chose (use_op_cache) is not the session's: a
+        # multi-pod launch from it gives each pod its own.
         F.linear = linear
         unset_hf_deepspeed_config()
+        for name, value in op_builds.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _train(
-    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments
+    model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments, callbacks=()
 ) -> RunSummary | None:
     check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
     if training_args.packing:
@@ -395,7 +402,8 @@ def _train(
         _route_deepspeed_logs()
         if training_args.comms_logger or comms_logger_enabled(plan.dsconfig):
             own_latencies_in_comms_logger()
-        clear_dead_build_locks()  # DeepSpeed's first op load would wait forever on a killed build's lock
+        # One op cache whoever started this rank; DeepSpeed's first op load would wait forever on a killed build's lock.
+        clear_dead_build_locks(use_op_cache())
         # Before from_pretrained, or ZeRO-3's zero.Init assumes a world size of 1.
         deepspeed.init_distributed()
         release_deepspeed_shm_buffer()
@@ -454,6 +462,8 @@ def _train(
             data_collator=collator,
             processing_class=tokenizer,
         )
+    for callback in callbacks:
+        trainer.add_callback(callback)
     if not training_args.disable_tqdm:
         from transformers.trainer_callback import ProgressCallback
 
@@ -463,9 +473,11 @@ def _train(
         trainer.execution_scoring = load_scoring_set(
             data_args.dataset_dir, "validation", data_args.execution_accuracy_samples
         )
+        trainer.execution_each_evaluation = data_args.execution_accuracy_each_evaluation
         trainer.execution_decoding = {
             "decoding": data_args.execution_accuracy_decoding,
             "num_beams": data_args.execution_accuracy_num_beams,
+            "max_new_tokens": sql_token_budget(data_meta),
         }
     flops_profiler = attach_flops_profiler(trainer, training_args.flops_profiler, plan.output_dir)
     arguments = arguments_dict(model_args, data_args, training_args)
@@ -491,7 +503,7 @@ def _train(
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
     if grpo:  # scored on validation questions with greedy decoding, as supervised runs are (TRL evaluates otherwise)
-        eval_metrics = final_sql_scores(trainer, tokenizer, data_args, eval_set is not None)
+        eval_metrics = final_sql_scores(trainer, tokenizer, data_args, data_meta, eval_set is not None)
     else:
         eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
     if adapter is not None:
@@ -505,9 +517,11 @@ def _train(
     comms = None
     if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
         comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
-    memory = gather_to_all(peak_memory(plan.accelerator))
-    # TRL counts the tokens its GRPO steps read (prompts and completions) on every rank already
-    real_tokens = sum(gather_to_all(trainer.real_tokens)) if not grpo else grpo_tokens(trainer.state.log_history)
+    memory = gather_fields(peak_memory(plan.accelerator))  # numbers and names, never a peer's pickle
+    if grpo:  # TRL counts the tokens its GRPO steps read (prompts and completions), every rank's already
+        real_tokens = grpo_tokens(trainer.state.log_history)
+    else:
+        real_tokens = sum(r["real_tokens"] for r in gather_fields({"real_tokens": int(trainer.real_tokens)}))
     if not trainer.is_world_process_zero():
         return None
     summary = build_summary(
@@ -575,6 +589,8 @@ def build_summary(
             "train_loss": metrics.get("train_loss"),
             "eval_loss": eval_metrics.get("eval_loss"),
             "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
+            "execution_accuracy_questions": eval_metrics.get("execution_accuracy_questions")
+            or (len(trainer.execution_scoring.sources) if getattr(trainer, "execution_scoring", None) else None),
             "execution_accuracy_history": [
                 {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]}
                 for h in trainer.state.log_history
@@ -606,10 +622,10 @@ def build_summary(
     )
 
 
-def final_sql_scores(trainer, tokenizer, data_args: DataArguments, has_validation: bool) -> dict:
-    """Execution accuracy of the trained model on the first --execution_accuracy_samples validation questions (greedy,
-    or the decoding asked for), as eval metrics, every rank stepping through generation together as the supervised
-    Trainer's scoring does; {} without a validation split or with 0 samples."""
+def final_sql_scores(trainer, tokenizer, data_args: DataArguments, data_meta: dict, has_validation: bool) -> dict:
+    """A GRPO run's execution accuracy on the first --execution_accuracy_samples validation questions (greedy, or the
+    decoding asked for), as the supervised Trainer scores its final weights: every rank stepping through generation
+    together, the same token budget; {} without a validation split or with 0 samples."""
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     if not (has_validation and data_args.execution_accuracy_samples):
@@ -621,11 +637,15 @@ def final_sql_scores(trainer, tokenizer, data_args: DataArguments, has_validatio
         scoring,
         decoding=data_args.execution_accuracy_decoding,
         num_beams=data_args.execution_accuracy_num_beams,
+        max_new_tokens=sql_token_budget(data_meta),
         synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), trainer.is_fsdp_enabled, trainer.args.world_size),
         progress=False,
         device=trainer.args.device,
     )
-    return {"eval_execution_accuracy": metrics["execution_accuracy"]}
+    return {
+        "eval_execution_accuracy": metrics["execution_accuracy"],
+        "execution_accuracy_questions": len(scoring.sources),
+    }
 
 
 def load_base_model(model_id: str, training_args: TextsqlTrainingArguments, plan: RunSetup):

@@ -1,6 +1,6 @@
 """The Trainer textsql trains with (Seq2SeqTrainer or Trainer by the model family; one optimizer step's loss over all
-its label tokens whatever the accumulation and ranks, real tokens and throughput logged, execution accuracy at each
-evaluation), the final model saved in one dtype whatever the strategy, and each rank's peak memory."""
+its label tokens whatever the accumulation and ranks, real tokens and throughput logged, execution accuracy at the end
+of training or at each evaluation), the final model saved in one dtype whatever the strategy, and each rank's peak memory."""
 
 from __future__ import annotations
 
@@ -63,26 +63,34 @@ def make_trainer_class(family: Family = None):
                 # predicts nothing. The Trainer tells from the class name (loss_type), which GPT-2's does not carry.
                 self._loss_shifts_labels = getattr(base, "loss_function", None) is ForCausalLMLoss
 
-        execution_scoring = None  # a textsql.infer.ScoringSet when execution accuracy is scored at each evaluation
-        execution_decoding = {"decoding": "greedy", "num_beams": 1}
+        execution_scoring = None  # a textsql.evaluate.ScoringSet when execution accuracy is scored
+        execution_each_evaluation = False  # scored at every evaluation, not only on the final weights
+        execution_decoding = {"decoding": "greedy", "num_beams": 1, "max_new_tokens": 128}
         last_evaluation = None  # (global step, metrics) of the latest evaluate()
 
         def evaluate(self, *args, **kwargs):
             metrics = super().evaluate(*args, **kwargs)
-            if self.execution_scoring is not None:
-                scores = self.sql_scores()
-                metrics.update(scores)
-                self.log(scores)
+            if self.execution_scoring is not None and self.execution_each_evaluation:
+                metrics.update(self.logged_sql_scores())
             self.last_evaluation = (self.state.global_step, dict(metrics))
             return metrics
 
         def final_evaluation(self) -> dict:
             """The final weights' metrics: those of the evaluation training ended with when it fell on the last step (the same
-            weights; scoring them again costs a whole generation pass on a large model), else a new evaluation."""
+            weights; scoring them again costs a whole generation pass on a large model), else a new evaluation; and
+            their SQL scored where that evaluation did not (the default: only here, once)."""
             step, metrics = self.last_evaluation or (None, None)
-            if step == self.state.global_step and not self.args.load_best_model_at_end:
-                return metrics
-            return self.evaluate()
+            if step != self.state.global_step or self.args.load_best_model_at_end:
+                metrics = self.evaluate()
+            if self.execution_scoring is not None and "eval_execution_accuracy" not in metrics:
+                metrics = {**metrics, **self.logged_sql_scores()}
+            return metrics
+
+        def logged_sql_scores(self) -> dict:
+            """sql_scores(), logged as the evaluation's metrics are (TensorBoard, MLflow, the log history)."""
+            scores = self.sql_scores()
+            self.log(scores)
+            return scores
 
         def _prepare_for_training(self, *args, **kwargs):
             # Before accelerate wraps the model (inside the Trainer's preparation): T5's tied embeddings in one unit.
@@ -105,6 +113,7 @@ def make_trainer_class(family: Family = None):
                 self.execution_scoring,
                 decoding=decoding["decoding"],
                 num_beams=decoding["num_beams"],
+                max_new_tokens=decoding["max_new_tokens"],
                 batch_size=self.args.per_device_eval_batch_size,
                 synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), self.is_fsdp_enabled, self.args.world_size),
                 progress=False,
