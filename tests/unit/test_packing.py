@@ -126,6 +126,7 @@ def packed_and_padded_masks(model_type, tokenizer, features, pad_to_multiple_of=
             config=model.config,
             inputs_embeds=torch.zeros(1, length, 32),
             attention_mask=None,
+            cache=None,
             position_ids=packed["position_ids"],
         )
         masks[attention] = create_mask(mask.mask_mod, 1, 1, length, length) if attention == "flex_attention" else mask
