@@ -43,8 +43,11 @@ RECIPES = {
     "full": ["--learning_rate", "3e-4", "--num_train_epochs", "2"],
     "lora": ["--learning_rate", "1e-3", "--num_train_epochs", "2", "--lora_rank", "16", "--lora_alpha", "32"],
 }
-# Every training: batch 16, bf16 autocast (this CPU has AMX: about 5x fp32's matmul rate), no checkpoints, no
-# evaluation while training (the test slice is scored after, by `textsql infer`).
+# Every supervised training: the two speed levers that help on this CPU without compiling (bench/README.md, "Speed
+# levers"): the loss at the label positions only and eager attention (neither changes what is computed).
+SPEED = ["--fused_loss", "chunked", "--attention", "eager"]
+# Every training: batch 16, bf16 autocast, no checkpoints, no evaluation while training (the test slice is scored
+# after, by `textsql infer`).
 TRAIN = ["--per_device_train_batch_size", "16", "--precision", "bf16", "--save_strategy", "no", "--eval_strategy", "no"]
 # Every scoring: the whole test slice, greedy unless said, weights in bf16 (the quantized models in their own dtype).
 SCORE = [
@@ -76,9 +79,8 @@ SELECT = {
     "full_lr3e-4": ("plain", ["--learning_rate", "3e-4"]),
     "full_lr1e-4": ("plain", ["--learning_rate", "1e-4"]),
     "lora_all_r16_lr1e-3": ("plain", ["--learning_rate", "1e-3", "--lora", "True", "--lora_targets", "all"]),
-    "full_chat_lr3e-4": ("chat", ["--learning_rate", "3e-4"]),
 }
-SELECT_EPOCHS = 3
+SELECT_EPOCHS = 2
 
 
 class Bench:
@@ -182,7 +184,7 @@ class Bench:
     def trained_and_scored(self, name: str) -> dict:
         kind, recipe, extra = TRAINED[name]
         dataset = self.dataset(kind)
-        trained = self.train(name, dataset, *RECIPES[recipe], *extra)
+        trained = self.train(name, dataset, *SPEED, *RECIPES[recipe], *extra)
         scored = self.score(name, Path(trained["run_dir"]), self.dataset("plain") if kind == "generated" else dataset)
         return {"train": trained, "test": scored}
 
@@ -299,8 +301,9 @@ def selection(bench: Bench) -> dict:
         dataset = bench.dataset(kind)
         lora_rank = ["--lora_rank", "16", "--lora_alpha", "32"] if "--lora" in flags else []
         trained = bench.train(
-            f"select-{name}", dataset, *flags, *lora_rank, "--num_train_epochs", str(SELECT_EPOCHS),
-            "--eval_strategy", "epoch", "--execution_accuracy_samples", "100000", "--per_device_eval_batch_size", "64",
+            f"select-{name}", dataset, *SPEED, *flags, *lora_rank, "--num_train_epochs", str(SELECT_EPOCHS),
+            "--eval_strategy", "epoch", "--execution_accuracy_samples", "100000", "--execution_accuracy_each_evaluation",
+            "True", "--per_device_eval_batch_size", "64",
         )  # fmt: skip
         results[name] = trained
     return results

@@ -30,6 +30,19 @@ def demo_model_in_project(project: Path, name: str, model_dir: Path) -> None:
     (project / "textsql-demo" / name).symlink_to(model_dir)
 
 
+def without_the_real_model(tmp_path: Path, monkeypatch) -> None:
+    """A user cache without the imported real model (a notebook's first choice, textsql.notebook.real_model), sharing
+    the suite's built GPTQ environment and compiled ops: the notebook falls back to the demo's tiny model."""
+    from textsql.paths import user_cache_dir
+
+    shared, cache = user_cache_dir(), tmp_path / "user-cache"
+    (cache / "textsql").mkdir(parents=True)
+    for name in ("gptq", "torch-extensions"):
+        (shared / name).mkdir(parents=True, exist_ok=True)
+        (cache / "textsql" / name).symlink_to(shared / name, target_is_directory=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+
+
 def outputs_text(notebook) -> str:
     texts = []
     for cell in notebook.cells:
@@ -158,6 +171,7 @@ def test_finetune_causal_lm_notebook_executes(causal_demo, trained_run, tmp_path
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
     demo_in_project(tmp_path, causal_demo, "causal")
+    without_the_real_model(tmp_path, monkeypatch)
     (tmp_path / "data" / "wikisql-causal").mkdir(parents=True)  # what the README's causal road prepared
     (tmp_path / "data" / "wikisql-causal" / "textsql_data.json").write_text("{}")
     notebook = execute(

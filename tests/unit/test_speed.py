@@ -51,6 +51,8 @@ FACTS = dict(
         ({"lora_base_dtype": "bfloat16"}, {"quantized": True}, "quantized base"),
         ({"fused_loss": "chunked"}, {"family": family_named("t5")}, "for causal LMs"),
         ({"attention": "sdpa"}, {"family": family_named("t5")}, "for causal LMs"),
+        ({"fused_loss": "chunked"}, {"stage": "grpo"}, "GRPOTrainer, which computes its loss"),
+        ({"compile": "layers"}, {"stage": "grpo"}, "GRPOTrainer, which computes its loss"),
     ],
 )
 def test_each_lever_is_refused_with_its_reason_where_it_cannot_run(settings, facts, reason):

@@ -94,10 +94,23 @@ def speed_refusals(
     quantized: bool,
     liger_installed: bool,
     flex_attention_in_torch: bool = True,
+    stage: str = "sft",
 ) -> list[str]:
     """Why each lever asked for cannot run with these facts (`device` "cuda" or "cpu"; the ZeRO stage or None; the
     precision's name; the family None before the model loads); empty where all can. Pure: the caller reads the facts."""
     problems = []
+    if stage != "sft":
+        asked = [
+            f"--{name} {getattr(speed, name)}"
+            for name, default in (("attention", "auto"), ("compile", "none"), ("fused_loss", "none"),
+                                  ("lora_base_dtype", "float32"))
+            if getattr(speed, name) != default
+        ]  # fmt: skip
+        if asked:
+            problems.append(
+                f"{', '.join(asked)}: the speed levers are for the supervised stage; --stage {stage} trains with TRL's "
+                "GRPOTrainer, which computes its loss from the policy's logits itself (leave them at their defaults)"
+            )
     if family is not None and not family.causal:
         for name, default in (("attention", "auto"), ("fused_loss", "none")):
             if getattr(speed, name) != default:
@@ -153,6 +166,7 @@ def check_speed_here(args, family: Family | None = None, deepspeed_config: dict 
         lora=bool(getattr(args, "lora", False)),
         quantized=getattr(args, "quantize_base", "none") != "none",
         liger_installed=args.fused_loss != "liger" or liger_installed(),
+        stage=getattr(args, "stage", "sft"),
     )
     if problems:
         raise TextsqlError("These speed settings cannot run here: " + "; ".join(problems) + ".")
