@@ -175,7 +175,7 @@ class Bench:
             keys = ("train_runtime", "train_samples_per_second", "real_tokens_per_second", "global_step", "epochs")
             keys += ("first_logged_loss", "last_logged_loss", "trainable_parameters", "precision")
             figures = {key: summary.get(key) for key in keys}
-            figures["peak_rss_gib"] = round(summary["peak_memory_per_rank"][0].get("peak_rss_bytes", 0) / 2**30, 2)
+            figures["peak_rss_gib"] = round(summary["peak_memory_per_rank"][0].get("cpu_peak_rss_bytes", 0) / 2**30, 2)
             history = summary.get("execution_accuracy_history") or []
             return {"command": command, "run_dir": str(runs / name), "training": figures, "validation": history}
 
@@ -248,7 +248,9 @@ def summary_line(result: dict) -> str:
 
 
 def comparison(bench: Bench) -> dict:
-    """The whole comparison on the test slice."""
+    """The whole comparison on the test slice (with --only, just those trained variants: the rest from their results)."""
+    if bench.args.only:
+        return {"trained": {name: bench.trained_and_scored(name) for name in bench.args.only}}
     plain, chat = bench.dataset("plain"), bench.dataset("chat")
     base = bench.model()
     report = {
@@ -315,8 +317,17 @@ def main(argv=None) -> None:
     parser.add_argument("--real_dir", type=Path, default=REPO.parent / "shared" / "real")
     parser.add_argument("--select", action="store_true", help="the recipe search on validation instead")
     parser.add_argument("--fresh", action="store_true", help="run every step again")
+    parser.add_argument(
+        "--only",
+        type=lambda text: text.split(","),
+        help="only these trained variants (comma-separated names of TRAINED): two processes of one thread each, "
+        "given halves, use 2 cores better than one of two threads; a last run without --only collects everything",
+    )
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args(argv)
+    unknown = set(args.only or ()) - set(TRAINED)
+    if unknown:
+        parser.error(f"--only takes names of {', '.join(TRAINED)}; not {', '.join(sorted(unknown))}")
     if not (args.real_dir / "wikisql" / "train.jsonl").is_file():
         raise SystemExit(
             f"The real WikiSQL lines are not at {args.real_dir / 'wikisql'} (a checkout beside ../shared)."

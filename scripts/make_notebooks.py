@@ -243,14 +243,16 @@ NOTEBOOKS = {
             "trained on the frozen base (`textsql train --lora True`), merged into a plain model folder in fp32 "
             "(`textsql merge`), quantized (`textsql quantize`: size, questions/s and the execution-accuracy delta), and "
             "base, adapter, merged and quantized models answer the same questions (`textsql compare --output`), beside a "
-            "T5 run when `t5_model` names one. Offline on the model `textsql demo --family causal` fine-tuned "
-            "(`bash scripts/bootstrap.sh demo --family causal`: a tiny causal LM that writes SQL's shape; its untrained "
-            "base writes none); for real scores set `model_id` to a pretrained model (recipes/qwen2.5-0.5b-lora.yaml has "
-            "its settings). "
+            "T5 run when `t5_model` names one. Offline on the real pretrained SmolLM2-135M-Instruct when it has been "
+            "imported (`textsql import smollm2-135m-instruct`, [docs/real-model.md](../docs/real-model.md)): its answers "
+            "before fine-tuning (the `base` row) and after (`lora`, `merged`) differ where you can read them; else on "
+            "the model `textsql demo --family causal` fine-tuned (`bash scripts/bootstrap.sh demo --family causal`: a "
+            "tiny causal LM that writes SQL's shape; its untrained base writes none). Any other model: set `model_id` "
+            "(recipes/smollm2-135m-lora.yaml and recipes/qwen2.5-0.5b-lora.yaml have settings). "
             "Needs the lifecycle extra (`pip install '.[lifecycle]'`)."
         ),
         new_code_cell(
-            "model_id = None  # None: the model `textsql demo --family causal` fine-tuned (offline), else Qwen/Qwen2.5-0.5B\n"
+            "model_id = None  # None: the imported SmolLM2-135M-Instruct, else the demo's fine-tuned causal LM, else Qwen2.5-0.5B\n"
             'source = "generate"  # or the WikiSQL release folder (train.jsonl, train.tables.jsonl, ...)\n'
             'dataset_dir, source_format = "data/notebook-causal", None  # None: the format model_id learned, else question+header\n'
             "max_examples_per_split = None\noverwrite = False  # True: prepare and train again over an earlier run's\n"
@@ -263,9 +265,10 @@ NOTEBOOKS = {
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id, source_format_for, trained_demo_model\n"
+            "from textsql.notebook import default_model_id, real_model, source_format_for, trained_demo_model\n"
             "from textsql.prep import PrepArguments, format_layout, format_length_report, load_prepared, prepare_dataset\n\n"
-            'model_id = model_id or trained_demo_model("causal") or default_model_id("causal")\n'
+            'model_id = model_id or real_model() or trained_demo_model("causal") or default_model_id("causal")\n'
+            'print(f"model: {model_id}")\n'
             "folder = prepare_dataset(PrepArguments(source=source, model_id=model_id, output_dir=dataset_dir, overwrite=overwrite,\n"
             "                                       source_format=source_format or source_format_for(model_id),\n"
             "                                       max_examples_per_split=max_examples_per_split))\n"

@@ -36,17 +36,18 @@ def summary_of(stdout: str) -> dict:
 
 @pytest.fixture(scope="module")
 def sft_runs(causal_assets, tmp_path_factory):
-    """{"full": summary, "lora": summary}: the supervised runs GRPO starts from."""
+    """{"full": summary, "lora": summary, "qlora": summary}: the supervised runs GRPO starts from."""
     from conftest import main_in_process
 
     runs = tmp_path_factory.mktemp("sft")
     env = dict(DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", TENSORBOARD_LOGGING_DIR="")
     summaries = {}
-    for extra in ([], ["--lora", "True", "--lora_targets", "all"]):
-        assert main_in_process(["train", *tiny_train_argv(causal_assets, runs, *extra, **SFT)], env) == 0
-    for path in runs.glob("*/run_summary.json"):
-        summary = json.loads(path.read_text())
-        summaries["lora" if summary["strategy"]["lora"] else "full"] = summary
+    lora = ["--lora", "True", "--lora_targets", "all"]
+    for name, extra in (("full", []), ("lora", lora), ("qlora", [*lora, "--quantize_base", "nf4"])):
+        folder = runs / name
+        argv = tiny_train_argv(causal_assets, runs, *extra, "--output_dir", str(folder), **SFT)
+        assert main_in_process(["train", *argv], env) == 0
+        summaries[name] = json.loads((folder / "run_summary.json").read_text())
     return summaries
 
 
@@ -119,14 +120,36 @@ def test_an_interrupted_grpo_run_resumes_from_its_checkpoint(sft_runs, causal_as
     assert summary["resumed_from"].endswith("checkpoint-1") and summary["global_step"] == 2
 
 
-def test_grpo_under_zero2_on_two_ranks(sft_runs, causal_assets, tmp_path, cpu_env):
+def test_grpo_continues_a_qlora_run_s_adapter_on_its_4_bit_base(sft_runs, causal_assets, tmp_path, textsql_in_process):
+    data_dir, _ = causal_assets
+    status, out, err = textsql_in_process([*grpo_argv(sft_runs["qlora"], data_dir, tmp_path), *GRPO])
+    assert status == 0, err[-3000:]
+    summary = summary_of(out)
+    assert summary["strategy"]["lora"] == sft_runs["qlora"]["strategy"]["lora"] and summary["grpo"]["logged_steps"] == 2
+    assert (tmp_path / summary["run"] / "adapter_model.safetensors").is_file()
+    status, _, err = textsql_in_process(
+        [
+            *grpo_argv(sft_runs["qlora"], data_dir, tmp_path / "again"),
+            *GRPO,
+            "--lora",
+            "True",
+            "--quantize_base",
+            "int8",
+        ]
+    )
+    assert status == 2 and "GRPO continues its adapter on that base" in err
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_grpo_under_zero_on_two_ranks(strategy, sft_runs, causal_assets, tmp_path, cpu_env):
+    """ZeRO-2, and ZeRO-3 (TRL gathers the sharded weights for each generation)."""
     data_dir, _ = causal_assets
     command = [sys.executable, "-m", "textsql", *grpo_argv(sft_runs["full"], data_dir, tmp_path / "runs"), *GRPO]
-    command += ["--deepspeed", "zero2", "--num_gpus", "2", "--per_device_train_batch_size", "4"]
+    command += ["--deepspeed", strategy, "--num_gpus", "2", "--per_device_train_batch_size", "4"]
     done = subprocess.run(command, env=cpu_env, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     summary = summary_of(done.stdout)
-    assert summary["world_size"] == 2 and summary["strategy"]["label"] == "zero2"
+    assert summary["world_size"] == 2 and summary["strategy"]["label"] == strategy
     assert summary["grpo"]["logged_steps"] == 2 and (tmp_path / "runs" / summary["run"] / "model.safetensors").is_file()
 
 

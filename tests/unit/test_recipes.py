@@ -24,26 +24,37 @@ def test_recipes_are_shipped():
         "t5-large-zero3-offload.yaml",
         "qwen2.5-0.5b-lora.yaml",  # a 0.5B-class causal LM with LoRA
         "qwen2.5-7b-lora-zero3-offload.yaml",  # a 7B-class one on one A100-40GB
+        "smollm2-135m-lora.yaml",  # the real model textsql measures on, with the settings measured on validation
     }
+
+
+# Recipes for a model `textsql import` writes into the project (models/NAME): their comments say how to get it.
+IMPORTED = "models/"
+# Small enough for one GPU whole: neither sharded nor on a quantized base.
+ONE_GPU_WHOLE = {"smollm2-135m-lora.yaml"}
 
 
 @pytest.mark.parametrize("recipe", [p for p in RECIPES if not p.name.startswith("t5-")], ids=lambda p: p.name)
 def test_causal_recipes_train_lora_on_data_their_prep_line_writes(recipe, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     model, data, training = parse_arguments([str(recipe)])
-    assert model.model_id.startswith("Qwen/") and training.lora and training.lora_targets in LORA_PRESETS
+    assert model.model_id.startswith(("Qwen/", IMPORTED)) and training.lora and training.lora_targets in LORA_PRESETS
     (prep_line,) = re.findall(r"^#\s+(textsql prep .*)$", recipe.read_text(), re.M)
     prep = parse_command(PrepArguments, "prep", shlex.split(prep_line)[2:])
-    assert prep.model_id.startswith("Qwen/") and prep.source_format == "question+header"
+    assert prep.model_id == model.model_id and prep.source_format == "question+header"
     assert Path(prep.output_dir) == Path(data.dataset_dir)
+    if model.model_id.startswith(IMPORTED):  # the import line writes the folder the prep line and the recipe read
+        (import_line,) = re.findall(r"^#\s+(textsql import .*)$", recipe.read_text(), re.M)
+        assert shlex.split(import_line)[3] == model.model_id
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_recipe_parses_and_sets_up_a_run(recipe, tmp_path, monkeypatch):
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)  # set_up_run decides it; monkeypatch restores it afterwards
     model, data, training = parse_arguments([str(recipe)])
-    assert model.model_id.startswith(("t5-", "Qwen/"))
-    assert training.deepspeed or training.quantize_base != "none"  # sharded, or one GPU holds a quantized base
+    assert model.model_id.startswith(("t5-", "Qwen/", IMPORTED))
+    # sharded, or one GPU holds a quantized base, or the model is small enough for one GPU whole
+    assert training.deepspeed or training.quantize_base != "none" or recipe.name in ONE_GPU_WHOLE
     training.runs_root = str(tmp_path / "runs")
     setup = set_up_run(model, training, devices=NodeDevices((A100_40GB,), 16))
     assert setup.precision.name == "bf16" and (setup.dsconfig is not None) == bool(training.deepspeed)
