@@ -34,11 +34,9 @@ GRPO = [
     "--save_strategy", "no", "--logging_steps", "1", "--execution_accuracy_samples", "0",
 ]  # fmt: skip
 SEEDS = (0,)
+# --select's candidates beside GRPO's own settings above (whose comparison run is scored on validation too)
 SELECT = {
-    "lr1e-6": ["--learning_rate", "1e-6"],
-    "lr2e-6": ["--learning_rate", "2e-6"],
-    "lr5e-6": ["--learning_rate", "5e-6"],
-    "lr2e-6_execution_only": ["--learning_rate", "2e-6", "--reward_weights", "execution=1"],
+    "lr1e-5": ["--learning_rate", "1e-5"],
 }
 BOOTSTRAP_SAMPLES = 2000
 
@@ -81,6 +79,10 @@ def grpo_runs(bench: Bench, sft: Path, dataset: Path) -> dict:
 def selection(bench: Bench, sft: Path, dataset: Path) -> dict:
     """GRPO's settings on the validation split: each candidate's validation execution accuracy against the SFT run's."""
     results = {"sft": bench.score("sft_validation", sft, dataset, "--split", "validation")}
+    for name in (f"grpo_seed{seed}" for seed in SEEDS):
+        if bench.done(f"train-{name}"):  # the comparison's run, with GRPO's own settings
+            run_dir = Path(json.loads((bench.work / "results" / f"train-{name}.json").read_text())["run_dir"])
+            results[name] = {"validation": bench.score(f"{name}_validation", run_dir, dataset, "--split", "validation")}
     for name, flags in SELECT.items():
         trained = bench.train(f"select-grpo-{name}", dataset, *GRPO, *flags, model_id=sft)
         results[name] = {
@@ -101,6 +103,7 @@ def main(argv=None) -> None:
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args(argv)
     bench = Bench(args)
+    bench.model()  # imported (or its record read back): the JSON names the model it measured
     started, load_before = time.perf_counter(), os.getloadavg()
     dataset = bench.dataset(TRAINED["full"][0])
     sft, sft_test = sft_run(bench)

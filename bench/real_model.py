@@ -112,6 +112,10 @@ class Bench:
         print(f"   {name}: {summary_line(result)}", file=sys.stderr, flush=True)
         return result
 
+    def done(self, *steps: str) -> bool:
+        """Whether every one of these steps finished before (its result kept)."""
+        return all((self.work / "results" / f"{step}.json").is_file() for step in steps)
+
     def run(self, name: str, *argv: str) -> tuple[str, str]:
         """`textsql ARGV` as a child process, its whole output in logs/<name>.log: (the command, its output)."""
         command = [*self.textsql, *argv]
@@ -247,53 +251,65 @@ def summary_line(result: dict) -> str:
     return f"{result['seconds']} s"
 
 
+# The comparison's parts, in order; --only runs some of them (the others join the JSON where they finished before).
+PARTS = ("zero_shot", *TRAINED, "decoding", "merged", "quantized")
+
+
 def comparison(bench: Bench) -> dict:
-    """The whole comparison on the test slice (with --only, just those trained variants: the rest from their results)."""
-    if bench.args.only:
-        return {"trained": {name: bench.trained_and_scored(name) for name in bench.args.only}}
-    plain, chat = bench.dataset("plain"), bench.dataset("chat")
+    """The whole comparison on the test slice; with --only, the parts named, and of the rest what finished before."""
+    only = set(bench.args.only or PARTS)
+    plain, chat = bench.dataset("plain"), bench.dataset("chat") if "zero_shot" in only else None
     base = bench.model()
-    report = {
-        "zero_shot": {
+    report = {}
+    if "zero_shot" in only or bench.done("score-zero_shot_plain", "score-zero_shot_chat"):
+        chat = chat or bench.dataset("chat")
+        report["zero_shot"] = {
             "plain": bench.score("zero_shot_plain", base, plain),
             "chat": bench.score("zero_shot_chat", base, chat),
-        },
-        "trained": {name: bench.trained_and_scored(name) for name in TRAINED},
+        }
+    report["trained"] = {
+        name: bench.trained_and_scored(name)
+        for name in TRAINED
+        if name in only or bench.done(f"train-{name}", f"score-{name}")
     }
     execution = {name: r["test"]["metrics"]["execution_accuracy"] for name, r in report["trained"].items()}
-    best = max(execution, key=execution.get)
-    best_full = max((n for n in execution if n.startswith("full")), key=execution.get)
-    best_lora = max((n for n in execution if "lora" in n and not n.startswith("qlora")), key=execution.get)
+    best = max(execution, key=execution.get, default=None)
+    best_full = max((n for n in execution if n.startswith("full")), key=execution.get, default=None)
+    best_lora = max((n for n in execution if n.startswith("lora")), key=execution.get, default=None)
     report["best"] = {"run": best, "full": best_full, "lora": best_lora}
-    best_dir = Path(report["trained"][best]["train"]["run_dir"])
-    report["decoding"] = {
-        "greedy": report["trained"][best]["test"],
-        "execution_guided_4_beams": bench.score(
-            f"{best}_execution_guided", best_dir, plain, "--decoding", "execution_guided", "--num_beams", "4"
-        ),
-    }
-    lora_dir = Path(report["trained"][best_lora]["train"]["run_dir"])
-    merged_dir = bench.work / "merged" / best_lora
+    if best and ("decoding" in only or bench.done(f"score-{best}_execution_guided")):
+        best_dir = Path(report["trained"][best]["train"]["run_dir"])
+        report["decoding"] = {
+            "greedy": report["trained"][best]["test"],
+            "execution_guided_4_beams": bench.score(
+                f"{best}_execution_guided", best_dir, plain, "--decoding", "execution_guided", "--num_beams", "4"
+            ),
+        }
+    if best_lora and ("merged" in only or bench.done("merge", f"score-{best_lora}_merged")):
+        report["merged"] = merged_and_scored(bench, best_lora, Path(report["trained"][best_lora]["train"]["run_dir"]))
+    if best_full and ("quantized" in only or bench.done("quantize-fp32-reference")):
+        report["quantized"] = {
+            "model": best_full,
+            **bench.quantized(Path(report["trained"][best_full]["train"]["run_dir"]), plain),
+        }
+    return report
+
+
+def merged_and_scored(bench: Bench, name: str, lora_dir: Path) -> dict:
+    """The LoRA run folded into its base, scored, and how often its SQL is the adapter's to the letter."""
+    merged_dir = bench.work / "merged" / name
     bench.step(
         "merge",
         lambda: {"command": bench.run("merge", "merge", str(lora_dir), "--output_dir", str(merged_dir), "--overwrite",
                                       "True")[0]},
     )  # fmt: skip
-    merged = bench.score(f"{best_lora}_merged", merged_dir, plain)
-    adapter = [
-        json.loads(line)["predicted_sql"] for line in (bench.work / "scores" / best_lora / "predictions.jsonl").open()
-    ]
-    folded = [
-        json.loads(line)["predicted_sql"]
-        for line in (bench.work / "scores" / f"{best_lora}_merged" / "predictions.jsonl").open()
-    ]
+    merged = bench.score(f"{name}_merged", merged_dir, bench.dataset("plain"))
+    adapter, folded = (
+        [json.loads(line)["predicted_sql"] for line in (bench.work / "scores" / folder / "predictions.jsonl").open()]
+        for folder in (name, f"{name}_merged")
+    )
     merged["agreement_with_adapter"] = round(sum(a == b for a, b in zip(adapter, folded)) / len(adapter), 4)
-    report["merged"] = {"adapter": best_lora, **merged}
-    report["quantized"] = {
-        "model": best_full,
-        **bench.quantized(Path(report["trained"][best_full]["train"]["run_dir"]), plain),
-    }
-    return report
+    return {"adapter": name, **merged}
 
 
 def selection(bench: Bench) -> dict:
@@ -320,19 +336,20 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--only",
         type=lambda text: text.split(","),
-        help="only these trained variants (comma-separated names of TRAINED): two processes of one thread each, "
-        "given halves, use 2 cores better than one of two threads; a last run without --only collects everything",
+        help="only these parts (comma-separated names of PARTS; the others join the JSON where they finished "
+        "before): two processes of one thread each, given halves, use 2 cores better than one of two threads",
     )
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args(argv)
-    unknown = set(args.only or ()) - set(TRAINED)
+    unknown = set(args.only or ()) - set(PARTS)
     if unknown:
-        parser.error(f"--only takes names of {', '.join(TRAINED)}; not {', '.join(sorted(unknown))}")
+        parser.error(f"--only takes names of {', '.join(PARTS)}; not {', '.join(sorted(unknown))}")
     if not (args.real_dir / "wikisql" / "train.jsonl").is_file():
         raise SystemExit(
             f"The real WikiSQL lines are not at {args.real_dir / 'wikisql'} (a checkout beside ../shared)."
         )
     bench = Bench(args)
+    bench.model()  # imported (or its record read back): every JSON names the model it measured
     started = time.perf_counter()
     load_before = os.getloadavg()
     body = selection(bench) if args.select else comparison(bench)
