@@ -60,3 +60,18 @@ def test_recipe_parses_and_sets_up_a_run(recipe, tmp_path, monkeypatch):
     assert setup.precision.name == "bf16" and (setup.dsconfig is not None) == bool(training.deepspeed)
     assert setup.output_dir.parent == tmp_path / "runs"
     assert ("-qlora-nf4-r16-" in setup.output_dir.name) == (training.quantize_base == "nf4")
+
+
+def test_flags_after_a_recipe_override_its_keys_and_an_unknown_key_is_named(tmp_path, monkeypatch):
+    from textsql.errors import TextsqlError
+
+    monkeypatch.chdir(tmp_path)
+    recipe = next(p for p in RECIPES if p.name == "t5-small-zero2.yaml")
+    _, _, plain = parse_arguments([str(recipe)])
+    model, _, training = parse_arguments([str(recipe), "--max_steps", "40", "--learning_rate", "1e-4"])
+    assert (training.max_steps, training.learning_rate) == (40, 1e-4) != (plain.max_steps, plain.learning_rate)
+    assert training.deepspeed == plain.deepspeed and model.model_id == "t5-small"  # the rest from the recipe
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("model_id: t5-small\nlernrate: 3\n")
+    with pytest.raises(TextsqlError, match="does not know: lernrate"):
+        parse_arguments([str(misspelt), "--max_steps", "4"])

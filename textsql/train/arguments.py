@@ -321,21 +321,48 @@ def argument_parser():
 
 
 def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
-    """The three argument dataclasses from a command line, or from a JSON or YAML recipe (`textsql train recipe.yaml`)."""
+    """The three argument dataclasses from a command line, or from a JSON or YAML recipe (`textsql train recipe.yaml`),
+    or a recipe and flags after it that override its keys (`textsql train recipe.yaml --max_steps 40`)."""
     parser = argument_parser()
     # `deepspeed --module textsql.train recipe.yaml` gives each rank `--local_rank=N recipe.yaml`; LOCAL_RANK says the same
     without_local_rank = [a for a in argv if not a.startswith("--local_rank=")]
     try:
-        if len(without_local_rank) == 1 and without_local_rank[0].endswith(RECIPE_SUFFIXES):
+        if without_local_rank and without_local_rank[0].endswith(RECIPE_SUFFIXES):
             recipe = Path(without_local_rank[0])
             if not recipe.is_file():
                 raise TextsqlError(f"The recipe file {recipe} does not exist.")
-            if recipe.suffix == ".json":
-                return tuple(parser.parse_json_file(recipe, allow_extra_keys=False))
-            return tuple(parser.parse_yaml_file(recipe, allow_extra_keys=False))
+            if len(without_local_rank) == 1:
+                if recipe.suffix == ".json":
+                    return tuple(parser.parse_json_file(recipe, allow_extra_keys=False))
+                return tuple(parser.parse_yaml_file(recipe, allow_extra_keys=False))
+            recipe_as_defaults(parser, recipe)
+            return tuple(parser.parse_args_into_dataclasses(args=normalize_argv(without_local_rank[1:])))
         return tuple(parser.parse_args_into_dataclasses(args=normalize_argv(argv)))
     except ValueError as error:  # unknown keys or flags, bad values
         raise TextsqlError(f"Invalid training arguments: {error}") from None
+
+
+def recipe_as_defaults(parser, recipe: Path) -> None:
+    """The recipe's keys as the parser's defaults (what a flag after the recipe overrides); an unknown key refused
+    with the keys' source named."""
+    import json
+
+    import yaml
+
+    text = recipe.read_text(encoding="utf-8")
+    values = json.loads(text) if recipe.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(values, dict):
+        raise TextsqlError(f"The recipe {recipe} is not a mapping of `textsql train` arguments to values.")
+    known = {action.dest: action for action in parser._actions}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise TextsqlError(
+            f"The recipe {recipe} has keys `textsql train` does not know: {', '.join(unknown)} (`textsql train --help` "
+            "lists them)."
+        )
+    for name in values:
+        known[name].required = False  # given by the recipe; a flag after it may still override it
+    parser.set_defaults(**values)
 
 
 def as_arguments(arguments) -> tuple[ModelArguments, DataArguments, TextsqlTrainingArguments]:
