@@ -743,7 +743,10 @@ def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_sa
     rec = result["recommendation"]
     assert rec["lora"] is True and result["problem"] is None
     assert rec["strategy"] == next(n for n in memory.STRATEGIES if result["lora"]["strategies"][n]["fits_with_margin"])
-    assert "full fine-tuning would need" in rec["reason"] and "--lora True" in rec["reason"]
+    assert "full fine-tuning would need" in rec["reason"]
+    assert rec["command"].startswith("textsql train --model_id t5-3b --dataset_dir data/wikisql")
+    strategy = "" if rec["strategy"] == "none" else f" --deepspeed {rec['strategy']}"
+    assert f"--per_device_train_batch_size 16{strategy} --lora True --lora_rank 8" in rec["command"]
     rows, lora_rows = result["strategies"], result["lora"]["strategies"]
     for name in ("zero2_offload", "zero3_offload"):  # offload: LoRA's saving is host memory
         assert lora_rows[name]["cpu_per_node_gb"] < rows[name]["cpu_per_node_gb"] / 2
@@ -1011,3 +1014,23 @@ def test_the_offload_rows_are_within_15_percent_of_the_gpu_check_s_measurements(
     # whether a batch fits leaves them out
     assert row["reclaimable_bytes"] == int(terms["gradients_awaiting_copy"] * (1 + ALLOCATOR_OVERHEAD_FRACTION))
     assert row["gpu_bytes"]["buckets"] == sum(terms.values()) - terms["gradients_awaiting_copy"]
+
+
+def test_the_recommended_command_is_whole_and_textsql_train_parses_it(tmp_path, monkeypatch):
+    """The model, the dataset, the batch, the strategy (FSDP's flag where it is FSDP), the adapter, the precision."""
+    import shlex
+
+    from textsql.train.arguments import parse_arguments
+
+    monkeypatch.chdir(tmp_path)
+    full = plan(model="t5-small", gpu_memory_gb=24, dataset_dir="data/wikisql-t5")
+    assert full["recommendation"]["command"] == (
+        "textsql train --model_id t5-small --dataset_dir data/wikisql-t5 --per_device_train_batch_size 32 "
+        "--precision bf16"
+    )
+    assert "command: textsql train --model_id t5-small" in format_plan(full)
+    lora = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16, lora=True)
+    for command in (full["recommendation"]["command"], lora["recommendation"]["command"]):
+        model, data, training = parse_arguments(shlex.split(command)[2:])
+        assert model.model_id in command and data.dataset_dir in command
+    assert training.lora and training.per_device_train_batch_size == 16

@@ -150,7 +150,8 @@ def test_qlora_is_named_where_lora_on_a_bf16_base_does_not_fit():
     # LoRA on the bf16 base fits only by swapping the base to NVMe (ZeRO-Infinity); QLoRA fits without DeepSpeed
     assert found["lora"]["recommendation"]["strategy"] == "zero3_nvme"
     rec = found["recommendation"]
-    assert rec["quantize_base"] == "nf4" and rec["strategy"] == "none" and "--quantize_base nf4" in rec["reason"]
+    assert rec["quantize_base"] == "nf4" and rec["strategy"] == "none" and "--quantize_base nf4" in rec["command"]
+    assert "QLoRA (LoRA r=8 on qv, the base in nf4) with no DeepSpeed (none) fits" in rec["reason"]
     assert "only under zero3_nvme" in rec["reason"]
     larger = plan(gpu_memory_gb=16, cpu_memory_gb=32, quantize_base="nf4", per_device_train_batch_size=16)
     assert (larger["recommendation"]["strategy"], larger["recommendation"]["quantize_base"]) == ("zero3_offload", "nf4")

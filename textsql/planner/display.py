@@ -87,6 +87,12 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         )
         if rec.get("alternative"):
             lines.append(f"alternative: {rec['alternative']}.")
+        if rec.get("command"):
+            on_pods = plan["inputs"]["nodes"] > 1
+            lines.append(
+                f"command{' (on every pod, through textsql cluster: docs/multi-pod.md)' if on_pods else ''}: "
+                + rec["command"]
+            )
     if lora:
         if not rec or not rec.get("lora"):
             best = lora.get("recommendation")

@@ -28,7 +28,7 @@ from textsql.planner.states import (
     zero_settings,
 )
 from textsql.strategy.dsconfig import describe_strategy
-from textsql.strategy.table import DEEPSPEED_STRATEGIES, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
+from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
 
 MAX_BATCH_SEARCHED = 4096
 
@@ -52,7 +52,7 @@ ASSUMPTIONS = [
     "Gradients are counted as coexisting with the activations and the gathered parameters (conservative); the "
     "optimizer step's temporaries are not counted: the Trainer's default fused AdamW has none (the older foreach AdamW "
     "allocated 4 bytes per parameter once the activations were freed).",
-    "Activations: every tensor T5 saves for the backward pass (attention scores, softmax in fp32, dropout masks, "
+    "Activations: every tensor the model saves for the backward pass (attention scores, softmax in fp32, dropout masks, "
     "feed-forward hidden states, layer norms), for the longest batch (batch x max lengths), plus the loss over the "
     "vocabulary (log-softmax output, its gradient and the logits' gradient). With gradient checkpointing only each "
     "block's input is kept, plus one block recomputed at a time.",
@@ -146,6 +146,10 @@ class PlanArguments:
             "facebook/opt-1.3b: nothing is downloaded), a local model folder with config.json, or a hub name already in "
             "the local Hugging Face cache."
         },
+    )
+    dataset_dir: str = field(
+        default="data/wikisql",
+        metadata={"help": "The prepared dataset (textsql prep's --output_dir) the recommended command trains on."},
     )
     nodes: int = field(default=1, metadata={"help": "Pods (nodes) training together."})
     gpus_per_node: int = field(default=1, metadata={"help": "GPUs in each pod."})
@@ -305,7 +309,34 @@ def plan_memory(args: PlanArguments) -> dict:
         _add_lora(plan, shape, setup, args, limits, quantize=args.quantize_base)
     if shape.causal:
         plan["assumptions"] = plan["assumptions"] + CAUSAL_ASSUMPTIONS
+    if plan["recommendation"] is not None:
+        plan["recommendation"]["command"] = train_command(args, plan["recommendation"])
     return plan
+
+
+def train_command(args: PlanArguments, recommendation: dict) -> str:
+    """The `textsql train` command line of a recommendation, whole: the model, the dataset, the batch, the strategy,
+    the adapter and the precision (on several pods, what every pod runs through `textsql cluster`)."""
+    strategy = recommendation["strategy"]
+    words = ["textsql", "train", "--model_id", args.model, "--dataset_dir", args.dataset_dir]
+    words += ["--per_device_train_batch_size", str(recommendation["per_device_train_batch_size"])]
+    if strategy in FSDP_STRATEGIES:
+        words += ["--fsdp_config", strategy]
+    elif strategy != "none":
+        words += ["--deepspeed", strategy] + (["--nvme_path", "DIR"] if strategy in NVME_STRATEGIES else [])
+    if recommendation.get("lora"):
+        words += ["--lora", "True", "--lora_rank", str(args.lora_rank), "--lora_targets", args.lora_targets]
+        if recommendation.get("quantize_base", "none") != "none":
+            words += ["--quantize_base", recommendation["quantize_base"]]
+    words += ["--precision", args.precision]
+    if args.gradient_checkpointing:
+        words += ["--gradient_checkpointing", "True"]
+    return " ".join(words)
+
+
+def under(strategy: str) -> str:
+    """ "under <strategy>" as a sentence reads it: "under none" alone would read as "nowhere"."""
+    return "with no DeepSpeed (none)" if strategy == "none" else f"under {strategy}"
 
 
 def _add_lora(
@@ -390,16 +421,14 @@ def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
                 lora_recommendation,
                 reason=(
                     f"{why} on {args.nodes} pod(s) of {args.gpus_per_node} GPU(s). QLoRA (LoRA r={args.lora_rank} on "
-                    f"{args.lora_targets}, the base in {quantize}) under {name} fits in {1 - args.safety_margin:.0%} "
-                    f"of {args.gpu_memory_gb:g} GB: textsql train --lora True --lora_rank {args.lora_rank} "
-                    f"--lora_targets {args.lora_targets} --quantize_base {quantize}"
-                    + ("" if name == "none" else f" --deepspeed {name}")
+                    f"{args.lora_targets}, the base in {quantize}) {under(name)} fits in {1 - args.safety_margin:.0%} "
+                    f"of {args.gpu_memory_gb:g} GB"
                 ),
             )
             plan["problem"] = None
         elif faster:
             full["alternative"] = (
-                f"QLoRA ({quantize} base) fits under {name}, a faster strategy ({rows[name]['gpu_total_gb']:.1f} GB)"
+                f"QLoRA ({quantize} base) fits {under(name)}, a faster strategy ({rows[name]['gpu_total_gb']:.1f} GB)"
             )
         return
     if full is None:
@@ -412,16 +441,14 @@ def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
             lora_recommendation,
             reason=(
                 f"full fine-tuning fits under no strategy on {args.nodes} pod(s){needs}. LoRA (r={args.lora_rank}, "
-                f"{args.lora_targets}) under {name} fits in {1 - args.safety_margin:.0%} of {args.gpu_memory_gb:g} GB: "
-                f"textsql train --lora True --lora_rank {args.lora_rank} --lora_targets {args.lora_targets}"
-                + ("" if name == "none" else f" --deepspeed {name}")
+                f"{args.lora_targets}) {under(name)} fits in {1 - args.safety_margin:.0%} of {args.gpu_memory_gb:g} GB"
             ),
         )
         plan["problem"] = None
     elif STRATEGIES.index(name) < STRATEGIES.index(full["strategy"]):
         # full fine-tuning fits only under a slower strategy (the model spread over the GPUs, or offloaded to the host)
         full["alternative"] = (
-            f"LoRA (r={args.lora_rank}, {args.lora_targets}) fits under {name}, a faster strategy, "
+            f"LoRA (r={args.lora_rank}, {args.lora_targets}) fits {under(name)}, a faster strategy, "
             f"on each GPU alone ({rows[name]['gpu_total_gb']:.1f} GB)"
         )
 
