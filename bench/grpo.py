@@ -12,7 +12,6 @@ slice exactly as the supervised run was scored (greedy, bf16 weights). A step th
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -25,7 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402
-from bench.real_model import RECIPES, TRAINED, Bench  # noqa: E402
+from bench.real_model import RECIPES, TRAINED, Bench, bench_parser  # noqa: E402
 
 # Chosen with --select on the validation split (bench/README.md); never on test.
 GRPO = [
@@ -95,11 +94,7 @@ def selection(bench: Bench, sft: Path, dataset: Path) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workdir", default=str(REPO / "bench" / ".work" / "real_model"))
-    parser.add_argument("--real_dir", type=Path, default=REPO.parent / "shared" / "real")
-    parser.add_argument("--select", action="store_true", help="choose GRPO's settings on validation instead")
-    parser.add_argument("--fresh", action="store_true", help="run every step again")
+    parser = bench_parser(__doc__.split("\n\n")[0], "choose GRPO's settings on validation instead")
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args(argv)
     bench = Bench(args)

@@ -327,12 +327,18 @@ def selection(bench: Bench) -> dict:
     return results
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def bench_parser(description: str, select_help: str) -> argparse.ArgumentParser:
+    """The arguments this benchmark and bench/grpo.py share (one work folder, resumed step by step)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--workdir", default=str(REPO / "bench" / ".work" / "real_model"))
     parser.add_argument("--real_dir", type=Path, default=REPO.parent / "shared" / "real")
-    parser.add_argument("--select", action="store_true", help="the recipe search on validation instead")
+    parser.add_argument("--select", action="store_true", help=select_help)
     parser.add_argument("--fresh", action="store_true", help="run every step again")
+    return parser
+
+
+def main(argv=None) -> None:
+    parser = bench_parser(__doc__.split("\n\n")[0], "the recipe search on validation instead")
     parser.add_argument(
         "--only",
         type=lambda text: text.split(","),
