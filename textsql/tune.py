@@ -65,6 +65,7 @@ LEVERS = {
     "workers": {"dataloader_num_workers": 2, "dataloader_persistent_workers": True},
 }
 CAUSAL_ONLY_LEVERS = ("fused_loss", "liger", "packing", "flex_packing")
+CONFIRM_PREFIX = "recipe:"  # a confirmation's key in the results: the setting trained from its recipe
 RETRIED = ("failed", "out of memory", "timed out")  # what --retry_failed measures again
 RANK_QUOTE = re.compile(r"^(rank \d+ )?\| ")  # how textsql.cluster.launch.failure_message quotes a rank's output
 OUT_OF_MEMORY_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "cannot allocate memory")
@@ -175,6 +176,15 @@ class TuneArguments:
             "candidates."
         },
     )
+    confirm: bool = field(
+        default=True,
+        metadata={
+            "help": "After choosing, train the written recipe as `textsql train RECIPE` reads it (its own logging, "
+            "evaluation and reporting; the warm-up and timed steps only), and textsql train's default settings the "
+            "same way, --repeats times in alternating order: the winner's speed-up re-measured from its recipe, "
+            "beside the candidates' figure."
+        },
+    )
     accelerator: str = field(default="auto", metadata={"help": "auto, cuda or cpu, as textsql train's --accelerator."})
     levers: str = field(
         default="",
@@ -236,12 +246,14 @@ class Candidate:
     adapter: str = ""  # "": every weight trains; else a name of ADAPTERS
     default: bool = False  # textsql train's own settings
     levers: tuple = ()  # names of LEVERS on top
+    from_recipe: bool = False  # the confirmation: trained as `textsql train RECIPE` reads it, not as a candidate
 
     @property
     def key(self) -> str:
         name = Path(self.strategy).stem if self.strategy.endswith(".json") else self.strategy
         key = f"{name}-mb{self.micro_batch}-acc{self.accumulation}" + (f"-{self.adapter}" if self.adapter else "")
-        return key + (f"-{'+'.join(self.levers)}" if self.levers else "")
+        key += f"-{'+'.join(self.levers)}" if self.levers else ""
+        return f"{CONFIRM_PREFIX}{key}" if self.from_recipe else key
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -455,16 +467,40 @@ def result_row(candidate: Candidate, status: str, *, repeat: int = 0, error: str
     }
 
 
-def measure(candidate: Candidate, args: TuneArguments, base: dict, world: int, repeat: int, train) -> dict:
+def run_name(candidate: Candidate, repeat: int) -> str:
+    """A measurement's run folder and log name (a confirmation's "recipe:" as "recipe-": a file name)."""
+    return f"{candidate.key.replace(CONFIRM_PREFIX, 'recipe-')}-r{repeat}"
+
+
+def recipe_arguments(recipe: Path | dict, args: TuneArguments, output_dir: Path, parent_run_id: str | None = None):
+    """A confirmation's arguments: the recipe file as `textsql train RECIPE --max_steps N ...` reads it (or, for the
+    default settings, their recipe's values), trained for the warm-up and timed steps, each step logged, into
+    `output_dir`; everything else (evaluation, reporting, the progress bar) as the recipe says."""
+    own = {
+        "max_steps": args.warmup_steps + args.timed_steps,
+        "logging_steps": 1,
+        "logging_first_step": True,
+        "output_dir": str(output_dir),
+        "overwrite": True,
+        "accelerator": args.accelerator,
+    } | candidate_values(parent_run_id)
+    if isinstance(recipe, dict):
+        return arguments_from_dict(recipe | own)
+    flags = [part for key, value in own.items() for part in (f"--{key}", str(value))]
+    return parse_arguments([str(recipe), *flags])
+
+
+def measure(candidate: Candidate, args: TuneArguments, world: int, repeat: int, train, arguments_for) -> dict:
     """Train one candidate for the warm-up and timed steps and return its result row; a failure is caught and recorded
-    (an out-of-memory named as such) with the last lines of its output."""
+    (an out-of-memory named as such) with the last lines of its output. `arguments_for(output_dir)`: its `textsql
+    train` arguments."""
     tune_dir = Path(args.tune_dir)
-    output_dir = tune_dir / TUNE_RUNS_DIR / f"{candidate.key}-r{repeat}"
-    log = tune_dir / TUNE_LOGS_DIR / f"{candidate.key}-r{repeat}.log"
+    output_dir = tune_dir / TUNE_RUNS_DIR / run_name(candidate, repeat)
+    log = tune_dir / TUNE_LOGS_DIR / f"{run_name(candidate, repeat)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
-        arguments = candidate_arguments(base, candidate, args, output_dir)
+        arguments = arguments_for(output_dir)
         with log.open("w") as stream:
             summary = train(arguments, lambda line: stream.write(line + "\n"), args.timeout_s)
     except TrainingTimedOut as error:
@@ -510,6 +546,7 @@ def measure(candidate: Candidate, args: TuneArguments, base: dict, world: int, r
         memory_kind=kind,
         world_size=summary.world_size,
         final_loss=summary.last_logged_loss,
+        run_samples_per_second=summary.train_samples_per_second,  # the whole run's, as textsql train reports it
         run_dir=summary.output_dir,
         log=str(log),
         wall_seconds=round(time.perf_counter() - started, 1),
@@ -640,6 +677,7 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "samples_per_second_max": max(rates),
                 "measurements": len(rates),
                 "spread": (max(rates) - min(rates)) / middle,
+                "run_samples_per_second": statistics.median([r.get("run_samples_per_second") or 0 for r in ok]),
                 "load_average_max": max((r.get("load_average") or 0) for r in ok),
                 "cpu_cores": ok[0].get("cpu_cores"),
                 "peak_memory_bytes": max(r["peak_memory_bytes"] or 0 for r in ok),
@@ -691,12 +729,33 @@ class TuneResult:
     plot: Path | None
     measured_now: int
     global_batch_size: int = 0
+    confirmation: list[dict] | None = None  # the recipe (and the default settings) trained as textsql train reads them
 
     @property
     def speedup_over_default(self) -> float | None:
         if not (self.winner and self.default and self.default.get("status") == "ok"):
             return None
         return self.winner["samples_per_second"] / self.default["samples_per_second"]
+
+    def confirmed(self, default: bool) -> dict | None:
+        """The confirmation's entry of the recipe (default False) or of the default settings, when it trained."""
+        return next((e for e in self.confirmation or () if e["status"] == "ok" and bool(e["default"]) == default), None)
+
+    @property
+    def confirmed_speedup(self) -> dict | None:
+        """The winner's speed-up over the default settings, both trained from their recipes: in the timed steps, and
+        over each whole run as textsql train reports it (start-up and evaluation inside the training included)."""
+        recipe, default = self.confirmed(False), self.confirmed(True)
+        if not (recipe and default):
+            return None
+        return {
+            "timed_steps": recipe["samples_per_second"] / default["samples_per_second"],
+            "whole_run": (
+                recipe["run_samples_per_second"] / default["run_samples_per_second"]
+                if recipe.get("run_samples_per_second") and default.get("run_samples_per_second")
+                else None
+            ),
+        }
 
 
 def run_tune(
@@ -763,7 +822,8 @@ def run_tune(
     measured_now = 0
     out_of_memory: dict[tuple, int] = {}  # (strategy, adapter) -> the smallest micro-batch that ran out of memory
 
-    def run_one(candidate: Candidate, repeat: int, position: str) -> None:
+    def run_one(candidate: Candidate, repeat: int, position: str, arguments_for=None) -> None:
+        """Measure one candidate (`arguments_for`: its arguments when it is not a candidate's own), unless kept."""
         nonlocal measured_now
         if (candidate.key, repeat) in done:
             echo(f"{position} {candidate.key}: measured before, kept ({results_path.name})")
@@ -778,7 +838,8 @@ def run_tune(
             )
         else:
             echo(f"{position} {candidate.key}: training {args.warmup_steps} + {args.timed_steps} steps ...")
-            row = measure(candidate, args, runs_base, world, repeat, train)
+            own = lambda output_dir: candidate_arguments(runs_base, candidate, args, output_dir)  # noqa: E731
+            row = measure(candidate, args, world, repeat, train, arguments_for or own)
             measured_now += 1
         row["fingerprint"] = print_
         append_result(results_path, row)
@@ -806,18 +867,40 @@ def run_tune(
         for round_, contenders in enumerate(repeat_rounds(rows, ordered, args), 1):
             for i, candidate in enumerate(contenders, 1):
                 run_one(candidate, round_, f"[round {round_ + 1}/{args.repeats}, {i}/{len(contenders)}]")
+        by_key = {c.key: c for c in candidates}
+        table = summarize([r for r in rows if r["key"] in by_key])
+        winner = choose_winner(table, args.tolerance)
+        default = next((e for e in table if e["default"]), None)
+        result = TuneResult(
+            table, winner, default, left_out, tune_dir, None, None, measured_now, args.global_batch_size
+        )
+        if winner is not None:
+            result.recipe = write_recipe(
+                tune_dir / TUNE_RECIPE_FILE, winner, base_model, base_data, base_training, args
+            )
+        if args.confirm and winner is not None:
+            # The winner's figure comes from candidates trained with tune's own settings (no evaluation, no reporting):
+            # its recipe, trained as textsql train reads it, against the default settings the same way, says what a
+            # user gets.
+            parent_id = parent and parent["run_id"]
+            confirming = [replace(by_key[winner["key"]], from_recipe=True, default=False)]
+            arguments = [lambda out: recipe_arguments(result.recipe, args, out, parent_id)]
+            if default is not None and default["status"] == "ok" and default["key"] != winner["key"]:
+                default_recipe = recipe_values(default, base_model, base_data, base_training, args)
+                confirming.append(replace(by_key[default["key"]], from_recipe=True))
+                arguments.append(lambda out: recipe_arguments(default_recipe, args, out, parent_id))
+            for round_ in range(args.repeats):
+                order = list(zip(confirming, arguments))[:: -1 if round_ % 2 else 1]
+                for i, (candidate, arguments_for) in enumerate(order, 1):
+                    position = f"[recipe round {round_ + 1}/{args.repeats}, {i}/{len(order)}]"
+                    run_one(candidate, round_, position, arguments_for)
+            keys = {c.key for c in confirming}
+            result.confirmation = summarize([r for r in rows if r["key"] in keys])
     except BaseException:
         end_tune_run(parent, failed=True)
         raise
-    by_key = {c.key: c for c in candidates}
-
-    table = summarize([r for r in rows if r["key"] in by_key])
-    winner = choose_winner(table, args.tolerance)
-    default = next((e for e in table if e["default"]), None)
-    result = TuneResult(table, winner, default, left_out, tune_dir, None, None, measured_now, args.global_batch_size)
+    result.measured_now = measured_now
     (tune_dir / TUNE_TABLE_FILE).write_text(format_table(result) + "\n")
-    if winner is not None:
-        result.recipe = write_recipe(tune_dir / TUNE_RECIPE_FILE, winner, base_model, base_data, base_training, args)
     result.plot = plot_tune(result, tune_dir / TUNE_PLOT_FILE)
     end_tune_run(parent, [tune_dir / TUNE_TABLE_FILE, result.plot, result.recipe], winner and winner["key"])
     return result
@@ -940,6 +1023,7 @@ def format_table(result: TuneResult) -> str:
             + (f", {speedup:.2f}x textsql train's default settings" if speedup else "")
             + ")"
         )
+    lines += confirmation_lines(result)
     busy = [e for e in result.table if e.get("cpu_cores") and e.get("load_average_max", 0) > e["cpu_cores"]]
     if busy:
         worst = max(busy, key=lambda e: e["load_average_max"])
@@ -950,6 +1034,34 @@ def format_table(result: TuneResult) -> str:
             "CPU machine, with OMP_NUM_THREADS=1: threads waiting for a busy core slow every step)."
         )
     return "\n".join(lines)
+
+
+def confirmation_lines(result: TuneResult) -> list[str]:
+    """What training the recipe as textsql train reads it gave, beside the candidates' figure: its samples/s in the
+    timed steps and over the whole run, against the default settings trained the same way, or its failure."""
+    if not result.confirmation:
+        return []
+    recipe = next((e for e in result.confirmation if not e["default"]), None)
+    if recipe is None or recipe["status"] != "ok":
+        error = ((recipe or {}).get("error") or "no measurement").splitlines()[-1]
+        return [f"its recipe, trained as textsql train reads it: {(recipe or {}).get('status', 'not run')}: {error}"]
+    runs = f"median of {recipe['measurements']}" if recipe["measurements"] > 1 else "one run"
+    line = (
+        f"its recipe, trained as textsql train reads it ({runs}): {recipe['samples_per_second']:.1f} samples/s in the "
+        f"timed steps ({result.winner['samples_per_second']:.1f} as a candidate), "
+        f"{recipe['run_samples_per_second']:.1f} over the whole run (start-up and evaluation included)"
+    )
+    speedup, default = result.confirmed_speedup, result.confirmed(True)
+    if speedup is None:
+        return [line + (" — the default settings won: nothing to compare with" if result.winner["default"] else "")]
+    whole = f"{speedup['whole_run']:.2f}x" if speedup["whole_run"] else "-"
+    return [
+        line,
+        f"textsql train's default settings the same way: {default['samples_per_second']:.1f} and "
+        f"{default['run_samples_per_second']:.1f} samples/s; the recipe is {speedup['timed_steps']:.2f}x the default "
+        f"in the timed steps and {whole} over the whole run (what a run of this length gains: start-up and "
+        "evaluation do not speed up)",
+    ]
 
 
 def recipe_values(winner: dict, model, data, training, args: TuneArguments) -> dict:
@@ -1041,4 +1153,6 @@ def as_dict(result: TuneResult) -> dict:
         "recipe": str(result.recipe) if result.recipe else None,
         "plot": str(result.plot) if result.plot else None,
         "measured_now": result.measured_now,
+        "confirmation": result.confirmation,
+        "confirmed_speedup": result.confirmed_speedup,
     }

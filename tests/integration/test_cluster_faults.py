@@ -452,6 +452,7 @@ def test_tune_measures_a_candidate_on_two_pods_and_stops_one_past_its_limit(asse
             strategies="none",
             warmup_steps=1,
             repeat_top=0,
+            confirm=False,
             **settings,
         )
         return run_tune(args, train_argv, cluster=cluster)

@@ -87,20 +87,21 @@ def test_tune_reports_failures_resumes_and_its_recipe_trains(assets, tmp_path, t
         assert "failed: The DeepSpeed config contradicts the training arguments" in lines[key]
     assert "refused: fsdp_full_shard needs GPUs" in lines["fsdp_full_shard-mb16-acc1-lora"]
     results = [json.loads(line) for line in (tune_dir / "tune_results.jsonl").read_text().splitlines()]
-    first = [(r["key"], r["status"]) for r in results if r["repeat"] == 0]
+    candidates = [r for r in results if not r["key"].startswith("recipe:")]
+    first = [(r["key"], r["status"]) for r in candidates if r["repeat"] == 0]
     assert first == [
         ("none-mb16-acc1", "ok"),
         ("none-mb16-acc1-lora", "ok"),
         ("contradicting-mb16-acc1", "failed"),
         ("contradicting-mb16-acc1-lora", "failed"),
     ]
-    second = [r["key"] for r in results if r["repeat"] == 1]
+    second = [r["key"] for r in candidates if r["repeat"] == 1]
     assert second == ["none-mb16-acc1-lora", "none-mb16-acc1"]  # the reverse order of the first round
     # The same setting measured twice agrees within the spread the table states for it (its min-max, median inside).
     for key in ("none-mb16-acc1", "none-mb16-acc1-lora"):
         low, high = (float(x) for x in cell(lines[key], 6).split(" ")[0].split("-"))
         median = float(cell(lines[key], 5))
-        measured = [r["samples_per_second"] for r in results if r["key"] == key]
+        measured = [r["samples_per_second"] for r in candidates if r["key"] == key]
         assert len(measured) == 2 and low <= median <= high
         assert all(round(low, 1) <= round(m, 1) <= round(high, 1) for m in measured) and min(measured) == pytest.approx(
             low, abs=0.05
@@ -110,12 +111,26 @@ def test_tune_reports_failures_resumes_and_its_recipe_trains(assets, tmp_path, t
     ).stat().st_size
     assert (tune_dir / "logs" / "contradicting-mb16-acc1-r0.log").read_text()  # the failed training's output
 
+    # The winner's recipe trained as textsql train reads it, against the default settings trained the same way (when
+    # the default did not win), in alternating rounds: each a run of its own, read back into the table's last lines.
+    winner = next(key for key, line in lines.items() if "**winner**" in line)
+    confirming = [f"recipe:{winner}"] + ([] if winner == "none-mb16-acc1" else ["recipe:none-mb16-acc1"])
+    confirmed = [(r["key"], r["repeat"], r["status"]) for r in results if r["key"].startswith("recipe:")]
+    assert confirmed == [(key, 0, "ok") for key in confirming] + [(key, 1, "ok") for key in confirming[::-1]]
+    recipe_run = next(r for r in results if r["key"] == f"recipe:{winner}")
+    summary = json.loads((Path(recipe_run["run_dir"]) / "run_summary.json").read_text())
+    assert summary["global_step"] == 5 and bool(summary["strategy"]["lora"]) == winner.endswith("-lora")
+    assert summary["arguments"]["training"]["learning_rate"] == 1e-3  # the recipe's, from the arguments after --
+    assert "its recipe, trained as textsql train reads it (median of 2): " in out
+    assert ("the recipe is " in out and "x the default in the timed steps" in out) == (len(confirming) == 2)
+    assert "recipe:" not in "".join(lines)  # the candidates' table holds candidates only
+    total = 6 + 2 * len(confirming)
+
     # Again: every candidate is in the results already, nothing is trained.
     status, out, err = textsql_in_process(argv)
-    assert status == 0 and out.count("measured before, kept") == 6 and "training 2 + 3 steps" not in out
-    assert len((tune_dir / "tune_results.jsonl").read_text().splitlines()) == 6
+    assert status == 0 and out.count("measured before, kept") == total and "training 2 + 3 steps" not in out
+    assert len((tune_dir / "tune_results.jsonl").read_text().splitlines()) == total
 
-    winner = next(key for key, line in lines.items() if "**winner**" in line)
     recipe = tune_dir / "tune_recipe.yaml"
     values = yaml.safe_load(recipe.read_text())
     assert values["per_device_train_batch_size"] == 16 and values["gradient_accumulation_steps"] == 1
@@ -182,7 +197,18 @@ def test_tune_measures_qlora_candidates(causal_assets, tmp_path, textsql_in_proc
     tune_dir, runs = tmp_path / "tune", tmp_path / "runs"
     argv = ["tune", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--tune_dir", str(tune_dir)]
     argv += ["--global_batch_size", "8", "--micro_batches", "8", "--strategies", "none", "--warmup_steps", "1"]
-    argv += ["--timed_steps", "2", "--repeat_top", "0", "--quantize_base", "nf4", "--gpu_memory_gb", "40"]
+    argv += [
+        "--timed_steps",
+        "2",
+        "--repeat_top",
+        "0",
+        "--quantize_base",
+        "nf4",
+        "--gpu_memory_gb",
+        "40",
+        "--confirm",
+        "False",
+    ]
     argv += ["--", "--max_steps", "2", "--runs_root", str(runs), "--eval_strategy", "no", "--save_strategy", "no"]
     status, out, err = textsql_in_process(argv)
     assert status == 0, out + err
@@ -207,7 +233,7 @@ def test_tune_tries_a_speed_lever_on_the_fastest_setting(assets, tmp_path, texts
     tune_dir = tmp_path / "tune"
     argv = ["tune", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--tune_dir", str(tune_dir)]
     argv += ["--global_batch_size", "16", "--micro_batches", "16", "--strategies", "none", "--warmup_steps", "1"]
-    argv += ["--timed_steps", "2", "--repeat_top", "0", "--levers", "fused_loss,foreach_adamw"]
+    argv += ["--timed_steps", "2", "--repeat_top", "0", "--levers", "fused_loss,foreach_adamw", "--confirm", "False"]
     argv += ["--", "--eval_strategy", "no", "--save_strategy", "no", "--dataloader_num_workers", "0"]
     status, out, err = textsql_in_process(argv)
     assert status == 0, out + err

@@ -441,7 +441,7 @@ def test_small_model_recommends_no_deepspeed():
 
 
 def test_big_model_recommends_an_offload_strategy():
-    result = plan(model="t5-3b", gpu_memory_gb=40, nodes=1, gpus_per_node=1)
+    result = plan(model="t5-3b", gpu_memory_gb=40, nodes=1, gpus_per_node=1, cpu_memory_gb=128)
     for name in ("none", "zero1", "zero2", "zero3"):
         assert not result["strategies"][name]["fits_with_margin"]
     assert result["recommendation"]["strategy"] in ("zero2_offload", "zero3_offload")
@@ -451,7 +451,9 @@ def test_zero3_is_preferred_to_offload_when_both_fit():
     # At the default evaluation batch of 32, t5-11b's generation caches (128 heads x 128 wide: 9.0 GB of keys and
     # values over 24 decoder layers) make evaluation ZeRO-3's peak (40.2 GB, over the 36 GB allowed): the training
     # step alone is 33.5 GB. An evaluation batch of 8 brings the evaluation under the training step again.
-    crowded = plan(model="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, gradient_checkpointing=True)
+    crowded = plan(
+        model="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, gradient_checkpointing=True, cpu_memory_gb=1000
+    )
     assert crowded["strategies"]["zero3"]["peak_phase"] == "evaluation"
     assert not crowded["strategies"]["zero3"]["fits_with_margin"]
     result = plan(
@@ -461,6 +463,7 @@ def test_zero3_is_preferred_to_offload_when_both_fit():
         gpus_per_node=8,
         gradient_checkpointing=True,
         per_device_eval_batch_size=8,
+        cpu_memory_gb=1000,
     )
     rows = result["strategies"]
     assert not rows["zero2"]["fits_with_margin"]
@@ -484,11 +487,30 @@ def test_largest_batch_is_the_boundary():
 
 
 def test_host_memory_limit_rules_out_offload():
-    roomy = plan(model="t5-3b", gpu_memory_gb=40)
+    roomy = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=128)
     cramped = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32)
-    assert roomy["recommendation"] is not None
+    assert roomy["recommendation"]["strategy"] == "zero2_offload"
+    assert "its host peak in 90% of 128 GB host memory per pod" in roomy["recommendation"]["reason"]
     assert cramped["recommendation"] is None
     assert cramped["strategies"]["zero2_offload"]["fits_cpu"] is False
+
+
+def test_without_a_host_memory_a_worker_pods_default_is_assumed_and_said():
+    """No --cpu_memory_gb: the host side is still checked, against what textsql's cluster gives a worker pod, and the
+    plan says it assumed that; where the GPU would do and the host would not, the problem says so and how to fix it."""
+    from textsql.cluster.pods import Cluster
+    from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
+
+    assert Cluster.memory == DEFAULT_POD_MEMORY_GB  # one fact: the cluster's worker pods and the planner agree
+    assumed = plan(model="t5-3b", gpu_memory_gb=40)
+    assert assumed["inputs"]["cpu_memory_gb"] == DEFAULT_POD_MEMORY_GB and assumed["inputs"]["cpu_memory_assumed"]
+    assert assumed["recommendation"] is None and assumed["strategies"]["zero2_offload"]["fits_gpu"]
+    assert "but its host peak" in assumed["problem"] and "Pass --cpu_memory_gb" in assumed["problem"]
+    assert f"{DEFAULT_POD_MEMORY_GB:g} GB host memory per pod (assumed" in assumed["problem"]
+    text = format_plan(assumed, with_assumptions=False)
+    assert f"{DEFAULT_POD_MEMORY_GB:g} GB host memory per pod (assumed: textsql's worker pods' default" in text
+    given = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=DEFAULT_POD_MEMORY_GB)
+    assert not given["inputs"]["cpu_memory_assumed"] and "(assumed" not in format_plan(given, with_assumptions=False)
 
 
 def test_format_and_plot(tmp_path):
@@ -547,7 +569,17 @@ def test_cli_bad_input_is_a_message_not_a_traceback(offline, capsys, argv, messa
 
 
 def test_cli_no_fit_suggests_a_batch(capsys):
-    assert plan_cli(["--model", "t5-11b", "--gpu_memory_gb", "16", "--per_device_train_batch_size", "64"]) == 2
+    argv = [
+        "--model",
+        "t5-11b",
+        "--gpu_memory_gb",
+        "16",
+        "--per_device_train_batch_size",
+        "64",
+        "--cpu_memory_gb",
+        "512",
+    ]
+    assert plan_cli(argv) == 2
     err = capsys.readouterr().err
     # the smallest prediction is an offload strategy's (ZeRO-3's and FSDP's are within 0.1%)
     assert "--per_device_train_batch_size" in err and "_offload)" in err

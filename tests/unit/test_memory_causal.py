@@ -14,6 +14,7 @@ from textsql.families import family_named
 from textsql.paths import METADATA_FILE
 from textsql.planner import causal, memory
 from textsql.planner.check import compare_with_run
+from textsql.planner.display import format_plan
 from textsql.run_summary import read_summary
 from textsql.tiny import CAUSAL_CONFIG_NAMES
 
@@ -165,6 +166,22 @@ def test_qlora_is_named_where_lora_on_a_bf16_base_does_not_fit():
     t5 = plan(model="t5-small", quantize_base="nf4")["qlora"]
     t5_base = t5["quantized_base"]
     assert t5_base["weights"] > 0 and t5_base["total"] < 2 * (t5_base["weights"] + t5_base["other_parameters"])
+
+
+def test_bloom_7b1_with_qlora_on_one_40_gb_gpu_is_not_sent_to_an_offload_its_pod_cannot_hold():
+    """Issue 41: without --cpu_memory_gb the plan once recommended full fine-tuning under an offload strategy needing
+    ~180 GB of host memory, unchecked. The host side is now checked against a worker pod's default, said as assumed:
+    QLoRA is recommended; given a pod with that much host memory, the offload row is recommended again."""
+    values = dict(model="bigscience/bloom-7b1", gpu_memory_gb=40, per_device_train_batch_size=4)
+    values |= dict(lora=True, quantize_base="nf4")
+    assumed = memory.plan_memory(memory.PlanArguments(**values))
+    offload = assumed["strategies"]["fsdp_full_shard_offload"]
+    assert offload["fits_gpu"] and not offload["fits_cpu"] and offload["cpu_per_node_gb"] > 150
+    rec = assumed["recommendation"]
+    assert (rec["quantize_base"], rec["strategy"]) == ("nf4", "none") and assumed["inputs"]["cpu_memory_assumed"]
+    assert "(assumed: textsql's worker pods' default" in format_plan(assumed, with_assumptions=False)
+    roomy = memory.plan_memory(memory.PlanArguments(**values, cpu_memory_gb=256))
+    assert not roomy["recommendation"].get("lora") and roomy["recommendation"]["strategy"].endswith("_offload")
 
 
 def test_lora_trainable_parameters_match_peft_on_every_preset(tmp_path):

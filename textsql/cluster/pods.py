@@ -24,6 +24,7 @@ from pathlib import Path
 from textsql.cluster.launch import decode, encode, last_round, read_records, write_record
 from textsql.cluster.rank import BEATS_ENV, LAUNCH_ENV, POD_ENV, ROUND_ENV
 from textsql.errors import TextsqlError
+from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 
 RANKS_ENV = "TEXTSQL_POD_RANKS"
 POD_CODE = (
@@ -307,7 +308,7 @@ class Cluster:
     backend: str = "local"
     workers: int = 1
     cpu: float = 4
-    memory: float = 16
+    memory: float = DEFAULT_POD_MEMORY_GB
     nvidia_gpu: int = 1
     session_slots: int | None = None
     project_dir: Path = Path(".")

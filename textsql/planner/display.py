@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from textsql.extras import require_notebooks_extra
-from textsql.planner.memory import COMPONENTS, GIB
+from textsql.planner.memory import COMPONENTS, GIB, host_memory_words
 from textsql.strategy.table import NVME_STRATEGIES
 
 COLUMN_TITLES = {
@@ -27,7 +27,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         f"model      {m['name']} ({m['source']}): {m['parameters'] / 1e6:.1f}M parameters, largest layer "
         f"{m['largest_layer_parameters'] / 1e6:.1f}M",
         f"cluster    {a['nodes']} pod(s) x {a['gpus_per_node']} GPU(s) of {a['gpu_memory_gb']:g} GB"
-        + (f", {a['cpu_memory_gb']:g} GB host memory per pod" if a["cpu_memory_gb"] else ""),
+        + f", {host_memory_words(a['cpu_memory_gb'], a.get('cpu_memory_assumed', False))}",
         f"training   batch {a['per_device_train_batch_size']} per GPU, {a['max_source_length']}/{a['max_target_length']} "
         f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
         f"evaluation batch {a['per_device_eval_batch_size']} per GPU, "
@@ -66,7 +66,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         "(fp32); PEAK is the largest, and it decides fits and the recommendation)"
     )
     lines.append(
-        f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU{' and host' if a['cpu_memory_gb'] else ''} "
+        f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU and host "
         f"memory; tight = fits only without the safety margin)"
     )
     lines.append("")

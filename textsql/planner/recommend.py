@@ -3,7 +3,7 @@ LoRA and QLoRA where full fine-tuning does not fit, and the assumptions behind t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
@@ -27,6 +27,7 @@ from textsql.planner.states import (
     read_dsconfig,
     zero_settings,
 )
+from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 from textsql.strategy.dsconfig import describe_strategy
 from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
 
@@ -194,7 +195,12 @@ class PlanArguments:
         },
     )
     cpu_memory_gb: float | None = field(
-        default=None, metadata={"help": "Host memory of one pod in GB; checked for the offload strategies when given."}
+        default=None,
+        metadata={
+            "help": "Host memory of one pod in GB, which every strategy's host peak (offload, checkpoint saves) must "
+            f"fit. Default: {DEFAULT_POD_MEMORY_GB:g}, what textsql's cluster gives a worker pod unless told "
+            "(Cluster(memory=...)); the plan says when it assumed it."
+        },
     )
     safety_margin: float = field(
         default=0.1,
@@ -272,7 +278,10 @@ class PlanArguments:
 
 
 def plan_memory(args: PlanArguments) -> dict:
-    """Predict every strategy's peak memory per pod and recommend the fastest that fits, with its largest batch (JSON-able)."""
+    """Predict every strategy's peak memory per pod and recommend the fastest that fits, with its largest batch (JSON-able).
+    Without a host memory (--cpu_memory_gb) a worker pod's default is assumed, and the plan's inputs say so."""
+    limits = _limits(args)
+    args, host_assumed = with_host_memory(args)
     shape = resolve_model(args.model)
     dsconfig = read_dsconfig(args.dsconfig) if args.dsconfig else None
     settings = zero_settings(dsconfig)
@@ -288,14 +297,14 @@ def plan_memory(args: PlanArguments) -> dict:
         eval_num_beams=args.eval_num_beams,
         nvme_gb_per_s=args.nvme_gb_per_s,
     )
-    limits = _limits(args)
     strategies = {}
     for name in STRATEGIES:
         row = predict_strategy(shape, setup, name, args.per_device_train_batch_size)
         strategies[name] = _with_verdict(row, limits, args.gpu_memory_gb, args.cpu_memory_gb)
     plan = {
         "model": shape.as_dict(),
-        "inputs": {k: v for k, v in asdict(args).items() if k != "json"} | {"world_size": setup.gpus},
+        "inputs": {k: v for k, v in asdict(args).items() if k != "json"}
+        | {"world_size": setup.gpus, "cpu_memory_assumed": host_assumed},
         "dsconfig_strategy": _dsconfig_label(dsconfig),
         "zero_settings": {k: v for k, v in settings.items() if k != "shipped"},
         "zero_settings_source": args.dsconfig or "shipped dsconfig/ files",
@@ -346,7 +355,6 @@ def _add_lora(
     fits under none on these pods or needs more of them; with the offload strategies, the host memory LoRA saves.
     With `quantize` (nf4, int8) the same for QLoRA (plan["qlora"]), recommended where neither full fine-tuning nor
     LoRA on the unquantized base fits."""
-    from dataclasses import replace
 
     key = "lora" if quantize == "none" else "qlora"
     lora_setup = replace(setup, lora_rank=args.lora_rank, lora_targets=args.lora_targets, quantize_base=quantize)
@@ -432,8 +440,6 @@ def _recommend_lora(plan, key, shape, lora_setup, args, limits, rows) -> None:
             )
         return
     if full is None:
-        from dataclasses import replace
-
         full_setup = replace(lora_setup, lora_rank=0, lora_targets="qv", quantize_base="none")
         pods = pods_for_full_fine_tuning(shape, full_setup, args, limits)
         needs = f"; full fine-tuning would need {pods} pods of {args.gpus_per_node} GPU(s)" if pods else ""
@@ -457,7 +463,6 @@ def pods_for_full_fine_tuning(
     shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, most: int = 64
 ) -> int | None:
     """The fewest pods (up to `most`) on which some strategy fits full fine-tuning at this batch; None if none."""
-    from dataclasses import replace
 
     for nodes in range(args.nodes + 1, most + 1):
         more = replace(setup, nodes=nodes)
@@ -466,26 +471,41 @@ def pods_for_full_fine_tuning(
     return None
 
 
+def with_host_memory(args: PlanArguments) -> tuple[PlanArguments, bool]:
+    """(the arguments with a pod's host memory, whether it was assumed): --cpu_memory_gb, else a worker pod's default."""
+    if args.cpu_memory_gb is not None:
+        return args, False
+    return replace(args, cpu_memory_gb=DEFAULT_POD_MEMORY_GB), True
+
+
 def _limits(args: PlanArguments) -> dict:
+    args, host_assumed = with_host_memory(args)
     keep = 1 - args.safety_margin
     return {
         "gpu": args.gpu_memory_gb * GIB * keep,
-        "cpu": None if args.cpu_memory_gb is None else args.cpu_memory_gb * GIB * keep,
+        "cpu": args.cpu_memory_gb * GIB * keep,
+        "host_memory": host_memory_words(args.cpu_memory_gb, host_assumed),
     }
 
 
+def host_memory_words(cpu_memory_gb: float, assumed: bool) -> str:
+    """The host memory a plan checked, saying when it was assumed rather than given."""
+    return f"{cpu_memory_gb:g} GB host memory per pod" + (
+        " (assumed: textsql's worker pods' default; pass --cpu_memory_gb with your pods')" if assumed else ""
+    )
+
+
 def _fits(row: dict, limits: dict) -> bool:
-    cpu_ok = limits["cpu"] is None or row["cpu_per_node_bytes"] <= limits["cpu"]
-    return row["gpu_total_bytes"] <= limits["gpu"] and cpu_ok
+    return row["gpu_total_bytes"] <= limits["gpu"] and row["cpu_per_node_bytes"] <= limits["cpu"]
 
 
-def _with_verdict(row: dict, limits: dict, gpu_memory_gb: float, cpu_memory_gb: float | None) -> dict:
+def _with_verdict(row: dict, limits: dict, gpu_memory_gb: float, cpu_memory_gb: float) -> dict:
     row = dict(row)
     row["gpu_gb"] = {k: round(v / GIB, 3) for k, v in row["gpu_bytes"].items()}
     row["gpu_total_gb"] = round(row["gpu_total_bytes"] / GIB, 3)
     row["cpu_per_node_gb"] = round(row["cpu_per_node_bytes"] / GIB, 3)
     row["fits_gpu"] = row["gpu_total_bytes"] <= gpu_memory_gb * GIB
-    row["fits_cpu"] = None if cpu_memory_gb is None else row["cpu_per_node_bytes"] <= cpu_memory_gb * GIB
+    row["fits_cpu"] = row["cpu_per_node_bytes"] <= cpu_memory_gb * GIB
     row["fits_with_margin"] = _fits(row, limits)
     return row
 
@@ -503,7 +523,7 @@ def _recommend(shape, setup, args, strategies, limits):
                 "peak_phase": strategies[name]["peak_phase"],
                 "reason": f"{name} is the fastest strategy whose peak over the run's phases fits in {1 - args.safety_margin:.0%} of "
                 f"{args.gpu_memory_gb:g} GB"
-                + (f" (and of {args.cpu_memory_gb:g} GB host memory)" if args.cpu_memory_gb else ""),
+                + f", and its host peak in {1 - args.safety_margin:.0%} of {limits['host_memory']}",
             }, None
     return None, _no_fit_message(shape, setup, args, strategies, limits)
 
@@ -527,6 +547,17 @@ def largest_batch(shape: ModelShape, setup: Setup, strategy: str, limits: dict) 
 
 
 def _no_fit_message(shape, setup, args, strategies, limits) -> str:
+    on_the_gpu = [name for name in STRATEGIES if strategies[name]["gpu_total_bytes"] <= limits["gpu"]]
+    if on_the_gpu:  # the GPUs would do: the host is what falls short
+        name = on_the_gpu[0]
+        return (
+            f"{name} fits the GPU ({strategies[name]['gpu_total_gb']:.1f} GB of the {limits['gpu'] / GIB:.1f} GB "
+            f"allowed), but its host peak ({strategies[name]['cpu_per_node_gb']:.1f} GB per pod, "
+            f"{strategies[name]['cpu_peak_phase']}) is over the {limits['cpu'] / GIB:.1f} GB allowed of "
+            f"{limits['host_memory']}, as is every strategy's that fits the GPU. Pass --cpu_memory_gb with your pods' "
+            "host memory and give them that much (the session's resource profile; Cluster(memory=...) for workers), or "
+            "use more pods (--nodes), which divide ZeRO-3's host states."
+        )
     smallest = min(STRATEGIES, key=lambda n: strategies[n]["gpu_total_bytes"])
     allowed = f"{args.gpu_memory_gb:g} GB less the {args.safety_margin:.0%} safety margin"
     fixes = []
@@ -559,7 +590,7 @@ def _no_fit_message(shape, setup, args, strategies, limits) -> str:
                 f"the effective batch, or use {', or '.join(fixes)}."
             )
     cpu_note = ""
-    if args.cpu_memory_gb is not None and not strategies[smallest]["fits_cpu"]:
+    if not strategies[smallest]["fits_cpu"]:
         cpu_note = (
             f" The host memory also falls short ({strategies[smallest]['cpu_per_node_gb']:.1f} GB per node needed)."
         )

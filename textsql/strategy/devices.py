@@ -15,6 +15,9 @@ from textsql.hub import model_family
 
 PRECISIONS = ("auto", "bf16", "fp32", "fp16")
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
+# A pod's host memory in GB when nobody says: what textsql.cluster.Cluster asks CML for per worker pod unless told
+# (`memory=`), and what `textsql plan` checks the host side against without --cpu_memory_gb (saying so).
+DEFAULT_POD_MEMORY_GB = 16.0
 AMPERE = (8, 0)  # native bf16 and TF32 matmuls from compute capability 8.0 (A100, A10, L4, H100, ...)
 
 
