@@ -255,3 +255,27 @@ def test_levers_are_tried_alone_on_the_fastest_setting_then_together_and_the_rec
     with pytest.raises(TextsqlError, match="Unknown levers"):
         TuneArguments(levers="warp_drive")
     assert TuneArguments(levers="all").lever_names[0] == "fused_loss"
+
+
+def test_the_winner_is_restated_from_its_recipe_against_the_defaults_trained_the_same_way(tmp_path):
+    """Issue 41: a tune said 1.71x where training its recipe gave 1.10x. The confirmation's rows (the recipe and the
+    default settings trained as textsql train reads them) give the figure a user gets, in the timed steps and over the
+    whole run, beside the candidates'."""
+    table = summarize([row("zero2-mb32-acc1", "zero2", 1, 171.0), row("none-mb32-acc1", "none", 1, 100.0)])
+    confirmation = [
+        row("recipe:zero2-mb32-acc1", "zero2", 1, 110.0) | {"run_samples_per_second": 60.0},
+        row("recipe:zero2-mb32-acc1", "zero2", 1, 112.0, repeat=1) | {"run_samples_per_second": 62.0},
+        row("recipe:none-mb32-acc1", "none", 1, 100.0) | {"run_samples_per_second": 58.0, "default": True},
+        row("recipe:none-mb32-acc1", "none", 1, 100.0, repeat=1) | {"run_samples_per_second": 58.0, "default": True},
+    ]
+    result = TuneResult(table, table[0], table[1], [], tmp_path, None, None, 4, 32, summarize(confirmation))
+    assert result.speedup_over_default == pytest.approx(1.71)
+    assert result.confirmed_speedup == pytest.approx({"timed_steps": 1.11, "whole_run": 61 / 58})
+    text = format_table(result)
+    assert "(median of 2): 111.0 samples/s in the timed steps (171.0 as a candidate), 61.0 over the whole run" in text
+    assert "the recipe is 1.11x the default in the timed steps and 1.05x over the whole run" in text
+    # The recipe failed to train: said, with its reason; no speed-up is claimed from it.
+    failed = summarize([row("recipe:zero2-mb32-acc1", "zero2", 1, None, status="failed") | {"error": "Out of disk."}])
+    broken = TuneResult(table, table[0], table[1], [], tmp_path, None, None, 4, 32, failed)
+    assert "its recipe, trained as textsql train reads it: failed: Out of disk." in format_table(broken)
+    assert broken.confirmed_speedup is None
