@@ -212,7 +212,8 @@ def test_a_tune_nests_each_candidate_under_its_run(tracked):
     parent = runs[f"tune-{tune_dir.name}"]
     assert parent.info.status == "FINISHED" and parent.data.tags["textsql.kind"] == "tune"
     children = {name for name, run in runs.items() if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    assert children == {"none-mb16-acc1-r0"}  # one candidate: the default, measured once
+    # one candidate, the default, measured once; then its recipe trained as textsql train reads it (tune's --confirm)
+    assert children == {"none-mb16-acc1-r0", "recipe-none-mb16-acc1-r0"}
     assert parent.data.tags["textsql.winner"] in {name.removesuffix("-r0") for name in children}
     assert {"tune_table.md", "tune_recipe.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert parent.data.params["global_batch_size"] == "16"
