@@ -744,7 +744,8 @@ class TuneResult:
     @property
     def confirmed_speedup(self) -> dict | None:
         """The winner's speed-up over the default settings, both trained from their recipes: in the timed steps, and
-        over each whole run as textsql train reports it (start-up and evaluation inside the training included)."""
+        over each whole training loop as textsql train reports it (DeepSpeed's set-up, the warm-up and any evaluation
+        inside it included)."""
         recipe, default = self.confirmed(False), self.confirmed(True)
         if not (recipe and default):
             return None
@@ -1049,7 +1050,7 @@ def confirmation_lines(result: TuneResult) -> list[str]:
     line = (
         f"its recipe, trained as textsql train reads it ({runs}): {recipe['samples_per_second']:.1f} samples/s in the "
         f"timed steps ({result.winner['samples_per_second']:.1f} as a candidate), "
-        f"{recipe['run_samples_per_second']:.1f} over the whole run (start-up and evaluation included)"
+        f"{recipe['run_samples_per_second']:.1f} over the whole training loop (set-up, warm-up and evaluation in it included)"
     )
     speedup, default = result.confirmed_speedup, result.confirmed(True)
     if speedup is None:
@@ -1059,7 +1060,7 @@ def confirmation_lines(result: TuneResult) -> list[str]:
         line,
         f"textsql train's default settings the same way: {default['samples_per_second']:.1f} and "
         f"{default['run_samples_per_second']:.1f} samples/s; the recipe is {speedup['timed_steps']:.2f}x the default "
-        f"in the timed steps and {whole} over the whole run (what a run of this length gains: start-up and "
+        f"in the timed steps and {whole} over the whole loop (what a run of this length gains: set-up and "
         "evaluation do not speed up)",
     ]
 

@@ -272,8 +272,11 @@ def test_the_winner_is_restated_from_its_recipe_against_the_defaults_trained_the
     assert result.speedup_over_default == pytest.approx(1.71)
     assert result.confirmed_speedup == pytest.approx({"timed_steps": 1.11, "whole_run": 61 / 58})
     text = format_table(result)
-    assert "(median of 2): 111.0 samples/s in the timed steps (171.0 as a candidate), 61.0 over the whole run" in text
-    assert "the recipe is 1.11x the default in the timed steps and 1.05x over the whole run" in text
+    assert (
+        "(median of 2): 111.0 samples/s in the timed steps (171.0 as a candidate), 61.0 over the whole training loop"
+        in text
+    )
+    assert "the recipe is 1.11x the default in the timed steps and 1.05x over the whole loop" in text
     # The recipe failed to train: said, with its reason; no speed-up is claimed from it.
     failed = summarize([row("recipe:zero2-mb32-acc1", "zero2", 1, None, status="failed") | {"error": "Out of disk."}])
     broken = TuneResult(table, table[0], table[1], [], tmp_path, None, None, 4, 32, failed)
