@@ -475,7 +475,8 @@ def run_name(candidate: Candidate, repeat: int) -> str:
 def recipe_arguments(recipe: Path | dict, args: TuneArguments, output_dir: Path, parent_run_id: str | None = None):
     """A confirmation's arguments: the recipe file as `textsql train RECIPE --max_steps N ...` reads it (or, for the
     default settings, their recipe's values), trained for the warm-up and timed steps, each step logged, into
-    `output_dir`; everything else (evaluation, reporting, the progress bar) as the recipe says."""
+    `output_dir`; everything else (evaluation, reporting, the progress bar) as the recipe says, but the SQL scoring
+    after the training loop (unless the recipe scores at every evaluation, inside the loop)."""
     own = {
         "max_steps": args.warmup_steps + args.timed_steps,
         "logging_steps": 1,
@@ -485,9 +486,13 @@ def recipe_arguments(recipe: Path | dict, args: TuneArguments, output_dir: Path,
         "accelerator": args.accelerator,
     } | candidate_values(parent_run_id)
     if isinstance(recipe, dict):
-        return arguments_from_dict(recipe | own)
-    flags = [part for key, value in own.items() for part in (f"--{key}", str(value))]
-    return parse_arguments([str(recipe), *flags])
+        model, data, training = arguments_from_dict(recipe | own)
+    else:
+        flags = [part for key, value in own.items() for part in (f"--{key}", str(value))]
+        model, data, training = parse_arguments([str(recipe), *flags])
+    if not data.execution_accuracy_each_evaluation:  # scored after the training loop: outside both figures, time only
+        data = replace(data, execution_accuracy_samples=0)
+    return model, data, training
 
 
 def measure(candidate: Candidate, args: TuneArguments, world: int, repeat: int, train, arguments_for) -> dict:

@@ -22,6 +22,7 @@ from textsql.tune import (
     micro_batch_choices,
     plan_candidates,
     read_results,
+    recipe_arguments,
     recipe_values,
     repeat_rounds,
     strategy_choices,
@@ -282,3 +283,20 @@ def test_the_winner_is_restated_from_its_recipe_against_the_defaults_trained_the
     broken = TuneResult(table, table[0], table[1], [], tmp_path, None, None, 4, 32, failed)
     assert "its recipe, trained as textsql train reads it: failed: Out of disk." in format_table(broken)
     assert broken.confirmed_speedup is None
+
+
+def test_a_confirmation_trains_the_recipe_file_as_textsql_train_reads_it(tmp_path):
+    """The recipe's own settings (reporting, evaluation, the batch) with the steps, per-step logging and the folder
+    tune gives it; the SQL scoring after the loop left out unless the recipe scores inside it."""
+    recipe = tmp_path / "tune_recipe.yaml"
+    recipe.write_text("model_id: m\ndataset_dir: d\nper_device_train_batch_size: 16\ngradient_accumulation_steps: 2\n")
+    args = TuneArguments(warmup_steps=2, timed_steps=5)
+    model, data, training = recipe_arguments(recipe, args, tmp_path / "run")
+    assert (model.model_id, training.per_device_train_batch_size, training.gradient_accumulation_steps) == ("m", 16, 2)
+    assert (training.max_steps, training.logging_steps, training.output_dir) == (7, 1, str(tmp_path / "run"))
+    assert "tensorboard" in training.report_to and training.eval_strategy == "epoch"  # the recipe's (the defaults)
+    assert data.execution_accuracy_samples == 0
+    recipe.write_text(recipe.read_text() + "execution_accuracy_each_evaluation: true\nexecution_accuracy_samples: 50\n")
+    assert recipe_arguments(recipe, args, tmp_path / "run")[1].execution_accuracy_samples == 50
+    defaults = recipe_arguments({"model_id": "m", "dataset_dir": "d"}, args, tmp_path / "default", "0" * 32)
+    assert "mlflow" in defaults[2].report_to and defaults[2].max_steps == 7  # nested under a tracked tune's run
