@@ -16,10 +16,20 @@ REAL_FILES = Path(__file__).resolve().parents[1] / ".." / "shared" / "real"
 CHROMIUM = "/usr/bin/chromium"  # Debian's package, where PATH does not name it
 
 
+def torch_threads() -> int:
+    """Threads for torch in a test process and the trainings it starts: the cores shared among pytest's workers. Two
+    workers of two threads each on two cores ran in-process trainings 3-4x slower than alone (OpenMP threads spinning
+    while another process holds their core), the real model's test 335 s against 89."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def pytest_configure(config):
     """The suite runs air-gapped, as CML clusters often are: nothing is fetched from the Hugging Face hub (a test that
-    needs the hub's behaviour points HF_ENDPOINT at a closed loopback port instead)."""
+    needs the hub's behaviour points HF_ENDPOINT at a closed loopback port instead). Each worker's torch gets its
+    share of the cores (torch_threads), set before anything imports torch."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ["OMP_NUM_THREADS"] = str(torch_threads())
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -133,7 +143,7 @@ IN_PROCESS_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "TENSORBOARD_LOGGING_DIR": "",
-    "OMP_NUM_THREADS": "2",
+    "OMP_NUM_THREADS": str(torch_threads()),
 }
 
 
@@ -310,7 +320,7 @@ def trained_run(assets, tmp_path_factory):
     """A finished tiny-T5 run (no DeepSpeed) that scored execution accuracy at each evaluation: (run_dir, data_dir)."""
     data_dir, _ = assets
     runs = tmp_path_factory.mktemp("trained")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(torch_threads()), TOKENIZERS_PARALLELISM="false")
     argv = tiny_train_argv(
         assets,
         runs,

@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import child_cpu_env, headless_chromium, main_in_process, tiny_train_argv
+from conftest import child_cpu_env, headless_chromium, main_in_process, tiny_train_argv, torch_threads
 
 SECRET = "sk-fake-secret-4f7a1c"  # given as --hub_token and in the environment: must reach MLflow nowhere
 EXPERIMENT = "textsql-tiny-t5"  # the default rule: textsql-<model folder name>
@@ -84,7 +84,7 @@ def tracked(server_process, assets, tmp_path_factory):
         )
         for command in (["train", *two_ranks], tune)
     ]
-    in_process = dict(env, OMP_NUM_THREADS="2")
+    in_process = dict(env, OMP_NUM_THREADS=str(torch_threads()))
     scored = tiny_train_argv(
         assets,
         runs,
