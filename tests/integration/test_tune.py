@@ -1,6 +1,7 @@
 """`textsql tune` end to end on the tiny T5 on the CPU: real trainings in child processes, with and without a LoRA
 adapter, a refused and a failing candidate reported, the best repeated in alternating order and each repeat inside the
-spread the table states, the results kept (a second run measures nothing), the recipe trains (LoRA when LoRA won), and
+spread the table states, the winner's recipe trained as `textsql train` reads it against the default settings, the
+results kept (a second run measures nothing), the recipe trains (LoRA when LoRA won), and
 candidates past their time limit stopped with every process they started."""
 
 import json
@@ -197,18 +198,8 @@ def test_tune_measures_qlora_candidates(causal_assets, tmp_path, textsql_in_proc
     tune_dir, runs = tmp_path / "tune", tmp_path / "runs"
     argv = ["tune", "--model_id", str(model_dir), "--dataset_dir", str(data_dir), "--tune_dir", str(tune_dir)]
     argv += ["--global_batch_size", "8", "--micro_batches", "8", "--strategies", "none", "--warmup_steps", "1"]
-    argv += [
-        "--timed_steps",
-        "2",
-        "--repeat_top",
-        "0",
-        "--quantize_base",
-        "nf4",
-        "--gpu_memory_gb",
-        "40",
-        "--confirm",
-        "False",
-    ]
+    argv += ["--timed_steps", "2", "--repeat_top", "0", "--quantize_base", "nf4", "--gpu_memory_gb", "40"]
+    argv += ["--confirm", "False"]
     argv += ["--", "--max_steps", "2", "--runs_root", str(runs), "--eval_strategy", "no", "--save_strategy", "no"]
     status, out, err = textsql_in_process(argv)
     assert status == 0, out + err
