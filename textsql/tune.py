@@ -885,22 +885,14 @@ def run_tune(
                 tune_dir / TUNE_RECIPE_FILE, winner, base_model, base_data, base_training, args
             )
         if args.confirm and winner is not None:
-            # The winner's figure comes from candidates trained with tune's own settings (no evaluation, no reporting):
-            # its recipe, trained as textsql train reads it, against the default settings the same way, says what a
-            # user gets.
-            parent_id = parent and parent["run_id"]
-            confirming = [replace(by_key[winner["key"]], from_recipe=True, default=False)]
-            arguments = [lambda out: recipe_arguments(result.recipe, args, out, parent_id)]
-            if default is not None and default["status"] == "ok" and default["key"] != winner["key"]:
-                default_recipe = recipe_values(default, base_model, base_data, base_training, args)
-                confirming.append(replace(by_key[default["key"]], from_recipe=True))
-                arguments.append(lambda out: recipe_arguments(default_recipe, args, out, parent_id))
+            settings = (base_model, base_data, base_training)
+            confirming = confirmation_runs(result, by_key, args, settings, parent and parent["run_id"])
             for round_ in range(args.repeats):
-                order = list(zip(confirming, arguments))[:: -1 if round_ % 2 else 1]
+                order = confirming[:: -1 if round_ % 2 else 1]
                 for i, (candidate, arguments_for) in enumerate(order, 1):
                     position = f"[recipe round {round_ + 1}/{args.repeats}, {i}/{len(order)}]"
                     run_one(candidate, round_, position, arguments_for)
-            keys = {c.key for c in confirming}
+            keys = {candidate.key for candidate, _ in confirming}
             result.confirmation = summarize([r for r in rows if r["key"] in keys])
     except BaseException:
         end_tune_run(parent, failed=True)
@@ -910,6 +902,29 @@ def run_tune(
     result.plot = plot_tune(result, tune_dir / TUNE_PLOT_FILE)
     end_tune_run(parent, [tune_dir / TUNE_TABLE_FILE, result.plot, result.recipe], winner and winner["key"])
     return result
+
+
+def confirmation_runs(result: TuneResult, by_key: dict, args: TuneArguments, settings: tuple, parent_id) -> list:
+    """What --confirm trains, as (candidate, its arguments for an output folder): the winner from the recipe file tune
+    wrote, and textsql train's default settings (when they did not win) from their recipe's values, each as textsql
+    train reads them. A candidate trains with tune's own settings (no evaluation, no reporting, no progress bar): these
+    say what a user gets."""
+    winner, default = result.winner, result.default
+    runs = [
+        (
+            replace(by_key[winner["key"]], from_recipe=True, default=False),
+            lambda output_dir: recipe_arguments(result.recipe, args, output_dir, parent_id),
+        )
+    ]
+    if default is not None and default["status"] == "ok" and default["key"] != winner["key"]:
+        values = recipe_values(default, *settings, args)
+        runs.append(
+            (
+                replace(by_key[default["key"]], from_recipe=True),
+                lambda output_dir: recipe_arguments(values, args, output_dir, parent_id),
+            )
+        )
+    return runs
 
 
 def repeat_rounds(rows: list[dict], ordered: list[Candidate], args: TuneArguments) -> list[list[Candidate]]:
