@@ -73,18 +73,17 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=None, help="Also write the JSON report here.")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="textsql-tune-bench-"))
-    data_dir, tiny_model = build_assets(
-        workdir / "assets", train_tables=60, questions_per_table=8, d_model=64, num_layers=2, seed=1
-    )
     report = {"machine": machine(), "shapes": {}}
     for shape in args.shapes.split(","):
-        data, model = data_dir, tiny_model
-        if shape == "t5-small":
-            model = t5_small_shape(tiny_model, workdir / "t5-small-shape")
-        elif shape == "causal":  # the causal demo's model and data layout, smaller
+        if shape == "causal":  # the causal demo's model and data layout, smaller
             data, model = build_assets(
                 workdir / "assets", train_tables=150, questions_per_table=8, num_layers=2, seed=1, family="causal"
             )
+        else:  # the tiny T5's data and tokenizer (built once, then found in the folder)
+            data, model = build_assets(
+                workdir / "assets", train_tables=60, questions_per_table=8, d_model=64, num_layers=2, seed=1
+            )
+            model = t5_small_shape(model, workdir / "t5-small-shape") if shape == "t5-small" else model
         tune = TuneArguments(
             model_id=str(model),
             dataset_dir=str(data),

@@ -844,8 +844,14 @@ def run_tune(
             )
         else:
             echo(f"{position} {candidate.key}: training {args.warmup_steps} + {args.timed_steps} steps ...")
-            own = lambda output_dir: candidate_arguments(runs_base, candidate, args, output_dir)  # noqa: E731
-            row = measure(candidate, args, world, repeat, train, arguments_for or own)
+            row = measure(
+                candidate,
+                args,
+                world,
+                repeat,
+                train,
+                arguments_for or (lambda output_dir: candidate_arguments(runs_base, candidate, args, output_dir)),
+            )
             measured_now += 1
         row["fingerprint"] = print_
         append_result(results_path, row)

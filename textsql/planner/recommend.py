@@ -355,7 +355,6 @@ def _add_lora(
     fits under none on these pods or needs more of them; with the offload strategies, the host memory LoRA saves.
     With `quantize` (nf4, int8) the same for QLoRA (plan["qlora"]), recommended where neither full fine-tuning nor
     LoRA on the unquantized base fits."""
-
     key = "lora" if quantize == "none" else "qlora"
     lora_setup = replace(setup, lora_rank=args.lora_rank, lora_targets=args.lora_targets, quantize_base=quantize)
     layers = lora_layers(shape, args.lora_rank, args.lora_targets)
@@ -463,7 +462,6 @@ def pods_for_full_fine_tuning(
     shape: ModelShape, setup: Setup, args: PlanArguments, limits: dict, most: int = 64
 ) -> int | None:
     """The fewest pods (up to `most`) on which some strategy fits full fine-tuning at this batch; None if none."""
-
     for nodes in range(args.nodes + 1, most + 1):
         more = replace(setup, nodes=nodes)
         if any(_fits(predict_strategy(shape, more, n, args.per_device_train_batch_size), limits) for n in STRATEGIES):
