@@ -108,7 +108,7 @@ def main(argv=None) -> None:
         runs = grpo_runs(bench, sft, dataset)
         before = executions(bench, "full")
         body = {
-            "sft": {"run_dir": str(sft), "recipe": RECIPES["full"], "test": sft_test},
+            "sft": {"run_dir": str(sft), "recipe": str(RECIPES["full"].relative_to(REPO)), "test": sft_test},
             "grpo": runs,
             "gain": {name: paired_bootstrap(before, executions(bench, name)) for name in runs},
         }

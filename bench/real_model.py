@@ -8,8 +8,8 @@ Every training and scoring is the command a user types (`textsql import`, `prep`
 child process with its log kept in the work folder; quantization calls `textsql quantize`'s own functions, so the
 unquantized model is scored once for every method, not once per method. Data: ../shared/real/wikisql (1,000 train
 questions with their tables, a tenth of them held out as validation by `textsql prep`; the first 1,062 test questions,
-which lean to simple tables: shared/real's README). The recipe (learning rate, epochs, LoRA rank, prompt format) was
-chosen with `--select` on the validation split, never on test; RECIPES below holds it.
+which lean to simple tables: shared/real's README). The recipes are the files a user trains (recipes/smollm2-135m-*.yaml,
+docs/real-model.md); their learning rate and epochs were chosen with `--select` on the validation split, never on test.
 
 The comparison (`VARIANTS`): zero-shot with the plain and the chat prompt; full fine-tuning, LoRA on the query and
 value projections and on every linear layer, QLoRA on an NF4 and an int8 base, packed against padded, the real lines
@@ -38,47 +38,32 @@ if str(REPO) not in sys.path:
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
 
 MODEL = "smollm2-135m-instruct"  # textsql.model_import.PACKAGED_MODELS
-# Chosen on the validation split with --select (bench/README.md has the search's figures); never on test.
-RECIPES = {
-    "full": ["--learning_rate", "3e-4", "--num_train_epochs", "2"],
-    "lora": ["--learning_rate", "1e-3", "--num_train_epochs", "2", "--lora_rank", "16", "--lora_alpha", "32"],
-}
-# Every supervised training: the two speed levers that help on this CPU without compiling (bench/README.md, "Speed
-# levers"): the loss at the label positions only and eager attention (neither changes what is computed).
-SPEED = ["--fused_loss", "chunked", "--attention", "eager"]
-# Every training: batch 16, bf16 autocast, no checkpoints, no evaluation while training (the test slice is scored
-# after, by `textsql infer`).
-TRAIN = ["--per_device_train_batch_size", "16", "--precision", "bf16", "--save_strategy", "no", "--eval_strategy", "no"]
-# Every scoring: the whole test slice, greedy unless said, weights in bf16 (the quantized models in their own dtype).
-SCORE = [
-    "--split",
-    "test",
-    "--batch_size",
-    "64",
-    "--max_new_tokens",
-    "64",
-    "--dtype",
-    "bfloat16",
-    "--show_examples",
-    "0",
-]
+# The recipe files a user trains (docs/real-model.md): learning rate and epochs chosen on the validation split with
+# --select (bench/README.md has the search's figures), never on test; batch 16, bf16 autocast, the loss at the label
+# positions only and eager attention (speed levers that change nothing computed), no checkpoints, no evaluation while
+# training (the test slice is scored after, by `textsql infer`). The bench passes only where its files go.
+RECIPES = {"full": REPO / "recipes" / "smollm2-135m-full.yaml", "lora": REPO / "recipes" / "smollm2-135m-lora.yaml"}
+# Every scoring as docs/real-model.md types it: the whole test slice, greedy unless said, weights in bf16 (the
+# quantized models in their own dtype), SQL up to 64 tokens (the slice's longest gold query is 47).
+SCORE_FLAGS = ["--split", "test", "--batch_size", "64", "--max_new_tokens", "64", "--dtype", "bfloat16"]
+SCORE = [*SCORE_FLAGS, "--show_examples", "0"]
 QUANTIZATION_METHODS = ("dynamic-int8", "torchao-int8", "bnb-int8", "bnb-nf4", "gptq")
 
-# name: (dataset, recipe, extra train flags); dataset "plain", "chat" or "generated" (plain + generated questions)
+# name: (dataset, recipe, flags over the recipe); dataset "plain", "chat" or "generated" (plain + generated questions)
 TRAINED = {
     "full": ("plain", "full", []),
     "full_packed": ("plain", "full", ["--packing", "True"]),
     "full_generated": ("generated", "full", []),
-    "lora_qv": ("plain", "lora", ["--lora", "True", "--lora_targets", "qv"]),
-    "lora_all": ("plain", "lora", ["--lora", "True", "--lora_targets", "all"]),
-    "qlora_nf4": ("plain", "lora", ["--lora", "True", "--lora_targets", "all", "--quantize_base", "nf4"]),
-    "qlora_int8": ("plain", "lora", ["--lora", "True", "--lora_targets", "all", "--quantize_base", "int8"]),
+    "lora_qv": ("plain", "lora", ["--lora_targets", "qv"]),
+    "lora_all": ("plain", "lora", []),
+    "qlora_nf4": ("plain", "lora", ["--quantize_base", "nf4"]),
+    "qlora_int8": ("plain", "lora", ["--quantize_base", "int8"]),
 }
 # --select: candidates scored on the validation split after each epoch (execution accuracy on all its questions).
 SELECT = {
-    "full_lr3e-4": ("plain", ["--learning_rate", "3e-4"]),
-    "full_lr1e-4": ("plain", ["--learning_rate", "1e-4"]),
-    "lora_all_r16_lr1e-3": ("plain", ["--learning_rate", "1e-3", "--lora", "True", "--lora_targets", "all"]),
+    "full_lr3e-4": ("plain", "full", ["--learning_rate", "3e-4"]),
+    "full_lr1e-4": ("plain", "full", ["--learning_rate", "1e-4"]),
+    "lora_all_r16_lr1e-3": ("plain", "lora", ["--learning_rate", "1e-3"]),
 }
 SELECT_EPOCHS = 2
 
@@ -167,13 +152,16 @@ class Bench:
 
         return self.step(f"score-{name}", work)
 
-    def train(self, name: str, dataset: Path, *flags: str, model_id: Path | None = None) -> dict:
+    def train(
+        self, name: str, dataset: Path, *flags: str, recipe: Path | None = None, model_id: Path | None = None
+    ) -> dict:
+        """`textsql train [RECIPE]` with this work folder's model, data and run folder, and `flags` over the recipe."""
         runs = self.work / "runs"
 
         def work():
             command, out = self.run(
-                f"train-{name}", "train", "--model_id", str(model_id or self.model()), "--dataset_dir", str(dataset),
-                "--runs_root", str(runs), "--output_dir", str(runs / name), "--overwrite", "True", *TRAIN, *flags,
+                f"train-{name}", "train", *([str(recipe)] if recipe else []), "--model_id", str(model_id or self.model()), "--dataset_dir",
+                str(dataset), "--runs_root", str(runs), "--output_dir", str(runs / name), "--overwrite", "True", *flags,
             )  # fmt: skip
             summary = json.loads((runs / name / "run_summary.json").read_text())
             keys = ("train_runtime", "train_samples_per_second", "real_tokens_per_second", "global_step", "epochs")
@@ -188,7 +176,7 @@ class Bench:
     def trained_and_scored(self, name: str) -> dict:
         kind, recipe, extra = TRAINED[name]
         dataset = self.dataset(kind)
-        trained = self.train(name, dataset, *SPEED, *RECIPES[recipe], *extra)
+        trained = self.train(name, dataset, *extra, recipe=RECIPES[recipe])
         scored = self.score(name, Path(trained["run_dir"]), self.dataset("plain") if kind == "generated" else dataset)
         return {"train": trained, "test": scored}
 
@@ -315,13 +303,12 @@ def merged_and_scored(bench: Bench, name: str, lora_dir: Path) -> dict:
 def selection(bench: Bench) -> dict:
     """The recipe search on the validation split: each candidate trained SELECT_EPOCHS epochs, scored after each."""
     results = {}
-    for name, (kind, flags) in SELECT.items():
+    for name, (kind, recipe, flags) in SELECT.items():
         dataset = bench.dataset(kind)
-        lora_rank = ["--lora_rank", "16", "--lora_alpha", "32"] if "--lora" in flags else []
         trained = bench.train(
-            f"select-{name}", dataset, *SPEED, *flags, *lora_rank, "--num_train_epochs", str(SELECT_EPOCHS),
+            f"select-{name}", dataset, *flags, "--num_train_epochs", str(SELECT_EPOCHS),
             "--eval_strategy", "epoch", "--execution_accuracy_samples", "100000", "--execution_accuracy_each_evaluation",
-            "True", "--per_device_eval_batch_size", "64",
+            "True", "--per_device_eval_batch_size", "64", recipe=RECIPES[recipe],
         )  # fmt: skip
         results[name] = trained
     return results
@@ -363,8 +350,7 @@ def main(argv=None) -> None:
         {
             "benchmark": "real_model" + ("_select" if args.select else ""),
             "model": bench.imported["record"],
-            "recipes": RECIPES,
-            "train_flags": TRAIN,
+            "recipes": {name: str(path.relative_to(REPO)) for name, path in RECIPES.items()},
             "score_flags": SCORE,
             **body,
             "machine": machine(),

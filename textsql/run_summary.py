@@ -206,8 +206,11 @@ def format_summary(summary: RunSummary) -> str:
     if s.memory_check:
         lines.append(format_comparison(s.memory_check))
     if s.mfu and s.mfu.get("tflops_per_gpu") is not None:
-        mfu = f"MFU {s.mfu['mfu']:.1%} of {s.mfu['peak']}" if s.mfu.get("mfu") is not None else s.mfu.get("peak")
-        lines.append(f"model flops    {s.mfu['tflops_per_gpu']:.4g} TFLOPS per GPU at the real lengths; {mfu}")
+        if s.device == "cpu":  # no GPU and no peak to hold it against: the rate alone
+            lines.append(f"model flops    {s.mfu['tflops_per_gpu']:.4g} TFLOPS per rank at the real lengths (CPU)")
+        else:
+            mfu = f"MFU {s.mfu['mfu']:.1%} of {s.mfu['peak']}" if s.mfu.get("mfu") is not None else s.mfu.get("peak")
+            lines.append(f"model flops    {s.mfu['tflops_per_gpu']:.4g} TFLOPS per GPU at the real lengths; {mfu}")
     if s.flops_profile:
         lines.append(format_flops_profile(s.flops_profile))
     if s.comms_summary:
@@ -263,6 +266,12 @@ def format_comms_summary(comms: dict) -> str:
 def format_comparison(result: dict) -> str:
     """One line for the run summary: measured vs predicted GPU memory and the ratio, or why there is none."""
     if not result.get("comparable"):
+        # A CPU run: the reason is the same every time, the prediction is not.
+        if "measured_cpu_peak_rss_bytes" in result:
+            return (
+                f"memory check   on a GPU this setup would peak at {result['predicted_gpu_total_bytes'] / GIB:.2f} GB "
+                "(the planner's prediction; a CPU run measures no GPU memory to hold it against)"
+            )
         return f"memory check   not comparable: {result.get('reason')}"
     return (
         f"memory check   rank {result['measured_rank']} reserved {result['measured_reserved_bytes'] / GIB:.2f} GB, "

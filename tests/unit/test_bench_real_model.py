@@ -1,10 +1,12 @@
 """bench/real_model.py and bench/grpo.py without training anything: the paired bootstrap that tells GRPO's gain from
-noise, and the parts --only accepts."""
+noise, the parts --only accepts, and docs/real-model.md's commands against the bench's."""
+
+import shlex
 
 import pytest
 
 from bench.grpo import paired_bootstrap
-from bench.real_model import PARTS, TRAINED, main
+from bench.real_model import MODEL, PARTS, RECIPES, REPO, SCORE_FLAGS, TRAINED, main
 
 
 def test_the_paired_bootstrap_s_difference_and_interval():
@@ -24,3 +26,44 @@ def test_only_takes_the_comparison_s_parts(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--only", "full,lora_everything"])
     assert exit_.value.code == 2 and "not lora_everything" in capsys.readouterr().err
+
+
+def real_model_doc_commands() -> list[list[str]]:
+    """The `textsql` commands of docs/real-model.md's "Fine-tune it" block, split as a shell would."""
+    text = (REPO / "docs" / "real-model.md").read_text()
+    block = text.split("## Fine-tune it", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("textsql ")]
+
+
+def test_the_docs_commands_are_the_benchs_and_chain():
+    """What a user types from docs/real-model.md is what bench/real_model.py measured: the same recipe files, the same
+    scoring flags, the same prompt format; and every command reads the folder the one before wrote."""
+    from textsql.train.arguments import parse_arguments
+
+    commands = real_model_doc_commands()
+    import_, prep = commands[0], commands[1]
+    model_dir = import_[2]
+    assert import_[:2] == ["import", MODEL]
+    flags = dict(zip(prep[1::2], prep[2::2]))
+    assert flags["--model_id"] == model_dir and flags["--source_format"] == "question+header"
+    dataset_dir = flags["--output_dir"]
+
+    trained = [c[1] for c in commands if c[0] == "train"]
+    assert trained == [str(RECIPES[name].relative_to(REPO)) for name in ("full", "lora")]
+    written = {}
+    for name, recipe in RECIPES.items():
+        _, data, training = parse_arguments([str(recipe)])
+        assert (data.dataset_dir, training.output_dir) == (dataset_dir, f"runs/smollm2-135m-{name}")
+        written[name] = training.output_dir
+    merge = next(c for c in commands if c[0] == "merge")
+    assert merge[1] == written["lora"]
+
+    scored = [c for c in commands if c[0] == "infer"]
+    folders = {c[c.index("--model_dir") + 1] for c in scored}
+    assert folders == {written["full"], written["lora"], f"{written['lora']}-merged"}
+    for command in scored:
+        assert command[command.index("--dataset_dir") + 1] == dataset_dir
+        rest = command[command.index("--dataset_dir") + 2 :]
+        assert rest[: len(SCORE_FLAGS)] == SCORE_FLAGS, command  # the bench's scoring flags, in its order
+    guided = [c for c in scored if "--decoding" in c]
+    assert guided and all(c[c.index("--decoding") + 1 :][:3] == ["execution_guided", "--num_beams", "4"] for c in guided)

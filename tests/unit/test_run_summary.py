@@ -176,6 +176,18 @@ def test_every_run_s_mfu_is_recorded_printed_and_reported(tmp_path):
     assert flops_columns(again) == {"tflops_per_gpu": pytest.approx(247.25), "mfu": pytest.approx(0.25)}
     on_cpu = mfu_figures(1e9, 2.0, None, "fp32", False)
     assert on_cpu["mfu"] is None and on_cpu["peak"] == "no peak known (CPU)"
+    # A CPU run: the rate without GPU words or a peak, and its memory check as the prediction in one line (the same
+    # "not comparable" reason each run said nothing new).
+    summary.device, summary.mfu = "cpu", on_cpu
+    summary.memory_check = {
+        "comparable": False,
+        "measured_cpu_peak_rss_bytes": 2**30,
+        "predicted_gpu_total_bytes": 3 * 2**30,
+    }
+    lines = format_summary(summary)
+    assert "model flops    0.0005 TFLOPS per rank at the real lengths (CPU)" in lines and "per GPU" not in lines
+    assert "memory check   on a GPU this setup would peak at 3.00 GB (the planner's prediction;" in lines
+    assert "not comparable" not in lines
     values = again.as_dict()
     del values["mfu"]
     values["version"] = 4
