@@ -303,9 +303,7 @@ def test_real_causal_tokenizers_lay_out_every_real_question_and_report_its_lengt
                 n = row["labels"].count(-100)
                 assert row["labels"] == [-100] * n + row["input_ids"][n:], (name, row["question"])
                 assert row["input_ids"][-1] == tokenizer.eos_token_id
-                assert row["prompt"] == model_source(
-                    row["question"], tables[row["table_id"]]["header"], meta, tokenizer
-                )
+                assert row["prompt"] == model_source(row["question"], tables[row["table_id"]], meta, tokenizer)
                 assert tokenizer.decode(row["input_ids"][:n]) == row["prompt"]
                 assert tokenizer.decode(row["input_ids"][n:-1]) == row["target"]
                 prompts.append(n)
