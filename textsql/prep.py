@@ -66,7 +66,7 @@ class PrepArguments:
             "help": "What the model reads: 'question' (the walkthrough's format); 'question+header': the question "
             "followed by the table's column names ('... columns: Year | Team | Wins'); or 'question+header+values': "
             "also the table's cells that match words of the question (exact or fuzzy), each with its column "
-            "('... values: Team = Utah Jazz | Year = 1998'; none: no values section). Both need the tables."
+            "('... values: Team = Utah Jazz | Year = 1998'; none: no values section). The last two need the tables."
         },
     )
     values_per_column: int = field(

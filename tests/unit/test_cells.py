@@ -158,3 +158,34 @@ def test_prep_with_the_real_qwen2_tokenizer_drops_values_before_columns_and_ever
             lost_columns += 1
             assert "### Values:" not in prompt and prompt.count(" | ") < len(table["header"]) - 1
     assert lost_values and lost_columns
+
+
+def test_the_bounds_are_checked_and_a_model_refuses_data_listing_values_with_other_bounds():
+    from transformers import Qwen2Config
+
+    from textsql.prep import check_source_settings, record_source_settings, source_settings
+
+    with pytest.raises(TextsqlError, match="--values_per_column and --max_values .* at least 1"):
+        PrepArguments(source="generate", source_format=VALUES_FORMAT, values_per_column=0)
+    metadata = {
+        "source_prefix": "",
+        "source_format": VALUES_FORMAT,
+        "prompt_format": "plain",
+        "layout": "causal",
+        "values_per_column": 2,
+        "max_values": 10,
+        "max_source_length": 512,
+    }
+    assert source_settings(metadata) == {
+        "source_prefix": "",
+        "source_format": VALUES_FORMAT,
+        "prompt_format": "plain",
+        "values_per_column": 2,
+        "max_values": 10,
+        "max_source_length": 512,
+    }
+    config = Qwen2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    record_source_settings(config, metadata)
+    check_source_settings(config, {**metadata, "max_source_length": 256}, "data")  # the budget only fits
+    with pytest.raises(TextsqlError, match="--max_values 10, but 'data' was prepared with --max_values 3"):
+        check_source_settings(config, {**metadata, "max_values": 3}, "data")
