@@ -51,8 +51,9 @@ def _says_something(tokens: tuple[str, ...]) -> bool:
 
 
 def cell_matches(question: str, table: dict, per_column: int = 2, total: int = 10) -> list[CellMatch]:
-    """The cells of `table` (release format: header, rows) that `question` mentions, best first (score, then the share of
-    the column's name the question has, then the longer cell, then the table's order), at most `per_column` of each column and `total` in all.
+    """The cells of `table` (release format: header, rows) that `question` mentions, best first (score, then the share
+    of the column's name the question has, then the longer cell, then the table's order), at most `per_column` of each
+    column and `total` in all.
 
     Exact: a cell whose tokens (lower-cased, whitespace and punctuation split) occur in a row in the question's.
     Fuzzy: a cell with letters whose text has a difflib ratio of at least FUZZY_RATIO with a question n-gram of about
@@ -64,18 +65,18 @@ def cell_matches(question: str, table: dict, per_column: int = 2, total: int = 1
         ngrams[n] = {words[i : i + n] for i in range(len(words) - n + 1)}
     texts = {n: [" ".join(g) for g in grams if _says_something(g)] for n, grams in ngrams.items()}
     best: dict[tuple[int, str], CellMatch] = {}
-    order: dict[tuple[int, str], int] = {}
+    order: dict[tuple[int, str], int] = {}  # each distinct cell of a column, where it first occurs: looked at once
     width = len(table.get("header", []))
     for row_number, row in enumerate(table.get("rows", [])):
         for column, cell in enumerate(row[:width]):
             text = cell_text(cell)
             key = (column, text.lower())
-            if key in best or not text:
+            if key in order:
                 continue
+            order[key] = row_number * width + column
             tokens = _tokens(text)
             if not tokens or len(tokens) > MAX_NGRAM_TOKENS or not _says_something(tokens):
                 continue
-            order.setdefault(key, row_number * width + column)
             if tokens in ngrams.get(len(tokens), ()):
                 best[key] = CellMatch(column, text, 1.0)
                 continue
