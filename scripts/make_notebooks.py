@@ -25,7 +25,7 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             'source = "generate"\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\noutput_dir = "data/wikisql"\n'
-            'source_prefix = "translate English to SQL: "\nsource_format = "question"  # or "question+header"\n'
+            'source_prefix = "translate English to SQL: "\nsource_format = "question"  # or "question+header", or "question+header+values" (the cells the question names)\n'
             "max_examples_per_split = None\noverwrite = False",
             metadata={"tags": ["parameters"]},
         ),

@@ -75,7 +75,10 @@ class DemoArguments:
     )
     seed: int = field(default=0, metadata={"help": "Seed for the generator and the model."})
     source_format: str = field(
-        default="question", metadata={"help": "What the model reads: question, or question+header (see textsql prep)."}
+        default="question",
+        metadata={
+            "help": "What the model reads: question, question+header, or question+header+values (see textsql prep)."
+        },
     )
     decoding: str = field(
         default="greedy", metadata={"help": "How the test split is decoded: greedy, or execution_guided (4 beams)."}

@@ -138,13 +138,12 @@ def load_scoring_set(
     if max_examples:
         rows = rows.select(range(min(max_examples, len(rows))))
     tables = load_tables(dataset_dir)
-    if "prompt" in rows.column_names:  # a causal LM's prompts, as prep fitted them (column lists cut to fit)
+    if "prompt" in rows.column_names:  # a causal LM's prompts, as prep fitted them (values, columns cut to fit)
         sources = list(rows["prompt"])
-    else:
-        sources = [
-            model_source(q, tables[t]["header"] if t in tables else None, metadata)
-            for q, t in zip(rows["question"], rows["table_id"])
-        ]
+    elif "source" in rows.column_names:  # T5's sources, as prep fitted them (cell values dropped to fit)
+        sources = list(rows["source"])
+    else:  # data prepared before prep kept the source text
+        sources = [model_source(q, tables.get(t), metadata) for q, t in zip(rows["question"], rows["table_id"])]
     return ScoringSet(
         sources=sources,
         questions=list(rows["question"]),

@@ -154,7 +154,7 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
             f"The model reads '{source_format}' sources and decodes {args.decoding}: name the questions' table with "
             "--table_id (an id from tables.jsonl)."
         )
-    sources = [model_source(q, table["header"] if table else None, metadata, tokenizer) for q in args.question]
+    sources = [model_source(q, table, metadata, tokenizer) for q in args.question]
     candidates = generate_sql(
         model,
         tokenizer,

@@ -16,7 +16,8 @@ from textsql.families import CAUSAL, family_of
 from textsql.hub import load_tokenizer, model_family
 from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR, in_project
 from textsql.vocabulary import add_characters, byte_level, missing_characters
-from textsql.wikisql.format import SOURCE_FORMATS, Example, WikiSQLData, source_text
+from textsql.wikisql.cells import cell_matches
+from textsql.wikisql.format import SOURCE_FORMATS, VALUES_FORMAT, Example, WikiSQLData, source_text
 from textsql.wikisql.release import load_wikisql
 from textsql.wikisql.sql import SQLParseError, parse_sql, same_logical_form
 from textsql.wikisql.synthetic import generate_wikisql
@@ -31,6 +32,9 @@ DEFAULT_VALIDATION_FROM_TRAIN = 0.1
 PERCENTILES = (50, 90, 95, 99, 100)
 # Where a fine-tuned model records what it was trained to read (the T5 convention for task prefixes).
 MODEL_CONFIG_KEY = "textsql"
+# What a question+header+values source also depends on, recorded in the data's metadata and the model's config.
+VALUES_SETTINGS = ("values_per_column", "max_values", "max_source_length")
+DEFAULT_VALUES_PER_COLUMN, DEFAULT_MAX_VALUES = 2, 10
 
 
 @dataclass
@@ -59,8 +63,24 @@ class PrepArguments:
     source_format: str = field(
         default="question",
         metadata={
-            "help": "What the model reads: 'question' (the walkthrough's format), or 'question+header': the question "
-            "followed by the table's column names ('... columns: Year | Team | Wins'). Needs the tables."
+            "help": "What the model reads: 'question' (the walkthrough's format); 'question+header': the question "
+            "followed by the table's column names ('... columns: Year | Team | Wins'); or 'question+header+values': "
+            "also the table's cells that match words of the question (exact or fuzzy), each with its column "
+            "('... values: Team = Utah Jazz | Year = 1998'; none: no values section). The last two need the tables."
+        },
+    )
+    values_per_column: int = field(
+        default=DEFAULT_VALUES_PER_COLUMN,
+        metadata={
+            "help": "With --source_format question+header+values: at most this many matching cells listed per column "
+            "(the best matches: exact before fuzzy, then the column the question names, then the longer cell)."
+        },
+    )
+    max_values: int = field(
+        default=DEFAULT_MAX_VALUES,
+        metadata={
+            "help": "With --source_format question+header+values: at most this many cells listed in all. A source over "
+            "--max_source_length loses its values first (worst match first), then (a causal LM's) columns."
         },
     )
     prompt_format: str = field(
@@ -81,8 +101,9 @@ class PrepArguments:
         default="error",
         metadata={
             "help": "What to do with examples longer than the max lengths: error, truncate or drop (always reported). "
-            "For a causal LM the prompt's column list is cut first, never the SQL; what still does not fit is an "
-            "error, or dropped with truncate and drop."
+            "A source's listed cell values (question+header+values) are dropped first, then for a causal LM the "
+            "prompt's column list is cut, never the SQL; what still does not fit is an error, or dropped with "
+            "truncate and drop."
         },
     )
     max_examples_per_split: int | None = field(
@@ -122,6 +143,11 @@ class PrepArguments:
         if self.source_format not in SOURCE_FORMATS:
             raise TextsqlError(
                 f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'."
+            )
+        if self.values_per_column < 1 or self.max_values < 1:
+            raise TextsqlError(
+                f"--values_per_column and --max_values bound the cells listed with --source_format {VALUES_FORMAT}: "
+                f"at least 1 each, not {self.values_per_column} and {self.max_values}."
             )
         if self.prompt_format not in PROMPT_FORMATS:
             raise TextsqlError(
@@ -204,8 +230,16 @@ def prepare_dataset(args: PrepArguments):
         )
     splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
     prefix = "" if family.causal else args.source_prefix  # a causal LM reads a plain prompt (source_text)
-    sources = {
-        name: [source_text(e.question, _header(data, e), prefix, args.source_format, family.kind) for e in examples]
+    settings = {**asdict(args), "source_prefix": prefix, "layout": family.kind, "prompt_format": None}
+    values = {
+        name: [table_values(e.question, data.tables.get(e.table_id), settings) for e in examples]
+        for name, examples in splits.items()
+    }
+    sources = {  # whole and plain, as the tokenizer check reads them; fitted to --max_source_length below
+        name: [
+            fitted_source(e.question, data.tables.get(e.table_id), settings, values=listed).text
+            for e, listed in zip(examples, values[name])
+        ]
         for name, examples in splits.items()
     }
     # Every character the model reads or writes must be one it can produce: add what the tokenizer lacks.
@@ -227,13 +261,37 @@ def prepare_dataset(args: PrepArguments):
             args.model_id,
             ", ".join(repr(c) for c in missing["unknown"]),
         )
-    fitted = {}
+    settings["prompt_format"] = args.prompt_format if family.causal else None
+    fits = {
+        name: [
+            fitted_source(
+                e.question, data.tables.get(e.table_id), settings, tokenizer, args.max_source_length, values=listed
+            )
+            for e, listed in zip(examples, values[name])
+        ]
+        for name, examples in splits.items()
+    }
     if family.causal:
-        dataset, fitted = tokenize_causal(
-            splits, {name: [_header(data, e) for e in splits[name]] for name in splits}, tokenizer, args
-        )
+        dataset, fitted = tokenize_causal(splits, fits, tokenizer, args)
     else:
-        dataset = tokenize_splits(splits, sources, tokenizer)
+        dataset = tokenize_splits(splits, {name: [f.text for f in fits[name]] for name in splits}, tokenizer)
+        fitted = {name: {"values_dropped": sum(bool(f.values_dropped) for f in fits[name])} for name in splits}
+    for name, counts in fitted.items():
+        if counts["values_dropped"]:
+            logger.info(
+                "%s: %d sources over %d tokens lost cell values (the worst matches first) to fit",
+                name,
+                counts["values_dropped"],
+                args.max_source_length,
+            )
+    values_listed = {  # as fitted, before --overlong drops any
+        name: {
+            "sources": len(fits[name]),
+            "prompts_with_values": sum(bool(f.values) for f in fits[name]),
+            "values": sum(f.values for f in fits[name]),
+        }
+        for name in splits
+    }
     report = length_report(dataset, args.max_source_length, args.max_target_length)
     lost = characters_lost_in_targets(dataset, tokenizer, data.tables)
     recovered = lost["column_names_recovered"]
@@ -273,6 +331,9 @@ def prepare_dataset(args: PrepArguments):
         "model_family": family.name,
         "byte_level": byte_level(base_tokenizer),
         "prompts_fitted": fitted,
+        "values_per_column": args.values_per_column,
+        "max_values": args.max_values,
+        "values_listed": values_listed if args.source_format == VALUES_FORMAT else None,
         "max_source_length": args.max_source_length,
         "max_target_length": args.max_target_length,
         "overlong": args.overlong,
@@ -375,15 +436,11 @@ def with_generated_train(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
     return data
 
 
-def _header(data: WikiSQLData, example: Example) -> list[str] | None:
-    table = data.tables.get(example.table_id)
-    return table["header"] if table else None
-
-
 def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[str]], tokenizer):
-    """Tokenized DatasetDict: input_ids, attention_mask, labels (unpadded) plus the question, target and query.
+    """Tokenized DatasetDict: input_ids, attention_mask, labels (unpadded) plus the question, target, query and the
+    source text itself (what evaluation gives the model again: its values as prep fitted them).
 
-    `sources` holds, per split, the text the model reads for each example (see source_text).
+    `sources` holds, per split, the text the model reads for each example (see fitted_source).
     """
     from datasets import Dataset, DatasetDict
 
@@ -397,12 +454,87 @@ def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[st
                 "target": [e.target for e in examples],
                 "table_id": [e.table_id for e in examples],
                 "sql": [json.dumps(e.sql) if e.sql is not None else "" for e in examples],
+                "source": sources[name],
                 "input_ids": encoded["input_ids"],
                 "attention_mask": encoded["attention_mask"],
                 "labels": targets["input_ids"],
             }
         )
     return DatasetDict(result)
+
+
+@dataclass
+class FittedSource:
+    """A source as fitted_source built it: its text, its ids (when fitted with a tokenizer), how many cell values it
+    lists, and how many values and columns were left out to fit."""
+
+    text: str
+    ids: list[int] | None = None
+    values: int = 0
+    values_dropped: int = 0
+    columns_cut: int = 0
+
+
+def table_values(question: str, table: dict | None, settings: dict) -> list[tuple[str, str]]:
+    """The (column name, cell) pairs a 'question+header+values' source lists for the question, best first
+    (textsql.wikisql.cells), within the settings' values_per_column and max_values; none for another format."""
+    if settings.get("source_format") != VALUES_FORMAT or table is None:
+        return []
+    matches = cell_matches(
+        question,
+        table,
+        settings.get("values_per_column", DEFAULT_VALUES_PER_COLUMN),
+        settings.get("max_values", DEFAULT_MAX_VALUES),
+    )
+    return [(table["header"][match.column], match.cell) for match in matches]
+
+
+def fitted_source(
+    question: str,
+    table: dict | None,
+    settings: dict,
+    tokenizer=None,
+    max_length: int | None = None,
+    values: list[tuple[str, str]] | None = None,
+) -> FittedSource:
+    """What the model reads for a question about `table` (release format: header, rows; or None), laid out as
+    `settings` say (a prepared dataset's metadata, or prep's: source_format, source_prefix, layout, prompt_format,
+    values_per_column, max_values), the one place prep, evaluation, infer and compare build sources. With a tokenizer
+    and max_length it is fitted as prep fits it: listed cell values dropped from the end (the worst match first) until
+    it fits, then, for a causal LM, columns from the end of its list; what still does not fit is left to the caller
+    (prep's --overlong). `values`: table_values' pairs when the caller has them already."""
+    header = table["header"] if table else None
+    source_format = settings.get("source_format", "question")
+    layout = settings.get("layout", "seq2seq")
+    values = table_values(question, table, settings) if values is None else values
+
+    def render(listed: int, max_columns: int | None = None) -> str:
+        if layout == CAUSAL:
+            return causal_prompt(
+                question, header, source_format, settings.get("prompt_format"), tokenizer, max_columns, values[:listed]
+            )
+        return source_text(
+            question, header, settings.get("source_prefix", ""), source_format, layout, None, values[:listed]
+        )
+
+    kept = len(values)
+    text = render(kept)
+    if tokenizer is None or max_length is None:
+        return FittedSource(text, values=kept)
+    ids = tokenizer(text)["input_ids"]
+    while len(ids) > max_length and kept:
+        kept -= 1
+        text = render(kept)
+        ids = tokenizer(text)["input_ids"]
+    columns_cut = 0
+    if len(ids) > max_length and layout == CAUSAL and header is not None and source_format != "question":
+        for keep in range(len(header) - 1, -1, -1):
+            text = render(0, keep)
+            ids = tokenizer(text)["input_ids"]
+            columns_cut = len(header) - keep
+            if len(ids) <= max_length:
+                break
+    return FittedSource(text, ids, kept, len(values) - kept, columns_cut)
 
 
 def causal_prompt(
@@ -412,11 +544,12 @@ def causal_prompt(
     prompt_format: str,
     tokenizer=None,
     max_columns: int | None = None,
+    values: list[tuple[str, str]] | None = None,
 ) -> str:
     """A causal LM's prompt: the plain layout (textsql.wikisql.format.source_text), or with prompt_format 'chat' those
     lines as the user's message in the tokenizer's chat template, up to the assistant's turn. The template's own BOS is
     left to the tokenizer, which adds it (or not) like for any text, so prep and generation tokenize alike."""
-    plain = source_text(question, header, "", source_format, CAUSAL, max_columns=max_columns)
+    plain = source_text(question, header, "", source_format, CAUSAL, max_columns=max_columns, values=values)
     if prompt_format != "chat":
         return plain
     if tokenizer is None:
@@ -427,14 +560,17 @@ def causal_prompt(
     return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
 
 
-def tokenize_causal(splits: dict[str, list[Example]], headers: dict[str, list], tokenizer, args: PrepArguments):
+def tokenize_causal(
+    splits: dict[str, list[Example]], fits: dict[str, list[FittedSource]], tokenizer, args: PrepArguments
+):
     """(DatasetDict, what was fitted) for a causal LM: each example one `input_ids` sequence, the prompt
-    (source_text's causal layout) and then the SQL and EOS, with `labels` -100 on the prompt: the model learns to
-    write the SQL and to stop, never the prompt. Padding comes at collation, masked there by position.
+    (source_text's causal layout, as fitted_source fitted it to --max_source_length) and then the SQL and EOS, with
+    `labels` -100 on the prompt: the model learns to write the SQL and to stop, never the prompt. Padding comes at
+    collation, masked there by position.
 
-    A prompt over --max_source_length loses columns from the end of its list until it fits; the SQL is never cut.
     What still does not fit (a question alone too long, an SQL over --max_target_length) is an error with --overlong
-    error, else dropped; both counted per split in the returned dict (columns_cut, dropped)."""
+    error, else dropped; counted per split in the returned dict with the prompts that lost values or columns
+    (values_dropped, columns_cut, dropped)."""
     from datasets import Dataset, DatasetDict
 
     eos = tokenizer.eos_token_id
@@ -449,19 +585,11 @@ def tokenize_causal(splits: dict[str, list[Example]], headers: dict[str, list], 
             key: []
             for key in ("question", "target", "table_id", "sql", "prompt", "input_ids", "attention_mask", "labels")
         }
-        cut = dropped = 0
-        for example, header in zip(examples, headers[name]):
-            prompt = causal_prompt(example.question, header, args.source_format, args.prompt_format, tokenizer)
-            prompt_ids = tokenizer(prompt)["input_ids"]
-            if len(prompt_ids) > args.max_source_length and args.source_format == "question+header":
-                for keep in range(len(header) - 1, -1, -1):
-                    prompt = causal_prompt(
-                        example.question, header, args.source_format, args.prompt_format, tokenizer, max_columns=keep
-                    )
-                    prompt_ids = tokenizer(prompt)["input_ids"]
-                    if len(prompt_ids) <= args.max_source_length:
-                        break
-                cut += 1
+        cut = values_dropped = dropped = 0
+        for example, fit in zip(examples, fits[name], strict=True):
+            prompt, prompt_ids = fit.text, fit.ids
+            cut += bool(fit.columns_cut)
+            values_dropped += bool(fit.values_dropped)
             answer_ids = tokenizer(example.target, add_special_tokens=False)["input_ids"] + [eos]
             if len(prompt_ids) > args.max_source_length or len(answer_ids) > args.max_target_length:
                 dropped += 1
@@ -475,7 +603,7 @@ def tokenize_causal(splits: dict[str, list[Example]], headers: dict[str, list], 
             rows["attention_mask"].append([1] * (len(prompt_ids) + len(answer_ids)))
             rows["labels"].append([-100] * len(prompt_ids) + answer_ids)
         result[name] = Dataset.from_dict(rows)
-        fitted[name] = {"columns_cut": cut, "dropped": dropped}
+        fitted[name] = {"values_dropped": values_dropped, "columns_cut": cut, "dropped": dropped}
         if dropped:
             overlong[name] = dropped
         if cut:
@@ -608,6 +736,14 @@ def format_layout(metadata: dict) -> str:
         )
     else:
         line = f"layout: seq2seq ({metadata.get('model_family', 't5')}): source and target apart"
+    if metadata.get("values_listed"):  # question+header+values
+        listed = metadata["values_listed"].values()
+        lost = sum(split.get("values_dropped", 0) for split in metadata.get("prompts_fitted", {}).values())
+        line += (
+            f"; cell values listed in {sum(split['prompts_with_values'] for split in listed)} of "
+            f"{sum(split['sources'] for split in listed)} sources ({sum(split['values'] for split in listed)} values), "
+            f"{lost} sources lost values to fit"
+        )
     if metadata.get("byte_level"):
         return line + "; byte-level BPE: every character can be written, nothing added"
     added = metadata.get("added_characters") or {}
@@ -713,20 +849,13 @@ def tokenizer_for_training(model_tokenizer, dataset_dir: str | Path, metadata: d
     )
 
 
-def model_source(question: str, header: list[str] | None, metadata: dict, tokenizer=None) -> str:
-    """What a model trained on this prepared data reads for a question (typed, or of a split): the T5 source or the
-    causal LM's prompt, built as prep built them, with the whole column list (a chat prompt needs the tokenizer)."""
-    if metadata.get("layout") == CAUSAL:
-        return causal_prompt(
-            question, header, metadata.get("source_format", "question"), metadata.get("prompt_format"), tokenizer
-        )
-    return source_text(
-        question,
-        header,
-        metadata["source_prefix"],
-        metadata.get("source_format", "question"),
-        metadata.get("layout", "seq2seq"),
-    )
+def model_source(question: str, table: dict | None, metadata: dict, tokenizer=None) -> str:
+    """What a model trained on this prepared data reads for a question (typed, or of a split) about `table` (release
+    format, or None): the T5 source or the causal LM's prompt, built as prep built it: with the tokenizer, fitted to
+    the data's --max_source_length as prep fitted it (fitted_source); without, whole (a chat prompt needs the
+    tokenizer)."""
+    max_length = metadata.get("max_source_length") if tokenizer is not None else None
+    return fitted_source(question, table, metadata, tokenizer, max_length).text
 
 
 def source_settings(metadata: dict) -> dict:
@@ -734,6 +863,9 @@ def source_settings(metadata: dict) -> dict:
     settings = {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
     if metadata.get("prompt_format"):  # a causal LM's: plain or chat
         settings["prompt_format"] = metadata["prompt_format"]
+    if settings["source_format"] == VALUES_FORMAT:  # which cells are listed, and the budget they were fitted to
+        for key in VALUES_SETTINGS:
+            settings[key] = metadata.get(key)
     return settings
 
 
@@ -774,6 +906,13 @@ def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path)
             f"This model was fine-tuned on {trained.get('prompt_format', 'plain')} prompts, but '{dataset_dir}' was "
             f"prepared with --prompt_format {given.get('prompt_format', 'plain')}. Prepare the data again with "
             f"--prompt_format {trained.get('prompt_format', 'plain')}."
+        )
+    changed = [key for key in VALUES_SETTINGS[:2] if given.get(key) != trained.get(key)]
+    if changed and given["source_format"] == VALUES_FORMAT:
+        flags = " ".join(f"--{key} {trained.get(key)}" for key in changed)
+        raise TextsqlError(
+            f"This model was fine-tuned on sources listing cell values with {flags}, but '{dataset_dir}' was prepared "
+            f"with {' '.join(f'--{key} {given.get(key)}' for key in changed)}. Prepare the data again with {flags}."
         )
     if trained.get("source_prefix") != given["source_prefix"]:
         raise TextsqlError(

@@ -161,24 +161,36 @@ def test_two_ranks_with_zero3_offload_train_a_causal_lm_and_generate_together(
 
 
 def test_gpt2_without_a_pad_token_prepares_trains_and_generates(real_files, tmp_path, textsql_in_process):
-    """GPT-2's real tokenizer has no pad token: batches are padded with EOS and masked by position."""
+    """GPT-2's real tokenizer has no pad token: batches are padded with EOS and masked by position. The prompts list
+    the table's cells the question mentions (question+header+values), and a typed question about a table gets the
+    split's prompt, so the same SQL."""
     folder = real_causal_folder(real_files, "gpt2", tmp_path / "tiny-gpt2")
     data = tmp_path / "data"
     status, out, err = textsql_in_process(
         ["prep", "--source", str(real_files / "wikisql"), "--model_id", str(folder), "--output_dir", str(data),
-         "--source_format", "question+header", "--max_examples_per_split", "48"]
+         "--source_format", "question+header+values", "--max_examples_per_split", "48"]
     )  # fmt: skip
     assert status == 0, err[-3000:]
     assert "layout: causal LM (gpt2)" in out and "byte-level BPE: every character can be written" in out
+    assert "cell values listed in " in out
     argv = tiny_train_argv((data, folder), tmp_path / "runs", **dict(SHORT, max_steps=2, per_device_train_batch_size=8))
     status, out, err = textsql_in_process(["train", *argv])
     assert status == 0, err[-3000:]
     run = summary_of(out)["output_dir"]
+    assert json.loads(open(f"{run}/config.json").read())["task_specific_params"]["textsql"]["max_values"] == 10
     status, out, err = textsql_in_process(
-        ["infer", "--model_dir", run, "--dataset_dir", str(data), "--max_examples", "8", "--max_new_tokens", "6"]
-    )
+        ["infer", "--model_dir", run, "--dataset_dir", str(data), "--max_examples", "8", "--max_new_tokens", "6",
+         "--batch_size", "1"]
+    )  # fmt: skip
     assert status == 0, err[-3000:]
     assert json.loads(open(f"{run}/eval_metrics.json").read())["examples"] == 8
+    record = next(json.loads(line) for line in open(f"{run}/predictions.jsonl"))
+    status, out, err = textsql_in_process(
+        ["infer", "--model_dir", run, "--dataset_dir", str(data), "--question", record["question"], "--table_id",
+         record["table_id"], "--max_new_tokens", "6"]
+    )  # fmt: skip
+    assert status == 0, err[-3000:]
+    assert f"Model Prediction: {record['predicted_sql']}" in out
 
 
 def test_a_packed_run_logs_the_padded_run_s_loss_and_tokens_and_records_packing(

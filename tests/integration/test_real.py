@@ -217,6 +217,46 @@ def test_infer_on_a_model_with_the_real_vocabulary(real_prepared, textsql_in_pro
     assert "Model Prediction:" in out
 
 
+def test_a_t5_reading_cell_values_gets_the_same_source_for_a_typed_question(real_files, textsql_in_process, tmp_path):
+    """question+header+values for T5 with the real vocabulary: prep keeps each source as fitted, model_source builds
+    it again from the table, and `textsql infer --question --table_id` gives the model that source (so its SQL)."""
+    from transformers import AutoTokenizer
+
+    from textsql.prep import load_tables, model_source
+    from textsql.tiny import build_tiny_t5
+
+    t5 = t5_folder(real_files, "tokenizer.json", tmp_path / "t5")
+    data_dir = prepare_dataset(
+        PrepArguments(
+            source=str(real_files / "wikisql"),
+            model_id=str(t5),
+            output_dir=str(tmp_path / "data"),
+            source_format="question+header+values",
+            max_examples_per_split=24,
+        )
+    )
+    dataset, meta = load_prepared(data_dir)
+    tokenizer = AutoTokenizer.from_pretrained(data_dir / meta["tokenizer_dir"] if meta["tokenizer_dir"] else t5)
+    tables = load_tables(data_dir)
+    rows = dataset["test"]
+    assert sum(" values: " in source for source in rows["source"]) >= 20  # most real questions name a cell
+    for row in rows:
+        assert row["source"] == model_source(row["question"], tables[row["table_id"]], meta, tokenizer)
+        assert tokenizer.decode(row["input_ids"], skip_special_tokens=True) == " ".join(row["source"].split())
+    model_dir = tmp_path / "values-t5"
+    build_tiny_t5(tokenizer, d_model=32, num_layers=1, num_heads=2, d_ff=64, seed=0).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    common = ["infer", "--model_dir", str(model_dir), "--dataset_dir", str(data_dir), "--max_new_tokens", "8"]
+    status, _, err = textsql_in_process(
+        [*common, "--max_examples", "2", "--batch_size", "1", "--output_dir", str(tmp_path / "scored")]
+    )
+    assert status == 0, err
+    record = json.loads((tmp_path / "scored" / "predictions.jsonl").read_text().splitlines()[0])
+    status, out, err = textsql_in_process([*common, "--question", record["question"], "--table_id", record["table_id"]])
+    assert status == 0, err
+    assert f"Model Prediction: {record['predicted_sql']}" in out
+
+
 # --------------------------------------------------------------------------- benchmark shapes
 
 
@@ -303,9 +343,7 @@ def test_real_causal_tokenizers_lay_out_every_real_question_and_report_its_lengt
                 n = row["labels"].count(-100)
                 assert row["labels"] == [-100] * n + row["input_ids"][n:], (name, row["question"])
                 assert row["input_ids"][-1] == tokenizer.eos_token_id
-                assert row["prompt"] == model_source(
-                    row["question"], tables[row["table_id"]]["header"], meta, tokenizer
-                )
+                assert row["prompt"] == model_source(row["question"], tables[row["table_id"]], meta, tokenizer)
                 assert tokenizer.decode(row["input_ids"][:n]) == row["prompt"]
                 assert tokenizer.decode(row["input_ids"][n:-1]) == row["target"]
                 prompts.append(n)

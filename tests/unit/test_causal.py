@@ -261,7 +261,7 @@ def test_chat_prompts_use_the_tokenizer_s_template_and_are_refused_without_one(
     check_causal_rows(dataset["test"], tokenizer)
     assert metadata["prompt_format"] == "chat"
     tables = {t["id"]: t for t in map(json.loads, (out / "tables.jsonl").read_text().splitlines())}
-    assert model_source(row["question"], tables[row["table_id"]]["header"], metadata, tokenizer) == row["prompt"]
+    assert model_source(row["question"], tables[row["table_id"]], metadata, tokenizer) == row["prompt"]
     with pytest.raises(TextsqlError, match="has no chat template.*--prompt_format plain"):
         prepare_dataset(
             PrepArguments(**args, model_id=str(causal_assets[1]), output_dir=str(tmp_path / "e"), prompt_format="chat")

@@ -176,7 +176,7 @@ class Comparison:
                 generate_sql(
                     loaded.model,
                     loaded.tokenizer,
-                    [model_source(question, table["header"], loaded.metadata, loaded.tokenizer)],
+                    [model_source(question, table, loaded.metadata, loaded.tokenizer)],
                     batch_size=1,
                     max_new_tokens=self.args.max_new_tokens,
                     progress=False,
@@ -206,11 +206,11 @@ class Comparison:
 
     def sources_for(self, loaded: LoadedModel, scoring: ScoringSet) -> ScoringSet:
         """`scoring` with the sources `loaded` reads: the prepared ones where the dataset was prepared for its family,
-        else built as it was fine-tuned to read them (whole column lists)."""
+        else built as it was fine-tuned to read them (fitted to its budget where its settings record one: cell values)."""
         if loaded.metadata is self.metadata:
             return scoring
         sources = [
-            model_source(question, scoring.tables[table_id]["header"], loaded.metadata, loaded.tokenizer)
+            model_source(question, scoring.tables[table_id], loaded.metadata, loaded.tokenizer)
             for question, table_id in zip(scoring.questions, scoring.table_ids, strict=True)
         ]
         return replace(scoring, sources=sources)
