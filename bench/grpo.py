@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402
-from bench.real_model import RECIPES, TRAINED, Bench, bench_parser  # noqa: E402
+from bench.real_model import RECIPES, TRAINED, Bench, bench_parser, executions, paired_bootstrap  # noqa: E402
 
 # Chosen with --select on the validation split (bench/README.md); never on test.
 GRPO = [
@@ -37,27 +36,6 @@ SEEDS = (0,)
 SELECT = {
     "lr1e-5": ["--learning_rate", "1e-5"],
 }
-BOOTSTRAP_SAMPLES = 2000
-
-
-def paired_bootstrap(before: list[bool], after: list[bool], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
-    """The difference in execution accuracy (after - before) on the same questions, and its 95% interval from
-    resampling the questions with replacement."""
-    rng = random.Random(seed)
-    n = len(before)
-    differences = [int(a) - int(b) for a, b in zip(after, before)]
-    means = sorted(sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
-    return {
-        "difference": sum(differences) / n,
-        "interval_95": [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]],
-        "questions_gained": differences.count(1),
-        "questions_lost": differences.count(-1),
-    }
-
-
-def executions(bench: Bench, name: str) -> list[bool]:
-    path = bench.work / "scores" / name / "predictions.jsonl"
-    return [bool(json.loads(line)["execution_match"]) for line in path.open()]
 
 
 def sft_run(bench: Bench) -> tuple[Path, dict]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shlex
 import subprocess
 import sys
@@ -47,13 +48,25 @@ RECIPES = {"full": REPO / "recipes" / "smollm2-135m-full.yaml", "lora": REPO / "
 # quantized models in their own dtype), SQL up to 64 tokens (the slice's longest gold query is 47).
 SCORE_FLAGS = ["--split", "test", "--batch_size", "64", "--max_new_tokens", "64", "--dtype", "bfloat16"]
 SCORE = [*SCORE_FLAGS, "--show_examples", "0"]
+# The decodings scored on the best run besides greedy: name (its scores' folder suffix) -> infer flags.
+DECODINGS = {
+    "execution_guided": ["--decoding", "execution_guided", "--num_beams", "4"],
+}
 QUANTIZATION_METHODS = ("dynamic-int8", "torchao-int8", "bnb-int8", "bnb-nf4", "gptq")
 
-# name: (dataset, recipe, flags over the recipe); dataset "plain", "chat" or "generated" (plain + generated questions)
+# The prepared datasets: (source format, other prep flags). "values" lists the table's cells the question mentions.
+DATASETS = {
+    "plain": ("question+header", []),
+    "chat": ("question+header", ["--prompt_format", "chat"]),
+    "generated": ("question+header", ["--generated_train", "1000"]),
+    "values": ("question+header+values", []),
+}
+# name: (dataset, recipe, flags over the recipe); dataset one of DATASETS ("generated": plain + generated questions)
 TRAINED = {
     "full": ("plain", "full", []),
     "full_packed": ("plain", "full", ["--packing", "True"]),
     "full_generated": ("generated", "full", []),
+    "full_values": ("values", "full", []),
     "lora_qv": ("plain", "lora", ["--lora_targets", "qv"]),
     "lora_all": ("plain", "lora", []),
     "qlora_nf4": ("plain", "lora", ["--quantize_base", "nf4"]),
@@ -125,12 +138,12 @@ class Bench:
 
     def dataset(self, kind: str) -> Path:
         folder = self.work / "data" / kind
-        flags = {"plain": [], "chat": ["--prompt_format", "chat"], "generated": ["--generated_train", "1000"]}[kind]
+        source_format, flags = DATASETS[kind]
 
         def work():
             command, out = self.run(
                 f"prep-{kind}", "prep", "--source", str(self.args.real_dir / "wikisql"), "--model_id",
-                str(self.model()), "--source_format", "question+header", "--output_dir", str(folder),
+                str(self.model()), "--source_format", source_format, "--output_dir", str(folder),
                 "--overwrite", "True", *flags,
             )  # fmt: skip
             metadata = json.loads((folder / "textsql_data.json").read_text())
@@ -177,8 +190,11 @@ class Bench:
         kind, recipe, extra = TRAINED[name]
         dataset = self.dataset(kind)
         trained = self.train(name, dataset, *extra, recipe=RECIPES[recipe])
-        scored = self.score(name, Path(trained["run_dir"]), self.dataset("plain") if kind == "generated" else dataset)
-        return {"train": trained, "test": scored}
+        scoring_data = self.dataset("plain") if kind == "generated" else dataset
+        scored = self.score(name, Path(trained["run_dir"]), scoring_data)
+        # The validation split too (102 questions, the held-out tenth of train's tables): where settings are chosen.
+        validation = self.score(f"{name}_validation", Path(trained["run_dir"]), scoring_data, "--split", "validation")
+        return {"train": trained, "test": scored, "validation": validation}
 
     def quantized(self, model_dir: Path, dataset: Path) -> dict:
         """Each method on the same model, against that model unquantized in fp32 (as `textsql quantize` scores it)."""
@@ -226,6 +242,42 @@ class Bench:
         return {name: {k: v for k, v in r.items() if k != "predictions"} for name, r in results.items()}
 
 
+BOOTSTRAP_SAMPLES = 2000
+
+
+def paired_bootstrap(before: list, after: list, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
+    """The difference in execution accuracy (after - before) on the same questions, and its 95% interval from
+    resampling the questions with replacement. Each side is (question key, right) pairs, as `executions` gives
+    them: two sides that did not score the same questions in the same order are refused."""
+    if [key for key, _ in before] != [key for key, _ in after]:
+        raise ValueError("the two sides of a paired comparison scored different questions, or in another order")
+    rng = random.Random(seed)
+    n = len(before)
+    differences = [int(a) - int(b) for (_, a), (_, b) in zip(after, before)]
+    means = sorted(sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
+    return {
+        "difference": sum(differences) / n,
+        "interval_95": [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]],
+        "questions_gained": differences.count(1),
+        "questions_lost": differences.count(-1),
+    }
+
+
+def executions(bench: Bench, name: str) -> list[tuple[tuple[str, str], bool]]:
+    """A scoring's (question, table) and whether its SQL gave the gold result, in the order it scored them."""
+    path = bench.work / "scores" / name / "predictions.jsonl"
+    records = [json.loads(line) for line in path.open()]
+    return [((r["table_id"], r["question"]), bool(r["execution_match"])) for r in records]
+
+
+def documented_commands() -> list[list[str]]:
+    """The `textsql` commands of docs/real-model.md's "Fine-tune it" block, split as a shell would (without `textsql`):
+    the tests hold them against this bench's recipes and flags, and run them."""
+    text = (REPO / "docs" / "real-model.md").read_text()
+    block = text.split("## Fine-tune it", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("textsql ")]
+
+
 def headline(metrics: dict) -> dict:
     keys = ("examples", "execution_accuracy", "logical_form_accuracy", "exact_match", "parse_errors")
     keys += ("components", "queries_per_second", "decoding")
@@ -260,19 +312,19 @@ def comparison(bench: Bench) -> dict:
         for name in TRAINED
         if name in only or bench.done(f"train-{name}", f"score-{name}")
     }
-    execution = {name: r["test"]["metrics"]["execution_accuracy"] for name, r in report["trained"].items()}
+    # The best runs are chosen on validation, never on test.
+    execution = {name: r["validation"]["metrics"]["execution_accuracy"] for name, r in report["trained"].items()}
     best = max(execution, key=execution.get, default=None)
     best_full = max((n for n in execution if n.startswith("full")), key=execution.get, default=None)
     best_lora = max((n for n in execution if n.startswith("lora")), key=execution.get, default=None)
-    report["best"] = {"run": best, "full": best_full, "lora": best_lora}
-    if best and ("decoding" in only or bench.done(f"score-{best}_execution_guided")):
+    report["best"] = {"run": best, "full": best_full, "lora": best_lora, "chosen_on": "validation"}
+    if best and ("decoding" in only or bench.done(*(f"score-{best}_{name}" for name in DECODINGS))):
         best_dir = Path(report["trained"][best]["train"]["run_dir"])
-        report["decoding"] = {
-            "greedy": report["trained"][best]["test"],
-            "execution_guided_4_beams": bench.score(
-                f"{best}_execution_guided", best_dir, plain, "--decoding", "execution_guided", "--num_beams", "4"
-            ),
-        }
+        best_data = bench.dataset(TRAINED[best][0] if TRAINED[best][0] != "generated" else "plain")
+        report["decoding"] = {"run": best, "greedy": report["trained"][best]["test"]}
+        for name, flags in DECODINGS.items():
+            report["decoding"][name] = bench.score(f"{best}_{name}", best_dir, best_data, *flags)
+    report["gains_over_full_greedy"] = gains(bench, report)
     if best_lora and ("merged" in only or bench.done("merge", f"score-{best_lora}_merged")):
         report["merged"] = merged_and_scored(bench, best_lora, Path(report["trained"][best_lora]["train"]["run_dir"]))
     if best_full and ("quantized" in only or bench.done("quantize-fp32-reference")):
@@ -281,6 +333,26 @@ def comparison(bench: Bench) -> dict:
             **bench.quantized(Path(report["trained"][best_full]["train"]["run_dir"]), plain),
         }
     return report
+
+
+def gains(bench: Bench, report: dict) -> dict:
+    """Each trained run's and each decoding's execution accuracy against the full fine-tuning's greedy SQL on the
+    same questions (paired bootstrap), on test and, for trained runs, on validation."""
+    if "full" not in report["trained"]:
+        return {}
+    result = {}
+    for name in report["trained"]:
+        if name != "full":
+            result[name] = {
+                split: paired_bootstrap(executions(bench, f"full{suffix}"), executions(bench, f"{name}{suffix}"))
+                for split, suffix in (("test", ""), ("validation", "_validation"))
+            }
+    decoding = report.get("decoding") or {}
+    for name in DECODINGS:
+        if name in decoding:
+            scored = executions(bench, f"{decoding['run']}_{name}")
+            result[f"{decoding['run']}+{name}"] = {"test": paired_bootstrap(executions(bench, "full"), scored)}
+    return result
 
 
 def merged_and_scored(bench: Bench, name: str, lora_dir: Path) -> dict:

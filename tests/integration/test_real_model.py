@@ -119,20 +119,42 @@ def test_the_real_model_learns_real_lines_and_writes_sql_through_infer(
     assert len(trained) >= 8 and len(trained) >= len(zero_shot) + 6, (trained_texts, zero_shot_texts)
 
 
-def test_a_real_lora_adapter_merges_and_quantizes(real_model, real_data, tmp_path, textsql_in_process):
-    runs = tmp_path / "runs"
-    argv = ["train", "--model_id", str(real_model), "--dataset_dir", str(real_data), "--runs_root", str(runs)]
-    argv += ["--lora", "True", "--max_steps", "2", "--per_device_train_batch_size", "4", "--eval_strategy", "no"]
-    argv += ["--save_strategy", "no", "--precision", "bf16", "--execution_accuracy_samples", "0"]
-    status, _, err = textsql_in_process(argv)
-    assert status == 0, err[-3000:]
-    run_dir = next(runs.glob("*lora*"))
-    status, out, err = textsql_in_process(["merge", str(run_dir)])
-    assert status == 0 and "merged" in out, err[-3000:]
-    merged = run_dir.parent / f"{run_dir.name}-merged"
+def test_the_docs_commands_chain_on_the_real_model_and_its_merged_adapter_quantizes(
+    real_model, real_files, tmp_path, monkeypatch, textsql_in_process
+):
+    """docs/real-model.md's "Fine-tune it" commands as a newcomer types them, in a fresh project folder (each training
+    cut to one step, each scoring to 4 questions): every command reads the folder the one before wrote. The import
+    line is the real_model fixture's own work (the same `textsql import`, into the user's cache): its folder is linked
+    where the doc's import writes it. The merged LoRA model then quantizes."""
+    import shutil
+
+    from bench.real_model import RECIPES, documented_commands
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes").mkdir()
+    for recipe in RECIPES.values():
+        shutil.copy(recipe, tmp_path / "recipes")
+    commands = documented_commands()
+    assert commands[0][0] == "import"
+    (tmp_path / commands[0][2]).parent.mkdir(parents=True)
+    (tmp_path / commands[0][2]).symlink_to(real_model)
+    for argv in commands[1:]:
+        argv = [str(real_files / "wikisql") if a == "path/to/WikiSQL/data" else a for a in argv]
+        argv += {"train": ["--max_steps", "1"], "infer": ["--max_examples", "4", "--show_examples", "0"]}.get(
+            argv[0], []
+        )
+        status, out, err = textsql_in_process(argv)
+        assert status == 0, (argv, err[-3000:])
+        if argv[0] == "infer":
+            assert "4 examples (test, " in out, out
+    for folder in ("runs/smollm2-135m-full", "runs/smollm2-135m-lora", "runs/smollm2-135m-lora-merged"):
+        assert (tmp_path / folder / "eval_metrics.json").is_file(), folder
+    assert (tmp_path / "runs/smollm2-135m-full/execution-guided/eval_metrics.json").is_file()
+
     status, out, err = textsql_in_process(
-        ["quantize", str(merged), "--method", "dynamic-int8", "--dataset_dir", str(real_data), "--max_examples", "8"]
-        + ["--max_new_tokens", "24", "--device", "cpu", "--output_dir", str(tmp_path / "int8")]
+        ["quantize", "runs/smollm2-135m-lora-merged", "--method", "dynamic-int8", "--dataset_dir"]
+        + ["data/wikisql-smollm2", "--max_examples", "8", "--max_new_tokens", "24", "--device", "cpu"]
+        + ["--output_dir", str(tmp_path / "int8")]
     )
     assert status == 0, err[-3000:]
     assert "dynamic-int8" in out and "execution accuracy" in out

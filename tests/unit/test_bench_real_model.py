@@ -1,17 +1,25 @@
 """bench/real_model.py and bench/grpo.py without training anything: the paired bootstrap that tells GRPO's gain from
 noise, the parts --only accepts, and docs/real-model.md's commands against the bench's."""
 
-import shlex
-
 import pytest
 
-from bench.grpo import paired_bootstrap
-from bench.real_model import MODEL, PARTS, RECIPES, REPO, SCORE_FLAGS, TRAINED, main
+from bench.real_model import (
+    MODEL,
+    PARTS,
+    RECIPES,
+    REPO,
+    SCORE_FLAGS,
+    TRAINED,
+    documented_commands,
+    main,
+    paired_bootstrap,
+)
 
 
 def test_the_paired_bootstrap_s_difference_and_interval():
-    before = [True] * 50 + [False] * 50
-    after = [True] * 45 + [False] * 5 + [True] * 15 + [False] * 35  # 15 gained, 5 lost: +10 points
+    keys = [("1-1", f"question {i}") for i in range(100)]
+    before = list(zip(keys, [True] * 50 + [False] * 50))
+    after = list(zip(keys, [True] * 45 + [False] * 5 + [True] * 15 + [False] * 35))  # 15 gained, 5 lost: +10 points
     result = paired_bootstrap(before, after, samples=500)
     assert result["difference"] == pytest.approx(0.10)
     assert (result["questions_gained"], result["questions_lost"]) == (15, 5)
@@ -19,6 +27,8 @@ def test_the_paired_bootstrap_s_difference_and_interval():
     assert low < 0.10 < high and high - low < 0.25
     same = paired_bootstrap(before, before, samples=200)
     assert same["difference"] == 0 and same["interval_95"] == [0, 0]
+    with pytest.raises(ValueError, match="different questions, or in another order"):
+        paired_bootstrap(before, after[1:] + after[:1])
 
 
 def test_only_takes_the_comparison_s_parts(capsys):
@@ -28,19 +38,12 @@ def test_only_takes_the_comparison_s_parts(capsys):
     assert exit_.value.code == 2 and "not lora_everything" in capsys.readouterr().err
 
 
-def real_model_doc_commands() -> list[list[str]]:
-    """The `textsql` commands of docs/real-model.md's "Fine-tune it" block, split as a shell would."""
-    text = (REPO / "docs" / "real-model.md").read_text()
-    block = text.split("## Fine-tune it", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    return [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("textsql ")]
-
-
 def test_the_docs_commands_are_the_benchs_and_chain():
     """What a user types from docs/real-model.md is what bench/real_model.py measured: the same recipe files, the same
     scoring flags, the same prompt format; and every command reads the folder the one before wrote."""
     from textsql.train.arguments import parse_arguments
 
-    commands = real_model_doc_commands()
+    commands = documented_commands()
     import_, prep = commands[0], commands[1]
     model_dir = import_[2]
     assert import_[:2] == ["import", MODEL]
@@ -66,4 +69,6 @@ def test_the_docs_commands_are_the_benchs_and_chain():
         rest = command[command.index("--dataset_dir") + 2 :]
         assert rest[: len(SCORE_FLAGS)] == SCORE_FLAGS, command  # the bench's scoring flags, in its order
     guided = [c for c in scored if "--decoding" in c]
-    assert guided and all(c[c.index("--decoding") + 1 :][:3] == ["execution_guided", "--num_beams", "4"] for c in guided)
+    assert guided and all(
+        c[c.index("--decoding") + 1 :][:3] == ["execution_guided", "--num_beams", "4"] for c in guided
+    )
