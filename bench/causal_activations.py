@@ -85,7 +85,8 @@ def measure(config, device: str, batch: int, sequence: int, precision: str, lora
     import torch
     from transformers import AutoModelForCausalLM
 
-    from textsql.adapters import LoraArguments, apply_lora
+    from textsql.adapters import apply_lora
+    from textsql.spec.lora import LoraArguments
 
     torch.manual_seed(0)
     with torch.device(device):

@@ -50,7 +50,8 @@ def train_once(
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql.adapters import LoraArguments, apply_lora, parameter_counts
+    from textsql.adapters import apply_lora, parameter_counts
+    from textsql.spec.lora import LoraArguments
 
     torch.manual_seed(0)
     config = T5Config(**SHAPES[shape], decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)

@@ -202,7 +202,7 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
     import torch
 
     from textsql.errors import TextsqlError
-    from textsql.train.arguments import parse_arguments
+    from textsql.spec.training import parse_arguments
     from textsql.train.run import train
 
     probe = install_coordinator_probe(only_in_training_steps=True)

@@ -156,8 +156,8 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     import torch
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
+    from textsql.spec.training import TextsqlTrainingArguments
     from textsql.strategy.devices import NodeDevices, resolve_precision
-    from textsql.train.arguments import TextsqlTrainingArguments
     from textsql.train.trainer import make_trainer_class
 
     gpu = torch.cuda.is_available()

@@ -34,8 +34,9 @@ ALLOWED_GLOBALS = frozenset(
         "numpy.ndarray",
         "numpy.dtype",
         # the Trainer's training_args.bin (nothing loads it at resume; `torch.load` by hand would)
+        "textsql.spec.training.TextsqlTrainingArguments",
+        # where the class lived before (textsql.train's module, then package): checkpoints of older runs still resume
         "textsql.train.arguments.TextsqlTrainingArguments",
-        # where the class lived before textsql.train became a package: checkpoints of older runs still resume
         "__main__.TextsqlTrainingArguments",
         "textsql.train.TextsqlTrainingArguments",
         "transformers.training_args.TrainingArguments",

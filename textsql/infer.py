@@ -11,7 +11,6 @@ from pathlib import Path
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
-    check_decoding,
     choose_prediction,
     decode_and_score,
     format_metrics,
@@ -21,6 +20,7 @@ from textsql.evaluate import (
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE, in_project
 from textsql.prep import check_source_settings, load_prepared, load_tables, model_source
 from textsql.quantize import load_for_inference
+from textsql.spec.decoding import check_decoding
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
 
 DTYPES = ("float32", "bfloat16")

@@ -713,7 +713,8 @@ def test_lora_trainable_parameters_are_r_times_in_plus_out_of_each_adapted_layer
     assert memory.lora_layers(small_shape, 4, "all")["trainable"] == 2 * 4608 + 2 * 6656 == 22528
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql.adapters import LoraArguments, apply_lora, parameter_counts
+    from textsql.adapters import apply_lora, parameter_counts
+    from textsql.spec.lora import LoraArguments
 
     model = T5ForConditionalGeneration(
         T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300)
@@ -1052,7 +1053,7 @@ def test_the_recommended_command_is_whole_and_textsql_train_parses_it(tmp_path, 
     """The model, the dataset, the batch, the strategy (FSDP's flag where it is FSDP), the adapter, the precision."""
     import shlex
 
-    from textsql.train.arguments import parse_arguments
+    from textsql.spec.training import parse_arguments
 
     monkeypatch.chdir(tmp_path)
     full = plan(model="t5-small", gpu_memory_gb=24, dataset_dir="data/wikisql-t5")

@@ -13,16 +13,16 @@ from importlib import import_module
 # The public names, loaded on first use: `python -m textsql.train` imports this package before its __main__, which
 # first quiets the lifecycle packages' log noise (textsql.extras) and only then needs torch and transformers.
 _WHERE = {
-    "DataArguments": "arguments",
-    "ModelArguments": "arguments",
-    "TextsqlTrainingArguments": "arguments",
-    "run_training": "local_launch",
-    "train": "run",
+    "DataArguments": "textsql.spec.training",  # the run spec (textsql/spec/)
+    "ModelArguments": "textsql.spec.training",
+    "TextsqlTrainingArguments": "textsql.spec.training",
+    "run_training": "textsql.train.local_launch",
+    "train": "textsql.train.run",
 }
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name):
     if name in _WHERE:
-        return getattr(import_module(f"textsql.train.{_WHERE[name]}"), name)
+        return getattr(import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'textsql.train' has no attribute '{name}'")

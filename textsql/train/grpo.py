@@ -21,7 +21,8 @@ from textsql.families import family_of
 from textsql.hub import load_config
 from textsql.paths import SUMMARY_FILE
 from textsql.prep import load_prepared, load_tables
-from textsql.rewards import SqlRewards, reward_weights
+from textsql.rewards import SqlRewards
+from textsql.spec.grpo import reward_weights
 from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
 
 logger = logging.getLogger("textsql.train")
