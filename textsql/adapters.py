@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from textsql.checkpoints import CHECKPOINT
+from textsql.checkpoints import CHECKPOINT, verify_model_folder
 from textsql.errors import TextsqlError
 from textsql.extras import require_lifecycle_extra
 from textsql.families import family_of, lora_target_modules
@@ -372,6 +372,7 @@ def load_base_for_adapter(adapter_dir, base_model: str | None = None, quantized:
     import torch
 
     adapter_dir = Path(adapter_dir)
+    verify_model_folder(adapter_dir)  # peft loads an adapter_model.bin with torch.load; the base: hub.load_model
     record = read_adapter_record(adapter_dir)
     base_id = base_model or record["base_model"]
     tokenizer = load_tokenizer(str(adapter_dir))
@@ -411,13 +412,16 @@ def load_base_for_adapter(adapter_dir, base_model: str | None = None, quantized:
     return model, tokenizer, record
 
 
-def load_adapter_model(adapter_dir, base_model: str | None = None, quantized: dict | None = None):
-    """(base model + adapter, fp32 on the CPU, for generation; its tokenizer), checked as load_base_for_adapter; a QLoRA
-    adapter on its quantized base with `quantized` (load_quantized_base's compute_dtype and placement)."""
+def load_adapter_model(
+    adapter_dir, base_model: str | None = None, quantized: dict | None = None, trainable: bool = False
+):
+    """(base model + adapter, fp32 on the CPU, for generation (`trainable`: to train on, as --stage grpo does); its
+    tokenizer), checked as load_base_for_adapter; a QLoRA adapter on its quantized base with `quantized`
+    (load_quantized_base's compute_dtype and placement)."""
     peft = require_peft()
     model, tokenizer, _ = load_base_for_adapter(adapter_dir, base_model, quantized)
-    model = peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
-    return model.eval(), tokenizer
+    model = peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
+    return (model if trainable else model.eval()), tokenizer
 
 
 MERGE_ONTO = ("full", "rounded")  # a QLoRA adapter merged into the full-precision base, or onto its rounded weights
