@@ -8,8 +8,9 @@ import pytest
 
 from textsql.cli.check_config import check_config_cli
 from textsql.errors import TextsqlError
-from textsql.planner import memory
-from textsql.planner.memory import PlanArguments, plan_memory, resolve_model
+from textsql.planner.phases import fsdp_units
+from textsql.planner.recommend import PlanArguments, plan_memory
+from textsql.planner.shape import resolve_model
 from textsql.spec.training import parse_arguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.strategy.fsdpconfig import (
@@ -205,7 +206,7 @@ def test_planner_predicts_fsdp_rows_sharded_in_fp32():
     assert rows["fsdp_hybrid_shard"]["gpu_total_bytes"] == full["gpu_total_bytes"]
     two_pods = plan_memory(PlanArguments(model="t5-large", nodes=2, gpus_per_node=4))["strategies"]
     assert two_pods["fsdp_hybrid_shard"]["gpu_total_bytes"] > two_pods["fsdp_full_shard"]["gpu_total_bytes"]
-    units = memory.fsdp_units(resolve_model("t5-small"))
+    units = fsdp_units(resolve_model("t5-small"))
     assert units["embeddings"] >= 32128 * 512  # the tied embedding unit
 
 

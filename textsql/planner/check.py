@@ -8,15 +8,9 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.paths import METADATA_FILE
-from textsql.planner.memory import (
-    GIB,
-    predict,
-    predict_fsdp,
-    resolve_model,
-    with_phases,
-    zero_settings,
-)
-from textsql.planner.states import setup_from_arguments
+from textsql.planner.phases import predict, predict_fsdp, with_phases
+from textsql.planner.shape import GIB, resolve_model
+from textsql.planner.states import setup_from_arguments, zero_settings
 from textsql.prep import longest_lengths
 from textsql.run_summary import RunSummary
 
