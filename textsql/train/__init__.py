@@ -4,8 +4,10 @@ Run it as `textsql train ...` (one rank per visible GPU), `textsql train recipe.
 or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t5-small --deepspeed zero2`. From Python:
     train(ModelArguments(model_id="t5-small"), DataArguments(), TextsqlTrainingArguments(deepspeed="zero2"))
 
-Modules, lowest first: speed (the speed levers, FLOPs), arguments (the dataclasses, recipes), distributed (ranks), logs,
-trainer (the Trainer subclass, saving), run (deciding and running one training), local_launch (child processes on this pod), __main__ (a rank).
+Its arguments are the run spec's (textsql.spec.training). Modules, lowest first: distributed (ranks), logs, collate (a
+causal LM's batches), speed (the speed levers applied, FLOPs), dstools (DeepSpeed's tools), fsdp (FSDP2 around the
+Trainer), trainer (the Trainer subclass, saving), grpo (the GRPO stage), run (deciding and running one training),
+local_launch (child processes on this pod), __main__ (a rank).
 """
 
 from importlib import import_module
