@@ -5,7 +5,7 @@ from dataclasses import MISSING, field, fields
 
 
 def same_flag(arguments, name: str, help: str | None = None):
-    """The field `name` of a spec dataclass for another command's arguments (`textsql plan`'s, `textsql tune`'s): the
+    """The field `name` of a spec dataclass for another command's arguments (`textsql plan`'s): the
     same flag with the same default, so a default lives in the spec alone; `help` where that command uses it otherwise."""
     spec = next(f for f in fields(arguments) if f.name == name)
     default = {"default": spec.default} if spec.default is not MISSING else {"default_factory": spec.default_factory}
