@@ -62,7 +62,9 @@ def planned(folder: Path, batch: int, sequence: int, precision: str, lora_rank: 
     """The planner's terms for this step: activations (layers, loss peak, the rest, LoRA's), autocast's weight copies,
     gradients; `saved_activations` is what the decoder layers and the stack's ends keep in the forward pass (LoRA's
     too), `step` what the step adds at its peak."""
-    from textsql.planner.memory import Setup, predict, resolve_model, zero_settings
+    from textsql.planner.phases import predict
+    from textsql.planner.shape import resolve_model
+    from textsql.planner.states import Setup, zero_settings
 
     shape = resolve_model(str(folder))
     setup = Setup(1, 1, sequence, 0, precision, False, tuple(zero_settings(None).items()), lora_rank=lora_rank)
@@ -85,7 +87,8 @@ def measure(config, device: str, batch: int, sequence: int, precision: str, lora
     import torch
     from transformers import AutoModelForCausalLM
 
-    from textsql.adapters import LoraArguments, apply_lora
+    from textsql.adapters import apply_lora
+    from textsql.spec.lora import LoraArguments
 
     torch.manual_seed(0)
     with torch.device(device):

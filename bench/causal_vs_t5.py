@@ -138,7 +138,7 @@ def padding_fraction_of_run(name: str, assets: dict, args) -> float:
 
     from textsql.families import family_named
     from textsql.hub import load_tokenizer
-    from textsql.train.arguments import DataArguments, TextsqlTrainingArguments
+    from textsql.spec.training import DataArguments, TextsqlTrainingArguments
     from textsql.train.collate import CausalLMCollator, padding_fraction
     from textsql.train.run import load_training_data
     from textsql.train.trainer import make_trainer_class

@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from textsql.evaluate import generate_sql, load_scoring_set
-    from textsql.infer import load_model_for_inference
+    from textsql.quantize import load_for_inference
 
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as tmp:
         if args.model_dir:
@@ -68,7 +68,7 @@ def main() -> None:
 
             data_path, model_path = build_assets(Path(tmp), train_tables=60, questions_per_table=8)
             model_dir, data_dir = str(model_path), str(data_path)
-        model, tokenizer = load_model_for_inference(model_dir, "auto")
+        model, tokenizer = load_for_inference(model_dir, "auto")
         scoring = load_scoring_set(data_dir, "test" if args.model_dir or args.shape else "train", args.questions)
         sources = scoring.sources
         rounds = {"one_at_a_time": [], "batched": []}

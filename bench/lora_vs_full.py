@@ -33,7 +33,7 @@ if str(REPO) not in sys.path:
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
 
 # The tiny model of the tests and the demo (textsql.demo.build_assets: d_model 64, 2 layers, d_ff 256, 4 heads, a
-# 4000-piece tokenizer), and t5-small's config (textsql.planner.memory.T5_SHAPES).
+# 4000-piece tokenizer), and t5-small's config (textsql.planner.shape.T5_SHAPES).
 SHAPES = {
     "tiny": dict(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=4000),
     "t5-small": dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128),
@@ -50,7 +50,8 @@ def train_once(
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql.adapters import LoraArguments, apply_lora, parameter_counts
+    from textsql.adapters import apply_lora, parameter_counts
+    from textsql.spec.lora import LoraArguments
 
     torch.manual_seed(0)
     config = T5Config(**SHAPES[shape], decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
@@ -106,7 +107,7 @@ def train_once(
 
 def planner_rows(models: list[str], gpu_memory_gb: float, batch: int, rank: int, targets: str) -> dict:
     """The planner's full fine-tuning and LoRA rows for each model (bf16, 96/96 tokens, one GPU)."""
-    from textsql.planner.memory import PlanArguments, plan_memory
+    from textsql.planner.recommend import PlanArguments, plan_memory
 
     rows = {}
     for model in models:

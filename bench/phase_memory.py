@@ -13,7 +13,7 @@ adds is what it allocates: a thread samples the process's resident memory (psuti
 accelerator reports the same figure through memory_allocated / max_memory_allocated, but reads it only when called)
 and each phase reports its peak above the memory held when it began. glibc is told to return large blocks to the
 system (MALLOC_MMAP_THRESHOLD_), so freed tensors leave the resident figure. The planner's phase predictions
-(textsql.planner.memory.predict_phases) for the same run are printed beside them. A benchmark, not a test.
+(textsql.planner.phases.predict_phases) for the same run are printed beside them. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def child(
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql.planner.memory import T5_SHAPES, T5_VOCAB_SIZE
+    from textsql.planner.shape import T5_SHAPES, T5_VOCAB_SIZE
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -229,7 +229,7 @@ def free_port() -> int:
 
 def predicted(strategy: str, args) -> dict:
     """The planner's phases for the same run (fp32, world size 1, the bench's batch and lengths), in MB."""
-    from textsql.planner.memory import PlanArguments, plan_memory
+    from textsql.planner.recommend import PlanArguments, plan_memory
 
     plan = plan_memory(
         PlanArguments(

@@ -45,7 +45,7 @@ def best(rows: dict) -> dict | None:
 
 
 def planner_rows(args) -> list[dict]:
-    from textsql.planner.memory import PlanArguments, plan_memory
+    from textsql.planner.recommend import PlanArguments, plan_memory
 
     found = []
     for model in MODELS:
@@ -129,7 +129,7 @@ def measured_tiny() -> list[dict]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from textsql.planner import causal
-    from textsql.planner.memory import resolve_model
+    from textsql.planner.shape import resolve_model
 
     config = AutoConfig.for_model(
         "qwen2",

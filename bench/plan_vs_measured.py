@@ -121,7 +121,8 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
     from deepspeed.utils import logger
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql.planner import memory, zero3_trace
+    from textsql.planner import zero3_trace
+    from textsql.planner.shape import resolve_model
     from textsql.train.distributed import ensure_distributed_env
 
     logger.setLevel(logging.WARNING)  # DeepSpeed logs to stdout, where the JSON goes
@@ -141,7 +142,7 @@ def coordinator_sweep(seed: int = 0) -> list[dict]:
     )
     with tempfile.TemporaryDirectory() as folder:
         config.save_pretrained(folder)
-        shape = memory.resolve_model(folder)
+        shape = resolve_model(folder)
     results = []
     for live, reuse, prefetch, persistence, checkpointing in SWEEP:
         torch.manual_seed(seed)
@@ -202,7 +203,7 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
     import torch
 
     from textsql.errors import TextsqlError
-    from textsql.train.arguments import parse_arguments
+    from textsql.spec.training import parse_arguments
     from textsql.train.run import train
 
     probe = install_coordinator_probe(only_in_training_steps=True)
@@ -464,7 +465,7 @@ def one_run(
 
 def calibration(runs: list[dict]) -> dict:
     """What the GPU runs say about the planner's constants (medians), beside the values it uses."""
-    from textsql.planner import memory
+    from textsql.planner.phases import ALLOCATOR_OVERHEAD_FRACTION, CUDA_CONTEXT_BYTES
 
     def median(values):
         values = [v for v in values if v is not None]
@@ -474,9 +475,9 @@ def calibration(runs: list[dict]) -> dict:
     return {
         "runs": len(measured),
         "device_used_beyond_reserved_bytes": median(r.get("device_used_beyond_reserved_bytes") for r in measured),
-        "planner_cuda_context_bytes": memory.CUDA_CONTEXT_BYTES,
+        "planner_cuda_context_bytes": CUDA_CONTEXT_BYTES,
         "reserved_over_allocated": median(r.get("reserved_over_allocated") for r in measured),
-        "planner_allocator_overhead_fraction": memory.ALLOCATOR_OVERHEAD_FRACTION,
+        "planner_allocator_overhead_fraction": ALLOCATOR_OVERHEAD_FRACTION,
         "ratio_reserved": {
             "median": median(r.get("ratio_reserved") for r in measured),
             "min": min((r["ratio_reserved"] for r in measured), default=None),

@@ -1,12 +1,12 @@
 """T5 shapes for benchmarks: t5-small, t5-base and t5-large with random weights, from the real Hugging Face configs
-when a folder of them is given (nothing is downloaded), else from textsql.planner.memory.T5_SHAPES (the same numbers)."""
+when a folder of them is given (nothing is downloaded), else from textsql.planner.shape.T5_SHAPES (the same numbers)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from textsql.planner.memory import T5_SHAPES, T5_VOCAB_SIZE
+from textsql.planner.shape import T5_SHAPES, T5_VOCAB_SIZE
 
 T5_NAMES = ("t5-small", "t5-base", "t5-large")
 SHAPE_KEYS = ("d_model", "d_ff", "num_layers", "num_heads", "d_kv")
@@ -33,9 +33,7 @@ def t5_config(name: str, tokenizer, configs_dir: str | Path | None = None):
         eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.pad_token_id,
     )
-    return T5Config(**fields), (
-        str(path) if path is not None and path.is_file() else "textsql.planner.memory.T5_SHAPES"
-    )
+    return T5Config(**fields), (str(path) if path is not None and path.is_file() else "textsql.planner.shape.T5_SHAPES")
 
 
 def bench_config(shape: str, tokenizer, small_shapes: dict[str, dict], configs_dir: str | Path | None = None):

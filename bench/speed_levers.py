@@ -74,7 +74,7 @@ def measure(args, model_dir: Path, data_dir: Path, levers: dict, workdir: Path) 
         finalized, train_set, tokenizer, model, family, collator = textsql_setup(run_args, model_dir, data_dir, workdir)
         if finalized.lora:
             from textsql.hub import load_tokenizer
-            from textsql.train.arguments import ModelArguments
+            from textsql.spec.training import ModelArguments
             from textsql.train.run import wrap_for_lora
 
             model, _ = wrap_for_lora(

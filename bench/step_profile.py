@@ -215,7 +215,7 @@ def textsql_setup(args, model_dir: Path, data_dir: Path, output_dir: Path):
     training split and tokenizer, the model as it loads it, the collator."""
     from textsql.families import family_of
     from textsql.hub import load_tokenizer
-    from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
+    from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.train.collate import make_collator
     from textsql.train.run import load_base_model, load_training_data, set_up_run
     from textsql.vocabulary import fit_embeddings

@@ -156,8 +156,8 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     import torch
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
+    from textsql.spec.training import TextsqlTrainingArguments
     from textsql.strategy.devices import NodeDevices, resolve_precision
-    from textsql.train.arguments import TextsqlTrainingArguments
     from textsql.train.trainer import make_trainer_class
 
     gpu = torch.cuda.is_available()
@@ -516,7 +516,7 @@ def parse_args(argv=None):
         "--t5_configs",
         default=None,
         help="A folder of t5-base/config.json, t5-large/config.json (the real checkpoints' configs) "
-        "for the T5 shapes; default: the same numbers built in (textsql.planner.memory.T5_SHAPES).",
+        "for the T5 shapes; default: the same numbers built in (textsql.planner.shape.T5_SHAPES).",
     )
     parser.add_argument(
         "--train_tables", type=int, default=600, help="Generated data: training tables (10 questions each)."

@@ -352,9 +352,10 @@ def lora_adapter(assets, tmp_path_factory):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from textsql.adapters import RECORD_VERSION, LoraArguments, adapter_record, base_fingerprint
+    from textsql.adapters import RECORD_VERSION, adapter_record, base_fingerprint
     from textsql.hub import load_model, load_tokenizer
     from textsql.paths import ADAPTER_RECORD_FILE
+    from textsql.spec.lora import LoraArguments
 
     _, model_dir = assets
     folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"

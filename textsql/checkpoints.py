@@ -34,8 +34,9 @@ ALLOWED_GLOBALS = frozenset(
         "numpy.ndarray",
         "numpy.dtype",
         # the Trainer's training_args.bin (nothing loads it at resume; `torch.load` by hand would)
+        "textsql.spec.training.TextsqlTrainingArguments",
+        # where the class lived before (textsql.train's module, then package): checkpoints of older runs still resume
         "textsql.train.arguments.TextsqlTrainingArguments",
-        # where the class lived before textsql.train became a package: checkpoints of older runs still resume
         "__main__.TextsqlTrainingArguments",
         "textsql.train.TextsqlTrainingArguments",
         "transformers.training_args.TrainingArguments",
@@ -105,7 +106,7 @@ def verify_checkpoint(folder, *, recursive: bool = True) -> list[Path]:
             if name == "latest" and Path(root) == folder:
                 _check_tag(path, folder)
             elif _is_pickle(path):
-                _check_pickle(path, folder)
+                _check_pickle(path, folder, model_folder=not recursive)
                 checked.append(path)
     return checked
 
@@ -130,7 +131,7 @@ def _check_tag(path: Path, folder: Path) -> None:
         _refuse(path, folder, f"DeepSpeed's tag names '{tag[:80]}', which is not a sub-folder of this checkpoint")
 
 
-def _check_pickle(path: Path, folder: Path) -> None:
+def _check_pickle(path: Path, folder: Path, model_folder: bool = False) -> None:
     import pickle
     import zipfile
 
@@ -154,7 +155,7 @@ def _check_pickle(path: Path, folder: Path) -> None:
         KeyError,
         IndexError,
     ) as error:
-        _refuse(path, folder, f"torch's weights-only loader refuses it ({_reason(error)})")
+        _refuse(path, folder, f"torch's weights-only loader refuses it ({_reason(error)})", model_folder)
 
 
 def _reason(error: Exception) -> str:
@@ -166,7 +167,21 @@ def _reason(error: Exception) -> str:
     return (lines[0] if lines else type(error).__name__)[:300]
 
 
-def _refuse(path: Path, folder: Path, why: str):
+def verify_model_folder(name) -> None:
+    """Before from_pretrained (or peft) reads a local model folder: its own pickles (pytorch_model.bin, an adapter's
+    adapter_model.bin, ...) checked as a checkpoint's are (verify_checkpoint, the folder alone); a hub name: nothing."""
+    if Path(name).is_dir():
+        verify_checkpoint(name, recursive=False)
+
+
+def _refuse(path: Path, folder: Path, why: str, model_folder: bool = False):
+    if model_folder:
+        raise TextsqlError(
+            f"{path} is refused: {why}. A model folder's pickled weights may hold only tensors; loading this one could "
+            f"run code that anyone who can write {folder} put there. Load a folder that you or textsql wrote (textsql "
+            "saves safetensors, which hold no code), or, if you made this file yourself and trust it, load it outside "
+            "textsql and save it with save_pretrained (safetensors) into a folder only you can write."
+        )
     raise TextsqlError(
         f"{path} is refused: {why}. A checkpoint may hold only tensors and the settings DeepSpeed and the Trainer save; "
         f"loading this one could run code that anyone who can write {folder.parent} put there. Move {folder} out of the way "

@@ -14,12 +14,13 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from textsql.errors import TextsqlError
-from textsql.evaluate import DECODINGS, load_scoring_set, score_predictions
+from textsql.evaluate import load_scoring_set, score_predictions
 from textsql.infer import InferArguments, run_inference
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
+from textsql.spec.decoding import DECODINGS
+from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
-from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.train.run import train
 from textsql.wikisql.format import SOURCE_FORMATS, render_sql
 from textsql.wikisql.release import read_jsonl

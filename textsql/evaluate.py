@@ -11,19 +11,6 @@ from textsql.families import ensure_pad_token, family_of, pad_token_id
 from textsql.prep import load_prepared, load_tables, model_source
 from textsql.wikisql.sql import aggregate_metrics, exact_match, executes_plausibly, score_prediction
 
-DECODINGS = ("greedy", "execution_guided")
-
-
-def check_decoding(decoding: str, num_beams: int, flag: str = "--") -> None:
-    if decoding not in DECODINGS:
-        raise TextsqlError(f"{flag}decoding must be one of {', '.join(DECODINGS)}, not '{decoding}'.")
-    if num_beams < 1:
-        raise TextsqlError(f"{flag}num_beams must be at least 1.")
-    if decoding == "execution_guided" and num_beams < 2:
-        raise TextsqlError(
-            f"{flag}decoding execution_guided chooses among beam-search candidates: pass {flag}num_beams 4 (at least 2)."
-        )
-
 
 def decoding_label(decoding: str, num_beams: int) -> str:
     if decoding == "execution_guided":

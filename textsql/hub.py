@@ -9,6 +9,7 @@ import socket
 import urllib.parse
 from pathlib import Path
 
+from textsql.checkpoints import verify_model_folder
 from textsql.errors import TextsqlError
 from textsql.families import Family, auto_model_class, family_of
 from textsql.paths import project_root
@@ -154,8 +155,10 @@ def model_family(name: str) -> Family:
 
 def load_model(name: str, **kwargs):
     """The language model `name` (hub id or folder) with its family's Auto class (seq2seq or causal); kwargs go to
-    from_pretrained."""
+    from_pretrained. A folder's own pickles are checked first (textsql.checkpoints): every load of a model folder,
+    for training, GRPO, inference, quantizing or merging, comes through here, and the folder may be writable by others."""
     model_class = auto_model_class(model_family(name))
+    verify_model_folder(name)
     try:
         return model_class.from_pretrained(name, **_hub_kwargs(name), **kwargs)
     except (OSError, ValueError) as error:

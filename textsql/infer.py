@@ -8,10 +8,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
-    check_decoding,
     choose_prediction,
     decode_and_score,
     format_metrics,
@@ -21,6 +19,7 @@ from textsql.evaluate import (
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE, in_project
 from textsql.prep import check_source_settings, load_prepared, load_tables, model_source
 from textsql.quantize import load_for_inference
+from textsql.spec.decoding import check_decoding
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
 
 DTYPES = ("float32", "bfloat16")
@@ -89,19 +88,11 @@ class InferArguments:
         check_decoding(self.decoding, self.num_beams)
 
 
-def load_model_for_inference(model_dir: str, device_choice: str, dtype: str = "float32"):
-    """Any folder textsql writes: a plain model in `dtype`, a LoRA adapter on its base, or a quantized model. Its own
-    pickles (pytorch_model.bin and the like) are checked before anything loads: the folder may be writable by others."""
-    if Path(model_dir).is_dir():
-        verify_checkpoint(model_dir, recursive=False)
-    return load_for_inference(model_dir, device_choice, dtype)
-
-
 def run_inference(args: InferArguments, echo=print) -> dict:
     """Generate for a split (or typed questions), score, write the two files, print examples and scores; returns the metrics."""
     prepared = load_prepared(args.dataset_dir)
     metadata = prepared[1]
-    model, tokenizer = load_model_for_inference(args.model_dir, args.device, args.dtype)
+    model, tokenizer = load_for_inference(args.model_dir, args.device, args.dtype)
     check_source_settings(model.config, metadata, args.dataset_dir)
     if args.question:
         return answer_questions(args, model, tokenizer, metadata, echo)

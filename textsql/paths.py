@@ -40,6 +40,11 @@ COMMS_SUMMARY_FILE = "comms_summary.txt"  # DeepSpeed's comms logger: deepspeed.
 LAUNCH_RECORD_FILE = (
     "textsql-launch.json"  # multi-pod: the world size and nodes of the launch that trains it (textsql.cluster.runs)
 )
+# Multi-pod launches in the project (docs/multi-pod.md): a cluster's folder .textsql/cluster/<name>/ with its launches
+# in launches/<id>/ (textsql.cluster.pods); pdsh's launches in .textsql/launches/<id>/ (textsql.cluster.pdsh).
+CLUSTER_DIR = ".textsql/cluster"
+LAUNCHES_DIR = "launches"
+PDSH_LAUNCHES_DIR = ".textsql/launches"
 
 # Folder names textsql makes (a run, a merged adapter, a quantized model) stay short: every setting is in the folder's
 # own record (run_summary.json, textsql_adapter.json, textsql_quantization.json), the name only has to be readable and

@@ -285,7 +285,9 @@ def quantized_base_loading(device) -> dict:
 def load_for_inference(model_dir: str, device_choice: str = "auto", dtype: str = "float32"):
     """(model, tokenizer) in eval mode for any folder textsql writes: a plain model (run folder, merged adapter, hub
     name) in `dtype`, a LoRA adapter on its base (a QLoRA adapter on its base quantized as it trained: the adapter
-    learned against the rounded weights), or a quantized folder as it was quantized."""
+    learned against the rounded weights), or a quantized folder as it was quantized. The one loader of infer, compare,
+    quantize and merge; every folder's own pickles are checked before anything loads (hub.load_model and
+    adapters.load_base_for_adapter, with textsql.checkpoints' check), which GRPO's load goes through too."""
     import torch
 
     device = pick_device(device_choice)

@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from textsql.errors import TextsqlError
@@ -25,10 +25,10 @@ from textsql.paths import (
 )
 from textsql.redaction import is_secret
 from textsql.run_summary import GIB, RunSummary
+from textsql.spec.tracking import TRACKING_URI_ENV, wanted
 
 logger = logging.getLogger("textsql.tracking")
 
-TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"  # CML sets it in every session: its Experiments page is this server
 EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 TAG = "textsql."  # textsql's tags: textsql.model, textsql.family, textsql.strategy, textsql.lora, textsql.pods, ...
 KIND_TAG = TAG + "kind"  # train, tune, tune-candidate
@@ -39,69 +39,9 @@ MAX_PARAMS_PER_CALL = 100  # MLflow's limit on one log_params call
 NOT_THE_MODEL = {SUMMARY_FILE, LOG_FILE, RESOLVED_DSCONFIG_FILE, "trainer_state.json", "training_args.bin"}
 
 
-@dataclass
-class TrackingArguments:
-    """MLflow tracking (textsql.tracking): a run is tracked when --report_to names mlflow or MLFLOW_TRACKING_URI is set
-    (and --report_to is not none)."""
-
-    mlflow_experiment: str | None = field(
-        default=None,
-        metadata={
-            "help": "MLflow experiment of a tracked run; default: $MLFLOW_EXPERIMENT_NAME, else textsql-<model folder "
-            "or hub name> (docs/training.md#track-runs-in-mlflow-cml-experiments)."
-        },
-    )
-    mlflow_log_model: bool = field(
-        default=False,
-        metadata={
-            "help": "Also log the trained model (or the LoRA adapter) with its tokenizer to the MLflow run, as the "
-            "artifact 'model', from where it can be registered."
-        },
-    )
-    mlflow_parent_run_id: str | None = field(
-        default=None,
-        metadata={"help": "The MLflow run this run nests under; textsql tune sets it for each candidate."},
-    )
-
-    def check_tracking(self, report_to) -> None:
-        if self.mlflow_parent_run_id is not None and not re.fullmatch(r"[0-9a-f]{32}", self.mlflow_parent_run_id):
-            raise TextsqlError(
-                f"--mlflow_parent_run_id must be an MLflow run id (32 hex digits), not '{self.mlflow_parent_run_id}'."
-            )
-        if self.mlflow_experiment is not None and not self.mlflow_experiment.strip():
-            raise TextsqlError("--mlflow_experiment must name an experiment (or be left out for the default).")
-        if asked(report_to):
-            require_mlflow_extra("--report_to mlflow")
-        if self.mlflow_log_model and not wanted(report_to):
-            raise TextsqlError(
-                "--mlflow_log_model True logs the model to MLflow, but this run is not tracked: pass --report_to "
-                f"mlflow (with no {TRACKING_URI_ENV} set, into a local store under the runs root), or set "
-                f"{TRACKING_URI_ENV} to your tracking server."
-            )
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # The decisions: tracked or not, where, which experiment, which tags and parameters
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _names(report_to) -> list[str]:
-    if report_to is None:
-        return ["none"]
-    names = [report_to] if isinstance(report_to, str) else list(report_to)
-    return [str(name).strip() for part in names for name in str(part).split(",")]
-
-
-def asked(report_to) -> bool:
-    """--report_to names mlflow (or all, where mlflow is installed)."""
-    names = _names(report_to)
-    return "mlflow" in names or ("all" in names and importlib.util.find_spec("mlflow") is not None)
-
-
-def wanted(report_to, environ=os.environ) -> bool:
-    """Whether a run is tracked: --report_to asks for mlflow, or a tracking URI is configured (CML sets one in its
-    sessions) and --report_to is not `none`."""
-    return asked(report_to) or (bool(environ.get(TRACKING_URI_ENV)) and _names(report_to) != ["none"])
 
 
 def tracked(report_to, environ=os.environ) -> bool:

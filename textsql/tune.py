@@ -14,7 +14,6 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from textsql.adapters import QUANTIZED_BASES
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.families import family_of
@@ -28,25 +27,21 @@ from textsql.paths import (
     TUNE_RUNS_DIR,
     TUNE_TABLE_FILE,
 )
-from textsql.planner.memory import (
-    GIB,
-    PRECISIONS,
-    STRATEGY_LAYOUT,
-    Setup,
-    predict_strategy,
-    resolve_model,
-    zero_settings,
-)
+from textsql.planner.phases import predict_strategy
+from textsql.planner.shape import GIB, resolve_model
+from textsql.planner.states import Setup, setup_from_arguments, zero_settings
 from textsql.prep import longest_lengths
+from textsql.spec.lora import QUANTIZED_BASES
+from textsql.spec.training import TextsqlTrainingArguments, arguments_dict, arguments_from_dict, parse_arguments
 from textsql.strategy.devices import NodeDevices, choose_accelerator, resolve_precision
 from textsql.strategy.fsdpconfig import check_fsdp_devices, is_fsdp_config_name
-from textsql.strategy.table import NVME_STRATEGIES, STRATEGIES, is_fsdp, strategy_rank
+from textsql.strategy.table import NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT, is_fsdp, strategy_rank
 from textsql.tracking import candidate_values, end_tune_run, start_tune_run
-from textsql.train.arguments import arguments_dict, arguments_from_dict, parse_arguments
 from textsql.train.local_launch import TrainingTimedOut, node_devices, ranks_per_node, run_training
 
 RESULTS_VERSION = 2
-TEXTSQL_DEFAULT_MICRO_BATCH = 32  # textsql train's --per_device_train_batch_size: the "default settings" candidate
+# textsql train's --per_device_train_batch_size, from the spec: the "default settings" candidate's micro-batch
+TEXTSQL_DEFAULT_MICRO_BATCH = TextsqlTrainingArguments.per_device_train_batch_size
 # The adapters a candidate can train with: each name's `textsql train` arguments (QLoRA: LoRA on a quantized base).
 ADAPTERS = {
     "lora": {"lora": True},
@@ -312,6 +307,22 @@ def dataset_lengths(dataset_dir: str) -> tuple[int, int]:
         ) from None
 
 
+def candidate_setup(args: TuneArguments, world: int, precision: str, base: dict, adapter: str = "") -> Setup:
+    """The planner's Setup of a candidate: the `textsql train` arguments after -- (`base`, arguments_dict's) with the
+    adapter's (ADAPTERS), as every run's memory check and `textsql plan` build theirs (setup_from_arguments), on the
+    prepared dataset's longest lengths and the shipped DeepSpeed settings."""
+    source, target = dataset_lengths(args.dataset_dir)
+    return setup_from_arguments(
+        base | ADAPTERS.get(adapter, {}),
+        nodes=args.nodes,
+        gpus_per_node=world // args.nodes,
+        source_length=source,
+        target_length=target,
+        precision=precision,
+        settings=zero_settings(None),
+    )
+
+
 def plan_candidates(
     args: TuneArguments,
     strategies: list[str],
@@ -327,28 +338,13 @@ def plan_candidates(
     predicts to fit in the GPU's memory (less the margin); on the CPU there is no GPU prediction, so all are tried.
     The planner has no LoRA model under FSDP: such candidates are tried without a prediction."""
     per_rank = args.global_batch_size // world
-    shape = setup = None
-    if accelerator == "cuda" and gpu_memory_gb:
-        shape = resolve_model(args.model_id)
-        source, target = dataset_lengths(args.dataset_dir)
-        setup = Setup(
-            args.nodes,
-            world // args.nodes,
-            source,
-            target,
-            precision if precision in PRECISIONS else "fp32",
-            False,
-            tuple(sorted(zero_settings(None).items())),
-        )
     base = base or {}
     qlora = [f"qlora-{args.quantize_base}"] if args.quantize_base != "none" else []
     adapters = [""] + (["lora"] if args.lora else []) + qlora
-    setups = {"": setup}
-    if setup is not None:
-        lora = replace(setup, lora_rank=base.get("lora_rank", 8), lora_targets=base.get("lora_targets", "qv"))
-        setups |= {
-            name: replace(lora, quantize_base=ADAPTERS[name].get("quantize_base", "none")) for name in adapters[1:]
-        }
+    shape, setups = None, {}
+    if accelerator == "cuda" and gpu_memory_gb:
+        shape = resolve_model(args.model_id)
+        setups = {adapter: candidate_setup(args, world, precision, base, adapter) for adapter in adapters}
     candidates, left_out = [], []
     for strategy, micro, adapter in [(s, m, a) for s in strategies for m in micro_batches for a in adapters]:
         candidate = Candidate(strategy, micro, per_rank // micro, adapter=adapter)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from fsdp_ranks import reference_run, strategy_row
 
 from textsql.hub import load_model
-from textsql.train.arguments import parse_arguments
+from textsql.spec.training import parse_arguments
 from textsql.train.run import train
 
 FSDP_STRATEGY = "fsdp_full_shard"  # the unit is the family's; every strategy's own path is tested on T5 and qwen2

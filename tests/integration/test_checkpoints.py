@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import child_cpu_env, tiny_train_argv
 
+from textsql.adapters import MergeArguments
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 
@@ -203,3 +204,56 @@ def test_a_run_resumes_from_the_newest_checkpoint_its_save_finished(tmp_path):
     }
     (run / "checkpoint-10" / "trainer_state.json").unlink()
     assert newest_whole_checkpoint(run)[0] is None
+
+
+def test_every_command_that_loads_a_model_folder_refuses_a_planted_pickle_and_nothing_in_it_runs(
+    assets, lora_adapter, tmp_path
+):
+    """infer, compare, quantize, merge and GRPO load a model folder through one loader (quantize.load_for_inference;
+    GRPO through adapters and hub beneath it): a pickle planted in the folder is refused, naming the file, by each."""
+    import torch
+    from safetensors.torch import load_file
+
+    from textsql.hub import load_model
+    from textsql.infer import InferArguments, run_inference
+    from textsql.merge import merge_and_score
+    from textsql.prep import load_prepared
+    from textsql.quantize import QuantizeArguments, quantize_model
+    from textsql.serve.compare import load_models
+    from textsql.spec.training import TextsqlTrainingArguments
+    from textsql.train.grpo import policy_model
+
+    data_dir, model_dir = assets
+    marker = tmp_path / "marker"
+    model = shutil.copytree(model_dir, tmp_path / "model")  # the weights as a pickle with an object planted in it
+    torch.save(dict(load_file(model / "model.safetensors"), planted=Planted(marker)), model / "pytorch_model.bin")
+    (model / "model.safetensors").unlink()
+    adapter = shutil.copytree(lora_adapter, tmp_path / "adapter")  # an adapter's weights, the same
+    torch.save(
+        dict(load_file(adapter / "adapter_model.safetensors"), planted=Planted(marker)), adapter / "adapter_model.bin"
+    )
+    (adapter / "adapter_model.safetensors").unlink()
+    grpo = TextsqlTrainingArguments(output_dir=str(tmp_path / "grpo"))
+
+    def unused(*_):
+        raise AssertionError("GRPO's model was loaded")
+
+    commands = {
+        "infer": lambda: run_inference(InferArguments(model_dir=str(model), dataset_dir=str(data_dir), device="cpu")),
+        "compare": lambda: load_models([str(model)], "cpu", str(data_dir), load_prepared(str(data_dir))[1]),
+        "quantize": lambda: quantize_model(
+            QuantizeArguments(model_dir=str(model), dataset_dir=str(data_dir), output_dir=str(tmp_path / "q"))
+        ),
+        "merge": lambda: merge_and_score(MergeArguments(adapter=str(adapter), output_dir=str(tmp_path / "merged"))),
+        "grpo (a LoRA run)": lambda: policy_model(str(adapter), grpo, unused, unused),
+        "grpo (a whole model)": lambda: policy_model(
+            str(model), grpo, lambda: load_model(str(model), dtype=torch.float32), unused
+        ),
+    }
+    for command, load in commands.items():
+        with pytest.raises(
+            TextsqlError, match=r"(pytorch_model|adapter_model)\.bin is refused.*GLOBAL exec"
+        ) as refused:
+            load()
+        assert "model folder" in str(refused.value), command
+    assert not marker.exists()

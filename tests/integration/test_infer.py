@@ -158,7 +158,7 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     from textsql.errors import TextsqlError
     from textsql.infer import InferArguments, run_inference
     from textsql.prep import load_tables
-    from textsql.train.arguments import parse_arguments
+    from textsql.spec.training import parse_arguments
     from textsql.train.run import train
     from textsql.wikisql.sql import executes_plausibly
 

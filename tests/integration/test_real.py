@@ -262,13 +262,13 @@ def test_a_t5_reading_cell_values_gets_the_same_source_for_a_typed_question(real
 
 def test_benchmark_t5_shapes_are_the_real_checkpoints(real_files, tmp_path):
     """bench/shapes.py: t5-base and t5-large from their real config.json, t5-small from the known shape, all equal to
-    textsql.planner.memory.T5_SHAPES (the planner's), with the checkpoints' parameter counts (random weights, meta device)."""
+    textsql.planner.shape.T5_SHAPES (the planner's), with the checkpoints' parameter counts (random weights, meta device)."""
     import importlib.util
     from pathlib import Path
 
     from transformers import AutoTokenizer
 
-    from textsql.planner.memory import T5_SHAPES
+    from textsql.planner.shape import T5_SHAPES
 
     path = Path(__file__).resolve().parents[2] / "bench" / "shapes.py"
     spec = importlib.util.spec_from_file_location("bench_shapes", path)
@@ -279,7 +279,7 @@ def test_benchmark_t5_shapes_are_the_real_checkpoints(real_files, tmp_path):
     for name in shapes.T5_NAMES:
         config, source = shapes.t5_config(name, tokenizer, real_files / "t5")
         real_config = real_files / "t5" / name / "config.json"
-        assert source == (str(real_config) if name != "t5-small" else "textsql.planner.memory.T5_SHAPES")
+        assert source == (str(real_config) if name != "t5-small" else "textsql.planner.shape.T5_SHAPES")
         assert {key: getattr(config, key) for key in shapes.SHAPE_KEYS} == T5_SHAPES[name]
         assert config.vocab_size == 32128 and config.num_decoder_layers == config.num_layers
         model = shapes.build_t5(config, seed=0, device="meta")

@@ -51,7 +51,8 @@ def test_causal_family_on_a_tiny_random_model(model_type, causal_tokenizer):
     read from the config as the model really ties them, and both LoRA presets adapt real layers, never lm_head."""
     import torch
 
-    from textsql.adapters import LoraArguments, adapted_modules, apply_lora
+    from textsql.adapters import adapted_modules, apply_lora
+    from textsql.spec.lora import LoraArguments
 
     model = build_tiny_causal(causal_tokenizer, model_type, hidden_size=32, num_layers=1, num_heads=4)
     family = family_of(model.config)

@@ -8,8 +8,10 @@ import pytest
 
 from textsql.cli.check_config import check_config_cli
 from textsql.errors import TextsqlError
-from textsql.planner import memory
-from textsql.planner.memory import PlanArguments, plan_memory, resolve_model
+from textsql.planner.phases import fsdp_units
+from textsql.planner.recommend import PlanArguments, plan_memory
+from textsql.planner.shape import resolve_model
+from textsql.spec.training import parse_arguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.strategy.fsdpconfig import (
     FsdpConfigWarning,
@@ -22,7 +24,6 @@ from textsql.strategy.fsdpconfig import (
     trainer_fsdp_config,
 )
 from textsql.strategy.table import FSDP_LAYOUT, FSDP_STRATEGIES, STRATEGIES, strategy_rank
-from textsql.train.arguments import parse_arguments
 from textsql.train.fsdp import synced_generation
 from textsql.train.run import set_up_run
 
@@ -205,12 +206,12 @@ def test_planner_predicts_fsdp_rows_sharded_in_fp32():
     assert rows["fsdp_hybrid_shard"]["gpu_total_bytes"] == full["gpu_total_bytes"]
     two_pods = plan_memory(PlanArguments(model="t5-large", nodes=2, gpus_per_node=4))["strategies"]
     assert two_pods["fsdp_hybrid_shard"]["gpu_total_bytes"] > two_pods["fsdp_full_shard"]["gpu_total_bytes"]
-    units = memory.fsdp_units(resolve_model("t5-small"))
+    units = fsdp_units(resolve_model("t5-small"))
     assert units["embeddings"] >= 32128 * 512  # the tied embedding unit
 
 
 def test_planner_check_predicts_an_fsdp_run_with_its_own_model():
-    from textsql.planner.check import _run_setup
+    from textsql.planner.check import run_setup
     from textsql.run_summary import RunSummary
 
     summary = RunSummary(
@@ -220,5 +221,5 @@ def test_planner_check_predicts_an_fsdp_run_with_its_own_model():
         strategy=describe_fsdp_strategy(load_fsdpconfig(shipped_fsdp_configs()["fsdp_shard_grad_op"])),
         arguments={"training": {"per_device_train_batch_size": 8}},
     )
-    run = _run_setup(summary, 64, 64)
+    run = run_setup(summary, 64, 64)
     assert run["fsdp_layout"] == (False, False, False) and run["strategy"] == "fsdp_shard_grad_op"

@@ -1,4 +1,4 @@
-"""Tests for textsql.planner.memory, textsql.planner.zero3_trace and textsql.planner: DeepSpeed's own estimators, the walkthrough's measured figures, buckets, recommendations, CLI errors."""
+"""Tests for the planner (textsql.planner: its rooms shape, states, activations, phases, recommend, and zero3_trace): DeepSpeed's own estimators, the walkthrough's measured figures, buckets, recommendations, CLI errors."""
 
 import json
 import os
@@ -14,12 +14,26 @@ import pytest
 from textsql.cli.plan import plan_cli
 from textsql.errors import TextsqlError
 from textsql.paths import PLANNER_SHAPES_DIR
-from textsql.planner import memory, shape_cache
 from textsql.planner import shape as shape_module
+from textsql.planner import shape_cache
+from textsql.planner.activations import lora_activation_bytes
 from textsql.planner.check import compare_with_run
 from textsql.planner.display import format_plan, plot_plan
-from textsql.planner.memory import GIB, PlanArguments, model_states, plan_memory, resolve_model
+from textsql.planner.phases import COMPONENTS, CUDA_CONTEXT_BYTES, PHASES, generation_bytes, predict_strategy
+from textsql.planner.recommend import PlanArguments, _fits, _limits, plan_memory
+from textsql.planner.shape import GIB, resolve_model
+from textsql.planner.states import (
+    NVME_DEFAULTS,
+    NVME_GB_PER_S,
+    Setup,
+    lora_layers,
+    lora_model_states,
+    model_states,
+    zero3_residency,
+    zero_settings,
+)
 from textsql.run_summary import RunSummary, format_comparison
+from textsql.strategy.table import STRATEGIES, STRATEGY_LAYOUT
 
 # DESIGN.md section 2: A100-40GB per pod, fp32, batch 32, every sequence padded to 96 tokens.
 WALKTHROUGH = [
@@ -339,7 +353,7 @@ def test_plan_vs_measured_bench_runs_the_planners_strategies(tmp_path):
             strategy["offload_optimizer"] != "none",
             strategy["offload_param"] != "none",
         )
-        assert layout == memory.STRATEGY_LAYOUT[name], name
+        assert layout == STRATEGY_LAYOUT[name], name
     run = {
         "shape": "t5-large",
         "precision": "bf16",
@@ -363,7 +377,7 @@ def test_plan_vs_measured_bench_runs_the_planners_strategies(tmp_path):
 def residency(shape, prefetch=None, max_live=10**9, max_reuse=10**9, threshold=None, checkpointing=False):
     d = shape.d_model
     prefetch = int(0.9 * d * d) if prefetch is None else prefetch  # the Trainer's "auto"
-    return memory.zero3_residency(shape, threshold or 10 * d, prefetch, max_live, max_reuse, checkpointing)["gathered"]
+    return zero3_residency(shape, threshold or 10 * d, prefetch, max_live, max_reuse, checkpointing)["gathered"]
 
 
 def test_zero3_residency_responds_to_live_and_reuse_settings_as_deepspeed():
@@ -477,13 +491,13 @@ def test_largest_batch_is_the_boundary():
     rec = result["recommendation"]
     largest = rec["largest_per_device_train_batch_size"]
     assert largest >= args.per_device_train_batch_size
-    limits = memory._limits(args)
-    setup = memory.Setup(1, 1, 96, 96, "bf16", False, tuple(sorted(memory.zero_settings(None).items())))
-    layout = memory.STRATEGY_LAYOUT[rec["strategy"]]
+    limits = _limits(args)
+    setup = Setup(1, 1, 96, 96, "bf16", False, tuple(sorted(zero_settings(None).items())))
+    layout = STRATEGY_LAYOUT[rec["strategy"]]
     assert layout  # a strategy of the table
     shape = resolve_model("t5-large")
-    assert memory._fits(memory.predict_strategy(shape, setup, rec["strategy"], largest), limits)
-    assert not memory._fits(memory.predict_strategy(shape, setup, rec["strategy"], largest + 1), limits)
+    assert _fits(predict_strategy(shape, setup, rec["strategy"], largest), limits)
+    assert not _fits(predict_strategy(shape, setup, rec["strategy"], largest + 1), limits)
 
 
 def test_host_memory_limit_rules_out_offload():
@@ -516,7 +530,7 @@ def test_without_a_host_memory_a_worker_pods_default_is_assumed_and_said():
 def test_format_and_plot(tmp_path):
     result = plan(model="t5-small")
     text = format_plan(result)
-    for name in memory.STRATEGIES:
+    for name in STRATEGIES:
         assert name in text
     assert "recommendation: none (no DeepSpeed: plain PyTorch, DDP across GPUs) with batch 32" in text
     assert "assumptions:" in text and "PartitionedParameterCoordinator" in text and "autocast" in text
@@ -524,8 +538,8 @@ def test_format_and_plot(tmp_path):
     fig = plot_plan(result, tmp_path / "plan.png")
     assert (tmp_path / "plan.png").stat().st_size > 0
     bars = fig.axes[0].patches
-    assert len(bars) == len(memory.STRATEGIES) * len(memory.COMPONENTS)
-    total = sum(bar.get_height() for bar in bars[:: len(memory.STRATEGIES)])  # the "none" column
+    assert len(bars) == len(STRATEGIES) * len(COMPONENTS)
+    total = sum(bar.get_height() for bar in bars[:: len(STRATEGIES)])  # the "none" column
     assert total == pytest.approx(result["strategies"]["none"]["gpu_total_gb"], abs=0.01)
 
 
@@ -543,7 +557,7 @@ def test_cli_table_and_json(capsys):
     assert "assumptions:" in capsys.readouterr().out
     assert plan_cli(["--model", "t5-small", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data["strategies"]) == set(memory.STRATEGIES)
+    assert set(data["strategies"]) == set(STRATEGIES)
     assert data["recommendation"]["strategy"] == "none"
 
 
@@ -639,7 +653,7 @@ def test_compare_with_gpu_run(tmp_path):
     assert "measured/predicted" in format_comparison(result)
     assert f"peak in {result['predicted_peak_phase']}" in format_comparison(result)
     # the run's peak is compared with the largest phase
-    assert result["predicted_peak_phase"] in memory.PHASES
+    assert result["predicted_peak_phase"] in PHASES
     assert result["predicted_gpu_total_bytes"] / GIB == pytest.approx(
         max(result["predicted_phases_gb"].values()), abs=1e-3
     )
@@ -708,12 +722,13 @@ def small_shape(tmp_path_factory):
 
 def test_lora_trainable_parameters_are_r_times_in_plus_out_of_each_adapted_layer_and_match_peft(small_shape):
     # qv: q and v of 6 attentions (encoder self x2, decoder self x2, decoder cross x2), 4 x (64 + 64) each
-    assert memory.lora_layers(small_shape, 4, "qv")["trainable"] == 12 * 4 * 128 == 6144
+    assert lora_layers(small_shape, 4, "qv")["trainable"] == 12 * 4 * 128 == 6144
     # all: encoder layer 4 x 512 + wi, wo 4 x (64 + 256) = 4608; decoder layer 8 x 512 + 2 x 1280 = 6656
-    assert memory.lora_layers(small_shape, 4, "all")["trainable"] == 2 * 4608 + 2 * 6656 == 22528
+    assert lora_layers(small_shape, 4, "all")["trainable"] == 2 * 4608 + 2 * 6656 == 22528
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from textsql.adapters import LoraArguments, apply_lora, parameter_counts
+    from textsql.adapters import apply_lora, parameter_counts
+    from textsql.spec.lora import LoraArguments
 
     model = T5ForConditionalGeneration(
         T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300)
@@ -727,44 +742,42 @@ def test_lora_trainable_parameters_are_r_times_in_plus_out_of_each_adapted_layer
 
 def test_lora_model_states_keep_the_frozen_base_and_train_states_for_the_adapter_only():
     P, T, L = 1_000_000, 10_000, 50_000
-    assert memory.lora_model_states(P, T, L, 0, False, False, 1, 1, "bf16") == {
+    assert lora_model_states(P, T, L, 0, False, False, 1, 1, "bf16") == {
         "parameters": 4 * (P + T),
         "gradients": 4 * T,
         "optimizer_states": 8 * T,
         "cpu_model_states": int(P * 4 * 1.5),
     }
-    zero2 = memory.lora_model_states(P, T, L, 2, False, False, 1, 1, "bf16")
+    zero2 = lora_model_states(P, T, L, 2, False, False, 1, 1, "bf16")
     assert (zero2["parameters"], zero2["gradients"], zero2["optimizer_states"]) == (2 * (P + T), 6 * T, 12 * T)
-    zero2_two = memory.lora_model_states(P, T, L, 2, False, False, 2, 1, "bf16")
+    zero2_two = lora_model_states(P, T, L, 2, False, False, 2, 1, "bf16")
     assert (zero2_two["parameters"], zero2_two["gradients"], zero2_two["optimizer_states"]) == (
         2 * (P + T),
         3 * T,
         6 * T,
     )
-    zero3 = memory.lora_model_states(P, T, L, 3, False, False, 2, 1, "bf16")
+    zero3 = lora_model_states(P, T, L, 3, False, False, 2, 1, "bf16")
     assert (zero3["parameters"], zero3["gradients"], zero3["optimizer_states"]) == ((P + T) + 2 * L, 2 * T, 6 * T)
     # offload: the GPU holds the gathered layer; the host the base's 16-bit partitions and all of the adapter's states
-    offload = memory.lora_model_states(P, T, L, 3, True, True, 1, 1, "bf16")
+    offload = lora_model_states(P, T, L, 3, True, True, 1, 1, "bf16")
     assert offload == {
         "parameters": 2 * L,
         "gradients": 0,
         "optimizer_states": 0,
         "cpu_model_states": int((2 * P + 18 * T) * 1.5),
     }
-    full = memory.model_states(P, L, 3, True, True, 1, 1, "bf16")
+    full = model_states(P, L, 3, True, True, 1, 1, "bf16")
     assert full["parameters"] == offload["parameters"] and full["cpu_model_states"] == int(18 * P * 1.5)
 
 
 def test_lora_activations_add_the_adapters_input_and_hidden_state_per_adapted_layer(small_shape):
-    lora = memory.lora_layers(small_shape, 4, "qv")
+    lora = lora_layers(small_shape, 4, "qv")
     # per token and adapted layer: 64 inputs x (2 bytes + 1-byte dropout mask) + 4 x 2 bytes = 200 bytes; batch 2,
     # 5 source and 3 target tokens. Encoder block: q, v on 10 source tokens; decoder block: self q, v and cross q on
     # 6 target tokens, cross v on 10 source tokens.
     encoder_block, decoder_block = 2 * 10 * 200, 3 * 6 * 200 + 10 * 200
-    assert (
-        memory.lora_activation_bytes(lora, 2, 5, 3, "bf16", False, small_shape) == 2 * encoder_block + 2 * decoder_block
-    )
-    assert memory.lora_activation_bytes(lora, 2, 5, 3, "bf16", True, small_shape) == encoder_block + decoder_block
+    assert lora_activation_bytes(lora, 2, 5, 3, "bf16", False, small_shape) == 2 * encoder_block + 2 * decoder_block
+    assert lora_activation_bytes(lora, 2, 5, 3, "bf16", True, small_shape) == encoder_block + decoder_block
 
 
 def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_says_where_offload_saves():
@@ -774,7 +787,7 @@ def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_sa
     assert all(not row["fits_with_margin"] for row in result["strategies"].values())
     rec = result["recommendation"]
     assert rec["lora"] is True and result["problem"] is None
-    assert rec["strategy"] == next(n for n in memory.STRATEGIES if result["lora"]["strategies"][n]["fits_with_margin"])
+    assert rec["strategy"] == next(n for n in STRATEGIES if result["lora"]["strategies"][n]["fits_with_margin"])
     assert "full fine-tuning would need" in rec["reason"]
     assert rec["command"].startswith("textsql train --model_id t5-3b --dataset_dir data/wikisql")
     strategy = "" if rec["strategy"] == "none" else f" --deepspeed {rec['strategy']}"
@@ -804,7 +817,7 @@ def test_nvme_row_keeps_the_gpu_of_zero3_offload_and_puts_the_states_on_the_disk
     assert detail["seconds_per_step_at_least"] == pytest.approx(detail["traffic_per_step_bytes"] / (4 * GIB), abs=1e-3)
     assert detail["host_detail"]["param_swap_buffers"] == 2 * 5 * 100_000_000 * 2  # 2 ranks x buffer_count x size
     fp32 = plan(model="t5-3b", nodes=2, gpus_per_node=2, precision="fp32")["strategies"]["zero3_nvme"]["nvme"]
-    assert fp32["disk_bytes"] == pytest.approx((4 + 12) * P / 2, rel=1e-6) and fp32["gb_per_s"] == memory.NVME_GB_PER_S
+    assert fp32["disk_bytes"] == pytest.approx((4 + 12) * P / 2, rel=1e-6) and fp32["gb_per_s"] == NVME_GB_PER_S
     smaller = write_json(
         tmp_path / "nvme.json",
         {
@@ -827,7 +840,7 @@ def test_the_nvme_defaults_are_the_shipped_zero3_nvme_files():
     from textsql.strategy.dsconfig import shipped_configs
 
     zero = json.loads(shipped_configs()["zero3_nvme"].read_text())["zero_optimization"]
-    assert memory.NVME_DEFAULTS == {
+    assert NVME_DEFAULTS == {
         "nvme_optimizer_buffer_count": zero["offload_optimizer"]["buffer_count"],
         "nvme_param_buffer_count": zero["offload_param"]["buffer_count"],
         "nvme_param_buffer_size": zero["offload_param"]["buffer_size"],
@@ -853,14 +866,14 @@ T5_SMALL_EMBEDDING = 32128 * 512  # its largest parameter
 
 
 def small_setup(precision="fp32", **overrides):
-    settings = tuple(sorted(memory.zero_settings(None).items()))
+    settings = tuple(sorted(zero_settings(None).items()))
     fields = dict(eval_batch=8, eval_num_beams=4) | overrides
-    return memory.Setup(1, 1, 32, 32, precision, False, settings, **fields)
+    return Setup(1, 1, 32, 32, precision, False, settings, **fields)
 
 
 def test_generation_bytes_are_the_caches_and_scores_of_generate():
     shape = resolve_model("t5-small")
-    detail = memory.generation_bytes(shape, small_setup())
+    detail = generation_bytes(shape, small_setup())
     rows = 8 * 4  # eval batch x beams
     assert detail["encoder_output"] == rows * 32 * 512 * 4 == 2_097_152
     assert detail["cross_attention_cache"] == 6 * 2 * rows * 32 * 512 * 4 == 25_165_824
@@ -870,20 +883,20 @@ def test_generation_bytes_are_the_caches_and_scores_of_generate():
     assert detail["loss_forward"] == 8 * 32 * 32128 * (4 + 4) == 65_798_144
     assert detail["total"] == 65_798_144 > 2_097_152 + 2 * 25_165_824 + 12_337_152  # generate(): 64,765,952
     # no generation during evaluation (--execution_accuracy_samples 0): the loss alone
-    assert memory.generation_bytes(shape, small_setup(eval_num_beams=0)) == {
+    assert generation_bytes(shape, small_setup(eval_num_beams=0)) == {
         "loss_forward": 65_798_144,
         "total": 65_798_144,
     }
     # bf16: 2-byte caches and logits, the logits' fp32 copy before the log-softmax
-    bf16 = memory.generation_bytes(shape, small_setup(precision="bf16"))
+    bf16 = generation_bytes(shape, small_setup(precision="bf16"))
     assert bf16["cross_attention_cache"] == 25_165_824 // 2
     assert bf16["loss_forward"] == 8 * 32 * 32128 * (2 + 4 + 4)
     # without DeepSpeed the module stays fp32 and generate() runs it without autocast: 4-byte caches
-    assert memory.generation_bytes(shape, small_setup(precision="bf16"), fp32_module=True)["cross_attention_cache"] == (
+    assert generation_bytes(shape, small_setup(precision="bf16"), fp32_module=True)["cross_attention_cache"] == (
         25_165_824
     )
     # with 8 beams generate() is the larger
-    wide = memory.generation_bytes(shape, small_setup(eval_num_beams=8))
+    wide = generation_bytes(shape, small_setup(eval_num_beams=8))
     assert wide["total"] == 2 * (2_097_152 + 2 * 25_165_824 + 12_337_152) > wide["loss_forward"]
 
 
@@ -903,17 +916,17 @@ def test_generation_bytes_are_the_caches_and_scores_of_generate():
 def test_each_phase_adds_its_own_terms(strategy, checkpoint_host, final_gpu, final_host):
     shape = resolve_model("t5-small")
     setup = small_setup()
-    row = memory.predict_strategy(shape, setup, strategy, 4)
+    row = predict_strategy(shape, setup, strategy, 4)
     phases = row["phases"]
     assert phases["checkpoint_save"]["cpu_added_bytes"] == checkpoint_host
     assert phases["checkpoint_save"]["gpu_added_bytes"] == 0
     assert phases["final_save"]["gpu_added_bytes"] == final_gpu
     assert phases["final_save"]["cpu_added_bytes"] == final_host
-    assert phases["evaluation"]["gpu_added_bytes"] == memory.generation_bytes(shape, setup)["total"]
+    assert phases["evaluation"]["gpu_added_bytes"] == generation_bytes(shape, setup)["total"]
     # every phase but training: what stays between steps, what it adds, the allocator's 10%, the CUDA context
     for name in ("evaluation", "checkpoint_save", "final_save"):
         allocated = row["held_between_steps_bytes"] + phases[name]["gpu_added_bytes"]
-        assert phases[name]["gpu_total_bytes"] == allocated + int(0.1 * allocated) + memory.CUDA_CONTEXT_BYTES
+        assert phases[name]["gpu_total_bytes"] == allocated + int(0.1 * allocated) + CUDA_CONTEXT_BYTES
         assert (
             phases[name]["cpu_per_node_bytes"] == row["training_cpu_per_node_bytes"] + phases[name]["cpu_added_bytes"]
         )
@@ -922,14 +935,12 @@ def test_each_phase_adds_its_own_terms(strategy, checkpoint_host, final_gpu, fin
 
 def test_held_between_steps_frees_activations_and_pytorchs_gradients():
     shape = resolve_model("t5-small")
-    none = memory.predict_strategy(shape, small_setup(), "none", 4)
+    none = predict_strategy(shape, small_setup(), "none", 4)
     g = none["gpu_bytes"]
     assert none["held_between_steps_bytes"] == g["parameters"] + g["optimizer_states"] + g["buckets"]
-    zero3 = memory.predict_strategy(shape, small_setup(), "zero3", 4)
+    zero3 = predict_strategy(shape, small_setup(), "zero3", 4)
     g = zero3["gpu_bytes"]
-    assert zero3["held_between_steps_bytes"] == sum(
-        g[c] for c in memory.COMPONENTS if c not in ("activations", "overhead")
-    )
+    assert zero3["held_between_steps_bytes"] == sum(g[c] for c in COMPONENTS if c not in ("activations", "overhead"))
 
 
 def test_the_pods_peak_is_the_largest_phase_and_decides_the_recommendation():
@@ -1031,9 +1042,9 @@ def test_the_offload_rows_are_within_15_percent_of_the_gpu_check_s_measurements(
     run = next(r for r in runs if r["strategy"] == strategy)
     shape = resolve_model(run["shape"])
     assert shape.parameters == pytest.approx(run["parameters"], rel=1e-3)  # prep grew its vocabulary by 72 rows
-    settings = tuple(sorted(memory.zero_settings(read_dsconfig(strategy)).items()))
-    setup = memory.Setup(1, 1, *run["lengths"], run["precision"], run["gradient_checkpointing"], settings)
-    row = memory.predict_strategy(shape, setup, strategy, run["batch"])
+    settings = tuple(sorted(zero_settings(read_dsconfig(strategy)).items()))
+    setup = Setup(1, 1, *run["lengths"], run["precision"], run["gradient_checkpointing"], settings)
+    row = predict_strategy(shape, setup, strategy, run["batch"])
     measured = run["measured"]["cuda_max_reserved_bytes"]
     predicted = row["torch_reserved_bytes"] + row["reclaimable_bytes"]  # as textsql.planner.check compares a run
     assert 0.85 <= measured / predicted <= 1.15
@@ -1052,7 +1063,7 @@ def test_the_recommended_command_is_whole_and_textsql_train_parses_it(tmp_path, 
     """The model, the dataset, the batch, the strategy (FSDP's flag where it is FSDP), the adapter, the precision."""
     import shlex
 
-    from textsql.train.arguments import parse_arguments
+    from textsql.spec.training import parse_arguments
 
     monkeypatch.chdir(tmp_path)
     full = plan(model="t5-small", gpu_memory_gb=24, dataset_dir="data/wikisql-t5")

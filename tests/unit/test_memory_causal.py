@@ -12,9 +12,13 @@ import pytest
 from textsql.errors import TextsqlError
 from textsql.families import family_named
 from textsql.paths import METADATA_FILE
-from textsql.planner import causal, memory
+from textsql.planner import causal
 from textsql.planner.check import compare_with_run
 from textsql.planner.display import format_plan
+from textsql.planner.phases import generation_bytes, predict
+from textsql.planner.recommend import PlanArguments, plan_memory
+from textsql.planner.shape import GIB, ModelShape, resolve_model
+from textsql.planner.states import Setup, lora_layers, zero_settings
 from textsql.run_summary import read_summary
 from textsql.tiny import CAUSAL_CONFIG_NAMES
 
@@ -33,13 +37,13 @@ def tiny_config(model_type: str, hidden: int = 64, **overrides):
     return AutoConfig.for_model(model_type, **(sizes | extra | overrides))
 
 
-def shape_of(config, folder) -> memory.ModelShape:
+def shape_of(config, folder) -> ModelShape:
     folder.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(folder)
-    return memory.resolve_model(str(folder))
+    return resolve_model(str(folder))
 
 
-def block_weights(shape: memory.ModelShape) -> int:
+def block_weights(shape: ModelShape) -> int:
     return shape.num_layers * sum(n_in * n_out for _, n_in, n_out in causal.block_linears(shape.causal))
 
 
@@ -79,7 +83,7 @@ def test_every_family_s_parameters_and_layer_widths_match_its_real_model(model_t
 )
 def test_built_in_table_needs_nothing_downloaded(name, parameters, kv_heads, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    shape = memory.resolve_model(name)
+    shape = resolve_model(name)
     assert shape.source == "built-in causal LM table"
     assert shape.parameters == parameters and shape.causal.kv_heads == kv_heads
     assert block_weights(shape) == sum(n for n, _ in shape.quantizable)
@@ -89,8 +93,8 @@ def test_grouped_query_attention_shrinks_the_key_value_cache_not_the_padded_step
     gqa = shape_of(tiny_config("llama", num_key_value_heads=1), tmp_path / "gqa")
     mha = shape_of(tiny_config("llama", num_key_value_heads=4), tmp_path / "mha")
     assert gqa.causal.kv_heads == 1 and mha.causal.kv_heads == 4
-    setup = memory.Setup(1, 1, 48, 16, "bf16", False, tuple(sorted(memory.zero_settings(None).items())), eval_batch=4)
-    cache = {s.causal.kv_heads: memory.generation_bytes(s, setup)["key_value_cache"] for s in (gqa, mha)}
+    setup = Setup(1, 1, 48, 16, "bf16", False, tuple(sorted(zero_settings(None).items())), eval_batch=4)
+    cache = {s.causal.kv_heads: generation_bytes(s, setup)["key_value_cache"] for s in (gqa, mha)}
     assert cache[1] * 4 == cache[4] == 2 * 2 * 4 * 64 * 64 * 2  # layers x (k, v) x rows x tokens x width x bytes
     # transformers repeats grouped keys and values to every head before sdpa on a padded batch: the same saved bytes
     padded = {
@@ -105,16 +109,16 @@ def test_grouped_query_attention_shrinks_the_key_value_cache_not_the_padded_step
 
 
 def test_logits_term_covers_prompt_and_sql_over_bloom_s_vocabulary():
-    bloom = memory.resolve_model("bigscience/bloom-1b1")
+    bloom = resolve_model("bigscience/bloom-1b1")
     bf16 = causal.activation_bytes(bloom.causal, 8, 256, "bf16", False, bloom.eager_attention)
     # fp32 log-softmax, its gradient, the logits' fp32 gradient (the bf16 gradient comes after the first two are freed)
     assert bf16["loss_peak"] == 8 * 256 * 250_880 * 12
-    assert bf16["loss_peak"] / memory.GIB > 5.7
+    assert bf16["loss_peak"] / GIB > 5.7
     fp32 = causal.activation_bytes(bloom.causal, 8, 256, "fp32", True, bloom.eager_attention)
     assert fp32["loss_peak"] == 8 * 256 * 250_880 * 12
     # a causal LM reads prompt + SQL as one sequence: 200 + 56 tokens is the 256 above
-    setup = memory.Setup(1, 1, 200, 56, "bf16", False, tuple(sorted(memory.zero_settings(None).items())))
-    row = memory.predict(bloom, setup, 0, False, False, 8)
+    setup = Setup(1, 1, 200, 56, "bf16", False, tuple(sorted(zero_settings(None).items())))
+    row = predict(bloom, setup, 0, False, False, 8)
     assert row["activations_detail"]["loss_peak"] == bf16["loss_peak"]
     # eager attention (ALiBi, no sdpa) keeps the scores; gradient checkpointing keeps each layer's input instead
     assert bloom.eager_attention and bf16["per_layer"]["attention"] > 8 * 256 * 16 * 256 * 4
@@ -133,7 +137,7 @@ def plan(**overrides):
         gradient_checkpointing=True,
         lora=True,
     )
-    return memory.plan_memory(memory.PlanArguments(**(values | overrides)))
+    return plan_memory(PlanArguments(**(values | overrides)))
 
 
 def test_a_7b_model_on_one_a100_40gb_gets_lora_where_full_fine_tuning_does_not_fit():
@@ -161,7 +165,7 @@ def test_qlora_is_named_where_lora_on_a_bf16_base_does_not_fit():
     int8 = plan(gpu_memory_gb=16, cpu_memory_gb=32, quantize_base="int8")["qlora"]["quantized_base"]
     assert int8["weights"] == base["weights"] and 1 < int8["quantized"] / base["weights"] < 1.01
     with pytest.raises(TextsqlError, match="needs --lora True"):
-        memory.PlanArguments(model="Qwen/Qwen2.5-7B", quantize_base="nf4")
+        PlanArguments(model="Qwen/Qwen2.5-7B", quantize_base="nf4")
     # textsql train --quantize_base trains T5 too (tests/integration/test_qlora.py): the planner plans it alike
     t5 = plan(model="t5-small", quantize_base="nf4")["qlora"]
     t5_base = t5["quantized_base"]
@@ -174,13 +178,13 @@ def test_bloom_7b1_with_qlora_on_one_40_gb_gpu_is_not_sent_to_an_offload_its_pod
     QLoRA is recommended; given a pod with that much host memory, the offload row is recommended again."""
     values = dict(model="bigscience/bloom-7b1", gpu_memory_gb=40, per_device_train_batch_size=4)
     values |= dict(lora=True, quantize_base="nf4")
-    assumed = memory.plan_memory(memory.PlanArguments(**values))
+    assumed = plan_memory(PlanArguments(**values))
     offload = assumed["strategies"]["fsdp_full_shard_offload"]
     assert offload["fits_gpu"] and not offload["fits_cpu"] and offload["cpu_per_node_gb"] > 150
     rec = assumed["recommendation"]
     assert (rec["quantize_base"], rec["strategy"]) == ("nf4", "none") and assumed["inputs"]["cpu_memory_assumed"]
     assert "(assumed: textsql's worker pods' default" in format_plan(assumed, with_assumptions=False)
-    roomy = memory.plan_memory(memory.PlanArguments(**values, cpu_memory_gb=256))
+    roomy = plan_memory(PlanArguments(**values, cpu_memory_gb=256))
     assert not roomy["recommendation"].get("lora") and roomy["recommendation"]["strategy"].endswith("_offload")
 
 
@@ -199,7 +203,7 @@ def test_lora_trainable_parameters_match_peft_on_every_preset(tmp_path):
             targets = family.lora_targets[preset]
             wrapped = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets, task_type="CAUSAL_LM"))
             trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
-            assert memory.lora_layers(shape, 4, preset)["trainable"] == trainable, (model_type, preset)
+            assert lora_layers(shape, 4, preset)["trainable"] == trainable, (model_type, preset)
 
 
 def load_bench():
@@ -226,7 +230,7 @@ def test_quantized_base_bytes_match_bitsandbytes_on_this_cpu(model_type, tmp_pat
     folder = tmp_path / model_type
     with torch.random.fork_rng(devices=[]):
         AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    shape = memory.resolve_model(str(folder))
+    shape = resolve_model(str(folder))
     bench = load_bench()
     for name in causal.QUANTIZED_FORMATS:
         model = bench.load_quantized(folder, name)
@@ -277,11 +281,9 @@ def test_a_causal_run_s_memory_check_predicts_it(causal_assets, tmp_path, textsq
 
 
 def test_setup_with_quantized_base_costs_less_than_the_bf16_base():
-    shape = memory.resolve_model("meta-llama/Llama-3.2-1B")
-    base = memory.Setup(1, 1, 128, 64, "bf16", True, tuple(sorted(memory.zero_settings(None).items())), lora_rank=8)
-    rows = {
-        q: memory.predict(shape, replace(base, quantize_base=q), 1, False, False, 4) for q in ("none", "int8", "nf4")
-    }
+    shape = resolve_model("meta-llama/Llama-3.2-1B")
+    base = Setup(1, 1, 128, 64, "bf16", True, tuple(sorted(zero_settings(None).items())), lora_rank=8)
+    rows = {q: predict(shape, replace(base, quantize_base=q), 1, False, False, 4) for q in ("none", "int8", "nf4")}
     assert rows["nf4"]["gpu_bytes"]["parameters"] < rows["int8"]["gpu_bytes"]["parameters"]
     assert rows["int8"]["gpu_bytes"]["parameters"] < rows["none"]["gpu_bytes"]["parameters"]
     assert rows["nf4"]["weight_copies_detail"]["dequantized"] == 2 * 2048 * 8192
@@ -313,7 +315,9 @@ def test_the_speed_levers_that_change_memory_change_the_plan():
     from dataclasses import replace
 
     from textsql.planner import causal as causal_planner
-    from textsql.planner.memory import Setup, predict, resolve_model, zero_settings
+    from textsql.planner.phases import predict
+    from textsql.planner.shape import resolve_model
+    from textsql.planner.states import Setup, zero_settings
 
     shape = resolve_model("Qwen/Qwen2.5-0.5B")
     setup = Setup(1, 1, 60, 20, "bf16", False, tuple(sorted(zero_settings(None).items())), lora_rank=8)

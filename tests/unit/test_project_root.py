@@ -9,7 +9,7 @@ from textsql.errors import TextsqlError
 from textsql.infer import InferArguments
 from textsql.paths import PROJECT_DIR_VARIABLE, in_project, project_root
 from textsql.prep import PrepArguments, check_prepared
-from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments
+from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from textsql.adapters import LORA_PRESETS
 from textsql.cli.parsing import parse_arguments as parse_command
+from textsql.families import LORA_PRESETS
 from textsql.prep import PrepArguments
+from textsql.spec.training import parse_arguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
-from textsql.train.arguments import parse_arguments
 from textsql.train.run import set_up_run
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))

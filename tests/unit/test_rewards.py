@@ -6,7 +6,8 @@ import json
 import pytest
 
 from textsql.errors import TextsqlError
-from textsql.rewards import DEFAULT_REWARD_WEIGHTS, GrpoArguments, SqlRewards, reward_weights
+from textsql.rewards import SqlRewards
+from textsql.spec.grpo import DEFAULT_REWARD_WEIGHTS, GrpoArguments, reward_weights
 from textsql.wikisql import sql as wikisql_sql
 
 TABLE = {

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from textsql.errors import TextsqlError
+from textsql.spec.training import arguments_dict, parse_arguments
 from textsql.strategy.devices import NodeDevices
-from textsql.train.arguments import arguments_dict, parse_arguments
 from textsql.tune import (
     Candidate,
     TuneArguments,

@@ -9,7 +9,7 @@ import warnings
 from textsql.cli.parsing import parse_arguments
 from textsql.errors import TextsqlError
 from textsql.planner.display import format_plan
-from textsql.planner.memory import PlanArguments, plan_memory
+from textsql.planner.recommend import PlanArguments, plan_memory
 from textsql.strategy.dsconfig import DsConfigWarning
 
 

@@ -87,7 +87,7 @@ class LaunchPlan:
     precision: object  # textsql.strategy.devices.PrecisionChoice
     resume: object  # textsql.cluster.runs.ResumePlan
     zero_stage: int | None
-    arguments: dict  # textsql.train.arguments_dict: what every rank trains with, exactly
+    arguments: dict  # textsql.spec.training_dict: what every rank trains with, exactly
     expect: dict  # what every rank checks itself against (versions, folders, file digests, the shared-folder marker)
     env: dict[str, str] = field(default_factory=dict)  # the allowlisted variables of the session, for every rank
 
@@ -119,6 +119,7 @@ def plan_launch(
     alone. Every rank checks that its pod matches (textsql.cluster.rank.check_pod)."""
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
     from textsql.redaction import forwarded
+    from textsql.spec.training import arguments_dict, as_arguments
     from textsql.strategy.devices import (
         NodeDevices,
         choose_accelerator,
@@ -127,7 +128,6 @@ def plan_launch(
         resolve_precision,
     )
     from textsql.strategy.dsconfig import resolve_dsconfig_path
-    from textsql.train.arguments import arguments_dict, as_arguments
     from textsql.train.run import load_strategy
 
     workdir = Path(workdir).absolute()

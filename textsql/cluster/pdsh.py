@@ -23,6 +23,7 @@ from pathlib import Path
 from textsql.cluster.hostfile import Host, HostSelection, check_addresses, read_hostfile, select_hosts
 from textsql.cluster.launch import PreflightError, encode, finish, new_lines, plan_launch, prepare, read_records
 from textsql.errors import TextsqlError
+from textsql.paths import PDSH_LAUNCHES_DIR
 
 LAUNCH_FLAG = "--textsql_launch="  # in every rank's argv: how a stop finds this launch's processes on a host
 
@@ -111,7 +112,7 @@ def plan_user_managed(hostfile, arguments, *, ssh_config=None, workdir=None, log
         ranks=[h.slots for h in chosen],
         devices=local_devices(),
         workdir=workdir,
-        log_root=Path(log_root or workdir / ".textsql" / "launches"),
+        log_root=Path(log_root or workdir / PDSH_LAUNCHES_DIR),
         environ={},  # nothing of this session's environment travels in a command line
     )
     return chosen, plan

@@ -24,6 +24,7 @@ from pathlib import Path
 from textsql.cluster.launch import decode, encode, last_round, read_records, write_record
 from textsql.cluster.rank import BEATS_ENV, LAUNCH_ENV, POD_ENV, ROUND_ENV
 from textsql.errors import TextsqlError
+from textsql.paths import CLUSTER_DIR, LAUNCHES_DIR
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 
 RANKS_ENV = "TEXTSQL_POD_RANKS"
@@ -334,7 +335,7 @@ class Cluster:
             raise TextsqlError(f"backend must be 'cml' or 'local', not '{self.backend}'.")
         self.cml = None
         self.project_dir = Path(self.project_dir).absolute()
-        self.dir = self.project_dir / ".textsql" / "cluster" / self.name
+        self.dir = self.project_dir / CLUSTER_DIR / self.name
         self.started, self.lock = False, None
 
     def start(self) -> Cluster:
@@ -392,7 +393,7 @@ class Cluster:
             ranks=[self.session_slots] + [max(1, self.nvidia_gpu)] * self.workers,  # a worker's GPUs (1 on a CPU)
             devices=local_devices(),
             workdir=Path.cwd(),
-            log_root=self.dir / "launches",
+            log_root=self.dir / LAUNCHES_DIR,
             environ=os.environ,
             min_pods=None if self.min_workers is None else 1 + self.min_workers,
         )

@@ -139,8 +139,8 @@ def train(spec: dict) -> dict:
     from transformers import TrainerCallback, trainer
 
     from textsql.run_summary import SUMMARY_FILE, format_summary
+    from textsql.spec.training import arguments_from_dict
     from textsql.train import train as train_run
-    from textsql.train.arguments import arguments_from_dict
     from textsql.train.distributed import end_distributed
 
     seen: dict = {"logged_losses": [], "train_loss": None, "eval_loss": None}

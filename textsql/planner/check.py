@@ -8,16 +8,9 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.paths import METADATA_FILE
-from textsql.planner.memory import (
-    GIB,
-    PRECISIONS,
-    Setup,
-    predict,
-    predict_fsdp,
-    resolve_model,
-    with_phases,
-    zero_settings,
-)
+from textsql.planner.phases import predict, predict_fsdp, with_phases
+from textsql.planner.shape import GIB, resolve_model
+from textsql.planner.states import setup_from_arguments, zero_settings
 from textsql.prep import longest_lengths
 from textsql.run_summary import RunSummary
 
@@ -41,7 +34,7 @@ def compare_with_run(
     and the measurement is the process's peak RSS, so the result says `comparable: false` and why.
     """
     try:
-        run = _run_setup(summary, max_source_length, max_target_length)
+        run = run_setup(summary, max_source_length, max_target_length)
         shape = resolve_model(run["model"])
     except TextsqlError as error:
         return {"comparable": False, "reason": str(error), "ratio": None}
@@ -104,7 +97,9 @@ def compare_with_run(
     }
 
 
-def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dict:
+def run_setup(summary: RunSummary, max_source_length, max_target_length) -> dict:
+    """What the planner predicts a finished run from: its model, its Setup (from its arguments, as `textsql plan` and
+    tune build theirs: planner.states.setup_from_arguments), its ZeRO or FSDP layout, its batch and strategy."""
     try:
         training = summary.arguments["training"]
         batch = int(training["per_device_train_batch_size"])
@@ -122,25 +117,16 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
         strategy.get("offload_optimizer", "none") != "none",
         strategy.get("offload_param", "none") != "none",
     )
-    checkpointing = bool(training.get("activation_checkpointing") or training.get("gradient_checkpointing"))
     on_gpu = any("cuda_max_reserved_bytes" in r for r in summary.peak_memory_per_rank)
     lengths, lengths_from = _run_lengths(summary, max_source_length, max_target_length, pad_multiple=8 if on_gpu else 1)
-    settings = zero_settings(summary.deepspeed_config)
-    lora = strategy.get("lora") or {}  # a LoRA run is predicted as one
-    setup = Setup(
-        nodes,
-        world // nodes,
-        lengths[0],
-        lengths[1],
-        precision if precision in PRECISIONS else "fp32",
-        checkpointing,
-        tuple(sorted(settings.items())),
-        lora_rank=int(lora.get("rank") or 0),
-        lora_targets=lora.get("targets", "qv"),
-        # QLoRA: the base's bitsandbytes format, where the run recorded it
-        quantize_base=(lora.get("quantize_base") or training.get("quantize_base") or "none") if lora else "none",
-        eval_batch=int(training.get("per_device_eval_batch_size") or batch),
-        eval_num_beams=_eval_beams(summary.arguments.get("data") or {}),
+    setup = setup_from_arguments(
+        {**(summary.arguments.get("data") or {}), **training},  # the run's flags, as `textsql train` parsed them
+        nodes=nodes,
+        gpus_per_node=world // nodes,
+        source_length=lengths[0],
+        target_length=lengths[1],
+        precision=precision,
+        settings=zero_settings(summary.deepspeed_config),
     )
     fsdp_layout = None
     if strategy.get("strategy") == "fsdp":
@@ -158,13 +144,6 @@ def _run_setup(summary: RunSummary, max_source_length, max_target_length) -> dic
         "strategy": strategy.get("label", "none"),
         "lengths_from": lengths_from,
     }
-
-
-def _eval_beams(data: dict) -> int:
-    """The beams of the SQL the run generated at each evaluation; 0 when it scored no execution accuracy."""
-    if not data.get("execution_accuracy_samples"):
-        return 0
-    return int(data.get("execution_accuracy_num_beams") or 1)
 
 
 def _run_lengths(summary, max_source_length, max_target_length, pad_multiple: int):

@@ -5,7 +5,9 @@ from __future__ import annotations
 import textwrap
 
 from textsql.extras import require_notebooks_extra
-from textsql.planner.memory import COMPONENTS, GIB, host_memory_words
+from textsql.planner.phases import COMPONENTS
+from textsql.planner.recommend import host_memory_words
+from textsql.planner.shape import GIB
 from textsql.strategy.table import NVME_STRATEGIES
 
 COLUMN_TITLES = {

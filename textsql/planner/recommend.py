@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
 from textsql.planner.phases import (
     ALLOCATOR_OVERHEAD_FRACTION,
@@ -25,8 +24,12 @@ from textsql.planner.states import (
     lora_layers,
     quantized_base,
     read_dsconfig,
+    setup_from_arguments,
     zero_settings,
 )
+from textsql.spec import same_flag
+from textsql.spec.lora import LoraArguments, lora_arguments
+from textsql.spec.speed import SpeedArguments, speed_refusals
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 from textsql.strategy.dsconfig import describe_strategy
 from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
@@ -208,23 +211,24 @@ class PlanArguments:
             "help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."
         },
     )
-    lora: bool = field(
-        default=False,
-        metadata={
-            "help": "Also plan LoRA (textsql train --lora True) under every strategy, and "
-            "recommend it where full fine-tuning does not fit or needs more pods."
-        },
+    lora: bool = same_flag(
+        LoraArguments,
+        "lora",
+        "Also plan LoRA (textsql train --lora True) under every strategy, and recommend it where full fine-tuning does "
+        "not fit or needs more pods.",
     )
-    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r (as textsql train --lora_rank)."})
-    lora_targets: str = field(default="qv", metadata={"help": "qv or all (as textsql train --lora_targets)."})
-    quantize_base: str = field(
-        default="none",
-        metadata={
-            "help": "With --lora True, also plan QLoRA: the frozen base quantized by bitsandbytes, nf4 or int8 (as "
-            "textsql train --quantize_base), for causal LMs and T5; recommended where neither full fine-tuning nor LoRA on "
-            "a bf16/fp32 base fits."
-        },
+    lora_rank: int = same_flag(LoraArguments, "lora_rank")
+    lora_targets: str = same_flag(LoraArguments, "lora_targets")
+    quantize_base: str = same_flag(
+        LoraArguments,
+        "quantize_base",
+        "With --lora True, also plan QLoRA: the frozen base quantized by bitsandbytes, nf4 or int8 (as textsql train "
+        "--quantize_base), for causal LMs and T5; recommended where neither full fine-tuning nor LoRA on a bf16/fp32 "
+        "base fits.",
     )
+    # The speed levers that change memory, as textsql train takes them (textsql.spec.speed)
+    fused_loss: str = same_flag(SpeedArguments, "fused_loss")
+    lora_base_dtype: str = same_flag(SpeedArguments, "lora_base_dtype")
     nvme_gb_per_s: float = field(
         default=NVME_GB_PER_S,
         metadata={
@@ -263,9 +267,23 @@ class PlanArguments:
             raise TextsqlError(f"--cpu_memory_gb must be positive (or left out), not {self.cpu_memory_gb!r}.")
         if self.precision not in PRECISIONS:
             raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
-        LoraArguments(
-            lora=self.lora, lora_rank=self.lora_rank, lora_targets=self.lora_targets, quantize_base=self.quantize_base
-        )  # the same checks as training
+        lora_arguments(self)  # the same checks as training's
+        speed = SpeedArguments(fused_loss=self.fused_loss, lora_base_dtype=self.lora_base_dtype)
+        speed.lora = self.lora  # what check_speed reads of the run's other flags
+        speed.check_speed()
+        refused = speed_refusals(
+            speed,
+            device="cuda",  # the plan is of GPUs
+            family=None,
+            zero_stage=None,
+            fsdp=False,
+            precision=self.precision,
+            lora=self.lora,
+            quantized=self.quantize_base != "none",
+            liger_installed=True,  # the plan is of the GPUs' pods, not of this machine
+        )
+        if refused:
+            raise TextsqlError("textsql train would refuse these settings: " + "; ".join(refused) + ".")
         if not self.nvme_gb_per_s > 0:
             raise TextsqlError(
                 f"--nvme_gb_per_s must be positive (2 for one PCIe NVMe drive), not {self.nvme_gb_per_s!r}."
@@ -285,18 +303,8 @@ def plan_memory(args: PlanArguments) -> dict:
     shape = resolve_model(args.model)
     dsconfig = read_dsconfig(args.dsconfig) if args.dsconfig else None
     settings = zero_settings(dsconfig)
-    setup = Setup(
-        args.nodes,
-        args.gpus_per_node,
-        args.max_source_length,
-        args.max_target_length,
-        args.precision,
-        args.gradient_checkpointing,
-        tuple(sorted(settings.items())),
-        eval_batch=args.per_device_eval_batch_size,
-        eval_num_beams=args.eval_num_beams,
-        nvme_gb_per_s=args.nvme_gb_per_s,
-    )
+    # the run the flags describe; full fine-tuning's rows first, LoRA's and QLoRA's beside them (_add_lora)
+    setup = replace(plan_setup(args, settings), lora_rank=0, lora_targets="qv", quantize_base="none")
     strategies = {}
     for name in STRATEGIES:
         row = predict_strategy(shape, setup, name, args.per_device_train_batch_size)
@@ -323,6 +331,20 @@ def plan_memory(args: PlanArguments) -> dict:
     return plan
 
 
+def plan_setup(args: PlanArguments, settings: dict) -> Setup:
+    """The Setup `textsql plan` predicts with: its flags as textsql train's (planner.states.setup_from_arguments)."""
+    return setup_from_arguments(
+        args,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        source_length=args.max_source_length,
+        target_length=args.max_target_length,
+        precision=args.precision,
+        settings=settings,
+        nvme_gb_per_s=args.nvme_gb_per_s,
+    )
+
+
 def train_command(args: PlanArguments, recommendation: dict) -> str:
     """The `textsql train` command line of a recommendation, whole: the model, the dataset, the batch, the strategy,
     the adapter and the precision (on several pods, what every pod runs through `textsql cluster`)."""
@@ -338,6 +360,11 @@ def train_command(args: PlanArguments, recommendation: dict) -> str:
         if recommendation.get("quantize_base", "none") != "none":
             words += ["--quantize_base", recommendation["quantize_base"]]
     words += ["--precision", args.precision]
+    for name in ("fused_loss", "lora_base_dtype"):  # the speed levers the plan was made with
+        if getattr(args, name) != getattr(SpeedArguments, name) and (
+            name != "lora_base_dtype" or recommendation.get("lora")
+        ):
+            words += [f"--{name}", getattr(args, name)]
     if args.gradient_checkpointing:
         words += ["--gradient_checkpointing", "True"]
     return " ".join(words)

@@ -13,12 +13,15 @@ from textsql.families import t5_lora_module_names
 from textsql.planner import causal as causal_lm
 from textsql.planner.shape import (
     GIB,
+    PRECISIONS,
     ModelShape,
 )
 from textsql.planner.zero3_trace import (
     simulate_parameter_coordinator,
     zero3_step_events,
 )
+from textsql.spec.lora import lora_arguments
+from textsql.spec.speed import SpeedArguments
 from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path
 
 # DeepSpeed's defaults for zero_optimization keys a config file leaves out (deepspeed/runtime/zero/config.py).
@@ -479,10 +482,52 @@ class Setup:
     eval_batch: int = 32  # per_device_eval_batch_size
     eval_num_beams: int = 1  # beams of the SQL generated during evaluation; 0: evaluation computes the loss only
     nvme_gb_per_s: float = NVME_GB_PER_S
-    # The speed levers that change memory (textsql train's --fused_loss and --lora_base_dtype; textsql.train.speed)
+    # The speed levers that change memory (textsql train's --fused_loss and --lora_base_dtype; textsql.spec.speed)
     fused_loss: str = "none"  # chunked or liger: a causal LM's logits at the label positions only, in chunks
     lora_base_dtype: str = "float32"  # bfloat16: LoRA's frozen base in bf16 without DeepSpeed (no autocast copies)
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def setup_from_arguments(
+    arguments,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    source_length: int,
+    target_length: int,
+    precision: str,
+    settings: dict,
+    nvme_gb_per_s: float = NVME_GB_PER_S,
+) -> Setup:
+    """The planner's Setup of a run from its `textsql train` arguments (textsql.spec): the dataclasses themselves,
+    anything with their fields (`textsql plan`'s PlanArguments takes the same flags for what the planner models), or
+    their dict (arguments_dict; a run summary's training and data arguments together). The one place a training flag
+    becomes a prediction's input, so that `textsql plan`, tune's candidates and every run's memory check predict the
+    same run alike. A flag left out takes the spec's default. What a run decides when it starts comes as keywords: the
+    pods, the longest lengths it pads to, the precision (bf16/fp16/fp32) and the DeepSpeed settings (zero_settings)."""
+    get = arguments.get if isinstance(arguments, dict) else lambda name, default=None: getattr(arguments, name, default)
+    lora = lora_arguments(arguments)
+    speed = SpeedArguments()  # the spec's defaults for what the planner models of the levers
+    eval_num_beams = get("eval_num_beams")  # textsql plan's; a run's is its execution accuracy's decoding
+    if eval_num_beams is None:
+        eval_num_beams = int(get("execution_accuracy_num_beams") or 1) if get("execution_accuracy_samples", 1) else 0
+    return Setup(
+        nodes,
+        gpus_per_node,
+        source_length,
+        target_length,
+        precision if precision in PRECISIONS else "fp32",
+        bool(get("activation_checkpointing") or get("gradient_checkpointing")),
+        tuple(sorted(settings.items())),
+        lora_rank=lora.lora_rank if lora.lora else 0,
+        lora_targets=lora.lora_targets if lora.lora else "qv",
+        quantize_base=lora.quantize_base if lora.lora else "none",
+        eval_batch=int(get("per_device_eval_batch_size") or get("per_device_train_batch_size") or Setup.eval_batch),
+        eval_num_beams=int(eval_num_beams),
+        nvme_gb_per_s=nvme_gb_per_s,
+        fused_loss=get("fused_loss") or speed.fused_loss,
+        lora_base_dtype=get("lora_base_dtype") or speed.lora_base_dtype,
+    )

@@ -1,5 +1,5 @@
 """What ZeRO-3 keeps gathered on a GPU: the order of its module hooks in one training step (recorded on a narrow copy of
-the model), and a replay of DeepSpeed's PartitionedParameterCoordinator on it. textsql.planner.memory uses both."""
+the model), and a replay of DeepSpeed's PartitionedParameterCoordinator on it. textsql.planner.shape records the trace, textsql.planner.states replays it."""
 
 from __future__ import annotations
 

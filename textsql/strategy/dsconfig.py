@@ -14,15 +14,12 @@ from textsql.errors import TextsqlError
 from textsql.paths import DS_MONITOR_DIR, DSCONFIG_DIR, FLOPS_PROFILE_FILE, FSDPCONFIG_DIR
 from textsql.strategy.dsconfig_rules import (
     ACCELERATE_PLUGIN_AUTO,
-    _accelerate_plugin,
-    _import_deepspeed,
-    _offload_device,
-    _problem_paragraph,
-    _quiet_deepspeed,
-    _read_json,
-    _Review,
-    _review_config,
-    _value_at,
+    accelerate_plugin,
+    import_deepspeed,
+    offload_device,
+    quiet_deepspeed,
+    review_file,
+    value_at,
 )
 
 
@@ -41,15 +38,8 @@ def load_dsconfig(path) -> dict:
     Everything that would stop the Trainer, accelerate or DeepSpeed is collected and raised together as one
     TextsqlError; settings that run but look like mistakes are warned about with DsConfigWarning.
     """
-    path = Path(path)
-    review = _Review()
-    cfg = _read_json(path, review)
-    _import_deepspeed()
-    with _quiet_deepspeed():
-        _review_config(cfg, review)
-    if review.problems:
-        raise TextsqlError(_problem_paragraph(path, review.problems))
-    for message in review.warnings:
+    cfg, found = review_file(Path(path))
+    for message in found:
         warnings.warn(message, DsConfigWarning, stacklevel=2)
     return cfg
 
@@ -99,11 +89,11 @@ def describe_strategy(cfg) -> dict:
             "label": "none",
         }
     zero = cfg.get("zero_optimization") or {}
-    if isinstance(zero, dict) and any(_value_at(cfg, path) == "auto" for path in ACCELERATE_PLUGIN_AUTO):
-        zero = _accelerate_plugin(cfg).deepspeed_config["zero_optimization"]
+    if isinstance(zero, dict) and any(value_at(cfg, path) == "auto" for path in ACCELERATE_PLUGIN_AUTO):
+        zero = accelerate_plugin(cfg).deepspeed_config["zero_optimization"]
     stage = int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
-    offload_optimizer = _offload_device(zero, "offload_optimizer", "cpu_offload") if stage >= 1 else "none"
-    offload_param = _offload_device(zero, "offload_param", "cpu_offload_param") if stage == 3 else "none"
+    offload_optimizer = offload_device(zero, "offload_optimizer", "cpu_offload") if stage >= 1 else "none"
+    offload_param = offload_device(zero, "offload_param", "cpu_offload_param") if stage == 3 else "none"
     label = f"zero{stage}"
     devices = {offload_optimizer, offload_param}
     if "nvme" in devices:
@@ -281,8 +271,8 @@ def _stderr_with_a_descriptor():
 def async_io_problem() -> str | None:
     """Why DeepSpeed's async I/O op (the NVMe swapper's) cannot run here, with the fix; None when it can: built
     already, or buildable (libaio found by AsyncIOBuilder().is_compatible(), which compiles a call to io_submit)."""
-    _import_deepspeed()
-    with _quiet_deepspeed(), _stderr_with_a_descriptor():
+    import_deepspeed()
+    with quiet_deepspeed(), _stderr_with_a_descriptor():
         from deepspeed.ops.op_builder import AsyncIOBuilder
 
         builder = AsyncIOBuilder()

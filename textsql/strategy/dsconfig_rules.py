@@ -1,5 +1,6 @@
 """How the Trainer, accelerate and DeepSpeed read a DeepSpeed config, emulated rule by rule, so that a file is checked before
-launch (textsql.strategy.dsconfig is the public side)."""
+launch (textsql.strategy.dsconfig is the public side; it calls review_file, and reads configs with value_at,
+accelerate_plugin and offload_device, as the rules do)."""
 
 # A config is checked the way it travels under the Trainer: the Trainer fills its "auto" values
 # (HfTrainerDeepSpeedConfig), accelerate fills a few more and adds its own (DeepSpeedPlugin, Accelerator
@@ -160,7 +161,7 @@ def _json_error(path, exc: json.JSONDecodeError) -> str:
     )
 
 
-def _import_deepspeed():
+def import_deepspeed():
     prepare_deepspeed_import()
     try:
         import deepspeed  # noqa: F401  (slow: imported only when a config is checked)
@@ -178,6 +179,19 @@ def _problem_paragraph(path, problems) -> str:
         f"DeepSpeed config {path} has {count} that would stop the training:\n{items}\n"
         f"Fix the file and check it again with `textsql check-config {path}`."
     )
+
+
+def review_file(path: Path) -> tuple[dict, list[str]]:
+    """(the parsed config, its warnings): every rule checked as the config travels; what would stop the training raised
+    together as one TextsqlError (textsql.strategy.dsconfig.load_dsconfig warns the rest)."""
+    review = _Review()
+    cfg = _read_json(path, review)
+    import_deepspeed()
+    with quiet_deepspeed():
+        _review_config(cfg, review)
+    if review.problems:
+        raise TextsqlError(_problem_paragraph(path, review.problems))
+    return cfg, review.warnings
 
 
 def _review_config(cfg, review: _Review) -> None:
@@ -359,7 +373,7 @@ def _auto_leaves(node, keys=()):
             yield from _auto_leaves(value, keys + (key,))
 
 
-def _value_at(cfg, path, missing=None):
+def value_at(cfg, path, missing=None):
     """The value at a dotted path of nested dicts, or `missing`."""
     node = cfg
     for key in path.split("."):
@@ -374,7 +388,7 @@ def _value_at(cfg, path, missing=None):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _accelerate_plugin(cfg):
+def accelerate_plugin(cfg):
     """accelerate's DeepSpeedPlugin on a copy of cfg, as the Trainer builds it: it fills its own "auto" (from ACCELERATE_*
     variables, else its defaults) and sets keys of its own; .deepspeed_config is the result."""
     from accelerate.utils import DeepSpeedPlugin
@@ -391,7 +405,7 @@ def _through_accelerate(prepared, review: _Review):
     ACCELERATE_* variables or accelerate's defaults, not from the training arguments.
     """
     try:
-        plugin = _accelerate_plugin(prepared)
+        plugin = accelerate_plugin(prepared)
         plugin.set_mixed_precision("no")
         plugin.deepspeed_config_process(must_match=False, **ACCELERATE_PREPARE_AUTO)
     except Exception as exc:  # accelerate raises ValueError, or stumbles on a malformed block
@@ -400,11 +414,11 @@ def _through_accelerate(prepared, review: _Review):
         )
         return None
     handed = plugin.deepspeed_config
-    stage = _value_at(handed, "zero_optimization.stage")
+    stage = value_at(handed, "zero_optimization.stage")
     for path in ACCELERATE_PLUGIN_AUTO:
-        if _value_at(prepared, path) != "auto":
+        if value_at(prepared, path) != "auto":
             continue
-        filled = _value_at(handed, path)
+        filled = value_at(handed, path)
         if path.endswith("stage3_gather_16bit_weights_on_model_save") and (stage != 3 or filled):
             continue
         if path.endswith("nvme_path"):  # textsql fills it from --nvme_path before accelerate sees it (with_nvme_path)
@@ -439,7 +453,7 @@ def top_level_keys() -> frozenset:
     from deepspeed.runtime import config as ds_config
 
     recorder = _KeyRecorder({"train_micro_batch_size_per_gpu": 1})
-    with _quiet_deepspeed():
+    with quiet_deepspeed():
         try:
             ds_config.DeepSpeedConfig(recorder)
         except Exception:  # keys read before a failure still count
@@ -479,7 +493,7 @@ class _KeyRecorder(dict):
         return KeysView(self)
 
 
-class _quiet_deepspeed:
+class quiet_deepspeed:
     """Silence DeepSpeed's log lines (INFO, and the deprecation warnings textsql reports itself) while it parses."""
 
     def __enter__(self):
@@ -642,7 +656,7 @@ def _plain_sections() -> dict:
 
 def _auto_precision(cfg) -> set:
     """The precision blocks whose "enabled" is "auto": textsql's choice may turn them on."""
-    return {name for name in ("fp16", "bf16") if _value_at(cfg, f"{name}.enabled") == "auto"}
+    return {name for name in ("fp16", "bf16") if value_at(cfg, f"{name}.enabled") == "auto"}
 
 
 def _check_sections(cfg, review: _Review, auto_precision=frozenset()) -> None:
@@ -860,7 +874,7 @@ def _check_trainer_comparisons(cfg, review: _Review) -> None:
     """
     written = {}
     for path, argument in TRAINER_COMPARES.items():
-        value = _value_at(cfg, path, missing="auto")
+        value = value_at(cfg, path, missing="auto")
         if value == "auto":
             continue
         if path.endswith(".enabled") and not isinstance(value, bool):
@@ -888,7 +902,7 @@ def _check_trainer_comparisons(cfg, review: _Review) -> None:
 
 
 def _warn_stage3_keys_below_stage3(cfg, handed, review: _Review) -> None:
-    stage = _value_at(handed, "zero_optimization.stage", missing=0)
+    stage = value_at(handed, "zero_optimization.stage", missing=0)
     if stage == 3 or not isinstance(stage, int):
         return
     for key in cfg["zero_optimization"]:
@@ -920,7 +934,7 @@ def _offload_needs_deepspeed_optimizer(handed, review: _Review) -> None:
 
     zero = DeepSpeedZeroConfig(**handed["zero_optimization"])
     offloaded = zero.offload_optimizer is not None and zero.offload_optimizer.device in ("cpu", "nvme")
-    seen = _value_at(handed, "zero_optimization.offload_optimizer.device", missing="none") != "none"
+    seen = value_at(handed, "zero_optimization.offload_optimizer.device", missing="none") != "none"
     if offloaded and not seen and "optimizer" not in handed and handed.get("zero_force_ds_cpu_optimizer", True):
         review.problems.append(
             "zero_optimization.cpu_offload: the optimizer is offloaded through the deprecated cpu_offload, which "
@@ -947,7 +961,7 @@ def _warn_big_buckets(cfg, handed, review: _Review) -> None:
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     zero = cfg["zero_optimization"]
-    if _value_at(handed, "zero_optimization.stage") not in (1, 2):
+    if value_at(handed, "zero_optimization.stage") not in (1, 2):
         return
     for key in ("reduce_bucket_size",):
         value = zero.get(key, DeepSpeedZeroConfig.model_fields[key].default)
@@ -966,7 +980,7 @@ def _sci(number) -> str:
     return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
-def _offload_device(zero, key, deprecated_flag) -> str:
+def offload_device(zero, key, deprecated_flag) -> str:
     block = zero.get(key)
     if isinstance(block, dict):
         return str(block.get("device", "none"))

@@ -4,8 +4,10 @@ Run it as `textsql train ...` (one rank per visible GPU), `textsql train recipe.
 or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t5-small --deepspeed zero2`. From Python:
     train(ModelArguments(model_id="t5-small"), DataArguments(), TextsqlTrainingArguments(deepspeed="zero2"))
 
-Modules, lowest first: speed (the speed levers, FLOPs), arguments (the dataclasses, recipes), distributed (ranks), logs,
-trainer (the Trainer subclass, saving), run (deciding and running one training), local_launch (child processes on this pod), __main__ (a rank).
+Its arguments are the run spec's (textsql.spec.training). Modules, lowest first: distributed (ranks), logs, collate (a
+causal LM's batches), speed (the speed levers applied, FLOPs), dstools (DeepSpeed's tools), fsdp (FSDP2 around the
+Trainer), trainer (the Trainer subclass, saving), grpo (the GRPO stage), run (deciding and running one training),
+local_launch (child processes on this pod), __main__ (a rank).
 """
 
 from importlib import import_module
@@ -13,16 +15,16 @@ from importlib import import_module
 # The public names, loaded on first use: `python -m textsql.train` imports this package before its __main__, which
 # first quiets the lifecycle packages' log noise (textsql.extras) and only then needs torch and transformers.
 _WHERE = {
-    "DataArguments": "arguments",
-    "ModelArguments": "arguments",
-    "TextsqlTrainingArguments": "arguments",
-    "run_training": "local_launch",
-    "train": "run",
+    "DataArguments": "textsql.spec.training",  # the run spec (textsql/spec/)
+    "ModelArguments": "textsql.spec.training",
+    "TextsqlTrainingArguments": "textsql.spec.training",
+    "run_training": "textsql.train.local_launch",
+    "train": "textsql.train.run",
 }
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name):
     if name in _WHERE:
-        return getattr(import_module(f"textsql.train.{_WHERE[name]}"), name)
+        return getattr(import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'textsql.train' has no attribute '{name}'")

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from textsql.adapters import (
     is_adapter_folder,
-    load_base_for_adapter,
+    load_adapter_model,
     quantized_base,
     read_adapter_record,
-    require_peft,
 )
 from textsql.errors import TextsqlError
 from textsql.extras import require_grpo_extra
@@ -21,7 +20,8 @@ from textsql.families import family_of
 from textsql.hub import load_config
 from textsql.paths import SUMMARY_FILE
 from textsql.prep import load_prepared, load_tables
-from textsql.rewards import SqlRewards, reward_weights
+from textsql.rewards import SqlRewards
+from textsql.spec.grpo import reward_weights
 from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
 
 logger = logging.getLogger("textsql.train")
@@ -93,9 +93,7 @@ def policy_model(model_id: str, training_args, load_full, wrap_for_lora):
         quantized = None
         if quantized_base(record) != "none":
             quantized = {"compute_dtype": quantized_compute_dtype(NodeDevices.local().gpus)}
-        base, _, record = load_base_for_adapter(model_id, quantized=quantized)
-        peft = require_peft()
-        model = peft.PeftModel.from_pretrained(base, model_id, is_trainable=True)
+        model, _ = load_adapter_model(model_id, quantized=quantized, trainable=True)  # its folders' pickles checked
         return model, record
     model = load_full()
     if training_args.lora:

@@ -19,6 +19,7 @@ from textsql.errors import TextsqlError
 from textsql.paths import ARGUMENTS_FILE, SUMMARY_FILE
 from textsql.prep import check_prepared
 from textsql.run_summary import format_summary, read_summary
+from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.strategy.devices import (
     NodeDevices,
     launcher_device_args,
@@ -28,7 +29,6 @@ from textsql.strategy.devices import (
     usable_cores,
     use_accelerator,
 )
-from textsql.train.arguments import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.train.distributed import free_port
 from textsql.train.run import TrainingInterrupted, interrupted_message, load_strategy, train
 

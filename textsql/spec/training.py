@@ -1,5 +1,5 @@
-"""The training arguments: three dataclasses with textsql's defaults, parsed once from a command line, a JSON/YAML
-recipe or a dict, and handed between processes as one JSON object."""
+"""The training arguments: three dataclasses with textsql's defaults (the mixins beside them in textsql/spec/), parsed
+once from a command line, a JSON/YAML recipe or a dict, and handed between processes as one JSON object."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from transformers.training_args import OptimizerNames
 
-from textsql.adapters import LoraArguments
 from textsql.errors import TextsqlError
-from textsql.evaluate import check_decoding
 from textsql.paths import in_project
-from textsql.rewards import GrpoArguments
+from textsql.spec.decoding import check_decoding
+from textsql.spec.dstools import DsToolsArguments
+from textsql.spec.grpo import GrpoArguments
+from textsql.spec.lora import LoraArguments
+from textsql.spec.speed import SpeedArguments, check_speed_here
+from textsql.spec.tracking import TrackingArguments
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
-from textsql.tracking import TrackingArguments
-from textsql.train.dstools import DsToolsArguments
-from textsql.train.speed import SpeedArguments, check_speed_here
 
 # The original walkthrough's flag names, kept so its commands still work.
 # transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
@@ -113,9 +113,9 @@ class TextsqlTrainingArguments(
     can describe a run and hand it to the processes that train. The Trainer's own checks and device setup run once, in
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
     TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
-    (textsql.adapters.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.train.dstools.
-    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger), MLflow's (textsql.tracking.TrackingArguments:
-    --mlflow_log_model, ...) and the GRPO stage's (textsql.rewards.GrpoArguments: --stage, --num_generations, ...) are
+    (textsql.spec.lora.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.spec.dstools.
+    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger), MLflow's (textsql.spec.tracking.TrackingArguments:
+    --mlflow_log_model, ...) and the GRPO stage's (textsql.spec.grpo.GrpoArguments: --stage, --num_generations, ...) are
     training arguments like the others, so they travel with them to every rank and node.
     """
 
@@ -249,7 +249,7 @@ class TextsqlTrainingArguments(
         self.check_ds_tools(self.deepspeed)
         self.check_tracking(self.report_to)
         self.check_grpo()
-        self.check_speed()  # the speed levers (textsql.train.speed.SpeedArguments); what the device refuses, at start
+        self.check_speed()  # the speed levers (textsql.spec.speed.SpeedArguments); what the device refuses, at start
         if self.stage == "grpo" and self.packing:
             raise TextsqlError(
                 "--packing packs gold examples for supervised fine-tuning; --stage grpo trains on its own sampled "
