@@ -41,7 +41,7 @@ def test_only_takes_the_comparison_s_parts(capsys):
 def test_the_docs_commands_are_the_benchs_and_chain():
     """What a user types from docs/real-model.md is what bench/real_model.py measured: the same recipe files, the same
     scoring flags, the same prompt format; and every command reads the folder the one before wrote."""
-    from textsql.train.arguments import parse_arguments
+    from textsql.spec.training import parse_arguments
 
     commands = documented_commands()
     import_, prep = commands[0], commands[1]
