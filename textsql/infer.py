@@ -13,7 +13,9 @@ from textsql.errors import TextsqlError
 from textsql.evaluate import (
     check_decoding,
     choose_prediction,
+    constrained,
     decode_and_score,
+    execution_guided,
     format_metrics,
     generate_sql,
     load_scoring_set,
@@ -53,13 +55,25 @@ class InferArguments:
     decoding: str = field(
         default="greedy",
         metadata={
-            "help": "greedy (with --num_beams > 1: the top beam of beam search), or execution_guided: of the "
+            "help": "greedy (with --num_beams > 1: the top beam of beam search); execution_guided: of the "
             "--num_beams candidates, the best-scored one that parses against the table's header and executes (and, "
-            "without aggregation, returns a row); the top beam when none does."
+            "without aggregation, returns a row), the top beam when none does; constrained: greedy or beam search "
+            "that may only write a WikiSQL query over the question's table (its columns, MAX MIN COUNT SUM AVG, = > <, "
+            "values from the question or the column's cells), so every answer parses and executes; "
+            "constrained+execution_guided: the first constrained beam that executes plausibly."
         },
     )
     num_beams: int = field(
-        default=1, metadata={"help": "1 for greedy decoding, more for beam search (at least 2 with execution_guided)."}
+        default=1,
+        metadata={"help": "1 for greedy decoding, more for beam search (at least 2 with execution_guided decodings)."},
+    )
+    compare_to_greedy: bool = field(
+        default=True,
+        metadata={
+            "help": "With any decoding but plain greedy, generate greedy answers too (one more pass) and report the "
+            "decoding against them: answers fixed, broken and the net gain, the top beam's own gain and the "
+            "execution filter's (eval_metrics.json's decoding block). --no_compare_to_greedy skips that pass."
+        },
     )
     max_new_tokens: int = field(default=128, metadata={"help": "Longest SQL to generate, in tokens."})
     device: str = field(default="auto", metadata={"help": "auto (GPU when there is one), cuda, or cpu."})
@@ -113,6 +127,7 @@ def run_inference(args: InferArguments, echo=print) -> dict:
         scoring,
         decoding=args.decoding,
         num_beams=args.num_beams,
+        compare_to_greedy=args.compare_to_greedy,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
     )
@@ -149,7 +164,7 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
         table = load_tables(args.dataset_dir).get(args.table_id)
         if table is None:
             raise TextsqlError(f"Table '{args.table_id}' is not in '{args.dataset_dir}/tables.jsonl'.")
-    elif source_format != "question" or args.decoding == "execution_guided":
+    elif source_format != "question" or args.decoding != "greedy":
         raise TextsqlError(
             f"The model reads '{source_format}' sources and decodes {args.decoding}: name the questions' table with "
             "--table_id (an id from tables.jsonl)."
@@ -161,9 +176,10 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
         sources,
         batch_size=args.batch_size,
         num_beams=args.num_beams,
-        num_candidates=args.num_beams if args.decoding == "execution_guided" else 1,
+        num_candidates=args.num_beams if execution_guided(args.decoding) else 1,
         max_new_tokens=args.max_new_tokens,
         progress=False,
+        constrain_to=[(q, table) for q in args.question] if constrained(args.decoding) else None,
     )
     answers = []
     for question, options in zip(args.question, candidates):
