@@ -110,6 +110,36 @@ def _cell_forms(cell: object) -> set[str]:
     return forms
 
 
+# The cells' tries of the tables seen last (a table's questions come together): built once per table, never changed.
+_CELL_TRIES: dict[tuple, tuple[dict, list[_Node]]] = {}
+_CELL_TRIES_KEPT = 64
+
+
+def _cell_tries(table: dict, types: list[str], rows: list, producible: frozenset[int] | None) -> list[_Node]:
+    """Per column, a trie of its cells' forms (those the tokenizer can write; a "real" column's holding a number)."""
+    key = (str(table.get("id")), id(table), producible)
+    cached = _CELL_TRIES.get(key)
+    if cached is not None and cached[0] is table:
+        return cached[1]
+    tries = []
+    for index, kind in enumerate(types):
+        cells = set()
+        for row in rows:
+            if index < len(row):
+                cells |= _cell_forms(row[index])
+        usable = {
+            v
+            for v in cells
+            if (producible is None or all(byte in producible for byte in v.encode("utf-8")))
+            and (kind != "real" or _is_number(v))
+        }
+        tries.append(_trie(dict.fromkeys(usable, True)))
+    _CELL_TRIES[key] = (table, tries)
+    while len(_CELL_TRIES) > _CELL_TRIES_KEPT:
+        _CELL_TRIES.pop(next(iter(_CELL_TRIES)))
+    return tries
+
+
 class QueryGrammar:
     """The queries `render_sql` writes over one table for one question, as tries of bytes: `SELECT [AGG] column FROM
     table [WHERE column op value [AND ...]]` (up to MAX_CONDITIONS conditions), with the table's column names as
@@ -145,20 +175,22 @@ class QueryGrammar:
         ngrams = _word_ngrams(question)
         text_values = {v for v in ngrams if not _AND_WORD.search(v) and usable(v)}
         number_values = {v for v in text_values if _number_like(v)}
-        self.values: list[_Node | None] = []
-        value_lengths = []
+        # Each column's values: its cells' trie and the question's (text or number) trie, which columns share.
+        question_tries = {
+            "text": _trie(dict.fromkeys(text_values, True)),
+            "real": _trie(dict.fromkeys(number_values, True)),
+        }
+        self.values: list[tuple[_Node, ...]] = []
+        value_lengths: list[float] = []
+        cell_tries = _cell_tries(table, types, rows, producible)
         for index, kind in enumerate(types):
-            cells = set()
-            for row in rows:
-                if index < len(row):
-                    cells |= _cell_forms(row[index])
-            cells = {v for v in cells if usable(v) and (kind != "real" or _is_number(v))}
-            allowed = cells | (number_values if kind == "real" else text_values)
-            self.values.append(_trie(dict.fromkeys(allowed, True)) if allowed else None)
-            value_lengths.append(self.values[-1].dist if allowed else None)
+            roots = (cell_tries[index], question_tries["real" if kind == "real" else "text"])
+            self.values.append(tuple(root for root in roots if root.children))
+            value_lengths.append(min((root.dist for root in self.values[-1]), default=float("inf")))
+        self.value_lengths = value_lengths
         self.select_columns = _trie(names)
         # A condition column must have a value it can take; its dist counts " op " and its cheapest value.
-        cond_names = {name: index for name, index in names.items() if self.values[index] is not None}
+        cond_names = {name: index for name, index in names.items() if self.values[index]}
         self.cond_columns = _trie(cond_names)
         _set_dist(self.cond_columns, lambda index: 3 + value_lengths[index])
         self.start = _trie({"SELECT ": True, " SELECT ": True})
@@ -196,7 +228,7 @@ class QueryGrammar:
         if phase == OPERATOR:
             return [_Item(OPERATOR, self.operators, column, conditions)]
         if phase == VALUE:
-            return [_Item(VALUE, self.values[column], column, conditions)]
+            return [_Item(VALUE, root, column, conditions) for root in self.values[column]]
         if phase == AND:
             return [_Item(AND, self.and_, conditions=conditions)]
         raise ValueError(phase)
@@ -261,7 +293,7 @@ class QueryGrammar:
         if phase == ACCEPT:
             return 0
         if phase == OPERATOR:
-            return node.dist + self.values[column].dist
+            return node.dist + self.value_lengths[column]
         if phase == VALUE:
             return node.dist
         return node.dist + self.after[phase]
