@@ -197,9 +197,9 @@ def constrained_records(data_dir, model_dir, decoding, num_beams, **kwargs):
 
     model, tokenizer = load_for_inference(str(model_dir), "cpu")
     tokenizer = load_tokenizer(str(model_dir)) if tokenizer is None else tokenizer
-    scoring = load_scoring_set(str(data_dir), "test", 8)
+    scoring = load_scoring_set(str(data_dir), "test", 6)
     return scoring, decode_and_score(
-        model, tokenizer, scoring, decoding=decoding, num_beams=num_beams, progress=False, batch_size=5, **kwargs
+        model, tokenizer, scoring, decoding=decoding, num_beams=num_beams, progress=False, batch_size=6, **kwargs
     )
 
 
@@ -210,7 +210,7 @@ def test_untrained_tiny_models_write_only_queries_over_their_table(assets, causa
     its own table, names only its columns and executes, within a budget of new tokens the answers must fit in."""
     data_dir, model_dir = assets if family == "t5" else causal_assets
     scoring, (records, metrics) = constrained_records(
-        data_dir, model_dir, decoding, num_beams, compare_to_greedy=True, max_new_tokens=40
+        data_dir, model_dir, decoding, num_beams, compare_to_greedy=True, max_new_tokens=24
     )
     assert metrics["parse_errors"] == 0 and metrics["decoding"]["unconstrained_questions"] == 0
     for record in records:
