@@ -13,7 +13,8 @@ chosen with `--select` on the validation split, never on test; RECIPES below hol
 
 The comparison (`VARIANTS`): zero-shot with the plain and the chat prompt; full fine-tuning, LoRA on the query and
 value projections and on every linear layer, QLoRA on an NF4 and an int8 base, packed against padded, the real lines
-with generated questions added; greedy against execution-guided decoding on the best run; the best LoRA run merged
+with generated questions added; greedy against execution-guided, constrained and constrained execution-guided
+decoding on the best run (each against the greedy answers: fixed, broken, net); the best LoRA run merged
 (its greedy SQL against the adapter's); every quantization method on the best fully fine-tuned model against the same
 model unquantized (fp32, as `textsql quantize` scores it). For each: execution and logical-form accuracy, exact match
 and each part of the query with WikiSQL's own scoring over the whole test slice, training time, samples/s and the load
@@ -279,10 +280,26 @@ def comparison(bench: Bench) -> dict:
     report["best"] = {"run": best, "full": best_full, "lora": best_lora}
     if best and ("decoding" in only or bench.done(f"score-{best}_execution_guided")):
         best_dir = Path(report["trained"][best]["train"]["run_dir"])
+        # Each decoding against the greedy answers already scored (fixed, broken, net; the beams' and the filter's own).
+        greedy = ("--greedy_predictions", str(bench.work / "scores" / best / "predictions.jsonl"))
         report["decoding"] = {
             "greedy": report["trained"][best]["test"],
             "execution_guided_4_beams": bench.score(
-                f"{best}_execution_guided", best_dir, plain, "--decoding", "execution_guided", "--num_beams", "4"
+                f"{best}_execution_guided",
+                best_dir,
+                plain,
+                "--decoding",
+                "execution_guided",
+                "--num_beams",
+                "4",
+                *greedy,
+            ),
+            "constrained": bench.score(f"{best}_constrained", best_dir, plain, "--decoding", "constrained", *greedy),
+            "constrained_execution_guided_4_beams": bench.score(
+                f"{best}_constrained_execution_guided",
+                best_dir,
+                plain,
+                *("--decoding", "constrained+execution_guided", "--num_beams", "4", *greedy),
             ),
         }
     if best_lora and ("merged" in only or bench.done("merge", f"score-{best_lora}_merged")):

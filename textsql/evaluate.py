@@ -332,6 +332,7 @@ def decode_and_score(
     decoding: str = "greedy",
     num_beams: int = 1,
     compare_to_greedy: bool = False,
+    greedy_predictions: list[str] | None = None,
     **generate_kwargs,
 ) -> tuple[list[dict], dict]:
     """Generate for every question of `scoring` with the decoding asked for, then score: (records, metrics).
@@ -341,6 +342,7 @@ def decode_and_score(
     greedy pass (one beam, unconstrained) is generated too, and the "decoding" block tells the chosen answers against
     greedy's (fixed: greedy wrong, chosen right; broken: the reverse; net), the top candidate against greedy (what the
     beams and the constraint gain) and the chosen answer against the top candidate (what the execution filter gains).
+    `greedy_predictions` (one per question, from a greedy run of the same model) stand in for that pass.
     """
     constrain_to = None
     if constrained(decoding):
@@ -373,8 +375,15 @@ def decode_and_score(
     if constrain_to is not None:
         metrics["decoding"]["unconstrained_questions"] = sum(table is None for _, table in constrain_to)
     if compare_to_greedy and (decoding != "greedy" or num_beams > 1):
-        greedy = generate_sql(model, tokenizer, scoring.sources, num_beams=1, num_candidates=1, **generate_kwargs)
-        greedy_records, greedy_metrics = score_predictions(scoring, [options[0] for options in greedy])
+        if greedy_predictions is None:
+            greedy = generate_sql(model, tokenizer, scoring.sources, num_beams=1, num_candidates=1, **generate_kwargs)
+            greedy_predictions = [options[0] for options in greedy]
+        elif len(greedy_predictions) != len(scoring.sources):
+            raise TextsqlError(
+                f"{len(greedy_predictions)} greedy predictions for {len(scoring.sources)} questions: pass the "
+                "predictions of a greedy run over the same questions."
+            )
+        greedy_records, greedy_metrics = score_predictions(scoring, greedy_predictions)
         top_records = records
         if any(record["decoding_changed"] for record in records):
             top_records, _ = score_predictions(scoring, [options[0] for options in candidates])

@@ -75,6 +75,13 @@ class InferArguments:
             "execution filter's (eval_metrics.json's decoding block). --no_compare_to_greedy skips that pass."
         },
     )
+    greedy_predictions: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --compare_to_greedy: the predictions.jsonl of a greedy `textsql infer` of this model over "
+            "the same questions, compared against instead of generating greedy answers again."
+        },
+    )
     max_new_tokens: int = field(default=128, metadata={"help": "Longest SQL to generate, in tokens."})
     device: str = field(default="auto", metadata={"help": "auto (GPU when there is one), cuda, or cpu."})
     dtype: str = field(
@@ -92,6 +99,7 @@ class InferArguments:
     def __post_init__(self):
         self.model_dir = in_project(self.model_dir, only_if_exists=True)
         self.dataset_dir, self.output_dir = in_project(self.dataset_dir), in_project(self.output_dir)
+        self.greedy_predictions = in_project(self.greedy_predictions)
         if self.batch_size < 1 or self.num_beams < 1 or self.max_new_tokens < 1:
             raise TextsqlError("--batch_size, --num_beams and --max_new_tokens must be at least 1.")
         if self.max_examples is not None and self.max_examples < 1:
@@ -128,6 +136,7 @@ def run_inference(args: InferArguments, echo=print) -> dict:
         decoding=args.decoding,
         num_beams=args.num_beams,
         compare_to_greedy=args.compare_to_greedy,
+        greedy_predictions=read_greedy_predictions(args.greedy_predictions, scoring.questions),
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
     )
@@ -154,6 +163,22 @@ def run_inference(args: InferArguments, echo=print) -> dict:
     echo(format_metrics(metrics))
     echo(f"wrote {output_dir / PREDICTIONS_FILE} and {output_dir / METRICS_FILE}")
     return metrics
+
+
+def read_greedy_predictions(path: str | None, questions: list[str]) -> list[str] | None:
+    """The predicted SQL of a greedy run's predictions.jsonl, checked to answer these questions in this order."""
+    if path is None:
+        return None
+    try:
+        records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as error:
+        raise TextsqlError(f"--greedy_predictions {path} cannot be read as predictions.jsonl: {error}") from None
+    if [record.get("question") for record in records] != questions:
+        raise TextsqlError(
+            f"--greedy_predictions {path} answers other questions than these {len(questions)}: pass the "
+            "predictions.jsonl of a greedy `textsql infer` with the same --dataset_dir, --split and --max_examples."
+        )
+    return [record["predicted_sql"] for record in records]
 
 
 def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, echo) -> dict:

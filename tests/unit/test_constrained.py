@@ -253,3 +253,18 @@ def test_real_model_writes_queries_that_parse_under_the_constraint(real_model, r
     )
     assert metrics["parse_errors"] == 0, [r["predicted_sql"] for r in records]
     assert not any((r["execution_error"] or "").startswith("predicted") for r in records)
+
+
+def test_greedy_predictions_must_answer_the_same_questions(tmp_path):
+    """infer --greedy_predictions: a greedy run's predictions.jsonl stands in for the greedy pass only where it answers
+    the same questions in the same order."""
+    from textsql.infer import read_greedy_predictions
+
+    path = tmp_path / "predictions.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "predicted_sql": f"SELECT {q}"}) + "\n" for q in "ab"))
+    assert read_greedy_predictions(str(path), ["a", "b"]) == ["SELECT a", "SELECT b"]
+    assert read_greedy_predictions(None, ["a"]) is None
+    with pytest.raises(TextsqlError, match="other questions"):
+        read_greedy_predictions(str(path), ["b", "a"])
+    with pytest.raises(TextsqlError, match="cannot be read"):
+        read_greedy_predictions(str(tmp_path / "missing.jsonl"), ["a"])
