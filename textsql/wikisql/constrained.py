@@ -66,7 +66,7 @@ START, AGG, SEL_COLUMN, FROM, WHERE, COND_COLUMN, OPERATOR, VALUE, AND, ACCEPT =
 _FROM_TABLE = " FROM table"
 
 
-def _Item(phase: int, node: _Node | None, column: int = -1, conditions: int = 0) -> tuple:
+def _item(phase: int, node: _Node | None, column: int = -1, conditions: int = 0) -> tuple:
     """One way the prefix read so far can go on: (phase, the node reached in its trie, the condition's column, how
     many conditions are complete). A plain tuple, hashed with its node's identity: equal items merge in a state."""
     return (phase, node, column, conditions)
@@ -146,9 +146,10 @@ class QueryGrammar:
     render_sql writes them (and NFKC-normalized, as parse_sql reads them), the aggregations, the operators = > <, and
     for each column the values that occur in the question (word n-grams, as written or without surrounding punctuation)
     or in its cells (as written or lower-cased); a "real" column only takes cells that hold a number (else the query
-    could not execute) and question n-grams of up to NUMBER_WORDS words that hold a digit. A question n-gram holding the word "and" is left out unless it is a cell of that column:
-    parse_sql would read it as two conditions or as output cut off. Only characters `producible` (when given) are
-    used, so no alternative leads the decoder where its vocabulary cannot go."""
+    could not execute) and question n-grams of up to NUMBER_WORDS words that hold a digit. A question n-gram holding
+    the word "and" is left out unless it is a cell of that column: parse_sql would read it as two conditions or as
+    output cut off. Only characters `producible` (when given) are used, so no alternative leads the decoder where its
+    vocabulary cannot go."""
 
     def __init__(self, table: dict, question: str, producible: frozenset[int] | None = None):
         header = [" ".join(str(name).split()) for name in table["header"]]
@@ -209,28 +210,28 @@ class QueryGrammar:
             AND: cheapest_condition,
             COND_COLUMN: 0,  # its dist counts the operator and the cheapest value
         }
-        self.initial = self._closure([_Item(START, self.start)])
+        self.initial = self._closure([_item(START, self.start)])
         self._allowed: dict[frozenset, tuple[list[int], list[int], bool]] = {}
 
     # ------------------------------------------------------------------ the automaton
 
-    def _enter(self, phase: int, column: int = -1, conditions: int = 0) -> list[_Item]:
+    def _enter(self, phase: int, column: int = -1, conditions: int = 0) -> list[_item]:
         if phase == AGG:
-            return [_Item(AGG, self.aggregations)]
+            return [_item(AGG, self.aggregations)]
         if phase == SEL_COLUMN:
-            return [_Item(SEL_COLUMN, self.select_columns)]
+            return [_item(SEL_COLUMN, self.select_columns)]
         if phase == FROM:
-            return [_Item(FROM, self.from_table)]
+            return [_item(FROM, self.from_table)]
         if phase == WHERE:
-            return [_Item(ACCEPT, None)] + ([_Item(WHERE, self.where)] if self.where is not None else [])
+            return [_item(ACCEPT, None)] + ([_item(WHERE, self.where)] if self.where is not None else [])
         if phase == COND_COLUMN:
-            return [_Item(COND_COLUMN, self.cond_columns, conditions=conditions)]
+            return [_item(COND_COLUMN, self.cond_columns, conditions=conditions)]
         if phase == OPERATOR:
-            return [_Item(OPERATOR, self.operators, column, conditions)]
+            return [_item(OPERATOR, self.operators, column, conditions)]
         if phase == VALUE:
-            return [_Item(VALUE, root, column, conditions) for root in self.values[column]]
+            return [_item(VALUE, root, column, conditions) for root in self.values[column]]
         if phase == AND:
-            return [_Item(AND, self.and_, conditions=conditions)]
+            return [_item(AND, self.and_, conditions=conditions)]
         raise ValueError(phase)
 
     def _next(self, item: tuple) -> list[tuple]:
@@ -252,7 +253,7 @@ class QueryGrammar:
             return self._enter(VALUE, column, conditions)
         if phase == VALUE:
             done = conditions + 1
-            return [_Item(ACCEPT, None)] + (self._enter(AND, conditions=done) if done < MAX_CONDITIONS else [])
+            return [_item(ACCEPT, None)] + (self._enter(AND, conditions=done) if done < MAX_CONDITIONS else [])
         raise ValueError(phase)
 
     def _closure(self, items: list[tuple]) -> frozenset:
