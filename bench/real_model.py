@@ -13,7 +13,8 @@ docs/real-model.md); their learning rate and epochs were chosen with `--select` 
 
 The comparison (`VARIANTS`): zero-shot with the plain and the chat prompt; full fine-tuning, LoRA on the query and
 value projections and on every linear layer, QLoRA on an NF4 and an int8 base, packed against padded, the real lines
-with generated questions added; greedy against execution-guided decoding on the best run; the best LoRA run merged
+with generated questions added; greedy against execution-guided, constrained and constrained execution-guided
+decoding on the best run (each against the greedy answers: fixed, broken, net); the best LoRA run merged
 (its greedy SQL against the adapter's); every quantization method on the best fully fine-tuned model against the same
 model unquantized (fp32, as `textsql quantize` scores it). For each: execution and logical-form accuracy, exact match
 and each part of the query with WikiSQL's own scoring over the whole test slice, training time, samples/s and the load
@@ -51,6 +52,8 @@ SCORE = [*SCORE_FLAGS, "--show_examples", "0"]
 # The decodings scored on the best run besides greedy: name (its scores' folder suffix) -> infer flags.
 DECODINGS = {
     "execution_guided": ["--decoding", "execution_guided", "--num_beams", "4"],
+    "constrained": ["--decoding", "constrained"],
+    "constrained_execution_guided": ["--decoding", "constrained+execution_guided", "--num_beams", "4"],
 }
 QUANTIZATION_METHODS = ("dynamic-int8", "torchao-int8", "bnb-int8", "bnb-nf4", "gptq")
 
@@ -321,9 +324,11 @@ def comparison(bench: Bench) -> dict:
     if best and ("decoding" in only or bench.done(*(f"score-{best}_{name}" for name in DECODINGS))):
         best_dir = Path(report["trained"][best]["train"]["run_dir"])
         best_data = bench.dataset(TRAINED[best][0] if TRAINED[best][0] != "generated" else "plain")
+        # Each decoding against the greedy answers already scored (fixed, broken, net; the beams' and the filter's own).
+        greedy = ("--greedy_predictions", str(bench.work / "scores" / best / "predictions.jsonl"))
         report["decoding"] = {"run": best, "greedy": report["trained"][best]["test"]}
         for name, flags in DECODINGS.items():
-            report["decoding"][name] = bench.score(f"{best}_{name}", best_dir, best_data, *flags)
+            report["decoding"][name] = bench.score(f"{best}_{name}", best_dir, best_data, *flags, *greedy)
     report["gains_over_full_greedy"] = gains(bench, report)
     if best_lora and ("merged" in only or bench.done("merge", f"score-{best_lora}_merged")):
         report["merged"] = merged_and_scored(bench, best_lora, Path(report["trained"][best_lora]["train"]["run_dir"]))

@@ -18,7 +18,7 @@ from textsql.evaluate import load_scoring_set, score_predictions
 from textsql.infer import InferArguments, run_inference
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
-from textsql.spec.decoding import DECODINGS
+from textsql.spec.decoding import DECODINGS, execution_guided
 from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.run import train
@@ -82,7 +82,11 @@ class DemoArguments:
         },
     )
     decoding: str = field(
-        default="greedy", metadata={"help": "How the test split is decoded: greedy, or execution_guided (4 beams)."}
+        default="greedy",
+        metadata={
+            "help": "How the test split is decoded: greedy, execution_guided (4 beams), constrained (greedy, only "
+            "queries over the table) or constrained+execution_guided (4 beams); see textsql infer --decoding."
+        },
     )
 
     def __post_init__(self):
@@ -341,7 +345,7 @@ def run_demo(args: DemoArguments, echo=print) -> DemoResult:
     with demo_step(echo, 2, f"training ({args.deepspeed}; the progress bar shows the steps left)"):
         summary, _ = demo_train(args, data_dir, model_dir, echo)
     metadata = json.loads((data_dir / METADATA_FILE).read_text())
-    beams = 4 if args.decoding == "execution_guided" else 1
+    beams = 4 if execution_guided(args.decoding) else 1
     with demo_step(echo, 3, "scoring the test split as WikiSQL's evaluate.py does"), torch_threads(DEMO_THREADS):
         test = run_inference(
             InferArguments(

@@ -1,21 +1,26 @@
-"""Decoding and scoring shared by training and inference: batched generation (greedy, beams, execution-guided), the
-scoring set of a split, WikiSQL's metrics and the lines that print them."""
+"""Decoding and scoring shared by training and inference: batched generation (greedy, beams, execution-guided,
+constrained to the table's queries), the scoring set of a split, WikiSQL's metrics and the lines that print them."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 
 from textsql.errors import TextsqlError
 from textsql.families import ensure_pad_token, family_of, pad_token_id
 from textsql.prep import load_prepared, load_tables, model_source
+from textsql.spec.decoding import constrained, execution_guided
+from textsql.wikisql.constrained import QueryGrammar, vocabulary_of
 from textsql.wikisql.sql import aggregate_metrics, exact_match, executes_plausibly, score_prediction
 
 
 def decoding_label(decoding: str, num_beams: int) -> str:
-    if decoding == "execution_guided":
-        return f"execution-guided ({num_beams} beams)"
-    return "greedy" if num_beams == 1 else f"beam search ({num_beams} beams)"
+    if execution_guided(decoding):
+        label = f"execution-guided ({num_beams} beams)"
+    else:
+        label = "greedy" if num_beams == 1 else f"beam search ({num_beams} beams)"
+    return f"constrained {label}" if constrained(decoding) else label
 
 
 def pick_device(choice: str):
@@ -38,10 +43,16 @@ def generate_sql(
     synced_gpus: bool = False,
     progress: bool = True,
     device=None,
+    constrain_to: list[tuple[str, dict | None]] | None = None,
 ) -> list[list[str]]:
     """The `num_candidates` best generations (beam order) for each source, batch by batch, longest first so each batch
     pads little; input order kept. A causal LM's prompts are padded on the left (its new tokens follow every prompt
-    directly), it stops at EOS, and only the tokens after the prompt are decoded."""
+    directly), it stops at EOS, and only the tokens after the prompt are decoded.
+
+    With `constrain_to` ((question, table) per source) every row and beam may only write a WikiSQL query over its
+    table (textsql.wikisql.constrained.QueryGrammar, one logits processor per generate() call) within max_new_tokens;
+    its text is what the allowed tokens' bytes write. A source without a table is decoded unconstrained (a warning
+    counts them)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -52,6 +63,16 @@ def generate_sql(
     causal = family_of(model.config).causal
     if causal:
         ensure_pad_token(tokenizer)
+    vocabulary = grammars = None
+    if constrain_to is not None:
+        vocabulary = vocabulary_of(tokenizer)
+        producible = vocabulary.producible()
+        grammars = [QueryGrammar(table, question, producible) if table else None for question, table in constrain_to]
+        missing = sum(grammar is None for grammar in grammars)
+        if missing:
+            warnings.warn(
+                f"{missing} of {len(grammars)} questions have no table: decoded without the constraint", stacklevel=2
+            )
     was_training = model.training
     model.eval()
     batches = range(0, len(order), batch_size)
@@ -63,6 +84,17 @@ def generate_sql(
             padding=True,
             padding_side="left" if causal else "right",
         ).to(device)
+        processor = None
+        if grammars is not None:
+            processor = ConstrainedLogits(
+                [grammars[i] for i in indices],
+                vocabulary,
+                # a causal LM's rows hold the (left-padded) prompt first; T5's decoder ids start with its start token
+                start=encoded["input_ids"].shape[1] if causal else 1,
+                rows_per_source=num_beams,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         with torch.no_grad():
             generated = model.generate(
                 **encoded,
@@ -72,14 +104,106 @@ def generate_sql(
                 synced_gpus=synced_gpus,
                 pad_token_id=pad_token_id(tokenizer),
                 eos_token_id=tokenizer.eos_token_id,
+                **({"logits_processor": processor_list(processor)} if processor is not None else {}),
             )
         if causal:  # the prompt comes back first
             generated = generated[:, encoded["input_ids"].shape[1] :]
         texts = [" ".join(text.split()) for text in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+        if processor is not None:  # the text the automaton read (a tokenizer's decode may clean up spaces)
+            for row, ids in enumerate(generated.tolist()):
+                if processor.grammars[row // num_candidates] is not None:
+                    texts[row] = vocabulary.text(
+                        ids[: ids.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in ids else ids
+                    )
         for n, i in enumerate(indices):
             outputs[i] = texts[n * num_candidates : (n + 1) * num_candidates]
     model.train(was_training)
     return outputs
+
+
+class ConstrainedLogits:
+    """A logits processor for one generate() call: each row (and beam) may only take the tokens its source's grammar
+    allows after the text generated so far, and only those after which a query can still be completed within
+    max_new_tokens (counting at least one byte a token); EOS only where a query is complete. A row's state is found
+    from its generated ids (beams reorder rows between steps): its parent prefix's state advanced by the last token."""
+
+    def __init__(self, grammars, vocabulary, *, start: int, rows_per_source: int, max_new_tokens: int, eos_token_id):
+        self.grammars = grammars
+        self.vocabulary = vocabulary
+        self.start = start
+        self.rows_per_source = rows_per_source
+        self.max_new_tokens = max_new_tokens
+        self.eos_token_id = eos_token_id
+        self.states: dict[tuple, frozenset] = {}
+        self.tensors: dict[tuple, tuple] = {}
+        self.dead_ends = 0  # rows left with no allowed token (their text cannot become a query): EOS ends them
+        self.eos = None
+
+    def state(self, source: int, ids: tuple) -> frozenset:
+        key = (source, ids)
+        state = self.states.get(key)
+        if state is None:
+            grammar = self.grammars[source]
+            if not ids:
+                state = grammar.initial
+            else:
+                data = self.vocabulary.token_bytes[ids[-1]] if ids[-1] < len(self.vocabulary.token_bytes) else None
+                state = grammar.advance(self.state(source, ids[:-1]), data) if data else frozenset()
+            self.states[key] = state
+        return state
+
+    def allowed(self, source: int, state: frozenset, vocabulary_size: int, device):
+        import torch
+
+        if self.eos is None:
+            self.eos = torch.tensor([self.eos_token_id], dtype=torch.long, device=device)
+        key = (source, state)
+        if key not in self.tensors:
+            ids, needs, eos = self.grammars[source].allowed(state, self.vocabulary)
+            kept = [(token, need) for token, need in zip(ids, needs) if token < vocabulary_size]
+            self.tensors[key] = (
+                torch.tensor([token for token, _ in kept], dtype=torch.long, device=device),
+                torch.tensor([need for _, need in kept], dtype=torch.float32, device=device),
+                eos,
+            )
+        return self.tensors[key]
+
+    def __call__(self, input_ids, scores):
+        # The automaton allocates many small objects, none of them in a cycle (reference counting frees them), and the
+        # collections they triggered scanned the whole process's heap: about half of the processor's time.
+        return self.masked(input_ids, scores)
+
+    def masked(self, input_ids, scores):
+        import torch
+
+        generated = input_ids[:, self.start :].tolist()
+        left = self.max_new_tokens - len(generated[0]) - 1  # tokens after this one
+        rows, columns, free = [], [], []
+        for row, ids in enumerate(generated):
+            source = row // self.rows_per_source
+            if self.grammars[source] is None or self.eos_token_id in ids:  # unconstrained, or finished
+                free.append(row)
+                continue
+            tokens, needs, accepting = self.allowed(
+                source, self.state(source, tuple(ids)), scores.shape[1], scores.device
+            )
+            tokens = tokens[needs <= left]
+            if accepting or not len(tokens):
+                self.dead_ends += not accepting
+                tokens = torch.cat([tokens, self.eos])
+            rows.append(torch.full((len(tokens),), row, dtype=torch.long, device=scores.device))
+            columns.append(tokens)
+        allowed = torch.zeros_like(scores, dtype=torch.bool)
+        if rows:
+            allowed[torch.cat(rows), torch.cat(columns)] = True
+        allowed[free] = True
+        return scores.masked_fill(~allowed, float("-inf"))
+
+
+def processor_list(processor):
+    from transformers import LogitsProcessorList
+
+    return LogitsProcessorList([processor])
 
 
 def sql_token_budget(metadata: dict, split: str = "validation", default: int = 128) -> int:
@@ -94,7 +218,7 @@ def choose_prediction(candidates: list[str], table: dict | None, decoding: str) 
     """(prediction, its rank among the candidates): the top one, or with execution_guided the first that executes
     plausibly on the table (textsql.wikisql.sql.executes_plausibly), falling back to the top one."""
 
-    if decoding == "execution_guided" and table is not None:
+    if execution_guided(decoding) and table is not None:
         for rank, text in enumerate(candidates):
             if executes_plausibly(text, table):
                 return text, rank
@@ -178,19 +302,35 @@ def score_predictions(scoring: ScoringSet, predictions: list[str]) -> tuple[list
 
 
 def decode_and_score(
-    model, tokenizer, scoring: ScoringSet, *, decoding: str = "greedy", num_beams: int = 1, **generate_kwargs
+    model,
+    tokenizer,
+    scoring: ScoringSet,
+    *,
+    decoding: str = "greedy",
+    num_beams: int = 1,
+    compare_to_greedy: bool = False,
+    greedy_predictions: list[str] | None = None,
+    **generate_kwargs,
 ) -> tuple[list[dict], dict]:
     """Generate for every question of `scoring` with the decoding asked for, then score: (records, metrics).
 
-    With execution_guided each record says which beam was taken ("candidate_rank") and whether that changed the
-    answer from the top beam; the metrics count how often.
+    Each record says which candidate was taken ("candidate_rank") and whether that changed the answer from the top one
+    ("decoding_changed"); the metrics count how often. With `compare_to_greedy` (for any decoding but plain greedy) a
+    greedy pass (one beam, unconstrained) is generated too, and the "decoding" block tells the chosen answers against
+    greedy's (fixed: greedy wrong, chosen right; broken: the reverse; net), the top candidate against greedy (what the
+    beams and the constraint gain) and the chosen answer against the top candidate (what the execution filter gains).
+    `greedy_predictions` (one per question, from a greedy run of the same model) stand in for that pass.
     """
+    constrain_to = None
+    if constrained(decoding):
+        constrain_to = [(q, scoring.tables.get(t)) for q, t in zip(scoring.questions, scoring.table_ids)]
     candidates = generate_sql(
         model,
         tokenizer,
         scoring.sources,
         num_beams=num_beams,
-        num_candidates=num_beams if decoding == "execution_guided" else 1,
+        num_candidates=num_beams if execution_guided(decoding) else 1,
+        constrain_to=constrain_to,
         **generate_kwargs,
     )
     chosen = [
@@ -209,7 +349,40 @@ def decode_and_score(
         "changed": changed,
         "changed_share": changed / len(records) if records else 0.0,
     }
+    if constrain_to is not None:
+        metrics["decoding"]["unconstrained_questions"] = sum(table is None for _, table in constrain_to)
+    if compare_to_greedy and (decoding != "greedy" or num_beams > 1):
+        if greedy_predictions is None:
+            greedy = generate_sql(model, tokenizer, scoring.sources, num_beams=1, num_candidates=1, **generate_kwargs)
+            greedy_predictions = [options[0] for options in greedy]
+        elif len(greedy_predictions) != len(scoring.sources):
+            raise TextsqlError(
+                f"{len(greedy_predictions)} greedy predictions for {len(scoring.sources)} questions: pass the "
+                "predictions of a greedy run over the same questions."
+            )
+        greedy_records, greedy_metrics = score_predictions(scoring, greedy_predictions)
+        top_records = records
+        if any(record["decoding_changed"] for record in records):
+            top_records, _ = score_predictions(scoring, [options[0] for options in candidates])
+        for record, greedy_record in zip(records, greedy_records):
+            record["greedy_sql"] = greedy_record["predicted_sql"]
+            record["greedy_execution_match"] = greedy_record["execution_match"]
+        metrics["decoding"].update(
+            greedy_execution_accuracy=greedy_metrics["execution_accuracy"],
+            differs_from_greedy=sum(r["predicted_sql"] != g["predicted_sql"] for r, g in zip(records, greedy_records)),
+            against_greedy=execution_changes(greedy_records, records),
+            top_candidate_against_greedy=execution_changes(greedy_records, top_records),
+            choice_against_top_candidate=execution_changes(top_records, records),
+        )
     return records, metrics
+
+
+def execution_changes(before: list[dict], after: list[dict]) -> dict:
+    """How many answers execution-matched in `after` but not `before` (fixed), the reverse (broken), and the net gain;
+    questions without a table (no execution match) count in neither."""
+    fixed = sum(bool(a["execution_match"]) and b["execution_match"] is False for b, a in zip(before, after))
+    broken = sum(bool(b["execution_match"]) and a["execution_match"] is False for b, a in zip(before, after))
+    return {"fixed": fixed, "broken": broken, "net": fixed - broken}
 
 
 def format_components(components: dict) -> str:
@@ -219,15 +392,32 @@ def format_components(components: dict) -> str:
 
 def format_metrics(metrics: dict) -> str:
     decoding = metrics.get("decoding", {})
-    changed = (
-        f"; execution-guided changed {decoding['changed']}" if decoding.get("method") == "execution_guided" else ""
-    )
+    changed = ""
+    if execution_guided(decoding.get("method", "greedy")):
+        changed = f"; execution-guided changed {decoding['changed']} from the top beam"
+    if decoding.get("unconstrained_questions"):
+        changed += f"; {decoding['unconstrained_questions']} without a table decoded unconstrained"
     lines = [
         f"{metrics['examples']} examples ({metrics.get('split', '')}, {decoding.get('label', 'greedy')}): "
         f"execution {metrics['execution_accuracy']:.1%}, logical form {metrics['logical_form_accuracy']:.1%}, "
         f"exact match {metrics['exact_match']:.1%} ({metrics['parse_errors']} unparseable{changed}; "
         f"{metrics.get('queries_per_second', 0):.1f} questions/s)"
     ]
+    if "against_greedy" in decoding:
+        lines.append(format_against_greedy(decoding))
     if metrics.get("components"):
         lines.append(format_components(metrics["components"]))
     return "\n".join(lines)
+
+
+def format_against_greedy(decoding: dict) -> str:
+    """The decoding's answers against greedy's, and the beams' own gain told apart from the execution filter's."""
+    against = decoding["against_greedy"]
+    line = (
+        f"against greedy ({decoding['greedy_execution_accuracy']:.1%}): {against['fixed']} fixed, "
+        f"{against['broken']} broken, net {against['net']:+d}"
+    )
+    if execution_guided(decoding["method"]):
+        top, choice = decoding["top_candidate_against_greedy"], decoding["choice_against_top_candidate"]
+        line += f" (top beam vs greedy {top['net']:+d}, execution filter vs top beam {choice['net']:+d})"
+    return line

@@ -11,7 +11,9 @@ from pathlib import Path
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
     choose_prediction,
+    constrained,
     decode_and_score,
+    execution_guided,
     format_metrics,
     generate_sql,
     load_scoring_set,
@@ -52,13 +54,32 @@ class InferArguments:
     decoding: str = field(
         default="greedy",
         metadata={
-            "help": "greedy (with --num_beams > 1: the top beam of beam search), or execution_guided: of the "
+            "help": "greedy (with --num_beams > 1: the top beam of beam search); execution_guided: of the "
             "--num_beams candidates, the best-scored one that parses against the table's header and executes (and, "
-            "without aggregation, returns a row); the top beam when none does."
+            "without aggregation, returns a row), the top beam when none does; constrained: greedy or beam search "
+            "that may only write a WikiSQL query over the question's table (its columns, MAX MIN COUNT SUM AVG, = > <, "
+            "values from the question or the column's cells), so every answer parses and executes; "
+            "constrained+execution_guided: the first constrained beam that executes plausibly."
         },
     )
     num_beams: int = field(
-        default=1, metadata={"help": "1 for greedy decoding, more for beam search (at least 2 with execution_guided)."}
+        default=1,
+        metadata={"help": "1 for greedy decoding, more for beam search (at least 2 with execution_guided decodings)."},
+    )
+    compare_to_greedy: bool = field(
+        default=True,
+        metadata={
+            "help": "With any decoding but plain greedy, generate greedy answers too (one more pass) and report the "
+            "decoding against them: answers fixed, broken and the net gain, the top beam's own gain and the "
+            "execution filter's (eval_metrics.json's decoding block). --no_compare_to_greedy skips that pass."
+        },
+    )
+    greedy_predictions: str | None = field(
+        default=None,
+        metadata={
+            "help": "With --compare_to_greedy: the predictions.jsonl of a greedy `textsql infer` of this model over "
+            "the same questions, compared against instead of generating greedy answers again."
+        },
     )
     max_new_tokens: int = field(default=128, metadata={"help": "Longest SQL to generate, in tokens."})
     device: str = field(default="auto", metadata={"help": "auto (GPU when there is one), cuda, or cpu."})
@@ -77,6 +98,7 @@ class InferArguments:
     def __post_init__(self):
         self.model_dir = in_project(self.model_dir, only_if_exists=True)
         self.dataset_dir, self.output_dir = in_project(self.dataset_dir), in_project(self.output_dir)
+        self.greedy_predictions = in_project(self.greedy_predictions)
         if self.batch_size < 1 or self.num_beams < 1 or self.max_new_tokens < 1:
             raise TextsqlError("--batch_size, --num_beams and --max_new_tokens must be at least 1.")
         if self.max_examples is not None and self.max_examples < 1:
@@ -104,6 +126,8 @@ def run_inference(args: InferArguments, echo=print) -> dict:
         scoring,
         decoding=args.decoding,
         num_beams=args.num_beams,
+        compare_to_greedy=args.compare_to_greedy,
+        greedy_predictions=read_greedy_predictions(args.greedy_predictions, scoring.questions),
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
     )
@@ -132,6 +156,22 @@ def run_inference(args: InferArguments, echo=print) -> dict:
     return metrics
 
 
+def read_greedy_predictions(path: str | None, questions: list[str]) -> list[str] | None:
+    """The predicted SQL of a greedy run's predictions.jsonl, checked to answer these questions in this order."""
+    if path is None:
+        return None
+    try:
+        records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError) as error:
+        raise TextsqlError(f"--greedy_predictions {path} cannot be read as predictions.jsonl: {error}") from None
+    if [record.get("question") for record in records] != questions:
+        raise TextsqlError(
+            f"--greedy_predictions {path} answers other questions than these {len(questions)}: pass the "
+            "predictions.jsonl of a greedy `textsql infer` with the same --dataset_dir, --split and --max_examples."
+        )
+    return [record["predicted_sql"] for record in records]
+
+
 def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, echo) -> dict:
     """Typed questions: print the SQL, and when a table is named, its parse and result."""
     source_format = metadata.get("source_format", "question")
@@ -140,7 +180,7 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
         table = load_tables(args.dataset_dir).get(args.table_id)
         if table is None:
             raise TextsqlError(f"Table '{args.table_id}' is not in '{args.dataset_dir}/tables.jsonl'.")
-    elif source_format != "question" or args.decoding == "execution_guided":
+    elif source_format != "question" or args.decoding != "greedy":
         raise TextsqlError(
             f"The model reads '{source_format}' sources and decodes {args.decoding}: name the questions' table with "
             "--table_id (an id from tables.jsonl)."
@@ -152,9 +192,10 @@ def answer_questions(args: InferArguments, model, tokenizer, metadata: dict, ech
         sources,
         batch_size=args.batch_size,
         num_beams=args.num_beams,
-        num_candidates=args.num_beams if args.decoding == "execution_guided" else 1,
+        num_candidates=args.num_beams if execution_guided(args.decoding) else 1,
         max_new_tokens=args.max_new_tokens,
         progress=False,
+        constrain_to=[(q, table) for q in args.question] if constrained(args.decoding) else None,
     )
     answers = []
     for question, options in zip(args.question, candidates):

@@ -151,11 +151,13 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     header_assets, assets, tmp_path, monkeypatch, restored_environ
 ):
     """End to end in this process: prep's added '<' reaches the model (embeddings grown), evaluation during training and
-    `infer` both read question+header sources, execution-guided decoding says what it changed, and the model refuses
-    data in the other format."""
+    `infer` both read question+header sources, execution-guided decoding says what it changed, against the top beam and
+    against greedy, constrained decoding writes only queries that parse (with the tokenizer prep extended), and the
+    model refuses data in the other format."""
     from transformers import AutoTokenizer
 
     from textsql.errors import TextsqlError
+    from textsql.evaluate import format_metrics
     from textsql.infer import InferArguments, run_inference
     from textsql.prep import load_tables
     from textsql.spec.training import parse_arguments
@@ -198,14 +200,18 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     assert summary.execution_accuracy is not None
 
     scored = {}
-    for decoding, beams in (("greedy", 1), ("execution_guided", 4)):
+    for decoding, beams, questions in (
+        ("greedy", 1, 40),
+        ("execution_guided", 4, 40),
+        ("constrained+execution_guided", 3, 16),
+    ):
         out = tmp_path / decoding
         metrics = run_inference(
             InferArguments(
                 model_dir=str(run_dir),
                 dataset_dir=str(data_dir),
                 split="test",
-                max_examples=40,
+                max_examples=questions,
                 decoding=decoding,
                 num_beams=beams,
                 output_dir=str(out),
@@ -214,7 +220,7 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
             echo=lambda line: None,
         )
         records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-        assert metrics["source_format"] == "question+header" and metrics["examples"] == len(records) == 40
+        assert metrics["source_format"] == "question+header" and metrics["examples"] == len(records) == questions
         assert metrics["decoding"]["changed"] == sum(r["decoding_changed"] for r in records)
         scored[decoding] = (metrics, records)
     _, guided = scored["execution_guided"]
@@ -222,7 +228,24 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     for record in guided:  # a later beam is taken only when it executes plausibly
         assert record["candidate_rank"] == 0 or executes_plausibly(record["predicted_sql"], tables[record["table_id"]])
         assert record["candidate_rank"] > 0 or not record["decoding_changed"]
-    assert scored["greedy"][0]["decoding"]["changed"] == 0
+    assert scored["greedy"][0]["decoding"]["changed"] == 0 and "against_greedy" not in scored["greedy"][0]["decoding"]
+    greedy_metrics, greedy_records = scored["greedy"]
+    guided_metrics, guided_records = scored["execution_guided"]  # the greedy pass infer adds is greedy's own
+    assert [r["greedy_sql"] for r in guided_records] == [r["predicted_sql"] for r in greedy_records]
+    assert guided_metrics["decoding"]["greedy_execution_accuracy"] == greedy_metrics["execution_accuracy"]
+    for decoding in ("execution_guided", "constrained+execution_guided"):
+        metrics, records = scored[decoding]
+        block = metrics["decoding"]
+        fixed = sum(r["execution_match"] and not r["greedy_execution_match"] for r in records)
+        broken = sum(r["greedy_execution_match"] and not r["execution_match"] for r in records)
+        assert block["against_greedy"] == {"fixed": fixed, "broken": broken, "net": fixed - broken}
+        assert block["top_candidate_against_greedy"]["net"] + block["choice_against_top_candidate"]["net"] == (
+            fixed - broken
+        )
+        assert "fixed" in format_metrics(metrics) and "execution filter" in format_metrics(metrics)
+    constrained_metrics, constrained_records = scored["constrained+execution_guided"]
+    assert constrained_metrics["parse_errors"] == 0 and constrained_metrics["decoding"]["unconstrained_questions"] == 0
+    assert not any((r["execution_error"] or "").startswith("predicted") for r in constrained_records)
 
     with pytest.raises(TextsqlError, match="question\\+header.*--source_format question"):
         run_inference(InferArguments(model_dir=str(run_dir), dataset_dir=str(assets[0]), split="test", max_examples=4))

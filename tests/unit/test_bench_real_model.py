@@ -4,6 +4,7 @@ noise, the parts --only accepts, and docs/real-model.md's commands against the b
 import pytest
 
 from bench.real_model import (
+    DECODINGS,
     MODEL,
     PARTS,
     RECIPES,
@@ -68,7 +69,10 @@ def test_the_docs_commands_are_the_benchs_and_chain():
         assert command[command.index("--dataset_dir") + 1] == dataset_dir
         rest = command[command.index("--dataset_dir") + 2 :]
         assert rest[: len(SCORE_FLAGS)] == SCORE_FLAGS, command  # the bench's scoring flags, in its order
-    guided = [c for c in scored if "--decoding" in c]
-    assert guided and all(
-        c[c.index("--decoding") + 1 :][:3] == ["execution_guided", "--num_beams", "4"] for c in guided
-    )
+    # Every decoding the bench scores, with the bench's flags, reusing the greedy scoring's answers as the bench does.
+    decoded = [c for c in scored if "--decoding" in c]
+    flags = [c[c.index("--decoding") : c.index("--greedy_predictions")] for c in decoded]
+    assert sorted(flags) == sorted(DECODINGS.values())
+    for command in decoded:
+        greedy = command[command.index("--greedy_predictions") + 1]
+        assert greedy == f"{command[command.index('--model_dir') + 1]}/predictions.jsonl"

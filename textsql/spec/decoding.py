@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from textsql.errors import TextsqlError
 
-DECODINGS = ("greedy", "execution_guided")
+# constrained: only tokens that keep the text a WikiSQL query over the question's table (textsql.wikisql.constrained);
+# with execution_guided, the first of the constrained beams that executes plausibly.
+DECODINGS = ("greedy", "execution_guided", "constrained", "constrained+execution_guided")
+
+
+def execution_guided(decoding: str) -> bool:
+    return decoding in ("execution_guided", "constrained+execution_guided")
+
+
+def constrained(decoding: str) -> bool:
+    return decoding.startswith("constrained")
 
 
 def check_decoding(decoding: str, num_beams: int, flag: str = "--") -> None:
@@ -12,7 +22,7 @@ def check_decoding(decoding: str, num_beams: int, flag: str = "--") -> None:
         raise TextsqlError(f"{flag}decoding must be one of {', '.join(DECODINGS)}, not '{decoding}'.")
     if num_beams < 1:
         raise TextsqlError(f"{flag}num_beams must be at least 1.")
-    if decoding == "execution_guided" and num_beams < 2:
+    if execution_guided(decoding) and num_beams < 2:
         raise TextsqlError(
-            f"{flag}decoding execution_guided chooses among beam-search candidates: pass {flag}num_beams 4 (at least 2)."
+            f"{flag}decoding {decoding} chooses among beam-search candidates: pass {flag}num_beams 4 (at least 2)."
         )

@@ -73,12 +73,13 @@ class DataArguments:
     execution_accuracy_decoding: str = field(
         default="greedy",
         metadata={
-            "help": "Decoding for that score: greedy, or execution_guided (the best of --execution_accuracy_num_beams "
-            "beams that executes; see textsql infer --decoding)."
+            "help": "Decoding for that score: greedy, execution_guided (the best of --execution_accuracy_num_beams "
+            "beams that executes), constrained (only queries over the question's table) or "
+            "constrained+execution_guided; see textsql infer --decoding."
         },
     )
     execution_accuracy_num_beams: int = field(
-        default=1, metadata={"help": "Beams for that score (at least 2 with execution_guided)."}
+        default=1, metadata={"help": "Beams for that score (at least 2 with the execution_guided decodings)."}
     )
 
     def __post_init__(self):
