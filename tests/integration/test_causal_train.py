@@ -216,7 +216,7 @@ def test_a_checkpoint_saved_in_bf16_trains_from_fp32_weights(causal_assets, tmp_
     import torch
 
     from textsql.hub import load_model
-    from textsql.train.run import load_base_model
+    from textsql.train.objective import load_base_model
 
     _, model_dir = causal_assets
     saved = tmp_path / "bf16"
