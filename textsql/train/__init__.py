@@ -5,10 +5,11 @@ or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t
     train(ModelArguments(model_id="t5-small"), DataArguments(), TextsqlTrainingArguments(deepspeed="zero2"))
 
 Modules, lowest first: speed (the speed levers, FLOPs), arguments (the dataclasses, recipes), distributed (ranks), logs,
-collate (a causal LM's batches), dstools (DeepSpeed's tools), fsdp (FSDP2 around the Trainer), trainer (what every
-objective's trainer shares: SQL scoring, saving, peak memory), objective (what an objective builds from and loads), one
-module per objective: sft (supervised fine-tuning, the default) and grpo (--stage grpo), run (one run: set up, the
-objective by --stage, train, save, summary), local_launch (child processes on this pod), __main__ (a rank).
+collate (a causal LM's batches), dstools (DeepSpeed's tools), fsdp (FSDP2 around the Trainer), estimate (how long a run
+takes, from its first steps), trainer (what every objective's trainer shares: SQL scoring, saving, peak memory),
+objective (what an objective builds from and loads), one module per objective: sft (supervised fine-tuning, the
+default) and grpo (--stage grpo), run (one run: set up, the objective by --stage, train, save, summary), local_launch
+(child processes on this pod), __main__ (a rank).
 """
 
 from importlib import import_module

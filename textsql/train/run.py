@@ -69,6 +69,7 @@ from textsql.train.dstools import (
     running_ds_config,
     write_comms_summary,
 )
+from textsql.train.estimate import TrainingTimer
 from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
 from textsql.train.objective import Inputs
 from textsql.train.trainer import peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
@@ -349,7 +350,7 @@ def _train(
     objective = import_module(OBJECTIVES[training_args.stage])
     built = objective.build(Inputs(model_args, data_args, finalized, training_args, plan))
     trainer = built.trainer
-    show_progress(trainer, finalized, callbacks)
+    add_callbacks(trainer, finalized, callbacks)
     arguments = arguments_dict(model_args, data_args, finalized)
     tracking = for_training(
         finalized, arguments, model_args.model_id, built.family.name, plan.strategy, nodes_in_launch(), plan.output_dir
@@ -414,10 +415,14 @@ def start_run(plan: RunSetup, training_args: TextsqlTrainingArguments) -> Textsq
     return finalized
 
 
-def show_progress(trainer, training_args: TextsqlTrainingArguments, callbacks=()) -> None:
-    """The caller's callbacks added to the trainer, and its progress bar for training steps only (not evaluation's)."""
+def add_callbacks(trainer, training_args: TextsqlTrainingArguments, callbacks=()) -> None:
+    """The caller's callbacks added to the trainer; a TrainingTimer that says once how long the run takes, from its
+    first steps (unless the caller brought its own: the demo's prints among its lines); the progress bar for training
+    steps only (not evaluation's)."""
     for callback in callbacks:
         trainer.add_callback(callback)
+    if not any(isinstance(callback, TrainingTimer) for callback in callbacks):
+        trainer.add_callback(TrainingTimer(eval_examples=len(trainer.eval_dataset or ())))
     if not training_args.disable_tqdm:
         from transformers.trainer_callback import ProgressCallback
 
