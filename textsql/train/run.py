@@ -342,6 +342,7 @@ def train(
 def _train(
     model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments, callbacks=()
 ) -> RunSummary | None:
+    """Set up -> the objective --stage names builds its trainer -> train -> save -> the run summary (rank 0)."""
     check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
     if training_args.packing:
         check_packing(load_config(model_args.model_id))  # the family now; the attention once the model is loaded
