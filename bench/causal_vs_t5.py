@@ -140,8 +140,8 @@ def padding_fraction_of_run(name: str, assets: dict, args) -> float:
     from textsql.hub import load_tokenizer
     from textsql.spec.training import DataArguments, TextsqlTrainingArguments
     from textsql.train.collate import CausalLMCollator, padding_fraction
-    from textsql.train.run import load_training_data
-    from textsql.train.trainer import make_trainer_class
+    from textsql.train.objective import load_training_data
+    from textsql.train.sft import trainer_class
 
     data_dir, model_dir = assets["causal"]
     train_set, _, _, tokenizer = load_training_data(
@@ -158,7 +158,7 @@ def padding_fraction_of_run(name: str, assets: dict, args) -> float:
         report_to="none",
     ).finalize(use_cpu=True)
     set_seed(args.seed)
-    trainer = make_trainer_class(family_named("qwen2"))(
+    trainer = trainer_class(family_named("qwen2"))(
         model=AutoModelForCausalLM.from_pretrained(model_dir),
         args=training,
         train_dataset=train_set,

@@ -65,8 +65,8 @@ def measure(args, model_dir: Path, data_dir: Path, levers: dict, workdir: Path) 
     from transformers import TrainerCallback
 
     from textsql.errors import TextsqlError
+    from textsql.train.sft import trainer_class
     from textsql.train.speed import mfu_figures, training_flops
-    from textsql.train.trainer import make_trainer_class
 
     run_args = copy.copy(args)
     run_args.levers = dict(args.base, **levers)
@@ -75,7 +75,7 @@ def measure(args, model_dir: Path, data_dir: Path, levers: dict, workdir: Path) 
         if finalized.lora:
             from textsql.hub import load_tokenizer
             from textsql.spec.training import ModelArguments
-            from textsql.train.run import wrap_for_lora
+            from textsql.train.objective import wrap_for_lora
 
             model, _ = wrap_for_lora(
                 model, ModelArguments(model_id=str(model_dir)), finalized, tokenizer, load_tokenizer(str(model_dir))
@@ -91,7 +91,7 @@ def measure(args, model_dir: Path, data_dir: Path, levers: dict, workdir: Path) 
 
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        trainer = make_trainer_class(family)(
+        trainer = trainer_class(family)(
             model=model, args=finalized, train_dataset=train_set, data_collator=collator, processing_class=tokenizer
         )
         trainer.add_callback(Marks())

@@ -217,7 +217,8 @@ def textsql_setup(args, model_dir: Path, data_dir: Path, output_dir: Path):
     from textsql.hub import load_tokenizer
     from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.train.collate import make_collator
-    from textsql.train.run import load_base_model, load_training_data, set_up_run
+    from textsql.train.objective import load_base_model, load_training_data
+    from textsql.train.run import set_up_run
     from textsql.vocabulary import fit_embeddings
 
     model_args = ModelArguments(model_id=str(model_dir))
@@ -291,7 +292,7 @@ def make_runner(variant: str, args, setup, probe: Probe):
     """A function that trains warm-up + measured steps of `variant` on a fresh copy of the model."""
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainerCallback, TrainingArguments
 
-    from textsql.train.trainer import make_trainer_class
+    from textsql.train.sft import trainer_class as supervised_trainer_class
 
     finalized, train_set, tokenizer, model, family, collator = setup
 
@@ -339,7 +340,7 @@ def make_runner(variant: str, args, setup, probe: Probe):
             trainer.train()
 
         return run
-    trainer_class = make_trainer_class(family)
+    trainer_class = supervised_trainer_class(family)
     if variant == "textsql_before":
         trainer_class = before_class(trainer_class)
 
@@ -367,13 +368,16 @@ def plain_loop(args, finalized, train_set, model, collator, probe: Probe) -> Non
     import torch
     from torch.utils.data import DataLoader
 
+    from textsql.families import family_of
     from textsql.train.collate import TOKEN_COUNTS_KEY
-    from textsql.train.trainer import make_trainer_class
+    from textsql.train.sft import trainer_class
 
     device = torch.device(args.device)
     model.to(device).train()
     instrument_model(model, probe)
-    trainer = make_trainer_class()(model=model, args=finalized, train_dataset=train_set, data_collator=collator)
+    trainer = trainer_class(family_of(model.config))(
+        model=model, args=finalized, train_dataset=train_set, data_collator=collator
+    )
     loader = DataLoader(train_set, batch_size=args.batch, sampler=trainer._get_train_sampler(), collate_fn=collator)
     fused = "fused" in str(getattr(finalized.optim, "value", finalized.optim))
     optimizer = torch.optim.AdamW(model.parameters(), lr=finalized.learning_rate, fused=fused or None)

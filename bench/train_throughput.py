@@ -156,9 +156,10 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     import torch
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
+    from textsql.families import family_of
     from textsql.spec.training import TextsqlTrainingArguments
     from textsql.strategy.devices import NodeDevices, resolve_precision
-    from textsql.train.trainer import make_trainer_class
+    from textsql.train.sft import trainer_class
 
     gpu = torch.cuda.is_available()
     precision = resolve_precision("auto", "t5", NodeDevices.local().gpus)  # what `textsql train` picks here
@@ -199,7 +200,7 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     collator = CountingCollator(
         DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100, pad_to_multiple_of=8 if gpu else None)
     )
-    return make_trainer_class()(
+    return trainer_class(family_of(model.config))(
         model=model,
         args=args,
         train_dataset=subset,

@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import child_cpu_env
 
-from textsql.train.trainer import forward_divides_by_token_count, make_trainer_class
+from textsql.families import family_of
+from textsql.train.sft import forward_divides_by_token_count, trainer_class
 
 PROBE = Path(__file__).with_name("accumulation_probe.py")
 REFERENCE = "none-mb16-acc1-ws1"  # one batch of 16 on one process, no DeepSpeed
@@ -111,7 +112,7 @@ def one_step(build, rows, tmp_path, micro_batch, accumulation, collator=collate)
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = make_trainer_class()(model=model, args=args, train_dataset=rows, data_collator=collator)
+    trainer = trainer_class(family_of(model.config))(model=model, args=args, train_dataset=rows, data_collator=collator)
     trainer.train()
     logged = next(h for h in trainer.state.log_history if "loss" in h)
     return logged["loss"], logged["grad_norm"], {k: v.detach().clone() for k, v in model.state_dict().items()}

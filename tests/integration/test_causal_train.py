@@ -39,6 +39,8 @@ def test_full_fine_tuning_without_deepspeed_and_with_zero2_trains_alike_and_infe
     plain = summary_of(out)
     assert plain["global_step"] == 8 and plain["model_id"].endswith("tiny-qwen2")
     assert plain["last_logged_loss"] < plain["first_logged_loss"]
+    # every run says once, from its own first steps, how long it takes
+    assert (Path(plain["output_dir"]) / "train.log").read_text().count("the training takes about") == 1
     status, out, err = textsql_in_process(
         ["train", *tiny_train_argv(causal_assets, causal_runs, "--deepspeed", "zero2", **SHORT)]
     )
@@ -228,7 +230,7 @@ def test_a_checkpoint_saved_in_bf16_trains_from_fp32_weights(causal_assets, tmp_
     import torch
 
     from textsql.hub import load_model
-    from textsql.train.run import load_base_model
+    from textsql.train.objective import load_base_model
 
     _, model_dir = causal_assets
     saved = tmp_path / "bf16"

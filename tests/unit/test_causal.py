@@ -165,6 +165,23 @@ def test_left_padded_batched_generation_equals_one_question_at_a_time_and_return
     assert beams == beams_alone and all(len(c) == 3 for c in beams)
 
 
+def test_generation_in_several_batches_keeps_the_input_order_and_its_bar_counts_questions(causal_assets, capsys):
+    """Batches of similar length taken longest and shortest in turn (so the progress bar's rate is the run's after
+    two batches, not the longest questions'); the answers come back in the questions' order."""
+    from textsql.evaluate import alternating, generate_sql, load_scoring_set
+    from textsql.hub import load_model
+
+    assert alternating(range(6)) == [0, 5, 1, 4, 2, 3] and alternating(range(3)) == [0, 2, 1] and alternating([]) == []
+    data_dir, model_dir = causal_assets
+    model, tokenizer = load_model(str(model_dir)), load_tokenizer(str(model_dir))
+    prompts = load_scoring_set(str(data_dir), "test", 7).sources
+    several = generate_sql(model, tokenizer, prompts, batch_size=2, max_new_tokens=6, progress=True)
+    _, alone = generated_one_at_a_time_and_batched(model, tokenizer, prompts, max_new_tokens=6)
+    assert several == alone
+    bar = capsys.readouterr().err
+    assert "7/7" in bar and "question" in bar, bar
+
+
 def test_generation_stops_at_eos(causal_assets):
     """A model whose every next token is EOS stops at once: nothing is decoded after the prompt."""
     import torch

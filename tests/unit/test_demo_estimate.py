@@ -1,9 +1,9 @@
-"""The demo says how long its training takes on this machine from the time its own first steps took (a constant scaled
-by the load said 10 minutes where the causal demo trained for over 100)."""
+"""Every run (the demo's too) says how long its training takes on this machine from the time its own first steps took
+(a constant scaled by the load said 10 minutes where the causal demo trained for over 100)."""
 
 import pytest
 
-from textsql.demo import TrainingTimer, describe_estimate, training_estimate_s
+from textsql.train.estimate import TrainingTimer, describe_estimate, training_estimate_s
 
 
 def test_the_estimate_is_the_measured_step_times_the_steps_plus_the_evaluations_forward_passes():

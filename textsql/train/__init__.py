@@ -4,10 +4,12 @@ Run it as `textsql train ...` (one rank per visible GPU), `textsql train recipe.
 or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t5-small --deepspeed zero2`. From Python:
     train(ModelArguments(model_id="t5-small"), DataArguments(), TextsqlTrainingArguments(deepspeed="zero2"))
 
-Its arguments are the run spec's (textsql.spec.training). Modules, lowest first: distributed (ranks), logs, collate (a
-causal LM's batches), speed (the speed levers applied, FLOPs), dstools (DeepSpeed's tools), fsdp (FSDP2 around the
-Trainer), trainer (the Trainer subclass, saving), grpo (the GRPO stage), run (deciding and running one training),
-local_launch (child processes on this pod), __main__ (a rank).
+Its arguments are the run spec's (textsql.spec.training). Modules, lowest first: speed (the speed levers, FLOPs),
+distributed (ranks), logs, collate (a causal LM's batches), dstools (DeepSpeed's tools), fsdp (FSDP2 around the Trainer), estimate (how long a run
+takes, from its first steps), trainer (what every objective's trainer shares: SQL scoring, saving, peak memory),
+objective (what an objective builds from and loads), one module per objective: sft (supervised fine-tuning, the
+default) and grpo (--stage grpo), run (one run: set up, the objective by --stage, train, save, summary), local_launch
+(child processes on this pod), __main__ (a rank).
 """
 
 from importlib import import_module

@@ -82,7 +82,7 @@ class CountTokens:
     """The wrapped collator's batch with its token counts (textsql.train.speed.TOKEN_COUNTS) under TOKEN_COUNTS_KEY,
     counted from the examples' lengths on the host while the batch is made: the source (a causal LM's whole sequence,
     T5's question) and target (the label tokens) of each example, their squares and products. The Trainer takes them
-    out before the model sees the batch (TextsqlTrainer._prepare_inputs)."""
+    out before the model sees the batch (textsql.train.sft.SupervisedTraining._prepare_inputs)."""
 
     collator: object
 

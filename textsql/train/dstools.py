@@ -42,18 +42,17 @@ def running_ds_config(trainer) -> dict | None:
     return trainer.accelerator.state.deepspeed_plugin.hf_ds_config.config if trainer.is_deepspeed_enabled else None
 
 
-def attach_flops_profiler(trainer, flops_profiler: int, output_dir: Path) -> FlopsProfilerCallback | None:
-    """A FlopsProfilerCallback on the Trainer for the step asked for (--flops_profiler, or the DeepSpeed config's own
-    flops_profiler block), or None when no step is profiled."""
+def flops_profiler_for(trainer) -> FlopsProfilerCallback | None:
+    """A FlopsProfilerCallback added to the Trainer for the step asked for (--flops_profiler, or the DeepSpeed config's
+    own flops_profiler block), or None when no step is profiled. The trainer calls it while it is built, and keeps it:
+    without DeepSpeed it runs each forward of the step through the callback's `forward`."""
     ds_config = running_ds_config(trainer)
-    step = profiled_step(ds_config, flops_profiler)
+    step = profiled_step(ds_config, getattr(trainer.args, "flops_profiler", 0))
     if not step:
         return None
-    callback = FlopsProfilerCallback(trainer, step, output_dir, deepspeed=ds_config is not None)
+    callback = FlopsProfilerCallback(trainer, step, trainer.args.output_dir, deepspeed=ds_config is not None)
     callback.note = counting_note(ds_config)
     trainer.add_callback(callback)
-    if ds_config is None:
-        trainer.flops_profiling = callback  # TextsqlTrainer.compute_loss runs each forward of the step through it
     return callback
 
 
@@ -111,7 +110,7 @@ class FlopsProfilerCallback(TrainerCallback):
 
     Under DeepSpeed the engine runs the profiler (its config block): this callback reads the figures from the engine's
     FlopsProfiler just before the engine prints its table. Otherwise (no DeepSpeed, DDP, FSDP) a FlopsProfiler on the
-    model runs around each forward of the step (TextsqlTrainer.compute_loss calls `forward`), and the table is printed
+    model runs around each forward of the step (the supervised trainer's compute_loss calls `forward`), and the table is printed
     here. Either way the figures are those of the step's last micro-batch, and the step's wall time is measured here.
     """
 

@@ -1,6 +1,7 @@
 """The GRPO stage (`textsql train --stage grpo`): TRL's GRPOTrainer on a finished run's model (a LoRA run's adapter
 trained on, a full or merged model trained whole), the prepared dataset's prompts, and rewards from executing each
-completion on its question's table (textsql.rewards); its figures for the run summary."""
+completion on its question's table (textsql.rewards); its final weights' SQL scored as a supervised run's are, and its
+figures for the run summary. textsql.train.run imports this module only for --stage grpo (TRL is the grpo extra)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,18 @@ from textsql.adapters import (
 from textsql.errors import TextsqlError
 from textsql.extras import require_grpo_extra
 from textsql.families import family_of
-from textsql.hub import load_config
+from textsql.hub import load_config, load_tokenizer
 from textsql.paths import SUMMARY_FILE
 from textsql.prep import load_prepared, load_tables
 from textsql.rewards import SqlRewards
 from textsql.spec.grpo import reward_weights
 from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
+from textsql.train.dstools import flops_profiler_for
+from textsql.train.objective import Built, Inputs, load_base_model, load_training_data, ready_model, wrap_for_lora
+from textsql.train.trainer import SqlScoring, sql_scores
+
+require_grpo_extra()  # before TRL's import: without the extra, one paragraph naming it
+from trl import GRPOTrainer  # noqa: E402
 
 logger = logging.getLogger("textsql.train")
 
@@ -78,7 +85,7 @@ def grpo_dataset(dataset_dir: str, max_samples: int | None):
 def policy_model(model_id: str, training_args, load_full, wrap_for_lora):
     """(the model GRPO trains, the adapter record to save it with, or None for a whole model). A LoRA run's adapter
     is trained on (its base quantized again where it was a QLoRA run); a whole model is trained whole, or wrapped in a
-    new adapter with --lora True. `load_full` and `wrap_for_lora` are textsql.train.run's loaders."""
+    new adapter with --lora True. `load_full` and `wrap_for_lora` are textsql.train.objective's loaders."""
     if is_adapter_folder(model_id):
         record = read_adapter_record(model_id)
         if training_args.quantize_base not in ("none", quantized_base(record)):
@@ -135,18 +142,79 @@ def grpo_config(training_args, decided: dict):
         raise TextsqlError(f"Invalid GRPO arguments: {error}") from None
 
 
-def make_grpo_trainer(model, config, train_set, tables: dict, tokenizer, weights_text: str):
-    """GRPOTrainer with textsql's SQL rewards, weighted as --reward_weights says."""
-    require_grpo_extra()
-    from trl import GRPOTrainer
-
-    eos = model.generation_config.eos_token_id
-    eos_ids = [tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else eos or [])]
-    functions, weights = SqlRewards(tables, eos_ids).functions(reward_weights(weights_text))
-    config.reward_weights = weights
-    return GRPOTrainer(
-        model=model, reward_funcs=functions, args=config, train_dataset=train_set, processing_class=tokenizer
+def build(inputs: Inputs) -> Built:
+    """The GRPO run's trainer: the parent run's model (policy_model) made ready, the train split's prompts and tables,
+    TRL's config from the arguments as given, and the validation questions its final weights' SQL is scored on."""
+    model_args, data_args, training_args, plan = inputs.model, inputs.data, inputs.training, inputs.plan
+    check_grpo_model(model_args.model_id)
+    model_tokenizer = load_tokenizer(model_args.model_id)
+    _, eval_set, data_meta, tokenizer = load_training_data(data_args, model_tokenizer)
+    train_set, tables = grpo_dataset(data_args.dataset_dir, data_args.max_train_samples)
+    model, adapter = policy_model(
+        model_args.model_id,
+        training_args,
+        lambda: load_base_model(model_args.model_id, training_args, plan),
+        lambda loaded: wrap_for_lora(loaded, model_args, training_args, tokenizer, model_tokenizer),
     )
+    if adapter is not None and not training_args.lora:  # the parent's adapter, trained on: its settings recorded
+        plan.strategy["lora"] = adapter.get("lora")
+    family = ready_model(model, tokenizer, data_meta, inputs)
+    trainer = TextsqlGrpoTrainer(
+        model=model,
+        args=grpo_config(inputs.given, plan.trainer_settings),
+        train_dataset=train_set,
+        processing_class=tokenizer,
+        tables=tables,
+        weights_text=training_args.reward_weights,
+        sql_scoring=SqlScoring.for_run(data_args, data_meta, eval_set is not None),
+        stage_record=grpo_record(training_args, parent_run(model_args.model_id)),
+    )
+    return Built(trainer, adapter, data_meta, family)
+
+
+class TextsqlGrpoTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with textsql's SQL rewards, weighted as --reward_weights says; its final weights scored on
+    `sql_scoring`'s validation questions as the supervised trainer scores its own (textsql.train.trainer.sql_scores:
+    greedy, or the decoding asked for; TRL evaluates otherwise), and the stage's record and figures for the summary."""
+
+    def __init__(
+        self,
+        *,
+        model,
+        args,
+        train_dataset,
+        processing_class,
+        tables: dict,
+        weights_text: str,
+        sql_scoring: SqlScoring | None = None,
+        stage_record: dict | None = None,
+    ):
+        eos = model.generation_config.eos_token_id
+        eos_ids = [processing_class.eos_token_id, *([eos] if isinstance(eos, int) else eos or [])]
+        functions, weights = SqlRewards(tables, eos_ids).functions(reward_weights(weights_text))
+        args.reward_weights = weights
+        super().__init__(
+            model=model,
+            reward_funcs=functions,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+        )
+        self.sql_scoring = sql_scoring
+        self.stage_record = stage_record or {}
+        self.flops_profiler = flops_profiler_for(self)  # under DeepSpeed the engine profiles the step
+
+    def final_evaluation(self) -> dict:
+        """The final weights' SQL scores ({} without a validation split or with --execution_accuracy_samples 0)."""
+        return sql_scores(self, self.sql_scoring) if self.sql_scoring is not None else {}
+
+    def tokens_read(self) -> int:
+        """The tokens GRPO's steps read, prompts and completions, every rank's (TRL's last logged num_tokens)."""
+        return grpo_tokens(self.state.log_history)
+
+    def summary_figures(self, summary) -> None:
+        """The stage's record (its settings, its parent run) and its logged figures in the run summary."""
+        summary.grpo = {**self.stage_record, **grpo_figures(self.state.log_history)}
 
 
 def grpo_figures(log_history: list[dict]) -> dict:

@@ -1,5 +1,6 @@
-"""One training run: decide the device, precision, run folder and resume point (set_up_run), train with the Trainer,
-save the model and write run_summary.json (train)."""
+"""One training run, top to bottom: decide the device, precision, run folder and resume point (set_up_run), build the
+trainer of the objective --stage names (OBJECTIVES: textsql.train.sft, textsql.train.grpo), train, save the model and
+write run_summary.json (train)."""
 
 from __future__ import annotations
 
@@ -9,34 +10,18 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textsql import __version__
-from textsql.adapters import (
-    adapter_record,
-    adapter_state,
-    added_token_ids,
-    apply_lora,
-    base_fingerprint,
-    load_quantized_base,
-    parameter_counts,
-    save_adapter,
-)
+from textsql.adapters import adapter_state, parameter_counts, save_adapter
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
-from textsql.evaluate import decode_and_score, load_scoring_set, sql_token_budget
-from textsql.families import family_of
-from textsql.hub import load_config, load_model, load_tokenizer
+from textsql.hub import load_config
 from textsql.paths import LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
 from textsql.planner.check import compare_with_run
-from textsql.prep import (
-    check_prepared,
-    check_source_settings,
-    load_prepared,
-    record_source_settings,
-    tokenizer_for_training,
-)
+from textsql.prep import check_prepared
 from textsql.run_summary import RunSummary, run_state, write_summary
 from textsql.sharedfiles import replace_file
 from textsql.spec.run_name import run_folder_name, run_name_settings
@@ -45,7 +30,6 @@ from textsql.strategy.devices import (
     NodeDevices,
     choose_accelerator,
     precision_from_trainer_flags,
-    quantized_compute_dtype,
     resolve_precision,
     use_accelerator,
 )
@@ -72,7 +56,7 @@ from textsql.strategy.fsdpconfig import (
 )
 from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
 from textsql.tracking import attach, end_failed_run, for_training
-from textsql.train.collate import check_packing, make_collator
+from textsql.train.collate import check_packing
 from textsql.train.distributed import (
     ensure_distributed_env,
     gather_fields,
@@ -81,31 +65,18 @@ from textsql.train.distributed import (
     world_size,
 )
 from textsql.train.dstools import (
-    attach_flops_profiler,
     comms_logger_enabled,
     own_latencies_in_comms_logger,
     running_ds_config,
     write_comms_summary,
 )
-from textsql.train.fsdp import synced_generation, wrapped_layer_classes
-from textsql.train.grpo import (
-    check_grpo_model,
-    grpo_config,
-    grpo_dataset,
-    grpo_figures,
-    grpo_record,
-    grpo_tokens,
-    make_grpo_trainer,
-    parent_run,
-    policy_model,
-)
+from textsql.train.estimate import TrainingTimer
 from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
-from textsql.train.trainer import make_trainer_class, peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
-from textsql.vocabulary import fit_embeddings
+from textsql.train.objective import Inputs
+from textsql.train.trainer import peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
 
 if TYPE_CHECKING:
-    from textsql.run_summary import RunSummary
-    from textsql.strategy.devices import NodeDevices, PrecisionChoice
+    from textsql.strategy.devices import PrecisionChoice
 
 logger = logging.getLogger("textsql.train")
 
@@ -278,24 +249,12 @@ def _write_resolved_dsconfig(config: dict, output_dir: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Arguments: parsed once (command line, or a JSON/YAML recipe), handed between processes as one JSON object
+# One run: set up -> the objective by --stage -> train -> save -> summary
 # ---------------------------------------------------------------------------------------------------------------------
 
-
-def load_training_data(data: DataArguments, model_tokenizer):
-    """(train split, validation split or None, metadata, tokenizer): only the model's columns, and the tokenizer to train
-    with (the model's own, or prep's copy with the characters it lacked; see textsql.prep.tokenizer_for_training)."""
-
-    dataset, metadata = load_prepared(data.dataset_dir)
-    tokenizer = tokenizer_for_training(model_tokenizer, data.dataset_dir, metadata)
-    columns = ["input_ids", "attention_mask", "labels"]
-    train = dataset["train"].select_columns(columns)
-    if data.max_train_samples:
-        train = train.select(range(min(data.max_train_samples, len(train))))
-    evaluation = dataset["validation"].select_columns(columns) if "validation" in dataset else None
-    if evaluation is not None and data.max_eval_samples:
-        evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
-    return train, evaluation, metadata, tokenizer
+# The training objectives by --stage: each a module whose build(Inputs) returns its trainer (textsql.train.objective),
+# imported when its stage runs (GRPO's imports TRL, the grpo extra, which a supervised run does without).
+OBJECTIVES = {"sft": "textsql.train.sft", "grpo": "textsql.train.grpo"}
 
 
 def train(
@@ -334,24 +293,69 @@ def train(
 def _train(
     model_args: ModelArguments, data_args: DataArguments, training_args: TextsqlTrainingArguments, callbacks=()
 ) -> RunSummary | None:
+    """Set up -> the objective --stage names builds its trainer -> train -> save -> the run summary (rank 0)."""
     check_prepared(data_args.dataset_dir)  # before the run folder is made: a run that cannot start leaves nothing
     if training_args.packing:
         check_packing(load_config(model_args.model_id))  # the family now; the attention once the model is loaded
     plan = set_up_run(model_args, training_args)
+    finalized = start_run(plan, training_args)
+    objective = import_module(OBJECTIVES[training_args.stage])
+    built = objective.build(Inputs(model_args, data_args, finalized, training_args, plan))
+    trainer = built.trainer
+    add_callbacks(trainer, finalized, callbacks)
+    arguments = arguments_dict(model_args, data_args, finalized)
+    tracking = for_training(
+        finalized, arguments, model_args.model_id, built.family.name, plan.strategy, nodes_in_launch(), plan.output_dir
+    )
+    attach(trainer, tracking)  # MLflow (textsql.tracking): the curves on rank 0, the run's figures after its summary
+    result = fit(trainer, plan)
+    eval_metrics = trainer.final_evaluation()
+    save_trained(trainer, built.adapter, plan.output_dir, finalized.save_dtype)
+    comms = None
+    if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
+        comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
+    memory = gather_fields(peak_memory(plan.accelerator))  # numbers and names, never a peer's pickle
+    real_tokens = trainer.tokens_read()  # every rank: it may gather
+    if not trainer.is_world_process_zero():
+        return None
+    summary = build_summary(
+        model_args, data_args, finalized, plan, result, eval_metrics, memory, real_tokens, built.data_meta, trainer
+    )
+    trainer.summary_figures(summary)  # the objective's own: MFU for supervised runs, the stage's record for GRPO
+    summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
+    summary.comms_summary = comms
+    if trainer.flops_profiler is not None:
+        summary.flops_profile = trainer.flops_profiler.figures(
+            accumulation=finalized.gradient_accumulation_steps,
+            micro_batch=finalized.per_device_train_batch_size,
+            precision=plan.precision.name,
+            tf32=summary.tf32,
+            gpu=memory[0].get("device") if plan.accelerator == "cuda" else None,
+            last_step=trainer.state.global_step,
+        )
+    write_summary(summary, plan.output_dir)
+    if tracking is not None:
+        tracking.finish(summary, plan.output_dir, plan.fsdpconfig, finalized.mlflow_log_model)
+    return summary
+
+
+def start_run(plan: RunSetup, training_args: TextsqlTrainingArguments) -> TextsqlTrainingArguments:
+    """This process made ready for the run `plan` decided: the process group, the Trainer's arguments finalized (a
+    copy; the given ones are left as they are), the log, TensorBoard's folder, and DeepSpeed's start (its logs, op
+    cache, process group, async I/O) before any model loads."""
     if plan.dsconfig is not None or plan.fsdpconfig is not None or world_size() > 1:
         ensure_distributed_env()  # the Trainer runs FSDP only in a process group, one rank included
-    training_args_given = training_args  # the GRPO stage builds TRL's config from what was given (textsql.train.grpo)
-    training_args = copy.copy(training_args).finalize(**plan.trainer_settings)
-    configure_logging(training_args.process_index == 0, plan.output_dir / LOG_FILE)
-    pin_to_one_gpu(training_args)
+    finalized = copy.copy(training_args).finalize(**plan.trainer_settings)
+    configure_logging(finalized.process_index == 0, plan.output_dir / LOG_FILE)
+    pin_to_one_gpu(finalized)
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.output_dir / "tensorboard")
-    if "wandb" in training_args.ds_monitors:
+    if "wandb" in finalized.ds_monitors:
         os.environ.setdefault("WANDB_DIR", str(plan.output_dir))  # W&B's local files in the run folder too
     if plan.dsconfig is not None:
         import deepspeed
 
         _route_deepspeed_logs()
-        if training_args.comms_logger or comms_logger_enabled(plan.dsconfig):
+        if finalized.comms_logger or comms_logger_enabled(plan.dsconfig):
             own_latencies_in_comms_logger()
         # One op cache whoever started this rank; DeepSpeed's first op load would wait forever on a killed build's lock.
         clear_dead_build_locks(use_op_cache())
@@ -360,153 +364,63 @@ def _train(
         release_deepspeed_shm_buffer()
         if nvme_offload_blocks(plan.dsconfig):
             load_async_io()  # ZeRO-Infinity's op, before zero.Init's swapper asks for it
+    return finalized
 
-    from transformers import set_seed
 
-    grpo = training_args.stage == "grpo"
-    if grpo:
-        check_grpo_model(model_args.model_id)
-    model_tokenizer = load_tokenizer(model_args.model_id)
-    train_set, eval_set, data_meta, tokenizer = load_training_data(data_args, model_tokenizer)
-    if eval_set is None and training_args.eval_strategy != "no" and not grpo:
-        raise TextsqlError(
-            f"'{data_args.dataset_dir}' has no validation split; pass --eval_strategy no to train without evaluation."
-        )
-    adapter = None
-    if grpo:
-        train_set, tables = grpo_dataset(data_args.dataset_dir, data_args.max_train_samples)
-        model, adapter = policy_model(
-            model_args.model_id,
-            training_args,
-            lambda: load_base_model(model_args.model_id, training_args, plan),
-            lambda loaded: wrap_for_lora(loaded, model_args, training_args, tokenizer, model_tokenizer),
-        )
-        if adapter is not None and not training_args.lora:  # the parent's adapter, trained on: its settings recorded
-            plan.strategy["lora"] = adapter.get("lora")
-    else:
-        model = load_base_model(model_args.model_id, training_args, plan)
-    family = family_of(model.config)  # seq2seq (T5) or causal: the collator and the Trainer follow
-    if plan.fsdpconfig is not None:
-        logger.info("FSDP units: %s", ", ".join(wrapped_layer_classes(model, plan.fsdpconfig)))
-    check_source_settings(model.config, data_meta, data_args.dataset_dir)
-    record_source_settings(model.config, data_meta)  # every saved copy of the model says what it reads
-    # The rows grown for the added characters are drawn at random: from the seed alone, whatever the strategy drew
-    # while loading (zero.Init does), so a LoRA adapter, which trains those rows from there, is the same under each.
-    set_seed(training_args.seed)
-    if fit_embeddings(model, tokenizer):
-        logger.info("Grew the embeddings to %d ids for the characters prep added to the tokenizer", len(tokenizer))
-    if training_args.activation_checkpointing:
-        model.config.use_cache = False
-    if training_args.lora and not grpo:
-        model, adapter = wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer)
-    if grpo:
-        config = grpo_config(training_args_given, plan.trainer_settings)
-        trainer = make_grpo_trainer(model, config, train_set, tables, tokenizer, training_args.reward_weights)
-    else:
-        multiple = 8 if plan.accelerator == "cuda" else None
-        collator = make_collator(family, tokenizer, model, packing=training_args.packing, pad_to_multiple_of=multiple)
-        trainer = make_trainer_class(family)(
-            model=model,
-            args=training_args,
-            train_dataset=train_set,
-            eval_dataset=eval_set,
-            data_collator=collator,
-            processing_class=tokenizer,
-        )
+def add_callbacks(trainer, training_args: TextsqlTrainingArguments, callbacks=()) -> None:
+    """The caller's callbacks added to the trainer; a TrainingTimer that says once how long the run takes, from its
+    first steps (unless the caller brought its own: the demo's prints among its lines); the progress bar for training
+    steps only (not evaluation's)."""
     for callback in callbacks:
         trainer.add_callback(callback)
+    if not any(isinstance(callback, TrainingTimer) for callback in callbacks):
+        trainer.add_callback(TrainingTimer(eval_examples=len(trainer.eval_dataset or ())))
     if not training_args.disable_tqdm:
         from transformers.trainer_callback import ProgressCallback
 
         trainer.remove_callback(ProgressCallback)
         trainer.add_callback(training_progress_only())
-    if data_args.execution_accuracy_samples and eval_set is not None and not grpo:
-        trainer.execution_scoring = load_scoring_set(
-            data_args.dataset_dir, "validation", data_args.execution_accuracy_samples
-        )
-        trainer.execution_each_evaluation = data_args.execution_accuracy_each_evaluation
-        trainer.execution_decoding = {
-            "decoding": data_args.execution_accuracy_decoding,
-            "num_beams": data_args.execution_accuracy_num_beams,
-            "max_new_tokens": sql_token_budget(data_meta),
-        }
-    flops_profiler = attach_flops_profiler(trainer, training_args.flops_profiler, plan.output_dir)
-    arguments = arguments_dict(model_args, data_args, training_args)
-    tracking = for_training(
-        training_args, arguments, model_args.model_id, family.name, plan.strategy, nodes_in_launch(), plan.output_dir
-    )
-    attach(trainer, tracking)  # MLflow (textsql.tracking): the curves on rank 0, the run's figures after its summary
+
+
+def fit(trainer, plan: RunSetup):
+    """trainer.train(), from the checkpoint an interrupted run left where there is one; the Trainer's result."""
     if plan.resume_from:
         logger.info("Resuming the interrupted run from %s", plan.resume_from)
     logger.info(
         "Training starts: %s, world size %d, %s%s on %s; the full log is %s",
         plan.output_dir,
-        training_args.world_size,
+        trainer.args.world_size,
         plan.precision.name,
         " + TF32" if plan.precision.tf32 else "",
         plan.accelerator,
         plan.output_dir / LOG_FILE,
     )
     try:
-        result = trainer.train(resume_from_checkpoint=plan.resume_from)
+        return trainer.train(resume_from_checkpoint=plan.resume_from)
     except ValueError as error:
         if "mismatch" in str(error).lower():
             raise TextsqlError(f"The DeepSpeed config contradicts the command line: {error}") from None
         raise
-    if grpo:  # scored on validation questions with greedy decoding, as supervised runs are (TRL evaluates otherwise)
-        eval_metrics = final_sql_scores(trainer, tokenizer, data_args, data_meta, eval_set is not None)
-    else:
-        eval_metrics = trainer.final_evaluation() if eval_set is not None else {}
-    if adapter is not None:
-        # The adapter only: under ZeRO-3 the frozen base is (0,) placeholders and merge_and_unload does nothing.
-        state = adapter_state(trainer.model, trainer.is_deepspeed_enabled)  # every rank: ZeRO-3 gathers collectively
-        if trainer.is_world_process_zero():
-            save_adapter(trainer.model, state, plan.output_dir, tokenizer, adapter)
-    else:
-        save_final_model(trainer, plan.output_dir, training_args.save_dtype)  # every rank: ZeRO-3 gathers collectively
-    trainer.save_state()
-    comms = None
-    if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
-        comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
-    memory = gather_fields(peak_memory(plan.accelerator))  # numbers and names, never a peer's pickle
-    if grpo:  # TRL counts the tokens its GRPO steps read (prompts and completions), every rank's already
-        real_tokens = grpo_tokens(trainer.state.log_history)
-    else:
-        real_tokens = sum(r["real_tokens"] for r in gather_fields({"real_tokens": int(trainer.real_tokens)}))
-    if not trainer.is_world_process_zero():
-        return None
-    summary = build_summary(
-        model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer
-    )
 
-    if grpo:
-        summary.grpo = {
-            **grpo_record(training_args, parent_run(model_args.model_id)),
-            **grpo_figures(trainer.state.log_history),
-        }
-    summary.memory_check = compare_with_run(summary)  # every run checks the planner's prediction
-    if not grpo:  # every run's model FLOPs and MFU (textsql.train.speed)
-        gpu = memory[0].get("device") if plan.accelerator == "cuda" else None
-        summary.mfu = trainer.mfu_figures(summary.train_runtime, gpu, plan.precision.name, summary.tf32)
-    summary.comms_summary = comms
-    if flops_profiler is not None:
-        summary.flops_profile = flops_profiler.figures(
-            accumulation=training_args.gradient_accumulation_steps,
-            micro_batch=training_args.per_device_train_batch_size,
-            precision=plan.precision.name,
-            tf32=summary.tf32,
-            gpu=memory[0].get("device") if plan.accelerator == "cuda" else None,
-            last_step=trainer.state.global_step,
-        )
-    write_summary(summary, plan.output_dir)
-    if tracking is not None:
-        tracking.finish(summary, plan.output_dir, plan.fsdpconfig, training_args.mlflow_log_model)
-    return summary
+
+def save_trained(trainer, adapter: dict | None, output_dir: Path, save_dtype: str) -> None:
+    """What the run trained, saved in its folder by every rank (ZeRO-3 gathers collectively): the LoRA adapter only
+    where there is one (under ZeRO-3 the frozen base is (0,) placeholders and merge_and_unload does nothing), else the
+    whole model in one dtype; and the Trainer's state."""
+    if adapter is not None:
+        state = adapter_state(trainer.model, trainer.is_deepspeed_enabled)
+        if trainer.is_world_process_zero():
+            save_adapter(trainer.model, state, output_dir, trainer.processing_class, adapter)
+    else:
+        save_final_model(trainer, output_dir, save_dtype)
+    trainer.save_state()
 
 
 def build_summary(
     model_args, data_args, training_args, plan, result, eval_metrics, memory, real_tokens, data_meta, trainer
 ) -> RunSummary:
+    """The run's summary from its arguments, set-up, Trainer result and figures, as every objective records it (each
+    adds its own: summary_figures)."""
     import deepspeed
     import torch
     import transformers
@@ -540,8 +454,7 @@ def build_summary(
             "train_loss": metrics.get("train_loss"),
             "eval_loss": eval_metrics.get("eval_loss"),
             "execution_accuracy": eval_metrics.get("eval_execution_accuracy"),
-            "execution_accuracy_questions": eval_metrics.get("execution_accuracy_questions")
-            or (len(trainer.execution_scoring.sources) if getattr(trainer, "execution_scoring", None) else None),
+            "execution_accuracy_questions": trainer.sql_scoring.questions if trainer.sql_scoring else None,
             "execution_accuracy_history": [
                 {"step": h["step"], "execution_accuracy": h["eval_execution_accuracy"]}
                 for h in trainer.state.log_history
@@ -571,76 +484,3 @@ def build_summary(
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
     )
-
-
-def final_sql_scores(trainer, tokenizer, data_args: DataArguments, data_meta: dict, has_validation: bool) -> dict:
-    """A GRPO run's execution accuracy on the first --execution_accuracy_samples validation questions (greedy, or the
-    decoding asked for), as the supervised Trainer scores its final weights: every rank stepping through generation
-    together, the same token budget; {} without a validation split or with 0 samples."""
-    from transformers.integrations import is_deepspeed_zero3_enabled
-
-    if not (has_validation and data_args.execution_accuracy_samples):
-        return {}
-    scoring = load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples)
-    _, metrics = decode_and_score(
-        trainer.accelerator.unwrap_model(trainer.model),
-        tokenizer,
-        scoring,
-        decoding=data_args.execution_accuracy_decoding,
-        num_beams=data_args.execution_accuracy_num_beams,
-        max_new_tokens=sql_token_budget(data_meta),
-        synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), trainer.is_fsdp_enabled, trainer.args.world_size),
-        progress=False,
-        device=trainer.args.device,
-    )
-    return {
-        "eval_execution_accuracy": metrics["execution_accuracy"],
-        "execution_accuracy_questions": len(scoring.sources),
-    }
-
-
-def load_base_model(model_id: str, training_args: TextsqlTrainingArguments, plan: RunSetup):
-    """The model to train: in fp32, or for QLoRA (--quantize_base) quantized, computing in bf16 on Ampere and newer
-    GPUs and fp32 elsewhere, its 4-bit weights stored in that dtype where ZeRO-3 or FSDP shards them."""
-    if training_args.quantize_base == "none":
-        import torch
-
-        # fp32 whatever the checkpoint's config says (Qwen2.5 and Llama save bf16, bloom and opt fp16; transformers 5
-        # loads that dtype by default): the optimizer's states and updates need fp32 weights, and --precision's
-        # mixed precision (autocast, DeepSpeed's bf16) computes in the lower dtype from them.
-        return load_model(model_id, dtype=torch.float32)
-    sharded = plan.strategy.get("zero_stage") == 3 or plan.fsdpconfig is not None
-    gpus = plan.devices.gpus if plan.accelerator == "cuda" else ()
-    # bitsandbytes quantizes while loading onto the rank's own GPU; ZeRO-3 and FSDP place the shards themselves
-    placement = {"device_map": {"": training_args.local_process_index}} if gpus and not sharded else {}
-    compute = quantized_compute_dtype(gpus)
-    return load_quantized_base(model_id, training_args.quantize_base, compute, sharded, **placement)
-
-
-def wrap_for_lora(model, model_args, training_args, tokenizer, model_tokenizer):
-    """(the model wrapped by peft, the adapter's record): LoRA on the preset's layers, and the rows of the characters
-    prep added to the tokenizer trained (the base model never trained them; frozen, it could never write them)."""
-    token_ids = added_token_ids(tokenizer, model_tokenizer)
-    # of the checkpoint's files, whatever the strategy holds in memory
-    fingerprint = base_fingerprint(model_args.model_id)
-    from transformers import set_seed
-
-    # The adapter's initial values depend on the seed only: every rank, every strategy starts from the same adapter
-    # (ZeRO-3 partitions each rank's own copy without a broadcast; loading under zero.Init draws random numbers).
-    set_seed(training_args.seed)
-    peft_model = apply_lora(model, training_args, token_ids)
-    if training_args.activation_checkpointing:
-        peft_model.enable_input_require_grads()  # the frozen embedding's output must carry gradients into checkpointed blocks
-    trainable, total = parameter_counts(peft_model)
-    logger.info(
-        "LoRA r=%d alpha=%g on %s: %d of %d parameters train (%.2f%%), %d embedding rows of added characters among them",
-        training_args.lora_rank,
-        training_args.lora_alpha,
-        training_args.lora_targets,
-        trainable,
-        total,
-        100 * trainable / total,
-        len(token_ids),
-    )
-    base_model = str(Path(model_args.model_id).resolve()) if Path(model_args.model_id).is_dir() else model_args.model_id
-    return peft_model, adapter_record(peft_model, training_args, base_model, tokenizer, token_ids, fingerprint)

@@ -30,8 +30,8 @@ def base_model(model):
 
 def apply_speed(trainer, family: Family) -> None:
     """Refuse what cannot run here, then apply each lever to the Trainer's model before its optimizer exists: the
-    attention, the frozen base's dtype, the loss at the label positions (with the collator that finds them on the
-    host) and the compiled layers."""
+    attention, the frozen base's dtype, the loss at the label positions (the trainer's collator finds them on the host:
+    with_label_positions) and the compiled layers."""
     import torch
 
     args, model = trainer.args, trainer.model
@@ -47,10 +47,15 @@ def apply_speed(trainer, family: Family) -> None:
         logger.info("LoRA: the frozen base in bf16 (%d parameters); the adapter trains in fp32", cast)
     if args.fused_loss != "none":
         install_label_position_loss(inner, args.fused_loss)
-        trainer.data_collator = LabelPositions(trainer.data_collator)
     if args.compile == "layers":
         compiled = compile_layers(model)
         logger.info("torch.compile: %d decoder layers (%s), compiled in the first steps", compiled, family.name)
+
+
+def with_label_positions(args, collator):
+    """The collator, wrapped in LabelPositions (the label positions found on the host) where --fused_loss computes the
+    loss at those positions alone."""
+    return LabelPositions(collator) if getattr(args, "fused_loss", "none") != "none" else collator
 
 
 def frozen_to(model, dtype) -> int:
