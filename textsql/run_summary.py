@@ -22,7 +22,11 @@ from textsql.paths import SUMMARY_FILE
 # 5: grpo (None, or a `--stage grpo` run's settings, parent run and last logged rewards, KL and completion length).
 # 6: mfu (every run: its model FLOPs at the examples' real lengths, TFLOPS per GPU and MFU against the GPU's peak;
 # None in older files).
-SCHEMA_VERSION = 6
+# 7: grpo gains its whole curve ("steps": each logged step's reward, execution mean, zero-signal shares, KL, length),
+# the execution-based zero-signal share (frac_execution_zero_std), first_execution, TRL's loss_type, scale_rewards,
+# mask_truncated_completions and the schedule, and learnable (the --learnable_only filter's statistics); its rewards
+# are execution/executes (1/0.1/0) instead of execution/parses/stops. Older grpo blocks read as they were (no curve).
+SCHEMA_VERSION = 7
 GIB = 1024**3
 
 
@@ -79,8 +83,10 @@ class RunSummary:
     # "tflops_per_gpu", "peak_tflops", "peak", "mfu" (None on the CPU or an unknown GPU), "token_counts"}
     mfu: dict | None = None
     # --stage grpo (textsql.train.grpo): {"stage", "num_generations", "max_completion_length", "temperature", "beta",
-    # "rewards" (weights), "parent_run", "reward", "rewards/<name>/mean", "kl", "completions/mean_length",
-    # "frac_reward_zero_std", "first_reward", "logged_steps"}
+    # "loss_type", "scale_rewards", "mask_truncated_completions", "learning_rate", "lr_scheduler_type", "warmup_steps",
+    # "rewards" (weights), "parent_run", "learnable" (None or the filter's statistics), the last logged "reward",
+    # "rewards/<name>/mean", "frac_execution_zero_std", "frac_reward_zero_std", "kl", "completions/mean_length",
+    # "first_reward", "first_execution", "logged_steps", and "steps" (the same figures at each logged step)}
     grpo: dict | None = None
     finished: str = ""
     version: int = SCHEMA_VERSION
@@ -228,7 +234,9 @@ def format_grpo(grpo: dict) -> str:
         parts.append("(" + ", ".join(each) + ")")
         kl = f"KL {grpo['kl']:.4f}" if "kl" in grpo else "KL not computed (--beta 0)"
         parts.append(f"{kl}, completions {grpo.get('completions/mean_length', 0):.1f} tokens")
-        parts.append(f"groups without signal {grpo.get('frac_reward_zero_std', 0):.0%}")
+        # the execution-based share where recorded (schema 7); older summaries have the weighted reward's only
+        zero = grpo.get("frac_execution_zero_std", grpo.get("frac_reward_zero_std", 0))
+        parts.append(f"groups without signal {zero:.0%}")
     return "; ".join(parts[:1] + [" ".join(parts[1:])]) if len(parts) > 1 else parts[0]
 
 

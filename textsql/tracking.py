@@ -146,6 +146,8 @@ def summary_metrics(summary: RunSummary) -> dict[str, float]:
         "final_grpo_reward": grpo.get("reward"),
         "final_grpo_kl": grpo.get("kl"),
         "final_grpo_frac_reward_zero_std": grpo.get("frac_reward_zero_std"),
+        "final_grpo_execution": grpo.get("rewards/execution/mean"),
+        "final_grpo_frac_execution_zero_std": grpo.get("frac_execution_zero_std"),
     }
     return {name: float(value) for name, value in metrics.items() if isinstance(value, (int, float))}
 

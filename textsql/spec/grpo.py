@@ -1,4 +1,4 @@
-"""The GRPO stage's flags (--stage, --num_generations, --reward_weights, ...): their defaults and checks."""
+"""The GRPO stage's flags (--stage, --num_generations, --reward_weights, --loss_type, ...): their defaults and checks."""
 
 from __future__ import annotations
 
@@ -7,10 +7,18 @@ from dataclasses import dataclass, field
 from textsql.errors import TextsqlError
 
 STAGES = ("sft", "grpo")
-REWARDS = ("execution", "parses", "stops")
-# execution carries the task; a query that parses or stops cleanly is worth a little even when its answer is wrong, so
-# that a group whose completions are all wrong still has a signal (bench/grpo.py measured these against execution alone).
-DEFAULT_REWARD_WEIGHTS = "execution=1.0,parses=0.25,stops=0.25"
+REWARDS = ("execution", "executes")
+# Arctic-Text2SQL-R1's 1/0.1/0: execution carries the task; a wrong query that still parses, executes and stops cleanly
+# earns a small bonus, so a group whose completions are all wrong keeps a little signal. Under TRL's group scaling a
+# bonus as large as the 0.25-weighted parses/stops terms of before moved the model as hard as right-vs-wrong; the
+# bonus must stay well below execution's weight (AUXILIARY_SHARE) so that within a group right always outranks wrong.
+DEFAULT_REWARD_WEIGHTS = "execution=1.0,executes=0.1"
+AUXILIARY_SHARE = 0.5  # the most the executes bonus may weigh against execution
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo")  # TRL 1.16's token-level losses
+SCALE_REWARDS = ("group", "batch", "none")
+# textsql's GRPO schedule when --lr_scheduler_type is left out: constant after --warmup_steps (a linear decay to 0
+# over a short run left Adam's steps too small to move the model; published execution-reward runs keep it constant)
+GRPO_LR_SCHEDULER = "constant_with_warmup"
 
 
 @dataclass
@@ -34,14 +42,41 @@ class GrpoArguments:
     temperature: float = field(default=1.0, metadata={"help": "--stage grpo: sampling temperature of completions."})
     beta: float = field(
         default=0.0,
-        metadata={"help": "--stage grpo: weight of the KL term against the starting model (0: none, TRL's default)."},
+        metadata={
+            "help": "--stage grpo: weight of the KL term against the starting model (0: none and no reference model "
+            "kept, TRL's default; SQL-R1 used 0.001)."
+        },
     )
     reward_weights: str = field(
         default=DEFAULT_REWARD_WEIGHTS,
         metadata={
-            "help": "--stage grpo: each reward's weight, 'execution=1.0,parses=0.25,stops=0.25': execution (the "
-            "completion's result on the table equals the gold query's), parses (it reads as WikiSQL SQL over the "
-            "table's columns), stops (it ends at EOS with nothing after the query). 0 leaves one out."
+            "help": f"--stage grpo: each reward's weight, '{DEFAULT_REWARD_WEIGHTS}' (Arctic-Text2SQL-R1's 1/0.1/0): "
+            "execution (1 where the completion's result on the table equals the gold query's), executes (1 where a "
+            "wrong completion still parses as WikiSQL SQL over the table's columns, executes without error and ends "
+            f"at EOS on one line). execution must weigh above 0; executes at most {AUXILIARY_SHARE:g} of it (0 "
+            "leaves it out)."
+        },
+    )
+    loss_type: str = field(
+        default="dapo",
+        metadata={
+            "help": f"--stage grpo: TRL's loss aggregation, one of {', '.join(LOSS_TYPES)} (TRL's default dapo: "
+            "token losses normalised by the active tokens of the accumulated batch)."
+        },
+    )
+    scale_rewards: str = field(
+        default="group",
+        metadata={
+            "help": "--stage grpo: how advantages are scaled, one of group (divided by each group's reward std, TRL's "
+            "default: a group differing only by a small bonus moves the model as hard as right-vs-wrong), batch (by "
+            "the batch's std), none (Dr. GRPO: not scaled)."
+        },
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "--stage grpo: leave completions cut at --max_completion_length out of the loss (DAPO's advice; "
+            "TRL's default False)."
         },
     )
 
@@ -59,22 +94,44 @@ class GrpoArguments:
             raise TextsqlError(
                 "--max_completion_length must be at least 8, --temperature above 0 and --beta at least 0."
             )
+        if self.loss_type not in LOSS_TYPES:
+            raise TextsqlError(f"--loss_type must be one of {', '.join(LOSS_TYPES)}, not '{self.loss_type}'.")
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise TextsqlError(
+                f"--scale_rewards must be one of {', '.join(SCALE_REWARDS)}, not '{self.scale_rewards}'."
+            )
         reward_weights(self.reward_weights)
 
     def grpo_settings(self) -> dict | None:
         """What a run summary records of the stage (None for supervised fine-tuning)."""
         if self.stage != "grpo":
             return None
-        keys = ("num_generations", "max_completion_length", "temperature", "beta")
+        keys = (
+            "num_generations",
+            "max_completion_length",
+            "temperature",
+            "beta",
+            "loss_type",
+            "scale_rewards",
+            "mask_truncated_completions",
+            "learning_rate",
+            "lr_scheduler_type",
+            "warmup_steps",
+        )
         return {
             "stage": "grpo",
-            **{key: getattr(self, key) for key in keys},
+            **{key: _plain(getattr(self, key, None)) for key in keys},
             "rewards": reward_weights(self.reward_weights),
         }
 
 
+def _plain(value):
+    """An enum (the Trainer's SchedulerType once finalized) as its value: the summary is JSON."""
+    return getattr(value, "value", value)
+
+
 def reward_weights(text: str) -> dict[str, float]:
-    """{reward: weight} from 'execution=1,parses=0.25,stops=0.25'; a reward left out weighs 0."""
+    """{reward: weight} from 'execution=1,executes=0.1'; a reward left out weighs 0."""
     weights = dict.fromkeys(REWARDS, 0.0)
     for part in filter(None, (p.strip() for p in str(text).split(","))):
         name, _, value = part.partition("=")
@@ -88,9 +145,14 @@ def reward_weights(text: str) -> dict[str, float]:
                 f"more, e.g. '{DEFAULT_REWARD_WEIGHTS}'; '{part}' is not one."
             )
         weights[name.strip()] = weight
-    if not weights["execution"] and not weights["parses"]:
+    if not weights["execution"]:
         raise TextsqlError(
-            f"--reward_weights '{text}' rewards neither execution nor parsing: GRPO would learn nothing about SQL. "
-            f"Give execution a weight, e.g. '{DEFAULT_REWARD_WEIGHTS}'."
+            f"--reward_weights '{text}' gives execution no weight: GRPO would learn nothing about right answers. "
+            f"Give it one, e.g. '{DEFAULT_REWARD_WEIGHTS}'."
+        )
+    if weights["executes"] > AUXILIARY_SHARE * weights["execution"]:
+        raise TextsqlError(
+            f"--reward_weights '{text}' weighs the executes bonus above {AUXILIARY_SHARE:g} of execution: a wrong "
+            f"query would earn nearly as much as a right one. Keep it small, e.g. '{DEFAULT_REWARD_WEIGHTS}'."
         )
     return weights

@@ -14,7 +14,7 @@ from textsql.errors import TextsqlError
 from textsql.paths import in_project
 from textsql.spec.decoding import check_decoding
 from textsql.spec.dstools import DsToolsArguments
-from textsql.spec.grpo import GrpoArguments
+from textsql.spec.grpo import GRPO_LR_SCHEDULER, GrpoArguments
 from textsql.spec.lora import LoraArguments
 from textsql.spec.speed import SpeedArguments, check_speed_here
 from textsql.spec.tracking import TrackingArguments
@@ -130,6 +130,14 @@ class TextsqlTrainingArguments(
     per_device_train_batch_size: int = _textsql_default("per_device_train_batch_size", 32, "the walkthrough's")
     per_device_eval_batch_size: int = _textsql_default("per_device_eval_batch_size", 32)
     learning_rate: float = _textsql_default("learning_rate", 3e-4)
+    lr_scheduler_type: str = field(
+        default="auto",
+        metadata={
+            "help": "The learning rate schedule (transformers' SchedulerType: linear, cosine, constant, "
+            "constant_with_warmup, ...). textsql's default auto: linear decay for --stage sft, constant after "
+            "--warmup_steps for --stage grpo."
+        },
+    )
     eval_strategy: IntervalStrategy | str = _textsql_default("eval_strategy", "epoch")
     save_strategy: SaveStrategy | str = _textsql_default("save_strategy", "epoch")
     save_total_limit: int | None = _textsql_default("save_total_limit", 2)
@@ -245,6 +253,8 @@ class TextsqlTrainingArguments(
             raise TextsqlError(
                 f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}."
             )
+        if self.lr_scheduler_type == "auto":
+            self.lr_scheduler_type = GRPO_LR_SCHEDULER if self.stage == "grpo" else "linear"
         self._check_numbers()
         self.check_lora()
         self.check_ds_tools(self.deepspeed)

@@ -34,16 +34,21 @@ from trl import GRPOTrainer  # noqa: E402
 logger = logging.getLogger("textsql.train")
 
 GRPO_COLUMNS = ("prompt", "table_id", "sql", "target")  # what generation reads and the rewards score against
-# TRL's logged figures a run summary keeps (the last value of each): the rewards' means, KL, completion length, and the
-# share of groups whose completions all earned the same reward (no signal: GRPO's advantage is zero there).
+# The logged figures a run summary keeps, each step's and the last: the weighted reward's mean and std, KL, completion
+# length, the share of groups whose completions all earned the same weighted reward (TRL's frac_reward_zero_std) and
+# the share whose completions are all right or all wrong (frac_execution_zero_std, textsql's: no execution signal,
+# whatever the bonus says).
 GRPO_FIGURES = (
     "reward",
     "reward_std",
+    "rewards/execution/mean",
+    "frac_execution_zero_std",
+    "frac_reward_zero_std",
     "kl",
     "completions/mean_length",
     "completions/clipped_ratio",
-    "frac_reward_zero_std",
 )
+ZERO_SIGNAL = "frac_execution_zero_std"
 
 
 def check_grpo_model(model_id: str) -> None:
@@ -121,6 +126,9 @@ def grpo_config(training_args, decided: dict):
         max_completion_length=training_args.max_completion_length,
         temperature=training_args.temperature,
         beta=training_args.beta,
+        loss_type=training_args.loss_type,
+        scale_rewards=training_args.scale_rewards,
+        mask_truncated_completions=training_args.mask_truncated_completions,
         gradient_checkpointing=training_args.activation_checkpointing,
         eval_strategy="no",  # scored on validation questions at the end instead (execution accuracy)
         # one group per prompt on each step: the generation batch is the train batch
@@ -204,6 +212,15 @@ class TextsqlGrpoTrainer(GRPOTrainer):
         self.stage_record = stage_record or {}
         self.flops_profiler = flops_profiler_for(self)  # under DeepSpeed the engine profiles the step
 
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's rewards (every rank's, gathered), and the share of groups with no execution signal logged beside
+        them (ZERO_SIGNAL): TRL's frac_reward_zero_std reads the weighted sum, where a bonus hides a group that is all
+        wrong or all right."""
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode][ZERO_SIGNAL].append(execution_zero_signal(rewards_per_func[:, 0], self.num_generations))
+        return rewards_per_func
+
     def final_evaluation(self) -> dict:
         """The final weights' SQL scores ({} without a validation split or with --execution_accuracy_samples 0)."""
         return sql_scores(self, self.sql_scoring) if self.sql_scoring is not None else {}
@@ -217,16 +234,29 @@ class TextsqlGrpoTrainer(GRPOTrainer):
         summary.grpo = {**self.stage_record, **grpo_figures(self.state.log_history)}
 
 
+def execution_zero_signal(execution, group: int) -> float:
+    """The share of groups (`group` consecutive completions of one prompt) whose execution rewards are all equal: all
+    right or all wrong, so GRPO learns nothing about right answers from them."""
+    grouped = execution.reshape(-1, group)
+    return (grouped == grouped[:, :1]).all(dim=1).float().mean().item()
+
+
 def grpo_figures(log_history: list[dict]) -> dict:
-    """The last logged value of each GRPO figure and of each reward's mean (rewards/<name>/mean), and how many steps
-    logged them; the first logged reward too, to see what the stage changed."""
+    """The whole curve (`steps`: each logged step's GRPO_FIGURES and rewards' means), the last logged value of each,
+    how many steps logged them, and the first logged reward and execution mean, to see what the stage changed."""
     logged = [h for h in log_history if "reward" in h]
     if not logged:
         return {}
-    last = logged[-1]
-    figures = {name: last[name] for name in GRPO_FIGURES if name in last}
-    figures.update({key: value for key, value in last.items() if key.startswith("rewards/") and key.endswith("/mean")})
+
+    def figures_of(entry: dict) -> dict:
+        kept = {name: entry[name] for name in GRPO_FIGURES if name in entry}
+        kept.update({k: v for k, v in entry.items() if k.startswith("rewards/") and k.endswith("/mean")})
+        return kept
+
+    figures = figures_of(logged[-1])
     figures.update(first_reward=logged[0]["reward"], logged_steps=len(logged))
+    figures["first_execution"] = logged[0].get("rewards/execution/mean")
+    figures["steps"] = [{"step": entry.get("step"), **figures_of(entry)} for entry in logged]
     return figures
 
 
