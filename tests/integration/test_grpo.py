@@ -80,12 +80,14 @@ def test_grpo_from_a_full_run_and_from_a_lora_run_records_its_stage_and_rewards(
     assert full["run"].endswith("-grpo") and full["global_step"] == 2 and full["strategy"]["lora"] is None
     assert grpo["parent_run"] == sft_runs["full"]["output_dir"] and grpo["num_generations"] == 4
     assert grpo["logged_steps"] == 2 and 0 <= grpo["rewards/execution/mean"] <= 1
-    assert {"kl", "completions/mean_length", "frac_reward_zero_std"} <= grpo.keys()
+    assert {"kl", "completions/mean_length", "frac_reward_zero_std", "frac_execution_zero_std"} <= grpo.keys()
+    assert [step["step"] for step in grpo["steps"]] == [1, 2] and all("kl" in step for step in grpo["steps"])
+    assert grpo["lr_scheduler_type"] == "constant_with_warmup" and grpo["loss_type"] == "dapo"
     assert full["execution_accuracy"] is not None  # scored on validation questions at the end
     assert "grpo           from" in out and "groups without signal" in out
     assert (runs / full["run"] / "model.safetensors").is_file()
     tags = tensorboard_tags(runs / full["run"])
-    assert {"train/reward", "train/rewards/execution/mean", "train/kl", "train/frac_reward_zero_std"} <= tags, tags
+    assert {"train/reward", "train/rewards/execution/mean", "train/kl", "train/frac_execution_zero_std"} <= tags, tags
 
     # A LoRA run's adapter is trained on: the GRPO run is an adapter folder that infer and merge take like any other
     status, out, err = textsql_in_process([*grpo_argv(sft_runs["lora"], data_dir, runs), *GRPO])
@@ -106,18 +108,62 @@ def test_grpo_from_a_full_run_and_from_a_lora_run_records_its_stage_and_rewards(
     assert status == 0 and "| stage | reward |" in out and " | grpo | " in out, err[-3000:]
 
 
-def test_an_interrupted_grpo_run_resumes_from_its_checkpoint(sft_runs, causal_assets, tmp_path, textsql_in_process):
+def optimizer_and_scheduler(checkpoint):
+    import torch
+
+    optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    scheduler = torch.load(checkpoint / "scheduler.pt", weights_only=True)
+    return optimizer, scheduler
+
+
+def assert_same_state(one, other, where=""):
+    """Every tensor and number of two saved states equal (optimizer moments, steps, the scheduler's last LR)."""
+    import torch
+
+    if isinstance(one, dict):
+        assert one.keys() == other.keys(), where
+        for key in one:
+            assert_same_state(one[key], other[key], f"{where}/{key}")
+    elif isinstance(one, (list, tuple)):
+        assert len(one) == len(other), where
+        for i, (a, b) in enumerate(zip(one, other)):
+            assert_same_state(a, b, f"{where}/{i}")
+    elif isinstance(one, torch.Tensor):
+        assert torch.equal(one, other), where
+    else:
+        assert one == other, where
+
+
+def test_an_interrupted_grpo_run_resumes_to_the_state_of_an_uninterrupted_one(
+    sft_runs, causal_assets, tmp_path, textsql_in_process
+):
+    """Resumed from its first checkpoint, a GRPO run reaches the same step with the same optimizer and scheduler state
+    and the same second-step loss and rewards as the same run never interrupted (the sampler's RNG restored too)."""
     data_dir, _ = causal_assets
-    folder = tmp_path / "grpo-run"
-    argv = [*grpo_argv(sft_runs["full"], data_dir, tmp_path), *GRPO, "--output_dir", str(folder)]
-    argv += ["--save_strategy", "steps", "--save_steps", "1", "--execution_accuracy_samples", "0"]
-    status, _, err = textsql_in_process([*argv, "--max_steps", "1"])
-    assert status == 0, err[-3000:]
-    (folder / "run_summary.json").unlink()  # as if it had been stopped after its first checkpoint
-    status, out, err = textsql_in_process(argv)
-    assert status == 0, err[-3000:]
-    summary = summary_of(out)
-    assert summary["resumed_from"].endswith("checkpoint-1") and summary["global_step"] == 2
+    runs = {}
+    for name in ("whole", "resumed"):
+        folder = tmp_path / name
+        argv = [*grpo_argv(sft_runs["full"], data_dir, tmp_path), *GRPO, "--output_dir", str(folder)]
+        argv += ["--save_strategy", "steps", "--save_steps", "1", "--execution_accuracy_samples", "0", "--seed", "3"]
+        if name == "resumed":
+            status, _, err = textsql_in_process([*argv, "--max_steps", "1"])
+            assert status == 0, err[-3000:]
+            (folder / "run_summary.json").unlink()  # as if it had been stopped after its first checkpoint
+        status, out, err = textsql_in_process(argv)
+        assert status == 0, err[-3000:]
+        runs[name] = summary_of(out)
+    assert runs["resumed"]["resumed_from"].endswith("checkpoint-1") and runs["whole"]["resumed_from"] is None
+    assert runs["resumed"]["global_step"] == runs["whole"]["global_step"] == 2
+    whole, resumed = (optimizer_and_scheduler(tmp_path / n / "checkpoint-2") for n in ("whole", "resumed"))
+    assert whole[0]["state"], "the optimizer saved no moments"
+    assert_same_state(whole, resumed)
+    last = [
+        json.loads((tmp_path / n / "checkpoint-2" / "trainer_state.json").read_text())["log_history"][-1] for n in runs
+    ]
+    assert last[0]["step"] == last[1]["step"] == 2
+    for key in ("loss", "reward", "rewards/execution/mean", "completions/mean_length"):
+        assert last[0][key] == pytest.approx(last[1][key], rel=1e-6, abs=1e-9), key
+    assert runs["whole"]["grpo"]["steps"][-1] == pytest.approx(runs["resumed"]["grpo"]["steps"][-1])
 
 
 def test_grpo_continues_a_qlora_run_s_adapter_on_its_4_bit_base(sft_runs, causal_assets, tmp_path, textsql_in_process):

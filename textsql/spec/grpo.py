@@ -72,6 +72,21 @@ class GrpoArguments:
             "the batch's std), none (Dr. GRPO: not scaled)."
         },
     )
+    learnable_only: bool = field(
+        default=False,
+        metadata={
+            "help": "--stage grpo: before training, sample --learnable_samples completions of each train question at "
+            "--temperature with the starting model, record each question's success rate (learnable.json in the run "
+            "folder) and train only on questions with 0 < success < 1 (DAPO's dynamic sampling, filtered up front): "
+            "the others' groups give no execution signal. The statistics go to the run summary either way it is set."
+        },
+    )
+    learnable_samples: int = field(
+        default=0,
+        metadata={
+            "help": "--stage grpo --learnable_only True: completions sampled per question (0: --num_generations)."
+        },
+    )
     mask_truncated_completions: bool = field(
         default=False,
         metadata={
@@ -93,6 +108,10 @@ class GrpoArguments:
         if self.max_completion_length < 8 or not self.temperature > 0 or self.beta < 0:
             raise TextsqlError(
                 "--max_completion_length must be at least 8, --temperature above 0 and --beta at least 0."
+            )
+        if self.learnable_samples < 0 or self.learnable_samples == 1:
+            raise TextsqlError(
+                f"--learnable_samples must be 0 (--num_generations) or at least 2, not {self.learnable_samples}."
             )
         if self.loss_type not in LOSS_TYPES:
             raise TextsqlError(f"--loss_type must be one of {', '.join(LOSS_TYPES)}, not '{self.loss_type}'.")
@@ -117,6 +136,7 @@ class GrpoArguments:
             "learning_rate",
             "lr_scheduler_type",
             "warmup_steps",
+            "learnable_only",
         )
         return {
             "stage": "grpo",

@@ -5,6 +5,7 @@ figures for the run summary. textsql.train.run imports this module only for --st
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import fields
 from pathlib import Path
@@ -24,6 +25,7 @@ from textsql.prep import load_prepared, load_tables
 from textsql.rewards import SqlRewards
 from textsql.spec.grpo import reward_weights
 from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
+from textsql.train.distributed import rank
 from textsql.train.dstools import flops_profiler_for
 from textsql.train.objective import Built, Inputs, load_base_model, load_training_data, ready_model, wrap_for_lora
 from textsql.train.trainer import SqlScoring, sql_scores
@@ -85,6 +87,113 @@ def grpo_dataset(dataset_dir: str, max_samples: int | None):
     if max_samples:
         train = train.select(range(min(max_samples, len(train))))
     return train, load_tables(dataset_dir)
+
+
+LEARNABLE_FILE = "learnable.json"  # each train question's success rate before GRPO (--learnable_only)
+
+
+def success_rates(
+    model,
+    tokenizer,
+    train_set,
+    tables,
+    samples: int,
+    temperature: float,
+    max_new_tokens: int,
+    *,
+    batch_questions: int = 8,
+    seed: int = 0,
+    eos_ids=None,
+) -> list[float]:
+    """Each question's share of `samples` completions, sampled at `temperature` as GRPO samples them, that the execution
+    reward pays (textsql.rewards). Seeded (every rank draws the same) and without touching the global RNG."""
+    import torch
+
+    rewards = SqlRewards(tables, eos_ids or [tokenizer.eos_token_id])
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    rates = []
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            model_was_training = model.training
+            model.eval()
+            device = next(model.parameters()).device
+            for start in range(0, len(train_set), batch_questions):
+                rows = train_set.select(range(start, min(start + batch_questions, len(train_set))))
+                encoded = tokenizer(list(rows["prompt"]), return_tensors="pt", padding=True).to(device)
+                out = model.generate(
+                    **encoded,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_k=0,
+                    top_p=1.0,
+                    num_return_sequences=samples,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+                )
+                texts = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+                repeat = [value for value in range(len(rows)) for _ in range(samples)]
+                paid = rewards.execution(
+                    texts,
+                    table_id=[rows["table_id"][i] for i in repeat],
+                    sql=[rows["sql"][i] for i in repeat],
+                    target=[rows["target"][i] for i in repeat],
+                )
+                rates += [sum(paid[i * samples : (i + 1) * samples]) / samples for i in range(len(rows))]
+            model.train(model_was_training)
+    finally:
+        tokenizer.padding_side = side
+    return rates
+
+
+def learnable_statistics(rates: list[float], samples: int) -> dict:
+    """What the success rates say: questions, those with 0 < success < 1 (kept by --learnable_only), the shares at 0
+    and at 1, the mean, and how many questions at each rate (k/samples)."""
+    total = len(rates)
+    counts = {f"{k}/{samples}": sum(1 for r in rates if round(r * samples) == k) for k in range(samples + 1)}
+    return {
+        "questions": total,
+        "samples": samples,
+        "kept": sum(1 for r in rates if 0 < r < 1),
+        "share_at_0": sum(1 for r in rates if r == 0) / total if total else None,
+        "share_at_1": sum(1 for r in rates if r == 1) / total if total else None,
+        "mean_success": sum(rates) / total if total else None,
+        "distribution": counts,
+    }
+
+
+def learnable_questions(model, tokenizer, train_set, tables, training_args, output_dir) -> tuple:
+    """(the train questions GRPO trains on, the filter's statistics for the summary): with --learnable_only, those the
+    starting model gets right some of the time only, each question's rate written to LEARNABLE_FILE (read back when
+    the run resumes). Without it, every question and None."""
+    if not training_args.learnable_only:
+        return train_set, None
+    samples = training_args.learnable_samples or training_args.num_generations
+    path = Path(output_dir) / LEARNABLE_FILE
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if record.get("samples") != samples or len(record.get("rates", [])) != len(train_set):
+        rates = success_rates(
+            model, tokenizer, train_set, tables, samples, training_args.temperature,
+            training_args.max_completion_length, seed=training_args.seed,
+        )  # fmt: skip
+        record = {"samples": samples, "temperature": training_args.temperature, "rates": rates}
+        if rank() == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record) + "\n")
+    statistics = {**learnable_statistics(record["rates"], samples), "file": str(path)}
+    kept = [i for i, rate in enumerate(record["rates"]) if 0 < rate < 1]
+    if not kept:
+        raise TextsqlError(
+            f"--learnable_only True kept no question: the starting model gets all {len(train_set)} train questions "
+            f"always right ({statistics['share_at_1']:.0%}) or always wrong ({statistics['share_at_0']:.0%}) in "
+            f"{samples} samples. Use more questions (--max_train_samples), more --learnable_samples, or a higher "
+            "--temperature, or leave --learnable_only out."
+        )
+    logger.info(
+        "--learnable_only: %d of %d train questions kept (0 < success < 1 in %d samples); at 0: %.0f%%, at 1: %.0f%%",
+        len(kept), len(train_set), samples, 100 * statistics["share_at_0"], 100 * statistics["share_at_1"],
+    )  # fmt: skip
+    return train_set.select(kept), statistics
 
 
 def policy_model(model_id: str, training_args, load_full, wrap_for_lora):
@@ -167,15 +276,18 @@ def build(inputs: Inputs) -> Built:
     if adapter is not None and not training_args.lora:  # the parent's adapter, trained on: its settings recorded
         plan.strategy["lora"] = adapter.get("lora")
     family = ready_model(model, tokenizer, data_meta, inputs)
+    config = grpo_config(inputs.given, plan.trainer_settings)
+    train_set, learnable = learnable_questions(model, tokenizer, train_set, tables, training_args, plan.output_dir)
+    stage_record = {**grpo_record(training_args, parent_run(model_args.model_id)), "learnable": learnable}
     trainer = TextsqlGrpoTrainer(
         model=model,
-        args=grpo_config(inputs.given, plan.trainer_settings),
+        args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
         tables=tables,
         weights_text=training_args.reward_weights,
         sql_scoring=SqlScoring.for_run(data_args, data_meta, eval_set is not None),
-        stage_record=grpo_record(training_args, parent_run(model_args.model_id)),
+        stage_record=stage_record,
     )
     return Built(trainer, adapter, data_meta, family)
 
