@@ -110,6 +110,10 @@ def test_success_rates_are_sampled_and_the_learnable_filter_keeps_0_lt_success_l
 
     data_dir, model_dir = causal_assets
     train, tables = grpo_dataset(str(data_dir), 6)
+    later, _ = grpo_dataset(str(data_dir), 2, start=3)  # --grpo_questions_from: questions a supervised run never saw
+    assert list(later["target"]) == list(train["target"][3:5])
+    with pytest.raises(TextsqlError, match="--grpo_questions_from 100000 is past"):
+        grpo_dataset(str(data_dir), None, start=100_000)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rates = success_rates(model, tokenizer, train, tables, 4, 1.0, 16, batch_questions=4, seed=1)

@@ -76,3 +76,25 @@ def test_the_docs_commands_are_the_benchs_and_chain():
     for command in decoded:
         greedy = command[command.index("--greedy_predictions") + 1]
         assert greedy == f"{command[command.index('--model_dir') + 1]}/predictions.jsonl"
+
+
+def test_grpo_bench_flags_are_textsql_s_and_its_variants_checked(capsys, tmp_path):
+    """bench/grpo.py's GRPO flags with each variant's parse as `textsql train --stage grpo` arguments: a constant learning
+    rate after warm-up, 8 generations of 8 prompts a step, learnable questions only, hundreds of steps; the held-out
+    variant's supervised run learns the questions before the ones GRPO starts from; two seeds at least."""
+    from bench.grpo import GRPO, HEAD, SEEDS, VARIANTS
+    from bench.grpo import main as grpo_main
+    from textsql.spec.training import parse_arguments
+
+    assert len(SEEDS) >= 2
+    for name, (_, sft_flags, flags) in VARIANTS.items():
+        given = ["--model_id", "m", "--dataset_dir", "d", "--output_dir", str(tmp_path / name), *GRPO, *flags]
+        training = parse_arguments(given)[2]
+        assert training.lr_scheduler_type == "constant_with_warmup" and training.warmup_steps > 0
+        assert training.learnable_only and training.num_generations == 8 and training.max_steps >= 200
+        assert training.per_device_train_batch_size // training.num_generations == 8
+        if name == "heldout":
+            assert sft_flags == ["--max_train_samples", str(HEAD)] and training.grpo_questions_from == HEAD
+    with pytest.raises(SystemExit) as exit_:
+        grpo_main(["--variants", "heldout,everything"])
+    assert exit_.value.code == 2 and "not everything" in capsys.readouterr().err

@@ -72,6 +72,14 @@ class GrpoArguments:
             "the batch's std), none (Dr. GRPO: not scaled)."
         },
     )
+    grpo_questions_from: int = field(
+        default=0,
+        metadata={
+            "help": "--stage grpo: train on the train split's questions from this index on (0: all of them). A "
+            "supervised run given --max_train_samples N learned the first N; --grpo_questions_from N gives GRPO "
+            "questions that run never saw (--max_train_samples then counts GRPO's questions from there)."
+        },
+    )
     learnable_only: bool = field(
         default=False,
         metadata={
@@ -109,6 +117,8 @@ class GrpoArguments:
             raise TextsqlError(
                 "--max_completion_length must be at least 8, --temperature above 0 and --beta at least 0."
             )
+        if self.grpo_questions_from < 0:
+            raise TextsqlError(f"--grpo_questions_from must be 0 or more, not {self.grpo_questions_from}.")
         if self.learnable_samples < 0 or self.learnable_samples == 1:
             raise TextsqlError(
                 f"--learnable_samples must be 0 (--num_generations) or at least 2, not {self.learnable_samples}."
@@ -137,6 +147,7 @@ class GrpoArguments:
             "lr_scheduler_type",
             "warmup_steps",
             "learnable_only",
+            "grpo_questions_from",
         )
         return {
             "stage": "grpo",

@@ -71,9 +71,10 @@ def parent_run(model_id: str) -> str | None:
     return str(folder.resolve()) if (folder / SUMMARY_FILE).is_file() or is_adapter_folder(folder) else None
 
 
-def grpo_dataset(dataset_dir: str, max_samples: int | None):
+def grpo_dataset(dataset_dir: str, max_samples: int | None, start: int = 0):
     """(the train split's prompts with their tables' ids and gold queries, the tables): what GRPO generates from and
-    rewards against. Refuses a dataset prepared for T5 (no prompt column)."""
+    rewards against, from question `start` on (--grpo_questions_from), at most `max_samples`. Refuses a dataset
+    prepared for T5 (no prompt column), and a start past the split's end."""
     dataset, _ = load_prepared(dataset_dir)
     train = dataset["train"]
     missing = [column for column in GRPO_COLUMNS if column not in train.column_names]
@@ -84,6 +85,13 @@ def grpo_dataset(dataset_dir: str, max_samples: int | None):
             "--source_format question+header`."
         )
     train = train.select_columns(list(GRPO_COLUMNS))
+    if start:
+        if start >= len(train):
+            raise TextsqlError(
+                f"--grpo_questions_from {start} is past the train split's {len(train)} questions of '{dataset_dir}': "
+                "give a smaller index (the supervised run's --max_train_samples), or leave it out for all of them."
+            )
+        train = train.select(range(start, len(train)))
     if max_samples:
         train = train.select(range(min(max_samples, len(train))))
     return train, load_tables(dataset_dir)
@@ -266,7 +274,9 @@ def build(inputs: Inputs) -> Built:
     check_grpo_model(model_args.model_id)
     model_tokenizer = load_tokenizer(model_args.model_id)
     _, eval_set, data_meta, tokenizer = load_training_data(data_args, model_tokenizer)
-    train_set, tables = grpo_dataset(data_args.dataset_dir, data_args.max_train_samples)
+    train_set, tables = grpo_dataset(
+        data_args.dataset_dir, data_args.max_train_samples, training_args.grpo_questions_from
+    )
     model, adapter = policy_model(
         model_args.model_id,
         training_args,
