@@ -92,7 +92,8 @@ def test_grpo_bench_flags_are_textsql_s_and_its_variants_checked(capsys, tmp_pat
         training = parse_arguments(given)[2]
         assert training.lr_scheduler_type == "constant_with_warmup" and training.warmup_steps > 0
         assert training.learnable_only and training.num_generations == 8 and training.max_steps >= 200
-        assert training.per_device_train_batch_size // training.num_generations == 8
+        completions = training.per_device_train_batch_size * training.gradient_accumulation_steps
+        assert completions // training.num_generations == 8
         if name == "heldout":
             assert sft_flags == ["--max_train_samples", str(HEAD)] and training.grpo_questions_from == HEAD
     with pytest.raises(SystemExit) as exit_:

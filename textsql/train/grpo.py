@@ -137,7 +137,7 @@ def success_rates(
                     top_p=1.0,
                     num_return_sequences=samples,
                     max_new_tokens=max_new_tokens,
-                    pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id,
                 )
                 texts = tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
                 repeat = [value for value in range(len(rows)) for _ in range(samples)]
