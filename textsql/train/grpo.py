@@ -179,12 +179,14 @@ def learnable_questions(model, tokenizer, train_set, tables, training_args, outp
     samples = training_args.learnable_samples or training_args.num_generations
     path = Path(output_dir) / LEARNABLE_FILE
     record = json.loads(path.read_text()) if path.is_file() else {}
-    if record.get("samples") != samples or len(record.get("rates", [])) != len(train_set):
+    start = training_args.grpo_questions_from
+    recorded = (record.get("samples"), record.get("questions_from", 0), len(record.get("rates", [])))
+    if recorded != (samples, start, len(train_set)):  # measured for other questions or sample counts: measure again
         rates = success_rates(
             model, tokenizer, train_set, tables, samples, training_args.temperature,
             training_args.max_completion_length, seed=training_args.seed,
         )  # fmt: skip
-        record = {"samples": samples, "temperature": training_args.temperature, "rates": rates}
+        record = {"samples": samples, "temperature": training_args.temperature, "questions_from": start, "rates": rates}
         if rank() == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record) + "\n")
