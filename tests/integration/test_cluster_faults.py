@@ -151,6 +151,31 @@ def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets
     assert any("still stopping the pods" in line for line in lines)
 
 
+@pytest.mark.slow
+def test_a_pod_frozen_before_its_first_heartbeat_is_named_not_the_session(assets, project, clusters):
+    """The worker pod SIGSTOPped as soon as its process exists (before it loads torch and sends its first heartbeat),
+    at the default silence: it is named within 60 s, not the session's pod that waits for it in the rendezvous."""
+    hit = {}
+
+    def freeze_when_started(line):
+        def freeze():
+            while not (pods := [p for p in cluster.pods if p.address == NODES[1]]):
+                time.sleep(0.005)
+            os.kill(pods[0].process.pid, signal.SIGSTOP)
+            hit["at"] = time.monotonic()
+
+        threading.Thread(target=freeze, daemon=True).start()
+
+    cluster = clusters("local", echo=on_line("starting the session's pod", freeze_when_started))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000, logging_steps=50), timeout_s=150)
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert message.startswith("Pod 127.0.0.2 was lost first: it sent no heartbeat since it started"), message
+    assert leftovers(project) == []
+
+
 KERNEL = textwrap.dedent("""
     import sys
     from textsql.cluster import Cluster

@@ -220,7 +220,7 @@ class Pod:
     worker_id: str | None = None
     ended: str | None = None  # how it ended, once it has
     joined: bool = False  # a local process, or a heartbeat seen: an elastic launch may go on without the others
-    beat: tuple[int, float] = (0, 0.0)  # its heartbeat counter as last seen, and when that changed
+    beat: tuple[int, float] = field(default_factory=lambda: (0, time.monotonic()))  # counter as last seen, and when
     tail: deque = field(default_factory=lambda: deque(maxlen=6))  # its last lines of output
 
 
@@ -500,11 +500,12 @@ class Cluster:
                         self.echo(shown)
                     beat = int(store.add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
                     pod.joined = pod.joined or bool(beat) or pod.process is not None
-                    if beat != pod.beat[0]:
+                    if beat != pod.beat[0] or status == "scheduling":  # a worker's silence counts once it runs
                         pod.beat = (beat, now)
-                    elif pod.ended is None and beat and now - pod.beat[1] > self.silence_seconds:
-                        silent = f"{now - pod.beat[1]:.0f} s (no heartbeat: frozen, or cut off from the network)"
-                        lost.setdefault(pod.address, f"it went silent for {silent}")
+                    elif pod.ended is None and now - pod.beat[1] > self.silence_seconds * (1 if beat else 2):
+                        how = "went silent for" if beat else "sent no heartbeat since it started,"  # torch loads first
+                        why = "(no heartbeat: frozen, or cut off from the network)"
+                        lost.setdefault(pod.address, f"it {how} {now - pod.beat[1]:.0f} s {why}")
                     if pod.ended not in (None, "ok", LEFT_OUT) and pod.address not in recorded:
                         lost.setdefault(pod.address, pod.ended + "".join(f"\n  | {t}" for t in pod.tail))
                 first = read_records(plan.launch_dir, "started", 0) if elastic and not formed else []
