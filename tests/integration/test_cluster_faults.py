@@ -438,6 +438,25 @@ def test_a_stopped_rank_is_named_by_its_own_pod_within_60_s(assets, project, clu
 
 
 @pytest.mark.slow
+def test_a_rank_blocked_but_alive_is_named_by_its_training_progress(assets, project, clusters, monkeypatch):
+    """Rank 1's main thread waits forever while it saves checkpoint-4 (its heartbeat thread beats on; rank 0 waits
+    for it in the next step's collective): at the default --progress_timeout its pod names it, the limit in the
+    message, within 60 s."""
+    hit = {}
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", "block:1:checkpoint-4/rng_state_1.pth")
+    cluster = clusters("local", echo=on_line("textsql test fault: block", lambda line: hit.update(at=time.monotonic())))
+    argv = cluster_argv(assets, project / "runs", "--save_strategy", "steps", "--save_steps", "4", steps=100000)
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(argv, timeout_s=200)
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert re.match(r"Rank 1 on pod 127\.0\.0\.2 failed first: it made no training progress for \d+ s", message)
+    assert "--progress_timeout 45: raise it" in message
+    assert leftovers(project) == []
+
+
+@pytest.mark.slow
 def test_a_one_process_training_binds_torchs_store_to_127_0_0_1(assets, project):
     """`textsql train` in one process with DeepSpeed (a process group of one): torch's store listens on 127.0.0.1
     only, never on every address, for the whole training."""

@@ -31,6 +31,7 @@ POD_CODE = (
     "from textsql.cluster.pods import pod_main\nfrom textsql.cluster.rank import exit_now\nexit_now(pod_main())\n"
 )
 SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
+PROGRESS_SECONDS = 45.0  # a rank whose training loop did not move for this long is blocked (named within 60 s)
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
 GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive before the error is written
 LEFT_OUT = "left out"  # an elastic launch's pod that had not joined when the training started: stopped, no failure
@@ -77,7 +78,9 @@ def _heartbeat(spec: dict, address: str, beats: Path) -> None:
     """Every silence/4 s: add to this pod's counter in the session's store (a frozen or cut-off pod is named when it
     stops; a gone store stops only the counting), and name a rank of this pod whose own heartbeat, a file in a folder
     only this user can write (the store's counter can be forged), stopped for `silence` s while its process used no
-    CPU (a long call that holds the GIL still does): its failure record, then SIGKILL (torchrun ends or restarts)."""
+    CPU (a long call that holds the GIL still does), or whose training loop made no progress (its `.progress` file,
+    textsql.cluster.rank.train) for `progress` s: its failure record, dated when it stopped, then SIGKILL (torchrun
+    ends or restarts)."""
     import datetime
 
     import psutil
@@ -96,12 +99,19 @@ def _heartbeat(spec: dict, address: str, beats: Path) -> None:
         awake, last = time.monotonic() - last < spec["silence"], time.monotonic()  # not woken from a pod-wide stop
         for child in psutil.Process().children() if awake else ():
             with contextlib.suppress(psutil.Error, OSError, KeyError, ValueError):
-                env, beat = child.environ(), beats / str(child.pid)
-                silent = time.time() - (beat.stat().st_mtime if beat.exists() else child.create_time())
-                used, cpu[child.pid] = cpu.get(child.pid), sum(child.cpu_times()[:2])
-                if "RANK" in env and silent > spec["silence"] and used == cpu[child.pid]:
-                    how = f"it hung: no sign of life for {silent:.0f} s (its process is {child.status()})"
-                    record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid)
+                env, beat, progress = child.environ(), beats / str(child.pid), beats / f"{child.pid}.progress"
+                since = beat.stat().st_mtime if beat.exists() else child.create_time()
+                used, cpu[child.pid], how = cpu.get(child.pid), sum(child.cpu_times()[:2]), None
+                if time.time() - since > spec["silence"] and used == cpu[child.pid]:
+                    how = f"it hung: no sign of life for {time.time() - since:.0f} s (its process is {child.status()})"
+                elif progress.exists() and time.time() - (since := progress.stat().st_mtime) > spec["progress"]:
+                    how = (
+                        f"it made no training progress for {time.time() - since:.0f} s while alive (its main thread "
+                        "is blocked: a deadlocked collective, a lock; or a step, evaluation or save took longer than "
+                        f"--progress_timeout {spec['progress']:.0f}: raise it for those)"
+                    )
+                if "RANK" in env and how:
+                    record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid, ended_at=since)
                     write_record(spec["launch_dir"], "failure", dict(record, round=int(env.get(ROUND_ENV, "0"))))
                     child.kill()
         time.sleep(every)
@@ -316,6 +326,7 @@ class Cluster:
     start_timeout: float = 600
     echo: object = print
     silence_seconds: float = SILENCE_SECONDS
+    progress_timeout: float = PROGRESS_SECONDS
     min_workers: int | None = None
     max_restarts: int = 0
     pods: list[Pod] = field(default_factory=list, init=False)
@@ -418,7 +429,7 @@ class Cluster:
             store = bound_store(self.session)  # the rendezvous store, on the session's address only
             nnodes = f"{1 + self.min_workers}:{1 + self.workers}" if self.min_workers is not None else 1 + self.workers
             spec = plan.spec(store=f"{self.session}:{store.port}", nnodes=str(nnodes), max_restarts=self.max_restarts)
-            spec.update(silence=self.silence_seconds, start_timeout=self.start_timeout)
+            spec.update(silence=self.silence_seconds, progress=self.progress_timeout, start_timeout=self.start_timeout)
             command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
             self.echo("every pod: " + " ".join(command))
             try:

@@ -144,9 +144,22 @@ def train(spec: dict) -> dict:
     from textsql.train.distributed import end_distributed
 
     seen: dict = {"logged_losses": [], "train_loss": None, "eval_loss": None}
+    progress = Path(os.environ[BEATS_ENV], f"{os.getpid()}.progress") if os.environ.get(BEATS_ENV) else None
 
     class RankRecorder(TrainerCallback):
+        def advance(self, *args, **kwargs):  # the loop moved: the pod names a rank whose loop stops (_heartbeat)
+            if progress is not None:
+                progress.touch()
+
+        on_train_begin = on_step_begin = on_substep_end = on_step_end = on_prediction_step = advance
+        on_evaluate = on_save = advance
+
+        def on_train_end(self, *args, **kwargs):  # what follows the loop is not watched
+            if progress is not None:
+                progress.unlink(missing_ok=True)
+
         def on_log(self, args, state, control, logs=None, **kwargs):
+            self.advance()
             logs = logs or {}
             seen["logged_losses"] += [logs["loss"]] if "loss" in logs else []
             seen.update({k: logs[k] for k in ("train_loss", "eval_loss") if k in logs})
