@@ -137,8 +137,18 @@ def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
         "TEXTSQL_DB_CONN": f"host=db.internal user=textsql password={CANARY}",
         "HF_HUB_DOWNLOAD_SIG": CANARY,
         "NCCL_SOCKET_OPTS": f"dbname=x password={CANARY}",
+        # credentials under the allowlisted prefixes (issue 48): a bearer token, a key anywhere in the name
+        "DS_BEARER": CANARY,
+        "NCCL_BEARER_HEADER": CANARY,
+        "GLOO_KEYFILE": CANARY,
+        "DS_AUTHORIZATION": CANARY,
+        "TORCH_NCCL_CREDENTIALS": CANARY,
+        # the user's own variables, by name (Cluster(forward_env=...), --forward_env): never a secret either
+        "MY_SETTING": "on",
+        "MY_BEARER": CANARY,
     }
-    env = forwarded(environ)
+    env = forwarded(environ, ("MY_SETTING", "MY_BEARER"))
+    assert "MY_SETTING" not in forwarded(environ)
     assert sorted(env) == [
         "CUDA_LAUNCH_BLOCKING",
         "DS_ACCELERATOR",
@@ -148,6 +158,7 @@ def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
         "HF_HUB_OFFLINE",
         "MY_APP_LEVEL",
         "MY_APP_SETTING",
+        "MY_SETTING",
         "NCCL_DEBUG",
         "OMP_NUM_THREADS",
         "PYTHONPATH",
@@ -540,9 +551,10 @@ def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path):
         devices=a100,
         workdir=tmp_path,
         log_root=tmp_path / "l",
-        environ={"HF_TOKEN": "x", "NCCL_DEBUG": "INFO"},
+        environ={"HF_TOKEN": "x", "NCCL_DEBUG": "INFO", "DS_BEARER": "x", "MINE": "1", "MY_KEY": "x"},
+        forward=("MINE", "MY_KEY"),
     )
-    assert (gpus.world_size, gpus.accelerator) == (4, "cuda") and gpus.env == {"NCCL_DEBUG": "INFO"}
+    assert (gpus.world_size, gpus.accelerator) == (4, "cuda") and gpus.env == {"NCCL_DEBUG": "INFO", "MINE": "1"}
     with pytest.raises(PreflightError, match="2 processes per node were asked for"):
         plan_launch(
             argv, ranks=[2, 1], devices=NodeDevices((V100,), 8), workdir=tmp_path, log_root=tmp_path, environ={}

@@ -71,6 +71,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
             "--max_restarts", type=int, default=0, help="torchrun restarts every pod's ranks this often after a failure"
         )
         parser.add_argument(
+            "--forward_env",
+            default="",
+            help="your own variables every rank gets, by name (or prefix ending in *), separated by commas: "
+            "MY_SETTING,MYAPP_* (a name that looks like a credential is never forwarded)",
+        )
+        parser.add_argument(
             "--progress_timeout",
             type=float,
             default=PROGRESS_SECONDS,
@@ -152,6 +158,7 @@ def cluster_cli(argv: list[str]) -> int:
             min_workers=args.min_workers,
             max_restarts=args.max_restarts,
             progress_timeout=args.progress_timeout,
+            forward_env=tuple(args.forward_env.replace(",", " ").split()),
         ) as cluster:
             if command == "preflight":
                 cluster.preflight(*arguments)

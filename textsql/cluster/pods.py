@@ -312,7 +312,8 @@ class Cluster:
     processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of the
     cores). `min_workers`: elastic (`--nnodes MIN:MAX`, with --output_dir): the pods that joined when training started
     train, the others are stopped. `max_restarts`: torchrun restarts every pod's ranks after a failure, from the newest
-    complete checkpoint (docs/multi-pod.md).
+    complete checkpoint (docs/multi-pod.md). `forward_env`: your own variables every rank gets (names, or prefixes
+    ending in *), besides textsql's allowlist; a name that looks like a credential never leaves (textsql.redaction).
     """
 
     backend: str = "local"
@@ -329,6 +330,7 @@ class Cluster:
     progress_timeout: float = PROGRESS_SECONDS
     min_workers: int | None = None
     max_restarts: int = 0
+    forward_env: tuple[str, ...] = ()
     pods: list[Pod] = field(default_factory=list, init=False)
 
     def __post_init__(self):
@@ -406,6 +408,7 @@ class Cluster:
             log_root=self.dir / "launches",
             environ=os.environ,
             min_pods=None if self.min_workers is None else 1 + self.min_workers,
+            forward=self.forward_env,
         )
 
     def preflight(self, *arguments):
