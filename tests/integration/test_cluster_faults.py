@@ -176,6 +176,34 @@ def test_a_pod_frozen_before_its_first_heartbeat_is_named_not_the_session(assets
     assert leftovers(project) == []
 
 
+def test_the_store_stops_listening_when_a_launch_ends_even_while_its_traceback_is_kept(assets, project, clusters):
+    """A Ctrl-C in the launch's watch loop, its traceback kept (as a notebook keeps it, frames and all): the session's
+    rendezvous store no longer listens once train() has raised, without waiting for the garbage collector."""
+    import gc
+
+    from test_cluster import listeners
+
+    seen = {}
+
+    def interrupt(line):
+        raise KeyboardInterrupt
+
+    def port(line):
+        seen["port"] = int(re.search(r"--rdzv-endpoint 127\.0\.0\.1:(\d+)", line)[1])
+
+    cluster = clusters("local", echo=on_line("every pod:", port, on_line("textsql pod", interrupt)))
+    try:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000))
+    except KeyboardInterrupt:
+        kept = sys.exc_info()  # noqa: F841  (what IPython keeps: the traceback and every frame of it)
+    gc.disable()  # nothing but the launch's own clean-up may close it
+    try:
+        assert [s for s in listeners([os.getpid()]) if s[3] == seen["port"]] == []
+    finally:
+        gc.enable()
+    assert leftovers(project) == []
+
+
 KERNEL = textwrap.dedent("""
     import sys
     from textsql.cluster import Cluster

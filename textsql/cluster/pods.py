@@ -429,9 +429,12 @@ class Cluster:
         self.echo(plan.describe())
         with run_lock(plan.run_dir, plan.launch_id):
             prepare(plan)
-            store = bound_store(self.session)  # the rendezvous store, on the session's address only
+            store = [bound_store(self.session)]  # the rendezvous store, on the session's address only; in a list
+            # that the finally empties: it stops listening even while a kept traceback (a notebook's) holds the frames
             nnodes = f"{1 + self.min_workers}:{1 + self.workers}" if self.min_workers is not None else 1 + self.workers
-            spec = plan.spec(store=f"{self.session}:{store.port}", nnodes=str(nnodes), max_restarts=self.max_restarts)
+            spec = plan.spec(
+                store=f"{self.session}:{store[0].port}", nnodes=str(nnodes), max_restarts=self.max_restarts
+            )
             spec.update(silence=self.silence_seconds, progress=self.progress_timeout, start_timeout=self.start_timeout)
             command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
             self.echo("every pod: " + " ".join(command))
@@ -441,7 +444,7 @@ class Cluster:
             finally:
                 with interrupts_deferred(self.echo):
                     self._stop_pods()
-                del store  # stops listening
+                store.clear()  # its last reference: it stops listening
             return finish(plan, lost, command)
 
     def _start_pods(self, plan, spec: dict) -> None:
@@ -483,7 +486,7 @@ class Cluster:
                 self.cml.stop_workers(*workers)
         stop_local_pods([p.process for p in pods if p.process is not None])
 
-    def _watch(self, plan, store, grace_seconds: float, timeout_s) -> dict[str, str]:
+    def _watch(self, plan, store: list, grace_seconds: float, timeout_s) -> dict[str, str]:
         """Echo every pod's log until every pod that trains ended well, or the first failure and a grace for the other
         records (a rank's record only without restarts; else a pod whose torchrun gave up): returns the pods lost
         (address -> how). An elastic launch stops the pods missing from its first round. TrainingTimedOut past
@@ -512,7 +515,7 @@ class Cluster:
                         pod.tail.append(line)
                         recent.append(shown)
                         self.echo(shown)
-                    beat = int(store.add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
+                    beat = int(store[0].add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
                     pod.joined = pod.joined or bool(beat) or pod.process is not None
                     if beat != pod.beat[0] or status == "scheduling":  # a worker's silence counts once it runs
                         pod.beat = (beat, now)
