@@ -319,14 +319,17 @@ def test_lora_on_a_causal_lm_on_two_pods_through_the_cml_standin(causal_assets, 
     (launch,) = [c for c in standin.calls if c[0] == "launch_workers"]
     assert launch[1:7] == (1, 1, 2, 1, True, False)  # n, cpu, memory, nvidia_gpu, code, no script
     env = launch[7]  # what the pod learns, in its environment only: the launch's spec, no secret
-    assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
+    assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_KEY", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
     assert CANARY not in json.dumps(decode(env["TEXTSQL_LAUNCH"]))
     assert sorted(seen) == [0, 1] and all(CANARY not in json.dumps(e) for e in seen.values())
+    # The launch's heartbeat key: in the pods' environment only (not the ranks', a file, a log or a command line).
+    key = env["TEXTSQL_POD_KEY"]
+    assert len(key) == 64 and all(key not in json.dumps(e) for e in seen.values()) and key not in str(result)
     check_two_pod_run(result, assets, stage=None, offload="none")
     assert result["summary"].lora and (Path(result["summary"].output_dir) / "adapter_model.safetensors").exists()
     assert standin.calls[-1][0] == "stop_workers" and [w["status"] for w in standin.list_workers()] == ["stopped"]
     wait_until_clean(project)
-    assert files_holding(project, CANARY) == [] and key_files(project) == []
+    assert files_holding(project, CANARY) == [] and files_holding(project, key) == [] and key_files(project) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -122,10 +122,34 @@ def test_a_killed_pod_then_a_raising_rank_end_the_launch_named_and_the_next_laun
     wait_until_clean(project)
 
 
+def forge_heartbeats(line, address=NODES[1], every=2.0):
+    """Another local process's forgery of a pod's heartbeat (issue 48): it reaches the session's store (its address
+    is in the launch's echo) and, every `every` s, adds to the pod's counter, or replays its newest value one higher."""
+    import datetime
+
+    import torch.distributed as dist
+
+    host, port = re.search(r"--rdzv-endpoint (\S+):(\d+)", line).groups()
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10))
+    name = f"textsql/alive/{address}"
+
+    def forge():
+        while True:
+            try:
+                count, _, rest = (store.get(name).decode() if store.check([name]) else "0").partition(":")
+                store.set(name, f"{int(count) + 1}:{rest}") if rest else store.add(name, 1)
+            except Exception:
+                return  # the launch's store is gone
+            time.sleep(every)
+
+    threading.Thread(target=forge, daemon=True).start()
+
+
 @pytest.mark.slow
 def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets, project, clusters):
-    """Every process of pod 127.0.0.2 stopped (SIGSTOP: a hung pod, or one cut off): named by its silent heartbeat;
-    then Ctrl-C while the ranks train (and again during the clean-up, which waits): every pod stopped, in a finally."""
+    """Every process of pod 127.0.0.2 stopped (SIGSTOP: a hung pod, or one cut off) while another local process
+    forges its heartbeat in the session's store: named by its silent heartbeat at the default silence (20 s); then
+    Ctrl-C while the ranks train (and again during the clean-up, which waits): every pod stopped, in a finally."""
     hit, lines = {}, []
 
     def freeze(line):
@@ -133,9 +157,10 @@ def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets
             process.suspend()
         hit["at"] = time.monotonic()
 
-    cluster = clusters("local", silence_seconds=6, echo=on_line("Training starts", freeze, lines.append))
+    echo = on_line("every pod:", forge_heartbeats, on_line("Training starts", freeze, lines.append))
+    cluster = clusters("local", echo=echo)
     with pytest.raises(LaunchFailed) as failure:
-        cluster.train(cluster_argv(assets, project / "runs-frozen", steps=100000, logging_steps=50))
+        cluster.train(cluster_argv(assets, project / "runs-frozen", steps=100000, logging_steps=50), timeout_s=200)
     message = str(failure.value)
     print(message)
     assert time.monotonic() - hit["at"] < 60

@@ -222,6 +222,24 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
     beats.rmdir()
 
 
+def test_a_pods_heartbeat_counts_only_signed_with_the_launchs_key():
+    """What the session reads of a pod's heartbeat in its store (a real TCPStore): the count the pod signed with the
+    launch's key; nothing for a value another process added, replayed one higher or signed with another key."""
+    from textsql.cluster.pods import _beats_of, signed
+    from textsql.train.distributed import bound_store
+
+    store, key, name = bound_store("127.0.0.1"), "k" * 64, "textsql/alive/10.0.0.2"
+    assert _beats_of(store, key, "10.0.0.2") == 0
+    store.set(name, signed(key, "10.0.0.2", 7))
+    assert _beats_of(store, key, "10.0.0.2") == 7
+    count, mac = store.get(name).decode().split(":")
+    for forged in (f"8:{mac}", signed("another key", "10.0.0.2", 8), signed(key, "10.0.0.3", 8), "x:y", "9" * 5000):
+        store.set(name, forged)
+        assert _beats_of(store, key, "10.0.0.2") == 0, forged
+    store.add("textsql/alive/10.0.0.3", 1)
+    assert _beats_of(store, key, "10.0.0.3") == 0
+
+
 def test_each_local_node_gets_its_own_gpus_and_cores():
     from textsql.strategy.devices import (
         A100_40GB,

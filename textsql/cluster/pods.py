@@ -7,7 +7,9 @@ ends or the first failure is named."""
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -26,7 +28,7 @@ from textsql.cluster.rank import BEATS_ENV, LAUNCH_ENV, POD_ENV, ROUND_ENV
 from textsql.errors import TextsqlError
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 
-RANKS_ENV = "TEXTSQL_POD_RANKS"
+RANKS_ENV, KEY_ENV = "TEXTSQL_POD_RANKS", "TEXTSQL_POD_KEY"  # a name textsql.redaction keeps from the ranks
 POD_CODE = (
     "from textsql.cluster.pods import pod_main\nfrom textsql.cluster.rank import exit_now\nexit_now(pod_main())\n"
 )
@@ -74,10 +76,25 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
         Handler.num_nodes_waiting = lambda self: 0
 
 
-def _heartbeat(spec: dict, address: str, beats: Path) -> None:
-    """Every silence/4 s: add to this pod's counter in the session's store (a frozen or cut-off pod is named when it
-    stops; a gone store stops only the counting), and name a rank of this pod whose own heartbeat, a file in a folder
-    only this user can write (the store's counter can be forged), stopped for `silence` s while its process used no
+def signed(key: str, address: str, count: int) -> str:
+    """A pod's heartbeat `count` as only a holder of the launch's key can write it (its pods and the session)."""
+    return f"{count}:" + hmac.new(key.encode(), f"{address}:{count}".encode(), "sha256").hexdigest()
+
+
+def _beats_of(store, key: str, address: str) -> int:
+    """A pod's newest heartbeat count in the store, 0 unless signed with the launch's key (none yet, or forged)."""
+    with contextlib.suppress(Exception):
+        if store.check([f"textsql/alive/{address}"]):
+            value = store.get(f"textsql/alive/{address}").decode()
+            count = int(value.split(":")[0])
+            return count if hmac.compare_digest(value, signed(key, address, count)) else 0
+    return 0
+
+
+def _heartbeat(spec: dict, address: str, beats: Path, key: str) -> None:
+    """Every silence/4 s: a new count, signed with the launch's key, in the session's store (a frozen or cut-off pod
+    is named when it stops, a forger cannot sign the next; a gone store stops only the counting), and name a rank of
+    this pod whose own heartbeat, a file in a folder only this user can write, stopped for `silence` s while its process used no
     CPU (a long call that holds the GIL still does), or whose training loop made no progress (its `.progress` file,
     textsql.cluster.rank.train) for `progress` s: its failure record, dated when it stopped, then SIGKILL (torchrun
     ends or restarts)."""
@@ -86,14 +103,15 @@ def _heartbeat(spec: dict, address: str, beats: Path) -> None:
     import psutil
     import torch.distributed as dist
 
-    every, store, last, cpu = spec["silence"] / 4, None, time.monotonic(), {}
+    every, store, last, cpu, count = spec["silence"] / 4, None, time.monotonic(), {}, 0
     host, port = spec["store"].rsplit(":", 1)
     with contextlib.suppress(Exception):  # unreachable: the session names the silence
         store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 4))
     while True:
         try:
             if store is not None:
-                store.add(f"textsql/alive/{address}", 1)
+                count += 1
+                store.set(f"textsql/alive/{address}", signed(key, address, count))
         except Exception:  # the session, and its store, are gone
             store = None
         awake, last = time.monotonic() - last < spec["silence"], time.monotonic()  # not woken from a pod-wide stop
@@ -201,10 +219,11 @@ def pod_main() -> int:
         write_record(spec["launch_dir"], "failure", pod_failure(address, str(error)))
         print(f"textsql pod {address}: {error}", flush=True)
         return 3
+    key = os.environ.get(KEY_ENV, "")  # not in `env`: torchrun and the ranks never see it
     os.environ.clear()
     os.environ.update(env)
     _patch_torchrun(spec["launch_dir"], address, ":" in spec["nnodes"])
-    threading.Thread(target=_heartbeat, args=(spec, address, Path(env[BEATS_ENV])), daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(spec, address, Path(env[BEATS_ENV]), key), daemon=True).start()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -439,6 +458,7 @@ class Cluster:
             command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
             self.echo("every pod: " + " ".join(command))
             try:
+                self.key = secrets.token_hex(32)  # the pods' heartbeats are signed with it (signed)
                 self._start_pods(plan, spec)
                 lost = self._watch(plan, store, grace_seconds, timeout_s)
             finally:
@@ -455,7 +475,7 @@ class Cluster:
             cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(plan.ranks))
         else:  # the session's pod keeps what it has; each worker pod has its own devices
             gpus, cores = [None], [None]
-        env = {LAUNCH_ENV: encode(spec)}
+        env = {LAUNCH_ENV: encode(spec), KEY_ENV: self.key}  # the key in no file, log or command line
         self.echo(f"starting the session's pod ({self.session}) and {self.workers} {self.backend} worker pod(s)")
         with interrupts_deferred(self.echo, "starting the pods"):  # what is started is recorded, so it can be stopped
             local = [self.session] + ([f"127.0.0.{2 + n}" for n in range(self.workers)] if self.cml is None else [])
@@ -515,12 +535,14 @@ class Cluster:
                         pod.tail.append(line)
                         recent.append(shown)
                         self.echo(shown)
-                    beat = int(store[0].add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
+                    beat = _beats_of(store[0], self.key, pod.address)
                     pod.joined = pod.joined or bool(beat) or pod.process is not None
-                    if beat != pod.beat[0] or status == "scheduling":  # a worker's silence counts once it runs
+                    if beat > pod.beat[0] or status == "scheduling":  # a worker's silence counts once it runs
                         pod.beat = (beat, now)
-                    elif pod.ended is None and now - pod.beat[1] > self.silence_seconds * (1 if beat else 2):
-                        how = "went silent for" if beat else "sent no heartbeat since it started,"  # torch loads first
+                    elif pod.ended is None and now - pod.beat[1] > self.silence_seconds * (1 if pod.beat[0] else 2):
+                        how = (
+                            "went silent for" if pod.beat[0] else "sent no heartbeat since it started,"
+                        )  # torch loads first
                         why = "(no heartbeat: frozen, or cut off from the network)"
                         lost.setdefault(pod.address, f"it {how} {now - pod.beat[1]:.0f} s {why}")
                     if pod.ended not in (None, "ok", LEFT_OUT) and pod.address not in recorded:
