@@ -58,7 +58,10 @@ def check_rank_arguments(rank: dict, argv: list[str]):
 
 
 def leftovers(root: Path) -> list[str]:
-    """Processes (other than this one) working in the test's project folder: agents, launchers, ranks."""
+    """What the test's launches left: processes (other than this one) working in its project folder (agents,
+    launchers, ranks), and its launches' heartbeat folders in this machine's temporary folder."""
+    import tempfile
+
     import psutil
 
     found = []
@@ -73,6 +76,8 @@ def leftovers(root: Path) -> list[str]:
             and process.status() != psutil.STATUS_ZOMBIE
         ):
             found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:160]}")
+    for launch in root.glob(".textsql/cluster/*/launches/*"):
+        found += [f"left: {p}" for p in Path(tempfile.gettempdir()).glob(f"textsql-beats-{launch.name}-*")]
     return found
 
 
@@ -85,9 +90,9 @@ def wait_until_clean(root: Path, timeout: float = 60) -> float:
         for line in left:
             try:
                 os.kill(int(line.split(":")[0]), signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, ValueError):
                 pass
-        pytest.fail("processes left running:\n" + "\n".join(left))
+        pytest.fail("processes or files left behind:\n" + "\n".join(left))
     return time.monotonic() - start
 
 

@@ -122,6 +122,38 @@ def test_a_killed_pod_then_a_raising_rank_end_the_launch_named_and_the_next_laun
     wait_until_clean(project)
 
 
+@pytest.mark.slow
+def test_a_pod_killed_while_starting_is_named_and_leaves_nothing_behind(assets, project, clusters):
+    """The worker pod SIGKILLed as soon as both pods made their ranks' heartbeat folders (before its torchrun started
+    a rank): it is named, and nothing of the launch is left (no process, no heartbeat folder)."""
+    import tempfile
+
+    hit = {}
+
+    def kill_when_started(line):
+        launch = re.search(r"--rdzv-id (\S+)", line)[1]
+
+        def kill():
+            deadline = time.monotonic() + 120
+            while len(list(Path(tempfile.gettempdir()).glob(f"textsql-beats-{launch}-*"))) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            (pod,) = [p for p in cluster.pods if p.address == NODES[1]]
+            pod.process.kill()
+            hit["at"] = time.monotonic()
+
+        threading.Thread(target=kill, daemon=True).start()
+
+    cluster = clusters("local", echo=on_line("every pod:", kill_when_started))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000), timeout_s=150)
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert message.startswith("Pod 127.0.0.2 was lost first: it was killed by SIGKILL"), message
+    assert leftovers(project) == []
+
+
 def forge_heartbeats(line, address=NODES[1], every=2.0):
     """Another local process's forgery of a pod's heartbeat (issue 48): it reaches the session's store (its address
     is in the launch's echo) and, every `every` s, adds to the pod's counter, or replays its newest value one higher."""

@@ -151,9 +151,14 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
         env.setdefault(name, interface)
     if "TORCH_EXTENSIONS_DIR" not in env:
         env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()
-    env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"textsql-beats-{spec['launch_id']}-")  # 0700: only this user writes
+    env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"{beats_prefix(spec['launch_id'])}{address}-")  # 0700: only mine
     env[LAUNCH_ENV] = environ[LAUNCH_ENV]
     return env
+
+
+def beats_prefix(launch_id: str) -> str:
+    """Where a launch's pods keep their ranks' heartbeats (a pod killed leaves its folder: the session removes it)."""
+    return str(Path(tempfile.gettempdir()) / f"textsql-beats-{launch_id}-")
 
 
 def node_local_extensions_dir() -> str:
@@ -464,6 +469,8 @@ class Cluster:
             finally:
                 with interrupts_deferred(self.echo):
                     self._stop_pods()
+                    for left in Path(tempfile.gettempdir()).glob(Path(beats_prefix(plan.launch_id)).name + "*"):
+                        shutil.rmtree(left, ignore_errors=True)  # of a local pod killed (no finally ran)
                 store.clear()  # its last reference: it stops listening
             return finish(plan, lost, command)
 
