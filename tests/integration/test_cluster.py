@@ -57,14 +57,33 @@ def check_rank_arguments(rank: dict, argv: list[str]):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+BEFORE: dict[str, tuple] = {}  # per project folder: when its test began, /dev/shm's entries and this process's sockets
+
+
 def leftovers(root: Path) -> list[str]:
     """What the test's launches left: processes (other than this one) working in its project folder (agents,
-    launchers, ranks), and its launches' heartbeat folders in this machine's temporary folder."""
+    launchers, ranks); its launches' heartbeat folders in this machine's temporary folder; sockets this process
+    listens on that it did not before (a rendezvous store); shared memory (/dev/shm) of torch, NCCL or gloo made
+    since (or named with a rank's process id); and DeepSpeed build locks no process holds, made since."""
     import tempfile
 
     import psutil
 
-    found = []
+    from textsql.strategy.opbuilds import build_locks, extensions_folder, lock_holders
+
+    began, shm, sockets = BEFORE.get(str(root), (time.time(), set(), set()))
+    pids = {str(pid) for pid in rank_pids(root).values()}
+    found = [f"left: listening {s}" for s in listeners([os.getpid()]) if s not in sockets]
+    found += [
+        f"left: /dev/shm/{name}"
+        for name in set(os.listdir("/dev/shm")) - shm
+        if any(word in name for word in ("torch", "nccl", "gloo", *pids))
+    ]
+    found += [
+        f"left: {lock}"
+        for lock in build_locks(extensions_folder())
+        if modified(lock) >= began and not lock_holders(lock)
+    ]
     for process in psutil.process_iter(["pid", "cmdline"]):
         try:
             cwd = process.cwd()
@@ -79,6 +98,13 @@ def leftovers(root: Path) -> list[str]:
     for launch in root.glob(".textsql/cluster/*/launches/*"):
         found += [f"left: {p}" for p in Path(tempfile.gettempdir()).glob(f"textsql-beats-{launch.name}-*")]
     return found
+
+
+def modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # gone meanwhile
+        return 0.0
 
 
 def wait_until_clean(root: Path, timeout: float = 60) -> float:
@@ -111,6 +137,7 @@ def project(cpu_env, monkeypatch, tmp_path):
     monkeypatch.setenv("CDSW_IP_ADDRESS", NODES[0])
     monkeypatch.syspath_prepend(str(STANDIN))
     monkeypatch.chdir(tmp_path)
+    BEFORE[str(tmp_path)] = (time.time(), set(os.listdir("/dev/shm")), set(listeners([os.getpid()])))
     yield tmp_path
     wait_until_clean(tmp_path, timeout=30)
 

@@ -390,6 +390,45 @@ def test_an_elastic_run_resumes_at_the_size_it_trained_at_and_is_refused_at_anot
     wait_until_clean(project)
 
 
+@pytest.mark.slow
+def test_an_elastic_launch_that_loses_a_pod_names_it_and_the_next_resumes(assets, project, clusters):
+    """Elastic (min_workers=1: --nnodes 2:2), two pods training: pod 127.0.0.2 killed (every process of it) once
+    checkpoint-4 is complete. It is named, not the session's pod; the same launch again resumes at world size 2 from
+    the newest checkpoint complete on every node, and finishes."""
+    from textsql.cluster.runs import RECORD
+
+    run = project / "elastic"
+    argv = cluster_argv(assets, project / "runs", "--output_dir", str(run), "--save_strategy", "steps", steps=12)
+    argv += ["--save_steps", "4", "--logging_steps", "2"]
+    cluster, killed = clusters("local", min_workers=1), {}
+
+    def kill_pod():
+        deadline = time.monotonic() + 300
+        while not all((run / "checkpoint-4" / name).exists() for name in ("rng_state_1.pth", "trainer_state.json")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        for process in pod_tree(cluster, NODES[1]):
+            process.kill()
+        killed["at"] = time.monotonic()
+
+    threading.Thread(target=kill_pod, daemon=True).start()
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(argv, timeout_s=400)
+    message = str(failure.value)
+    print(message)
+    assert "at" in killed, "the pod was never killed: training ended or stalled before its first checkpoint"
+    assert time.monotonic() - killed["at"] < 60
+    assert message.startswith("Pod 127.0.0.2 was lost first: it was killed by SIGKILL"), message
+    resume = step_of(failure.value.resume)
+    wait_until_clean(project)
+    result = cluster.train(argv, timeout_s=400)
+    summary = result["summary"]
+    assert (summary.world_size, summary.global_step, Path(summary.resumed_from).name) == (2, 12, f"checkpoint-{resume}")
+    assert resume >= 4 and json.loads((run / RECORD).read_text())["world_size"] == 2
+    wait_until_clean(project)
+
+
 def standin_workers() -> list[dict]:
     import cml.workers_v1 as standin
 
@@ -500,6 +539,39 @@ def test_max_restarts_resumes_from_the_newest_complete_checkpoint_after_a_killed
 
 
 @pytest.mark.slow
+def test_max_restarts_restarts_a_raising_rank_and_says_so_when_the_restarts_are_used_up(
+    assets, project, clusters, monkeypatch
+):
+    """max_restarts=1: rank 1 raises while it saves checkpoint-8 in every round. torchrun restarts every pod's ranks
+    once (they resume from checkpoint-4), then the restarts are used up: the launch names the last round's failure
+    and says that a restart happened, and after which failure."""
+    runs = project / "runs"
+    argv = cluster_argv(assets, runs, "--save_strategy", "steps", "--save_steps", "4", steps=16, logging_steps=2)
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", "enospc:1:checkpoint-8/rng_state_1.pth")
+    with pytest.raises(LaunchFailed) as failure:
+        clusters("local", max_restarts=1).train(argv, timeout_s=400)
+    message = str(failure.value)
+    print(message)
+    assert message.startswith("Rank 1 on pod 127.0.0.2 failed first: OSError: [Errno 28] No space left on device")
+    assert {f["round"] for f in failure.value.failures} == {1}
+    assert re.search(
+        r"The restarts are used up: torchrun restarted every rank 1 time\(s\), after rank 1 on pod 127\.0\.0\.2 "
+        r"failed in round 0 \(OSError: \[Errno 28\]",
+        message,
+    ), message
+    assert "resumes from checkpoint-4" in failure.value.resume
+    assert leftovers(project) == []
+
+
+def test_max_restarts_is_refused_with_min_workers_from_the_command_line(assets, project):
+    from textsql.cli.cluster import cluster_cli
+
+    argv = ["train", "--backend", "local", "--min_workers", "0", "--max_restarts", "1", "--"]
+    with pytest.raises(TextsqlError, match="max_restarts cannot be combined with min_workers"):
+        cluster_cli(argv + cluster_argv(assets, project / "runs"))
+
+
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_by_its_own_pod_within_60_s(assets, project, clusters):
     """Rank 1's process alone SIGSTOPped (its pod's torchrun runs on, rank 0 waits in a collective): its pod sees
     its heartbeat stop and names it; every process is gone after."""
@@ -544,19 +616,14 @@ def test_a_rank_blocked_but_alive_is_named_by_its_training_progress(assets, proj
 @pytest.mark.slow
 def test_a_one_process_training_binds_torchs_store_to_127_0_0_1(assets, project):
     """`textsql train` in one process with DeepSpeed (a process group of one): torch's store listens on 127.0.0.1
-    only, never on every address, for the whole training."""
-    import psutil
+    only, never on every address, for the whole training, in the process and in any child process of it."""
+    from test_cluster import listeners
 
     argv = cluster_argv(assets, project / "runs", "--deepspeed", "zero2", steps=4, logging_steps=2)
     process = subprocess.Popen([sys.executable, "-m", "textsql.train", *argv], cwd=project)
     seen = set()
     while process.poll() is None:
-        with contextlib.suppress(psutil.Error):
-            seen |= {
-                (c.laddr.ip, c.laddr.port)
-                for c in psutil.Process(process.pid).net_connections("tcp")
-                if c.status == psutil.CONN_LISTEN
-            }
+        seen |= {(address, port) for _, _, address, port in listeners([process.pid])}  # its children's too
         time.sleep(0.1)
     assert process.returncode == 0
     assert seen and {ip for ip, _ in seen} == {"127.0.0.1"}, seen

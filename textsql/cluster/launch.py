@@ -269,9 +269,12 @@ def first_failure(failures: list[dict]) -> dict:
     return min(pool, key=lambda f: f.get("ended_at") or float("inf"))
 
 
-def failure_message(failures: list[dict], lost: dict[str, str], launch_dir: Path, resume: str | None) -> str:
+def failure_message(
+    failures: list[dict], lost: dict[str, str], launch_dir: Path, resume: str | None, restarts: list[dict] = ()
+) -> str:
     """The error a failed launch raises. `lost`: pods that ended without a rank's record, or went silent (address ->
-    how), named first unless a rank had failed on its own before."""
+    how), named first unless a rank had failed on its own before; `restarts`: the first failure of each round that
+    torchrun restarted."""
     pods_first = bool(lost) and all(secondary(f) for f in failures)
     lines = [f"Pod {address} was lost first: {how}." for address, how in lost.items()] if pods_first else []
     first = first_failure(failures) if failures else None
@@ -286,6 +289,16 @@ def failure_message(failures: list[dict], lost: dict[str, str], launch_dir: Path
             f"{' (stopped because of it)' if secondary(other) else ''}."
         )
     lines = lines or ["The launch ended without a run summary."]
+    if restarts:
+        lines.append(
+            f"The restarts are used up: torchrun restarted every rank {len(restarts)} time(s), after "
+            + ", then ".join(
+                f"rank {r['rank']} on pod {r.get('node_address', '?')} failed in round {r['round']} "
+                f"({str(r.get('how'))[:200]})"
+                for r in restarts
+            )
+            + "."
+        )
     lines.append(f"Every process of the launch was stopped. Logs: {launch_dir} (pod-<address>.log).")
     if resume:
         lines.append(f"Launch again with the same arguments: the next launch {resume}.")
@@ -301,14 +314,15 @@ def finish(plan: LaunchPlan, lost: dict[str, str], command: list[str]) -> dict:
 
     last = last_round(plan.launch_dir)
     failures = read_records(plan.launch_dir, "failure", last)
+    restarts = [first_failure(f) for r in range(last) if (f := read_records(plan.launch_dir, "failure", r))]
     if failures or lost:
         try:  # what the next launch will do, from the run folder's checkpoints as they are now (after the stop)
             size = recorded_world_size(plan.run_dir) or plan.world_size
             resume = resume_plan(plan.run_dir, size, plan.zero_stage).sentence()
         except TextsqlError as error:
             resume = f"cannot tell which checkpoint it resumes from: {error}"
-        raise LaunchFailed(failure_message(failures, lost, plan.launch_dir, resume), failures, plan.launch_dir, resume)
-    restarts = [first_failure(f) for r in range(last) if (f := read_records(plan.launch_dir, "failure", r))]
+        message = failure_message(failures, lost, plan.launch_dir, resume, restarts)
+        raise LaunchFailed(message, failures, plan.launch_dir, resume)
     ranks = sorted(read_records(plan.launch_dir, "summary", last), key=lambda r: r["rank"])
     if not ranks or ranks[0]["rank"] != 0 or not ranks[0].get("run_summary"):
         raise LaunchFailed(f"The launch ended without rank 0's summary (logs: {plan.launch_dir}).", [], plan.launch_dir)
