@@ -179,7 +179,7 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
     import stat
     import tempfile
 
-    from textsql.cluster.pods import node_local_extensions_dir
+    from textsql.strategy.opbuilds import node_local_extensions_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     root = tmp_path / f"textsql-{os.getuid()}"
@@ -553,14 +553,14 @@ def test_the_rank_that_failed_first_is_named_not_a_peer_that_lost_its_connection
     assert lost.startswith("Pod 10.0.0.2 was lost first: it was killed by SIGKILL.\nThen rank 0 on 10.0.0.1")
 
 
-def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path):
+def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path, monkeypatch):
     from textsql.cluster.launch import PreflightError, plan_launch, prepare
     from textsql.cluster.runs import RECORD
     from textsql.strategy.devices import A100_40GB, V100, NodeDevices
 
     argv = tiny_train_argv(assets, tmp_path / "runs", "--save_steps", "2", max_steps=4)
     cpu, a100 = NodeDevices((), 8), NodeDevices((A100_40GB,) * 2, 16)
-    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", environ={})
+    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", env={})
     assert (plan.world_size, plan.accelerator, plan.precision.name) == (2, "cpu", "fp32")
     assert plan.arguments["accelerator"] == "cpu" and plan.arguments["bf16"] is False
     gpus = plan_launch(
@@ -569,19 +569,24 @@ def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path):
         devices=a100,
         workdir=tmp_path,
         log_root=tmp_path / "l",
-        environ={"HF_TOKEN": "x", "NCCL_DEBUG": "INFO", "DS_BEARER": "x", "MINE": "1", "MY_KEY": "x"},
-        forward=("MINE", "MY_KEY"),
+        env={"NCCL_DEBUG": "INFO"},
     )
-    assert (gpus.world_size, gpus.accelerator) == (4, "cuda") and gpus.env == {"NCCL_DEBUG": "INFO", "MINE": "1"}
+    assert (gpus.world_size, gpus.accelerator) == (4, "cuda") and gpus.env == {"NCCL_DEBUG": "INFO"}
+    # What a cluster's ranks get of this environment: the allowlist and the user's own names, never a secret.
+    from textsql.cluster import Cluster
+
+    for name, value in {"HF_TOKEN": "x", "NCCL_DEBUG": "INFO", "DS_BEARER": "x", "MINE": "1", "MY_KEY": "x"}.items():
+        monkeypatch.setenv(name, value)
+    with Cluster("local", forward_env=("MINE", "MY_KEY"), project_dir=tmp_path) as cluster:
+        env = cluster.plan(argv).env
+    assert env["MINE"] == "1" and env["NCCL_DEBUG"] == "INFO" and not {"HF_TOKEN", "DS_BEARER", "MY_KEY"} & set(env)
     with pytest.raises(PreflightError, match="2 processes per node were asked for"):
-        plan_launch(
-            argv, ranks=[2, 1], devices=NodeDevices((V100,), 8), workdir=tmp_path, log_root=tmp_path, environ={}
-        )
+        plan_launch(argv, ranks=[2, 1], devices=NodeDevices((V100,), 8), workdir=tmp_path, log_root=tmp_path, env={})
     # A partial newer checkpoint is set aside (renamed, never deleted); the launch record says the world size.
     run = plan.run_dir
     (run / "checkpoint-2").mkdir(parents=True)
     (run / "checkpoint-2" / "trainer_state.json").write_text("{}")
-    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", environ={})
+    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", env={})
     prepare(plan)
     assert plan.resume.checkpoint is None and list(run.glob("incomplete-checkpoint-2-*"))
     assert not (run / RECORD).exists()  # rank 0 writes it, once the launch's world size is known

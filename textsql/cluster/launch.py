@@ -116,18 +116,16 @@ def plan_launch(
     devices,
     workdir: Path,
     log_root: Path,
-    environ,
+    env: dict,
     min_pods: int | None = None,
-    forward=(),
 ) -> LaunchPlan:
     """Decide and prepare a launch on the session (the run folder is shared by every pod): raises PreflightError.
     `arguments`: textsql.train's three dataclasses or a command line; `ranks`: the ranks each pod asks for, the
     session's first (None: one per GPU it has), then the workers' (their own GPUs); `devices`: the session's
     (textsql.strategy.devices.NodeDevices); `min_pods`: elastic, the launch may train on its first `min_pods` pods
-    alone; `forward`: the user's own variables to forward (textsql.redaction.forwarded). Every rank checks that its
+    alone; `env`: the session's variables every rank gets (textsql.redaction.forwarded). Every rank checks that its
     pod matches (textsql.cluster.rank.check_pod)."""
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
-    from textsql.redaction import forwarded
     from textsql.strategy.devices import (
         NodeDevices,
         choose_accelerator,
@@ -206,7 +204,7 @@ def plan_launch(
         strategy["zero_stage"],
         dict(arguments_dict(model, data, training), **decided),  # what every rank trains with, exactly
         expect,
-        forwarded(environ, forward),
+        env,
     )
 
 

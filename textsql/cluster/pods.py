@@ -13,7 +13,6 @@ import secrets
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -94,10 +93,10 @@ def _beats_of(store, key: str, address: str) -> int:
 def _heartbeat(spec: dict, address: str, beats: Path, key: str) -> None:
     """Every silence/4 s: a new count, signed with the launch's key, in the session's store (a frozen or cut-off pod
     is named when it stops, a forger cannot sign the next; a gone store stops only the counting), and name a rank of
-    this pod whose own heartbeat, a file in a folder only this user can write, stopped for `silence` s while its process used no
-    CPU (a long call that holds the GIL still does), or whose training loop made no progress (its `.progress` file,
-    textsql.cluster.rank.train) for `progress` s: its failure record, dated when it stopped, then SIGKILL (torchrun
-    ends or restarts)."""
+    this pod whose own heartbeat, a file in a folder only this user can write, stopped for `silence` s while its
+    process used no CPU (a long call that holds the GIL still does), or whose training loop made no progress (its
+    `.progress` file, textsql.cluster.rank.train) for `progress` s: its failure record, dated when it stopped, then
+    SIGKILL (torchrun ends or restarts)."""
     import datetime
 
     import psutil
@@ -141,6 +140,7 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
     interface, a private build folder), and a private folder for its ranks' heartbeats."""
     from textsql.redaction import for_pod
     from textsql.strategy.devices import local_devices, threads_per_rank, use_accelerator
+    from textsql.strategy.opbuilds import node_local_extensions_dir
     from textsql.train.distributed import interface_of
 
     env = {**for_pod(environ), **spec["env"], POD_ENV: address}
@@ -150,7 +150,7 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if (interface := interface_of(address)) else ():
         env.setdefault(name, interface)
     if "TORCH_EXTENSIONS_DIR" not in env:
-        env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()
+        env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()  # not the project folder every pod shares
     env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"{beats_prefix(spec['launch_id'])}{address}-")  # 0700: only mine
     env[LAUNCH_ENV] = environ[LAUNCH_ENV]
     return env
@@ -159,43 +159,6 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
 def beats_prefix(launch_id: str) -> str:
     """Where a launch's pods keep their ranks' heartbeats (a pod killed leaves its folder: the session removes it)."""
     return str(Path(tempfile.gettempdir()) / f"textsql-beats-{launch_id}-")
-
-
-def node_local_extensions_dir() -> str:
-    """Where a node's ranks build DeepSpeed's JIT ops when the user chose no TORCH_EXTENSIONS_DIR: node-local storage.
-    torch's default (~/.cache/torch_extensions) is in CML's shared project folder, where every pod would wait on one
-    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU.
-
-    It is <tmp>/textsql-<uid>/torch-extensions, private to this user: a build folder another local user could write
-    would let them plant the library. The top folder is made with mode 0700; one that exists must be a real folder
-    (not a symbolic link) of this user that nobody else can write (a readable one is made private), or TextsqlError
-    says so: another local user may have made it first."""
-    root = Path(tempfile.gettempdir()) / f"textsql-{os.getuid()}"
-    try:
-        root.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(root)
-    problem = None
-    if stat.S_ISLNK(info.st_mode):
-        problem = f"it is a symbolic link (to {os.readlink(root)})"
-    elif not stat.S_ISDIR(info.st_mode):
-        problem = "it is not a folder"
-    elif info.st_uid != os.getuid():
-        problem = f"it belongs to user id {info.st_uid}, not to you (user id {os.getuid()})"
-    elif info.st_mode & 0o022:
-        problem = f"others can write into it (mode {stat.S_IMODE(info.st_mode):o})"
-    if problem:
-        raise TextsqlError(
-            f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
-            f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
-            "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write."
-        )
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
-    folder = root / "torch-extensions"
-    folder.mkdir(mode=0o700, exist_ok=True)  # inside a private folder nobody else can make a link
-    return str(folder)
 
 
 def torchrun_args(spec: dict, address: str, ranks) -> list[str]:
@@ -232,12 +195,10 @@ def pod_main() -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    try:
+    try:  # its heartbeat folder is removed by the session (a local pod) or gone with the pod (a CML worker)
         torchrun(torchrun_args(spec, address, int(os.environ.get(RANKS_ENV) or 1)))
     except ChildFailedError:  # every failed rank has its record (its own, or torchrun's agent's: _patch_torchrun)
         return 1
-    finally:
-        shutil.rmtree(env[BEATS_ENV], ignore_errors=True)
     return 0
 
 
@@ -418,6 +379,7 @@ class Cluster:
         """Decide and prepare this training (textsql.cluster.launch.plan_launch) without starting it. `arguments`:
         textsql.train's three dataclasses, or one command line (a list)."""
         from textsql.cluster.launch import plan_launch
+        from textsql.redaction import forwarded
         from textsql.strategy.devices import local_devices
 
         if not self.started:
@@ -430,9 +392,8 @@ class Cluster:
             devices=local_devices(),
             workdir=Path.cwd(),
             log_root=self.dir / "launches",
-            environ=os.environ,
+            env=forwarded(os.environ, self.forward_env),
             min_pods=None if self.min_workers is None else 1 + self.min_workers,
-            forward=self.forward_env,
         )
 
     def preflight(self, *arguments):
