@@ -608,8 +608,12 @@ def test_a_rank_blocked_but_alive_is_named_by_its_training_progress(assets, proj
     message = str(failure.value)
     print(message)
     assert time.monotonic() - hit["at"] < 60
-    assert re.match(r"Rank 1 on pod 127\.0\.0\.2 failed first: it made no training progress for \d+ s", message)
+    assert re.match(
+        r"Rank 1 on pod 127\.0\.0\.2 failed first: it made no training progress for \d+ s while alive, blocked", message
+    ), message
     assert "--progress_timeout 45: raise it" in message
+    waited = [f["how"] for f in failure.value.failures if f["rank"] == 0 and "no training progress" in f["how"]]
+    assert all("waiting for its peers in a collective" in how for how in waited), waited  # rank 0 waited for it
     assert leftovers(project) == []
 
 

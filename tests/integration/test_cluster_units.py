@@ -240,6 +240,23 @@ def test_a_pods_heartbeat_counts_only_signed_with_the_launchs_key():
     assert _beats_of(store, key, "10.0.0.3") == 0
 
 
+def test_a_ranks_heartbeat_says_when_its_main_thread_waits_in_a_collective(tmp_path):
+    """The rank's heartbeat thread (textsql.cluster.rank._beat) looks at where the main thread is: inside code of
+    torch.distributed (here a frame compiled under that name, waiting) it writes "collective", elsewhere nothing."""
+    import threading
+
+    from textsql.cluster.rank import _beat
+
+    beat = tmp_path / "beat"
+    threading.Thread(target=_beat, args=(beat, 0.05), daemon=True).start()
+    time.sleep(0.5)
+    assert beat.read_text() == ""
+    seen = []
+    waiting = "import time\nfor _ in range(40):\n    seen.append(beat.read_text())\n    time.sleep(0.05)\n"
+    exec(compile(waiting, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), {"beat": beat, "seen": seen})
+    assert "collective" in seen[10:]
+
+
 def test_each_local_node_gets_its_own_gpus_and_cores():
     from textsql.strategy.devices import (
         A100_40GB,

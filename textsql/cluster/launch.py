@@ -22,7 +22,7 @@ from textsql.sharedfiles import read_unlinked
 AFTERMATH = re.compile(
     r"Connection (?:closed|reset) by (?:remote )?peer|remote process exited|ncclRemoteError|NCCL communicator was aborted|"
     r"Broken pipe|Socket Timeout|DistNetworkError|DistStoreError|recvBytes failed|Read error|gloo::EnforceNotMet|"
-    r"timed out|failed to recv|Connection refused|SIGTERM|SignalException",
+    r"timed out|failed to recv|Connection refused|SIGTERM|SignalException|waiting for its peers",
     re.IGNORECASE,
 )
 VERSIONED = ("textsql", "deepspeed", "torch", "transformers")

@@ -122,10 +122,11 @@ def _heartbeat(spec: dict, address: str, beats: Path, key: str) -> None:
                 if time.time() - since > spec["silence"] and used == cpu[child.pid]:
                     how = f"it hung: no sign of life for {time.time() - since:.0f} s (its process is {child.status()})"
                 elif progress.exists() and time.time() - (since := progress.stat().st_mtime) > spec["progress"]:
+                    where = "waiting for its peers in a collective" if beat.read_text() == "collective" else "blocked"
                     how = (
-                        f"it made no training progress for {time.time() - since:.0f} s while alive (its main thread "
-                        "is blocked: a deadlocked collective, a lock; or a step, evaluation or save took longer than "
-                        f"--progress_timeout {spec['progress']:.0f}: raise it for those)"
+                        f"it made no training progress for {time.time() - since:.0f} s while alive, {where} (a "
+                        "deadlock, a lock; or a step, evaluation or save took longer than --progress_timeout "
+                        f"{spec['progress']:.0f}: raise it for those)"
                     )
                 if "RANK" in env and how:
                     record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid, ended_at=since)
@@ -195,10 +196,12 @@ def pod_main() -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    try:  # its heartbeat folder is removed by the session (a local pod) or gone with the pod (a CML worker)
+    try:
         torchrun(torchrun_args(spec, address, int(os.environ.get(RANKS_ENV) or 1)))
     except ChildFailedError:  # every failed rank has its record (its own, or torchrun's agent's: _patch_torchrun)
         return 1
+    finally:  # also when the session died; a pod killed leaves it to the session (local) or its own end (CML)
+        shutil.rmtree(env[BEATS_ENV], ignore_errors=True)
     return 0
 
 
@@ -428,11 +431,11 @@ class Cluster:
                 self._start_pods(plan, spec)
                 lost = self._watch(plan, store, grace_seconds, timeout_s)
             finally:
-                with interrupts_deferred(self.echo):
+                with interrupts_deferred(self.echo):  # a second Ctrl-C is raised once all of this is done
                     self._stop_pods()
                     for left in Path(tempfile.gettempdir()).glob(Path(beats_prefix(plan.launch_id)).name + "*"):
                         shutil.rmtree(left, ignore_errors=True)  # of a local pod killed (no finally ran)
-                store.clear()  # its last reference: it stops listening
+                    store.clear()  # its last reference: it stops listening
             return finish(plan, lost, command)
 
     def _start_pods(self, plan, spec: dict) -> None:

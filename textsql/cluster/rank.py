@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -27,6 +28,7 @@ LAUNCH_ENV, POD_ENV = "TEXTSQL_LAUNCH", "TEXTSQL_POD_ADDRESS"
 ROUND_ENV, BEATS_ENV = "TEXTSQL_ROUND", "TEXTSQL_BEATS"  # set by the pod: its rendezvous round, its heartbeat folder
 RECORD_WAIT_S = 600  # how long the other ranks of a round wait for rank 0's check of the run folder
 SPEC_FLAG = "--textsql_spec="
+COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed|torch/autograd/|deepspeed/comm/")
 
 
 def check_pod(spec: dict, where: str) -> None:
@@ -101,9 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _beat(path: Path, every: float) -> None:
-    """This rank's heartbeat: the file's time, renewed while the process runs (a stopped or hung one stops it)."""
+    """This rank's heartbeat: the file's time, renewed while the process runs (a stopped or hung one stops it); it
+    says "collective" while the main thread waits in one, for its peers: its pod names such a rank after the one
+    whose training progress stopped elsewhere (textsql.cluster.pods._heartbeat)."""
+    main = threading.main_thread().ident
     while True:
-        path.touch()
+        frame, waiting = sys._current_frames().get(main), False
+        while frame is not None and not waiting:
+            waiting, frame = COLLECTIVE.search(frame.f_code.co_filename) is not None, frame.f_back
+        path.write_text("collective" if waiting else "")
         time.sleep(every)
 
 
