@@ -255,6 +255,11 @@ def test_a_ranks_heartbeat_says_when_its_main_thread_waits_in_a_collective(tmp_p
     waiting = "import time\nfor _ in range(40):\n    seen.append(beat.read_text())\n    time.sleep(0.05)\n"
     exec(compile(waiting, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), {"beat": beat, "seen": seen})
     assert "collective" in seen[10:]
+    seen.clear()  # a lock taken under such a frame (a signal handler's, a callback's) is no collective
+    blocked = "import time\ndef wait():\n    for _ in range(40):\n        seen.append(beat.read_text())\n        time.sleep(0.05)\n"
+    exec(compile(blocked, "/elsewhere/lock.py", "exec"), scope := {"beat": beat, "seen": seen})
+    exec(compile("wait()", "/venv/lib/torch/autograd/graph.py", "exec"), scope)
+    assert "collective" not in seen[10:]
 
 
 def test_each_local_node_gets_its_own_gpus_and_cores():

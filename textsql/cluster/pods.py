@@ -511,11 +511,13 @@ class Cluster:
                     if beat > pod.beat[0] or status == "scheduling":  # a worker's silence counts once it runs
                         pod.beat = (beat, now)
                     elif pod.ended is None and now - pod.beat[1] > self.silence_seconds * (1 if pod.beat[0] else 2):
+                        silent = f"{now - pod.beat[1]:.0f} s"  # the first beat comes once torch loaded: 2x
                         how = (
-                            "went silent for" if pod.beat[0] else "sent no heartbeat since it started,"
-                        )  # torch loads first
-                        why = "(no heartbeat: frozen, or cut off from the network)"
-                        lost.setdefault(pod.address, f"it {how} {now - pod.beat[1]:.0f} s {why}")
+                            f"went silent for {silent}"
+                            if pod.beat[0]
+                            else f"sent no heartbeat in the {silent} since it started"
+                        )
+                        lost.setdefault(pod.address, f"it {how} (frozen, or cut off from the network)")
                     if pod.ended not in (None, "ok", LEFT_OUT) and pod.address not in recorded:
                         lost.setdefault(pod.address, pod.ended + "".join(f"\n  | {t}" for t in pod.tail))
                 first = read_records(plan.launch_dir, "started", 0) if elastic and not formed else []

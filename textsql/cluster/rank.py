@@ -107,11 +107,9 @@ def _beat(path: Path, every: float) -> None:
     says "collective" while the main thread waits in one, for its peers: its pod names such a rank after the one
     whose training progress stopped elsewhere (textsql.cluster.pods._heartbeat)."""
     main = threading.main_thread().ident
-    while True:
-        frame, waiting = sys._current_frames().get(main), False
-        while frame is not None and not waiting:
-            waiting, frame = COLLECTIVE.search(frame.f_code.co_filename) is not None, frame.f_back
-        path.write_text("collective" if waiting else "")
+    while True:  # where the main thread is now: its innermost frame (a lock taken inside a backward is no collective)
+        frame = sys._current_frames().get(main)
+        path.write_text("collective" if frame and COLLECTIVE.search(frame.f_code.co_filename) else "")
         time.sleep(every)
 
 
