@@ -9,7 +9,9 @@ Faults (each on a fresh launch of plain DDP ranks of the tiny T5, struck once ra
 raise (rank 1 raises an exception), pod_killed (every process of pod 127.0.0.2 SIGKILLed), store_host_killed (the
 process that hosts the trainers' store on pod 127.0.0.1 SIGKILLed: rank 0 in the old design, the pod's torchrun agent
 in the new one), frozen (every process of pod 127.0.0.2 SIGSTOPped), rank_killed (rank 1's process alone SIGKILLed),
-hung_rank (rank 1's process alone SIGSTOPped, its pod's torchrun left running), restart (`max_restarts=1`, rank 1's
+hung_rank (rank 1's process alone SIGSTOPped, its pod's torchrun left running), blocked (rank 1's main thread waits
+forever, its other threads run on: issue 48), frozen_at_start (pod 127.0.0.2 SIGSTOPped as soon as its process exists,
+before its first heartbeat: issue 48), restart (`max_restarts=1`, rank 1's
 process SIGKILLed once checkpoint-4 is saved: "trained" when torchrun's restart finishes the run). A fault not named
 within CAP_S of the strike is stopped (Ctrl-C) and reported as such. Both designs use their default silence limits.
 cli: `textsql cluster train --backend local` in a process of its own, no fault: seconds from its start to the first
@@ -37,13 +39,15 @@ from bench.common import emit, machine  # noqa: E402
 
 CAP_S = 150  # a fault not named by then is stopped and reported as not named
 
-# Loaded by every Python process of a launch (on PYTHONPATH): SIGUSR1 makes a rank raise where it is.
+# Loaded by every Python process of a launch (on PYTHONPATH): SIGUSR1 makes a rank raise where it is, SIGUSR2 blocks
+# its main thread for ever (its other threads run on).
 SITECUSTOMIZE = """
-import os, signal
+import os, signal, threading
 def _raise(signum, frame):
     raise RuntimeError("bench fault: this rank raised")
 if os.environ.get("RANK") is not None:
     signal.signal(signal.SIGUSR1, _raise)
+    signal.signal(signal.SIGUSR2, lambda signum, frame: threading.Event().wait())
 """
 
 
@@ -86,8 +90,8 @@ def store_host(cluster) -> int:
 
 
 def strike(kind: str, cluster) -> None:
-    if kind == "raise":
-        os.kill(rank_process(1).pid, signal.SIGUSR1)
+    if kind in ("raise", "blocked"):
+        os.kill(rank_process(1).pid, signal.SIGUSR1 if kind == "raise" else signal.SIGUSR2)
     elif kind in ("rank_killed", "hung_rank"):
         os.kill(rank_process(1).pid, signal.SIGKILL if kind == "rank_killed" else signal.SIGSTOP)
     elif kind == "store_host_killed":
@@ -229,9 +233,11 @@ def one(kind: str | None, assets, project: Path) -> dict:
     holder: list = []
 
     def echo(line: str) -> None:
+        if kind == "frozen_at_start" and "starting the session's pod" in line:
+            threading.Thread(target=struck, args=(kind,)).start()
         if "Training starts" in line and "training_starts" not in seen:
             seen["training_starts"] = time.monotonic()
-            if kind:
+            if kind and kind != "frozen_at_start":
                 threading.Timer(1.0 if kind != "restart" else 0.0, lambda: struck(kind)).start()
         elif "Training starts" in line and "struck" in seen:
             seen.setdefault("restarted", time.monotonic())
@@ -243,6 +249,8 @@ def one(kind: str | None, assets, project: Path) -> dict:
                 if time.monotonic() > deadline:
                     return
                 time.sleep(0.1)
+        while kind == "frozen_at_start" and not [p for p in holder[0].pods if p.address == "127.0.0.2"]:
+            time.sleep(0.005)
         strike("rank_killed" if kind == "restart" else kind, holder[0])
         seen.setdefault("struck", time.monotonic())
         threading.Timer(CAP_S, lambda: "named" in seen or os.kill(os.getpid(), signal.SIGINT)).start()
@@ -286,7 +294,8 @@ def one(kind: str | None, assets, project: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--faults", default="none,raise,pod_killed,store_host_killed,frozen,rank_killed,hung_rank,restart,cli"
+        "--faults",
+        default="none,raise,pod_killed,store_host_killed,frozen,frozen_at_start,rank_killed,hung_rank,blocked,restart,cli",
     )
     parser.add_argument("--output")
     parser.add_argument("--work", help=argparse.SUPPRESS)  # set by the re-run inside the project folder

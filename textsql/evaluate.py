@@ -43,6 +43,7 @@ def generate_sql(
     synced_gpus: bool = False,
     progress: bool = True,
     device=None,
+    on_batch=None,
     constrain_to: list[tuple[str, dict | None]] | None = None,
 ) -> list[list[str]]:
     """The `num_candidates` best generations (beam order) for each source, in batches of similar length so each batch
@@ -53,7 +54,7 @@ def generate_sql(
     With `constrain_to` ((question, table) per source) every row and beam may only write a WikiSQL query over its
     table (textsql.wikisql.constrained.QueryGrammar, one logits processor per generate() call) within max_new_tokens;
     its text is what the allowed tokens' bytes write. A source without a table is decoded unconstrained (a warning
-    counts them)."""
+    counts them). `on_batch`, when given, is called after each batch (a Trainer's callbacks see a prediction step)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -119,6 +120,8 @@ def generate_sql(
         for n, i in enumerate(indices):
             outputs[i] = texts[n * num_candidates : (n + 1) * num_candidates]
         bar.update(len(indices))
+        if on_batch is not None:  # a caller's sign of life (a Trainer's callbacks: a pod's watch of training progress)
+            on_batch()
     bar.close()
     model.train(was_training)
     return outputs

@@ -9,11 +9,12 @@ import re
 import sys
 from pathlib import Path
 
-# A name that looks like it holds a credential is never forwarded and never printed, whatever an allowlist says:
-# TOKEN (not TOKENIZERS_...), SECRET, PASSW(ORD), PASSPHRASE, CREDENTIAL, PRIVATE, AUTH, COOKIE anywhere in it, KEY at the end of a word
-# (HF_KEY, APIKEY, AWS_ACCESS_KEY_ID), and PWD, PASS, PAT as a word of it (TEXTSQL_DB_PWD, DB_PASS, GITHUB_PAT).
+# A name that looks like it holds a credential is never forwarded and never printed, whatever an allowlist, a prefix
+# (DS_BEARER) or the user's own list says: TOKEN (not TOKENIZERS_...), SECRET, PASSW(ORD), PASSPHRASE, CREDENTIAL,
+# PRIVATE, AUTH, COOKIE, BEARER, KEY anywhere in it (HF_KEY, APIKEY, GLOO_KEYFILE), and PWD, PASS, PAT as a word of it
+# (TEXTSQL_DB_PWD, DB_PASS, GITHUB_PAT).
 SECRET = re.compile(
-    r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|KEYS?(?:_|$)|(?:^|_)(?:PWD|PASS|PAT)(?:_|$)",
+    r"TOKEN(?!IZER)|SECRET|PASSW|PASSPHRASE|CREDENTIAL|PRIVATE|AUTH|COOKIE|BEARER|KEY|(?:^|_)(?:PWD|PASS|PAT)(?:_|$)",
     re.IGNORECASE,
 )
 # Nor is a value holding a URL with credentials in it (scheme://user:password@host, scheme://token@host), or a
@@ -48,9 +49,10 @@ SYSTEM = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAG
 SYSTEM_PREFIXES = ("LC_",)
 
 
-def forwarded(environ=os.environ) -> dict[str, str]:
-    """The allowlisted, non-secret variables of `environ`, the user's additions ($TEXTSQL_FORWARD_ENV) included."""
-    words = environ.get(USER_FORWARDED, "").replace(",", " ").split()
+def forwarded(environ=os.environ, names=()) -> dict[str, str]:
+    """The allowlisted, non-secret variables of `environ`, the user's additions included: `names` (a launch's
+    `forward_env`, names or prefixes ending in *) and $TEXTSQL_FORWARD_ENV."""
+    words = [*names, *environ.get(USER_FORWARDED, "").replace(",", " ").split()]
     names = FORWARDED | {w for w in words if not w.endswith("*")}
     return _allowed(environ, names, FORWARDED_PREFIXES + tuple(w[:-1] for w in words if w.endswith("*") and w[:-1]))
 

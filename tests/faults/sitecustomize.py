@@ -5,6 +5,8 @@ first on PYTHONPATH, which reaches the ranks like any PYTHONPATH); it acts only 
     kill:<rank>:<path suffix>    that rank writes half of the file, then SIGKILLs itself (killed while saving)
     enospc:<rank>:<path suffix>  that rank writes half of the file, then fails with ENOSPC (a failing writer: the
                                  disk-full test uses a real tmpfs instead when it can mount one)
+    block:<rank>:<path suffix>   that rank's main thread waits forever before it writes the file (a lock, a deadlock:
+                                 its other threads run on)
 """
 
 import os
@@ -25,6 +27,11 @@ if _FAULT and "textsql.cluster.rank" in getattr(sys, "orig_argv", ()):
         def _faulty_save(obj, f, *args, **kwargs):
             if not (isinstance(f, (str, os.PathLike)) and str(f).endswith(_suffix)):
                 return _save(obj, f, *args, **kwargs)
+            if _kind == "block":
+                import threading
+
+                print(f"textsql test fault: block while writing {f}", flush=True)
+                threading.Event().wait()
             buffer = io.BytesIO()
             _save(obj, buffer, *args, **kwargs)
             with open(f, "wb") as out:

@@ -57,11 +57,33 @@ def check_rank_arguments(rank: dict, argv: list[str]):
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+BEFORE: dict[str, tuple] = {}  # per project folder: when its test began, /dev/shm's entries and this process's sockets
+
+
 def leftovers(root: Path) -> list[str]:
-    """Processes (other than this one) working in the test's project folder: agents, launchers, ranks."""
+    """What the test's launches left: processes (other than this one) working in its project folder (agents,
+    launchers, ranks); its launches' heartbeat folders in this machine's temporary folder; sockets this process
+    listens on that it did not before (a rendezvous store); shared memory (/dev/shm) of torch, NCCL or gloo made
+    since (or named with a rank's process id); and DeepSpeed build locks no process holds, made since."""
+    import tempfile
+
     import psutil
 
-    found = []
+    from textsql.strategy.opbuilds import build_locks, extensions_folder, lock_holders
+
+    began, shm, sockets = BEFORE.get(str(root), (time.time(), set(), set()))
+    pids = {str(pid) for pid in rank_pids(root).values()}
+    found = [f"left: listening {s}" for s in listeners([os.getpid()]) if s not in sockets]
+    found += [
+        f"left: /dev/shm/{name}"
+        for name in set(os.listdir("/dev/shm")) - shm
+        if any(word in name for word in ("torch", "nccl", "gloo", *pids))
+    ]
+    found += [
+        f"left: {lock}"
+        for lock in build_locks(extensions_folder())
+        if modified(lock) >= began and not lock_holders(lock)
+    ]
     for process in psutil.process_iter(["pid", "cmdline"]):
         try:
             cwd = process.cwd()
@@ -73,7 +95,16 @@ def leftovers(root: Path) -> list[str]:
             and process.status() != psutil.STATUS_ZOMBIE
         ):
             found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:160]}")
+    for launch in root.glob(".textsql/cluster/*/launches/*"):
+        found += [f"left: {p}" for p in Path(tempfile.gettempdir()).glob(f"textsql-beats-{launch.name}-*")]
     return found
+
+
+def modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # gone meanwhile
+        return 0.0
 
 
 def wait_until_clean(root: Path, timeout: float = 60) -> float:
@@ -85,9 +116,9 @@ def wait_until_clean(root: Path, timeout: float = 60) -> float:
         for line in left:
             try:
                 os.kill(int(line.split(":")[0]), signal.SIGKILL)
-            except ProcessLookupError:
+            except (ProcessLookupError, ValueError):
                 pass
-        pytest.fail("processes left running:\n" + "\n".join(left))
+        pytest.fail("processes or files left behind:\n" + "\n".join(left))
     return time.monotonic() - start
 
 
@@ -106,6 +137,7 @@ def project(cpu_env, monkeypatch, tmp_path):
     monkeypatch.setenv("CDSW_IP_ADDRESS", NODES[0])
     monkeypatch.syspath_prepend(str(STANDIN))
     monkeypatch.chdir(tmp_path)
+    BEFORE[str(tmp_path)] = (time.time(), set(os.listdir("/dev/shm")), set(listeners([os.getpid()])))
     yield tmp_path
     wait_until_clean(tmp_path, timeout=30)
 
@@ -319,14 +351,17 @@ def test_lora_on_a_causal_lm_on_two_pods_through_the_cml_standin(causal_assets, 
     (launch,) = [c for c in standin.calls if c[0] == "launch_workers"]
     assert launch[1:7] == (1, 1, 2, 1, True, False)  # n, cpu, memory, nvidia_gpu, code, no script
     env = launch[7]  # what the pod learns, in its environment only: the launch's spec, no secret
-    assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
+    assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_KEY", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
     assert CANARY not in json.dumps(decode(env["TEXTSQL_LAUNCH"]))
     assert sorted(seen) == [0, 1] and all(CANARY not in json.dumps(e) for e in seen.values())
+    # The launch's heartbeat key: in the pods' environment only (not the ranks', a file, a log or a command line).
+    key = env["TEXTSQL_POD_KEY"]
+    assert len(key) == 64 and all(key not in json.dumps(e) for e in seen.values()) and key not in str(result)
     check_two_pod_run(result, assets, stage=None, offload="none")
     assert result["summary"].lora and (Path(result["summary"].output_dir) / "adapter_model.safetensors").exists()
     assert standin.calls[-1][0] == "stop_workers" and [w["status"] for w in standin.list_workers()] == ["stopped"]
     wait_until_clean(project)
-    assert files_holding(project, CANARY) == [] and key_files(project) == []
+    assert files_holding(project, CANARY) == [] and files_holding(project, key) == [] and key_files(project) == []
 
 
 # ---------------------------------------------------------------------------------------------------------------------

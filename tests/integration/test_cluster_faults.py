@@ -123,9 +123,65 @@ def test_a_killed_pod_then_a_raising_rank_end_the_launch_named_and_the_next_laun
 
 
 @pytest.mark.slow
+def test_a_pod_killed_while_starting_is_named_and_leaves_nothing_behind(assets, project, clusters):
+    """The worker pod SIGKILLed as soon as both pods made their ranks' heartbeat folders (before its torchrun started
+    a rank): it is named, and nothing of the launch is left (no process, no heartbeat folder)."""
+    import tempfile
+
+    hit = {}
+
+    def kill_when_started(line):
+        launch = re.search(r"--rdzv-id (\S+)", line)[1]
+
+        def kill():
+            deadline = time.monotonic() + 120
+            while len(list(Path(tempfile.gettempdir()).glob(f"textsql-beats-{launch}-*"))) < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            (pod,) = [p for p in cluster.pods if p.address == NODES[1]]
+            pod.process.kill()
+            hit["at"] = time.monotonic()
+
+        threading.Thread(target=kill, daemon=True).start()
+
+    cluster = clusters("local", echo=on_line("every pod:", kill_when_started))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000), timeout_s=150)
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert message.startswith("Pod 127.0.0.2 was lost first: it was killed by SIGKILL"), message
+    assert leftovers(project) == []
+
+
+def forge_heartbeats(line, address=NODES[1], every=2.0):
+    """Another local process's forgery of a pod's heartbeat (issue 48): it reaches the session's store (its address
+    is in the launch's echo) and, every `every` s, adds to the pod's counter, or replays its newest value one higher."""
+    import datetime
+
+    import torch.distributed as dist
+
+    host, port = re.search(r"--rdzv-endpoint (\S+):(\d+)", line).groups()
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10))
+    name = f"textsql/alive/{address}"
+
+    def forge():
+        while True:
+            try:
+                count, _, rest = (store.get(name).decode() if store.check([name]) else "0").partition(":")
+                store.set(name, f"{int(count) + 1}:{rest}") if rest else store.add(name, 1)
+            except Exception:
+                return  # the launch's store is gone
+            time.sleep(every)
+
+    threading.Thread(target=forge, daemon=True).start()
+
+
+@pytest.mark.slow
 def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets, project, clusters):
-    """Every process of pod 127.0.0.2 stopped (SIGSTOP: a hung pod, or one cut off): named by its silent heartbeat;
-    then Ctrl-C while the ranks train (and again during the clean-up, which waits): every pod stopped, in a finally."""
+    """Every process of pod 127.0.0.2 stopped (SIGSTOP: a hung pod, or one cut off) while another local process
+    forges its heartbeat in the session's store: named by its silent heartbeat at the default silence (20 s); then
+    Ctrl-C while the ranks train (and again during the clean-up, which waits): every pod stopped, in a finally."""
     hit, lines = {}, []
 
     def freeze(line):
@@ -133,9 +189,10 @@ def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets
             process.suspend()
         hit["at"] = time.monotonic()
 
-    cluster = clusters("local", silence_seconds=6, echo=on_line("Training starts", freeze, lines.append))
+    echo = on_line("every pod:", forge_heartbeats, on_line("Training starts", freeze, lines.append))
+    cluster = clusters("local", echo=echo)
     with pytest.raises(LaunchFailed) as failure:
-        cluster.train(cluster_argv(assets, project / "runs-frozen", steps=100000, logging_steps=50))
+        cluster.train(cluster_argv(assets, project / "runs-frozen", steps=100000, logging_steps=50), timeout_s=200)
     message = str(failure.value)
     print(message)
     assert time.monotonic() - hit["at"] < 60
@@ -149,6 +206,59 @@ def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets
         cluster.train(cluster_argv(assets, project / "runs-ctrl-c", steps=100000, logging_steps=50))
     assert leftovers(project) == []
     assert any("still stopping the pods" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_a_pod_frozen_before_its_first_heartbeat_is_named_not_the_session(assets, project, clusters):
+    """The worker pod SIGSTOPped as soon as its process exists (before it loads torch and sends its first heartbeat),
+    at the default silence: it is named within 60 s, not the session's pod that waits for it in the rendezvous."""
+    hit = {}
+
+    def freeze_when_started(line):
+        def freeze():
+            while not (pods := [p for p in cluster.pods if p.address == NODES[1]]):
+                time.sleep(0.005)
+            os.kill(pods[0].process.pid, signal.SIGSTOP)
+            hit["at"] = time.monotonic()
+
+        threading.Thread(target=freeze, daemon=True).start()
+
+    cluster = clusters("local", echo=on_line("starting the session's pod", freeze_when_started))
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000, logging_steps=50), timeout_s=150)
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert re.match(r"Pod 127\.0\.0\.2 was lost first: it sent no heartbeat in the \d+ s since it started", message)
+    assert leftovers(project) == []
+
+
+def test_the_store_stops_listening_when_a_launch_ends_even_while_its_traceback_is_kept(assets, project, clusters):
+    """A Ctrl-C in the launch's watch loop, its traceback kept (as a notebook keeps it, frames and all): the session's
+    rendezvous store no longer listens once train() has raised, without waiting for the garbage collector."""
+    import gc
+
+    from test_cluster import listeners
+
+    seen = {}
+
+    def interrupt(line):
+        raise KeyboardInterrupt
+
+    def port(line):
+        seen["port"] = int(re.search(r"--rdzv-endpoint 127\.0\.0\.1:(\d+)", line)[1])
+
+    cluster = clusters("local", echo=on_line("every pod:", port, on_line("textsql pod", interrupt)))
+    try:
+        cluster.train(cluster_argv(assets, project / "runs", steps=100000))
+    except KeyboardInterrupt:
+        kept = sys.exc_info()  # noqa: F841  (what IPython keeps: the traceback and every frame of it)
+    gc.disable()  # nothing but the launch's own clean-up may close it
+    try:
+        assert [s for s in listeners([os.getpid()]) if s[3] == seen["port"]] == []
+    finally:
+        gc.enable()
+    assert leftovers(project) == []
 
 
 KERNEL = textwrap.dedent("""
@@ -280,6 +390,45 @@ def test_an_elastic_run_resumes_at_the_size_it_trained_at_and_is_refused_at_anot
     wait_until_clean(project)
 
 
+@pytest.mark.slow
+def test_an_elastic_launch_that_loses_a_pod_names_it_and_the_next_resumes(assets, project, clusters):
+    """Elastic (min_workers=1: --nnodes 2:2), two pods training: pod 127.0.0.2 killed (every process of it) once
+    checkpoint-4 is complete. It is named, not the session's pod; the same launch again resumes at world size 2 from
+    the newest checkpoint complete on every node, and finishes."""
+    from textsql.cluster.runs import RECORD
+
+    run = project / "elastic"
+    argv = cluster_argv(assets, project / "runs", "--output_dir", str(run), "--save_strategy", "steps", steps=12)
+    argv += ["--save_steps", "4", "--logging_steps", "2"]
+    cluster, killed = clusters("local", min_workers=1), {}
+
+    def kill_pod():
+        deadline = time.monotonic() + 300
+        while not all((run / "checkpoint-4" / name).exists() for name in ("rng_state_1.pth", "trainer_state.json")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        for process in pod_tree(cluster, NODES[1]):
+            process.kill()
+        killed["at"] = time.monotonic()
+
+    threading.Thread(target=kill_pod, daemon=True).start()
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(argv, timeout_s=400)
+    message = str(failure.value)
+    print(message)
+    assert "at" in killed, "the pod was never killed: training ended or stalled before its first checkpoint"
+    assert time.monotonic() - killed["at"] < 60
+    assert message.startswith("Pod 127.0.0.2 was lost first: it was killed by SIGKILL"), message
+    resume = step_of(failure.value.resume)
+    wait_until_clean(project)
+    result = cluster.train(argv, timeout_s=400)
+    summary = result["summary"]
+    assert (summary.world_size, summary.global_step, Path(summary.resumed_from).name) == (2, 12, f"checkpoint-{resume}")
+    assert resume >= 4 and json.loads((run / RECORD).read_text())["world_size"] == 2
+    wait_until_clean(project)
+
+
 def standin_workers() -> list[dict]:
     import cml.workers_v1 as standin
 
@@ -390,6 +539,39 @@ def test_max_restarts_resumes_from_the_newest_complete_checkpoint_after_a_killed
 
 
 @pytest.mark.slow
+def test_max_restarts_restarts_a_raising_rank_and_says_so_when_the_restarts_are_used_up(
+    assets, project, clusters, monkeypatch
+):
+    """max_restarts=1: rank 1 raises while it saves checkpoint-8 in every round. torchrun restarts every pod's ranks
+    once (they resume from checkpoint-4), then the restarts are used up: the launch names the last round's failure
+    and says that a restart happened, and after which failure."""
+    runs = project / "runs"
+    argv = cluster_argv(assets, runs, "--save_strategy", "steps", "--save_steps", "4", steps=16, logging_steps=2)
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", "enospc:1:checkpoint-8/rng_state_1.pth")
+    with pytest.raises(LaunchFailed) as failure:
+        clusters("local", max_restarts=1).train(argv, timeout_s=400)
+    message = str(failure.value)
+    print(message)
+    assert message.startswith("Rank 1 on pod 127.0.0.2 failed first: OSError: [Errno 28] No space left on device")
+    assert {f["round"] for f in failure.value.failures} == {1}
+    assert re.search(
+        r"The restarts are used up: torchrun restarted every rank 1 time\(s\), after rank 1 on pod 127\.0\.0\.2 "
+        r"failed in round 0 \(OSError: \[Errno 28\]",
+        message,
+    ), message
+    assert "resumes from checkpoint-4" in failure.value.resume
+    assert leftovers(project) == []
+
+
+def test_max_restarts_is_refused_with_min_workers_from_the_command_line(assets, project):
+    from textsql.cli.cluster import cluster_cli
+
+    argv = ["train", "--backend", "local", "--min_workers", "0", "--max_restarts", "1", "--"]
+    with pytest.raises(TextsqlError, match="max_restarts cannot be combined with min_workers"):
+        cluster_cli(argv + cluster_argv(assets, project / "runs"))
+
+
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_by_its_own_pod_within_60_s(assets, project, clusters):
     """Rank 1's process alone SIGSTOPped (its pod's torchrun runs on, rank 0 waits in a collective): its pod sees
     its heartbeat stop and names it; every process is gone after."""
@@ -413,21 +595,39 @@ def test_a_stopped_rank_is_named_by_its_own_pod_within_60_s(assets, project, clu
 
 
 @pytest.mark.slow
+def test_a_rank_blocked_but_alive_is_named_by_its_training_progress(assets, project, clusters, monkeypatch):
+    """Rank 1's main thread waits forever while it saves checkpoint-4 (its heartbeat thread beats on; rank 0 waits
+    for it in the next step's collective): at the default --progress_timeout its pod names it, the limit in the
+    message, within 60 s."""
+    hit = {}
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", "block:1:checkpoint-4/rng_state_1.pth")
+    cluster = clusters("local", echo=on_line("textsql test fault: block", lambda line: hit.update(at=time.monotonic())))
+    argv = cluster_argv(assets, project / "runs", "--save_strategy", "steps", "--save_steps", "4", steps=100000)
+    with pytest.raises(LaunchFailed) as failure:
+        cluster.train(argv, timeout_s=200)
+    message = str(failure.value)
+    print(message)
+    assert time.monotonic() - hit["at"] < 60
+    assert re.match(
+        r"Rank 1 on pod 127\.0\.0\.2 failed first: it made no training progress for \d+ s while alive, blocked", message
+    ), message
+    assert "--progress_timeout 45: raise it" in message
+    waited = [f["how"] for f in failure.value.failures if f["rank"] == 0 and "no training progress" in f["how"]]
+    assert all("waiting for its peers in a collective" in how for how in waited), waited  # rank 0 waited for it
+    assert leftovers(project) == []
+
+
+@pytest.mark.slow
 def test_a_one_process_training_binds_torchs_store_to_127_0_0_1(assets, project):
     """`textsql train` in one process with DeepSpeed (a process group of one): torch's store listens on 127.0.0.1
-    only, never on every address, for the whole training."""
-    import psutil
+    only, never on every address, for the whole training, in the process and in any child process of it."""
+    from test_cluster import listeners
 
     argv = cluster_argv(assets, project / "runs", "--deepspeed", "zero2", steps=4, logging_steps=2)
     process = subprocess.Popen([sys.executable, "-m", "textsql.train", *argv], cwd=project)
     seen = set()
     while process.poll() is None:
-        with contextlib.suppress(psutil.Error):
-            seen |= {
-                (c.laddr.ip, c.laddr.port)
-                for c in psutil.Process(process.pid).net_connections("tcp")
-                if c.status == psutil.CONN_LISTEN
-            }
+        seen |= {(address, port) for _, _, address, port in listeners([process.pid])}  # its children's too
         time.sleep(0.1)
     assert process.returncode == 0
     assert seen and {ip for ip, _ in seen} == {"127.0.0.1"}, seen

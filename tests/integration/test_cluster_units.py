@@ -137,8 +137,18 @@ def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
         "TEXTSQL_DB_CONN": f"host=db.internal user=textsql password={CANARY}",
         "HF_HUB_DOWNLOAD_SIG": CANARY,
         "NCCL_SOCKET_OPTS": f"dbname=x password={CANARY}",
+        # credentials under the allowlisted prefixes (issue 48): a bearer token, a key anywhere in the name
+        "DS_BEARER": CANARY,
+        "NCCL_BEARER_HEADER": CANARY,
+        "GLOO_KEYFILE": CANARY,
+        "DS_AUTHORIZATION": CANARY,
+        "TORCH_NCCL_CREDENTIALS": CANARY,
+        # the user's own variables, by name (Cluster(forward_env=...), --forward_env): never a secret either
+        "MY_SETTING": "on",
+        "MY_BEARER": CANARY,
     }
-    env = forwarded(environ)
+    env = forwarded(environ, ("MY_SETTING", "MY_BEARER"))
+    assert "MY_SETTING" not in forwarded(environ)
     assert sorted(env) == [
         "CUDA_LAUNCH_BLOCKING",
         "DS_ACCELERATOR",
@@ -148,6 +158,7 @@ def test_only_allowlisted_variables_reach_the_ranks_and_never_a_secret():
         "HF_HUB_OFFLINE",
         "MY_APP_LEVEL",
         "MY_APP_SETTING",
+        "MY_SETTING",
         "NCCL_DEBUG",
         "OMP_NUM_THREADS",
         "PYTHONPATH",
@@ -168,7 +179,7 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
     import stat
     import tempfile
 
-    from textsql.cluster.pods import node_local_extensions_dir
+    from textsql.strategy.opbuilds import node_local_extensions_dir
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     root = tmp_path / f"textsql-{os.getuid()}"
@@ -209,6 +220,46 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
     beats = Path(env["TEXTSQL_BEATS"])  # the ranks' heartbeats: a new folder only this user can write
     assert beats.name.startswith("textsql-beats-L1-") and stat.S_IMODE(os.lstat(beats).st_mode) == 0o700
     beats.rmdir()
+
+
+def test_a_pods_heartbeat_counts_only_signed_with_the_launchs_key():
+    """What the session reads of a pod's heartbeat in its store (a real TCPStore): the count the pod signed with the
+    launch's key; nothing for a value another process added, replayed one higher or signed with another key."""
+    from textsql.cluster.pods import _beats_of, signed
+    from textsql.train.distributed import bound_store
+
+    store, key, name = bound_store("127.0.0.1"), "k" * 64, "textsql/alive/10.0.0.2"
+    assert _beats_of(store, key, "10.0.0.2") == 0
+    store.set(name, signed(key, "10.0.0.2", 7))
+    assert _beats_of(store, key, "10.0.0.2") == 7
+    count, mac = store.get(name).decode().split(":")
+    for forged in (f"8:{mac}", signed("another key", "10.0.0.2", 8), signed(key, "10.0.0.3", 8), "x:y", "9" * 5000):
+        store.set(name, forged)
+        assert _beats_of(store, key, "10.0.0.2") == 0, forged
+    store.add("textsql/alive/10.0.0.3", 1)
+    assert _beats_of(store, key, "10.0.0.3") == 0
+
+
+def test_a_ranks_heartbeat_says_when_its_main_thread_waits_in_a_collective(tmp_path):
+    """The rank's heartbeat thread (textsql.cluster.rank._beat) looks at where the main thread is: inside code of
+    torch.distributed (here a frame compiled under that name, waiting) it writes "collective", elsewhere nothing."""
+    import threading
+
+    from textsql.cluster.rank import _beat
+
+    beat = tmp_path / "beat"
+    threading.Thread(target=_beat, args=(beat, 0.05), daemon=True).start()
+    time.sleep(0.5)
+    assert beat.read_text() == ""
+    seen = []
+    waiting = "import time\nfor _ in range(40):\n    seen.append(beat.read_text())\n    time.sleep(0.05)\n"
+    exec(compile(waiting, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), {"beat": beat, "seen": seen})
+    assert "collective" in seen[10:]
+    seen.clear()  # a lock taken under such a frame (a signal handler's, a callback's) is no collective
+    blocked = "import time\ndef wait():\n    for _ in range(40):\n        seen.append(beat.read_text())\n        time.sleep(0.05)\n"
+    exec(compile(blocked, "/elsewhere/lock.py", "exec"), scope := {"beat": beat, "seen": seen})
+    exec(compile("wait()", "/venv/lib/torch/autograd/graph.py", "exec"), scope)
+    assert "collective" not in seen[10:]
 
 
 def test_each_local_node_gets_its_own_gpus_and_cores():
@@ -524,14 +575,14 @@ def test_the_rank_that_failed_first_is_named_not_a_peer_that_lost_its_connection
     assert lost.startswith("Pod 10.0.0.2 was lost first: it was killed by SIGKILL.\nThen rank 0 on 10.0.0.1")
 
 
-def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path):
+def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path, monkeypatch):
     from textsql.cluster.launch import PreflightError, plan_launch, prepare
     from textsql.cluster.runs import RECORD
     from textsql.strategy.devices import A100_40GB, V100, NodeDevices
 
     argv = tiny_train_argv(assets, tmp_path / "runs", "--save_steps", "2", max_steps=4)
     cpu, a100 = NodeDevices((), 8), NodeDevices((A100_40GB,) * 2, 16)
-    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", environ={})
+    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", env={})
     assert (plan.world_size, plan.accelerator, plan.precision.name) == (2, "cpu", "fp32")
     assert plan.arguments["accelerator"] == "cpu" and plan.arguments["bf16"] is False
     gpus = plan_launch(
@@ -540,18 +591,24 @@ def test_the_session_decides_once_and_prepares_the_run_folder(assets, tmp_path):
         devices=a100,
         workdir=tmp_path,
         log_root=tmp_path / "l",
-        environ={"HF_TOKEN": "x", "NCCL_DEBUG": "INFO"},
+        env={"NCCL_DEBUG": "INFO"},
     )
     assert (gpus.world_size, gpus.accelerator) == (4, "cuda") and gpus.env == {"NCCL_DEBUG": "INFO"}
+    # What a cluster's ranks get of this environment: the allowlist and the user's own names, never a secret.
+    from textsql.cluster import Cluster
+
+    for name, value in {"HF_TOKEN": "x", "NCCL_DEBUG": "INFO", "DS_BEARER": "x", "MINE": "1", "MY_KEY": "x"}.items():
+        monkeypatch.setenv(name, value)
+    with Cluster("local", forward_env=("MINE", "MY_KEY"), project_dir=tmp_path) as cluster:
+        env = cluster.plan(argv).env
+    assert env["MINE"] == "1" and env["NCCL_DEBUG"] == "INFO" and not {"HF_TOKEN", "DS_BEARER", "MY_KEY"} & set(env)
     with pytest.raises(PreflightError, match="2 processes per node were asked for"):
-        plan_launch(
-            argv, ranks=[2, 1], devices=NodeDevices((V100,), 8), workdir=tmp_path, log_root=tmp_path, environ={}
-        )
+        plan_launch(argv, ranks=[2, 1], devices=NodeDevices((V100,), 8), workdir=tmp_path, log_root=tmp_path, env={})
     # A partial newer checkpoint is set aside (renamed, never deleted); the launch record says the world size.
     run = plan.run_dir
     (run / "checkpoint-2").mkdir(parents=True)
     (run / "checkpoint-2" / "trainer_state.json").write_text("{}")
-    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", environ={})
+    plan = plan_launch(argv, ranks=[None, 1], devices=cpu, workdir=tmp_path, log_root=tmp_path / "l", env={})
     prepare(plan)
     assert plan.resume.checkpoint is None and list(run.glob("incomplete-checkpoint-2-*"))
     assert not (run / RECORD).exists()  # rank 0 writes it, once the launch's world size is known

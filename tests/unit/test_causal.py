@@ -175,7 +175,11 @@ def test_generation_in_several_batches_keeps_the_input_order_and_its_bar_counts_
     data_dir, model_dir = causal_assets
     model, tokenizer = load_model(str(model_dir)), load_tokenizer(str(model_dir))
     prompts = load_scoring_set(str(data_dir), "test", 7).sources
-    several = generate_sql(model, tokenizer, prompts, batch_size=2, max_new_tokens=6, progress=True)
+    batches = []  # on_batch: called after each batch (a Trainer's callbacks, a pod's watch of progress)
+    several = generate_sql(
+        model, tokenizer, prompts, batch_size=2, max_new_tokens=6, progress=True, on_batch=lambda: batches.append(1)
+    )
+    assert len(batches) == 4
     _, alone = generated_one_at_a_time_and_batched(model, tokenizer, prompts, max_new_tokens=6)
     assert several == alone
     bar = capsys.readouterr().err

@@ -21,6 +21,7 @@ import json
 from dataclasses import fields
 
 from textsql.cluster import Cluster, HostSelection, launch_training, preflight, read_hostfile
+from textsql.cluster.pods import PROGRESS_SECONDS
 from textsql.errors import TextsqlError
 from textsql.run_summary import format_summary
 
@@ -68,6 +69,19 @@ def _parser(command: str) -> argparse.ArgumentParser:
         )
         parser.add_argument(
             "--max_restarts", type=int, default=0, help="torchrun restarts every pod's ranks this often after a failure"
+        )
+        parser.add_argument(
+            "--forward_env",
+            default="",
+            help="your own variables every rank gets, by name (or prefix ending in *), separated by commas: "
+            "MY_SETTING,MYAPP_* (a name that looks like a credential is never forwarded)",
+        )
+        parser.add_argument(
+            "--progress_timeout",
+            type=float,
+            default=PROGRESS_SECONDS,
+            help="seconds a rank's training loop may go without a step, an evaluation batch or a save before its pod "
+            "names it blocked (a deadlocked collective, a lock): raise it for longer steps, evaluations or saves",
         )
     if command in ("launch", "preflight"):
         parser.add_argument(
@@ -143,6 +157,8 @@ def cluster_cli(argv: list[str]) -> int:
             start_timeout=args.start_timeout,
             min_workers=args.min_workers,
             max_restarts=args.max_restarts,
+            progress_timeout=args.progress_timeout,
+            forward_env=tuple(args.forward_env.replace(",", " ").split()),
         ) as cluster:
             if command == "preflight":
                 cluster.preflight(*arguments)

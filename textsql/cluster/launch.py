@@ -22,7 +22,7 @@ from textsql.sharedfiles import read_unlinked
 AFTERMATH = re.compile(
     r"Connection (?:closed|reset) by (?:remote )?peer|remote process exited|ncclRemoteError|NCCL communicator was aborted|"
     r"Broken pipe|Socket Timeout|DistNetworkError|DistStoreError|recvBytes failed|Read error|gloo::EnforceNotMet|"
-    r"timed out|failed to recv|Connection refused|SIGTERM|SignalException",
+    r"timed out|failed to recv|Connection refused|SIGTERM|SignalException|waiting for its peers",
     re.IGNORECASE,
 )
 VERSIONED = ("textsql", "deepspeed", "torch", "transformers")
@@ -110,15 +110,22 @@ class LaunchPlan:
 
 
 def plan_launch(
-    arguments, *, ranks: list[int | None], devices, workdir: Path, log_root: Path, environ, min_pods: int | None = None
+    arguments,
+    *,
+    ranks: list[int | None],
+    devices,
+    workdir: Path,
+    log_root: Path,
+    env: dict,
+    min_pods: int | None = None,
 ) -> LaunchPlan:
     """Decide and prepare a launch on the session (the run folder is shared by every pod): raises PreflightError.
     `arguments`: textsql.train's three dataclasses or a command line; `ranks`: the ranks each pod asks for, the
     session's first (None: one per GPU it has), then the workers' (their own GPUs); `devices`: the session's
     (textsql.strategy.devices.NodeDevices); `min_pods`: elastic, the launch may train on its first `min_pods` pods
-    alone. Every rank checks that its pod matches (textsql.cluster.rank.check_pod)."""
+    alone; `env`: the session's variables every rank gets (textsql.redaction.forwarded). Every rank checks that its
+    pod matches (textsql.cluster.rank.check_pod)."""
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
-    from textsql.redaction import forwarded
     from textsql.spec.training import arguments_dict, as_arguments
     from textsql.strategy.devices import (
         NodeDevices,
@@ -197,7 +204,7 @@ def plan_launch(
         strategy["zero_stage"],
         dict(arguments_dict(model, data, training), **decided),  # what every rank trains with, exactly
         expect,
-        forwarded(environ),
+        env,
     )
 
 
@@ -260,9 +267,12 @@ def first_failure(failures: list[dict]) -> dict:
     return min(pool, key=lambda f: f.get("ended_at") or float("inf"))
 
 
-def failure_message(failures: list[dict], lost: dict[str, str], launch_dir: Path, resume: str | None) -> str:
+def failure_message(
+    failures: list[dict], lost: dict[str, str], launch_dir: Path, resume: str | None, restarts: list[dict] = ()
+) -> str:
     """The error a failed launch raises. `lost`: pods that ended without a rank's record, or went silent (address ->
-    how), named first unless a rank had failed on its own before."""
+    how), named first unless a rank had failed on its own before; `restarts`: the first failure of each round that
+    torchrun restarted."""
     pods_first = bool(lost) and all(secondary(f) for f in failures)
     lines = [f"Pod {address} was lost first: {how}." for address, how in lost.items()] if pods_first else []
     first = first_failure(failures) if failures else None
@@ -277,6 +287,16 @@ def failure_message(failures: list[dict], lost: dict[str, str], launch_dir: Path
             f"{' (stopped because of it)' if secondary(other) else ''}."
         )
     lines = lines or ["The launch ended without a run summary."]
+    if restarts:
+        lines.append(
+            f"The restarts are used up: torchrun restarted every rank {len(restarts)} time(s), after "
+            + ", then ".join(
+                f"rank {r['rank']} on pod {r.get('node_address', '?')} failed in round {r['round']} "
+                f"({str(r.get('how'))[:200]})"
+                for r in restarts
+            )
+            + "."
+        )
     lines.append(f"Every process of the launch was stopped. Logs: {launch_dir} (pod-<address>.log).")
     if resume:
         lines.append(f"Launch again with the same arguments: the next launch {resume}.")
@@ -292,14 +312,15 @@ def finish(plan: LaunchPlan, lost: dict[str, str], command: list[str]) -> dict:
 
     last = last_round(plan.launch_dir)
     failures = read_records(plan.launch_dir, "failure", last)
+    restarts = [first_failure(f) for r in range(last) if (f := read_records(plan.launch_dir, "failure", r))]
     if failures or lost:
         try:  # what the next launch will do, from the run folder's checkpoints as they are now (after the stop)
             size = recorded_world_size(plan.run_dir) or plan.world_size
             resume = resume_plan(plan.run_dir, size, plan.zero_stage).sentence()
         except TextsqlError as error:
             resume = f"cannot tell which checkpoint it resumes from: {error}"
-        raise LaunchFailed(failure_message(failures, lost, plan.launch_dir, resume), failures, plan.launch_dir, resume)
-    restarts = [first_failure(f) for r in range(last) if (f := read_records(plan.launch_dir, "failure", r))]
+        message = failure_message(failures, lost, plan.launch_dir, resume, restarts)
+        raise LaunchFailed(message, failures, plan.launch_dir, resume)
     ranks = sorted(read_records(plan.launch_dir, "summary", last), key=lambda r: r["rank"])
     if not ranks or ranks[0]["rank"] != 0 or not ranks[0].get("run_summary"):
         raise LaunchFailed(f"The launch ended without rank 0's summary (logs: {plan.launch_dir}).", [], plan.launch_dir)

@@ -113,7 +113,7 @@ def plan_user_managed(hostfile, arguments, *, ssh_config=None, workdir=None, log
         devices=local_devices(),
         workdir=workdir,
         log_root=Path(log_root or workdir / PDSH_LAUNCHES_DIR),
-        environ={},  # nothing of this session's environment travels in a command line
+        env={},  # nothing of this session's environment travels in a command line
     )
     return chosen, plan
 

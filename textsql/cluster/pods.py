@@ -7,11 +7,12 @@ ends or the first failure is named."""
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
+import secrets
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -27,11 +28,12 @@ from textsql.errors import TextsqlError
 from textsql.paths import CLUSTER_DIR, LAUNCHES_DIR
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 
-RANKS_ENV = "TEXTSQL_POD_RANKS"
+RANKS_ENV, KEY_ENV = "TEXTSQL_POD_RANKS", "TEXTSQL_POD_KEY"  # a name textsql.redaction keeps from the ranks
 POD_CODE = (
     "from textsql.cluster.pods import pod_main\nfrom textsql.cluster.rank import exit_now\nexit_now(pod_main())\n"
 )
 SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
+PROGRESS_SECONDS = 45.0  # a rank whose training loop did not move for this long is blocked (named within 60 s)
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
 GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive before the error is written
 LEFT_OUT = "left out"  # an elastic launch's pod that had not joined when the training started: stopped, no failure
@@ -74,35 +76,61 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
         Handler.num_nodes_waiting = lambda self: 0
 
 
-def _heartbeat(spec: dict, address: str, beats: Path) -> None:
-    """Every silence/4 s: add to this pod's counter in the session's store (a frozen or cut-off pod is named when it
-    stops; a gone store stops only the counting), and name a rank of this pod whose own heartbeat, a file in a folder
-    only this user can write (the store's counter can be forged), stopped for `silence` s while its process used no
-    CPU (a long call that holds the GIL still does): its failure record, then SIGKILL (torchrun ends or restarts)."""
+def signed(key: str, address: str, count: int) -> str:
+    """A pod's heartbeat `count` as only a holder of the launch's key can write it (its pods and the session)."""
+    return f"{count}:" + hmac.new(key.encode(), f"{address}:{count}".encode(), "sha256").hexdigest()
+
+
+def _beats_of(store, key: str, address: str) -> int:
+    """A pod's newest heartbeat count in the store, 0 unless signed with the launch's key (none yet, or forged)."""
+    with contextlib.suppress(Exception):
+        if store.check([f"textsql/alive/{address}"]):
+            value = store.get(f"textsql/alive/{address}").decode()
+            count = int(value.split(":")[0])
+            return count if hmac.compare_digest(value, signed(key, address, count)) else 0
+    return 0
+
+
+def _heartbeat(spec: dict, address: str, beats: Path, key: str) -> None:
+    """Every silence/4 s: a new count, signed with the launch's key, in the session's store (a frozen or cut-off pod
+    is named when it stops, a forger cannot sign the next; a gone store stops only the counting), and name a rank of
+    this pod whose own heartbeat, a file in a folder only this user can write, stopped for `silence` s while its
+    process used no CPU (a long call that holds the GIL still does), or whose training loop made no progress (its
+    `.progress` file, textsql.cluster.rank.train) for `progress` s: its failure record, dated when it stopped, then
+    SIGKILL (torchrun ends or restarts)."""
     import datetime
 
     import psutil
     import torch.distributed as dist
 
-    every, store, last, cpu = spec["silence"] / 4, None, time.monotonic(), {}
+    every, store, last, cpu, count = spec["silence"] / 4, None, time.monotonic(), {}, 0
     host, port = spec["store"].rsplit(":", 1)
     with contextlib.suppress(Exception):  # unreachable: the session names the silence
         store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 4))
     while True:
         try:
             if store is not None:
-                store.add(f"textsql/alive/{address}", 1)
+                count += 1
+                store.set(f"textsql/alive/{address}", signed(key, address, count))
         except Exception:  # the session, and its store, are gone
             store = None
         awake, last = time.monotonic() - last < spec["silence"], time.monotonic()  # not woken from a pod-wide stop
         for child in psutil.Process().children() if awake else ():
             with contextlib.suppress(psutil.Error, OSError, KeyError, ValueError):
-                env, beat = child.environ(), beats / str(child.pid)
-                silent = time.time() - (beat.stat().st_mtime if beat.exists() else child.create_time())
-                used, cpu[child.pid] = cpu.get(child.pid), sum(child.cpu_times()[:2])
-                if "RANK" in env and silent > spec["silence"] and used == cpu[child.pid]:
-                    how = f"it hung: no sign of life for {silent:.0f} s (its process is {child.status()})"
-                    record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid)
+                env, beat, progress = child.environ(), beats / str(child.pid), beats / f"{child.pid}.progress"
+                since = beat.stat().st_mtime if beat.exists() else child.create_time()
+                used, cpu[child.pid], how = cpu.get(child.pid), sum(child.cpu_times()[:2]), None
+                if time.time() - since > spec["silence"] and used == cpu[child.pid]:
+                    how = f"it hung: no sign of life for {time.time() - since:.0f} s (its process is {child.status()})"
+                elif progress.exists() and time.time() - (since := progress.stat().st_mtime) > spec["progress"]:
+                    where = "waiting for its peers in a collective" if beat.read_text() == "collective" else "blocked"
+                    how = (
+                        f"it made no training progress for {time.time() - since:.0f} s while alive, {where} (a "
+                        "deadlock, a lock; or a step, evaluation or save took longer than --progress_timeout "
+                        f"{spec['progress']:.0f}: raise it for those)"
+                    )
+                if "RANK" in env and how:
+                    record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid, ended_at=since)
                     write_record(spec["launch_dir"], "failure", dict(record, round=int(env.get(ROUND_ENV, "0"))))
                     child.kill()
         time.sleep(every)
@@ -114,6 +142,7 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
     interface, a private build folder), and a private folder for its ranks' heartbeats."""
     from textsql.redaction import for_pod
     from textsql.strategy.devices import local_devices, threads_per_rank, use_accelerator
+    from textsql.strategy.opbuilds import node_local_extensions_dir
     from textsql.train.distributed import interface_of
 
     env = {**for_pod(environ), **spec["env"], POD_ENV: address}
@@ -123,47 +152,15 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if (interface := interface_of(address)) else ():
         env.setdefault(name, interface)
     if "TORCH_EXTENSIONS_DIR" not in env:
-        env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()
-    env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"textsql-beats-{spec['launch_id']}-")  # 0700: only this user writes
+        env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()  # not the project folder every pod shares
+    env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"{beats_prefix(spec['launch_id'])}{address}-")  # 0700: only mine
     env[LAUNCH_ENV] = environ[LAUNCH_ENV]
     return env
 
 
-def node_local_extensions_dir() -> str:
-    """Where a node's ranks build DeepSpeed's JIT ops when the user chose no TORCH_EXTENSIONS_DIR: node-local storage.
-    torch's default (~/.cache/torch_extensions) is in CML's shared project folder, where every pod would wait on one
-    lock file (left behind forever by a pod that dies mid-build) and load ops built for another pod's CPU.
-
-    It is <tmp>/textsql-<uid>/torch-extensions, private to this user: a build folder another local user could write
-    would let them plant the library. The top folder is made with mode 0700; one that exists must be a real folder
-    (not a symbolic link) of this user that nobody else can write (a readable one is made private), or TextsqlError
-    says so: another local user may have made it first."""
-    root = Path(tempfile.gettempdir()) / f"textsql-{os.getuid()}"
-    try:
-        root.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(root)
-    problem = None
-    if stat.S_ISLNK(info.st_mode):
-        problem = f"it is a symbolic link (to {os.readlink(root)})"
-    elif not stat.S_ISDIR(info.st_mode):
-        problem = "it is not a folder"
-    elif info.st_uid != os.getuid():
-        problem = f"it belongs to user id {info.st_uid}, not to you (user id {os.getuid()})"
-    elif info.st_mode & 0o022:
-        problem = f"others can write into it (mode {stat.S_IMODE(info.st_mode):o})"
-    if problem:
-        raise TextsqlError(
-            f"{root} is not your private folder: {problem}. Another local user could have put a compiled library there "
-            f"that DeepSpeed would load into your training. If it is yours, remove it (rm -rf {root}); otherwise set "
-            "TORCH_EXTENSIONS_DIR to a folder on this machine's local disk that only you can write."
-        )
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(root, 0o700)  # nobody else could write into it: only close it for reading
-    folder = root / "torch-extensions"
-    folder.mkdir(mode=0o700, exist_ok=True)  # inside a private folder nobody else can make a link
-    return str(folder)
+def beats_prefix(launch_id: str) -> str:
+    """Where a launch's pods keep their ranks' heartbeats (a pod killed leaves its folder: the session removes it)."""
+    return str(Path(tempfile.gettempdir()) / f"textsql-beats-{launch_id}-")
 
 
 def torchrun_args(spec: dict, address: str, ranks) -> list[str]:
@@ -192,10 +189,11 @@ def pod_main() -> int:
         write_record(spec["launch_dir"], "failure", pod_failure(address, str(error)))
         print(f"textsql pod {address}: {error}", flush=True)
         return 3
+    key = os.environ.get(KEY_ENV, "")  # not in `env`: torchrun and the ranks never see it
     os.environ.clear()
     os.environ.update(env)
     _patch_torchrun(spec["launch_dir"], address, ":" in spec["nnodes"])
-    threading.Thread(target=_heartbeat, args=(spec, address, Path(env[BEATS_ENV])), daemon=True).start()
+    threading.Thread(target=_heartbeat, args=(spec, address, Path(env[BEATS_ENV]), key), daemon=True).start()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -203,7 +201,7 @@ def pod_main() -> int:
         torchrun(torchrun_args(spec, address, int(os.environ.get(RANKS_ENV) or 1)))
     except ChildFailedError:  # every failed rank has its record (its own, or torchrun's agent's: _patch_torchrun)
         return 1
-    finally:
+    finally:  # also when the session died; a pod killed leaves it to the session (local) or its own end (CML)
         shutil.rmtree(env[BEATS_ENV], ignore_errors=True)
     return 0
 
@@ -221,7 +219,7 @@ class Pod:
     worker_id: str | None = None
     ended: str | None = None  # how it ended, once it has
     joined: bool = False  # a local process, or a heartbeat seen: an elastic launch may go on without the others
-    beat: tuple[int, float] = (0, 0.0)  # its heartbeat counter as last seen, and when that changed
+    beat: tuple[int, float] = field(default_factory=lambda: (0, time.monotonic()))  # counter as last seen, and when
     tail: deque = field(default_factory=lambda: deque(maxlen=6))  # its last lines of output
 
 
@@ -303,7 +301,8 @@ class Cluster:
     processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of the
     cores). `min_workers`: elastic (`--nnodes MIN:MAX`, with --output_dir): the pods that joined when training started
     train, the others are stopped. `max_restarts`: torchrun restarts every pod's ranks after a failure, from the newest
-    complete checkpoint (docs/multi-pod.md).
+    complete checkpoint (docs/multi-pod.md). `forward_env`: your own variables every rank gets (names, or prefixes
+    ending in *), besides textsql's allowlist; a name that looks like a credential never leaves (textsql.redaction).
     """
 
     backend: str = "local"
@@ -317,8 +316,10 @@ class Cluster:
     start_timeout: float = 600
     echo: object = print
     silence_seconds: float = SILENCE_SECONDS
+    progress_timeout: float = PROGRESS_SECONDS
     min_workers: int | None = None
     max_restarts: int = 0
+    forward_env: tuple[str, ...] = ()
     pods: list[Pod] = field(default_factory=list, init=False)
 
     def __post_init__(self):
@@ -382,6 +383,7 @@ class Cluster:
         """Decide and prepare this training (textsql.cluster.launch.plan_launch) without starting it. `arguments`:
         textsql.train's three dataclasses, or one command line (a list)."""
         from textsql.cluster.launch import plan_launch
+        from textsql.redaction import forwarded
         from textsql.strategy.devices import local_devices
 
         if not self.started:
@@ -394,7 +396,7 @@ class Cluster:
             devices=local_devices(),
             workdir=Path.cwd(),
             log_root=self.dir / LAUNCHES_DIR,
-            environ=os.environ,
+            env=forwarded(os.environ, self.forward_env),
             min_pods=None if self.min_workers is None else 1 + self.min_workers,
         )
 
@@ -416,19 +418,25 @@ class Cluster:
         self.echo(plan.describe())
         with run_lock(plan.run_dir, plan.launch_id):
             prepare(plan)
-            store = bound_store(self.session)  # the rendezvous store, on the session's address only
+            store = [bound_store(self.session)]  # the rendezvous store, on the session's address only; in a list
+            # that the finally empties: it stops listening even while a kept traceback (a notebook's) holds the frames
             nnodes = f"{1 + self.min_workers}:{1 + self.workers}" if self.min_workers is not None else 1 + self.workers
-            spec = plan.spec(store=f"{self.session}:{store.port}", nnodes=str(nnodes), max_restarts=self.max_restarts)
-            spec.update(silence=self.silence_seconds, start_timeout=self.start_timeout)
+            spec = plan.spec(
+                store=f"{self.session}:{store[0].port}", nnodes=str(nnodes), max_restarts=self.max_restarts
+            )
+            spec.update(silence=self.silence_seconds, progress=self.progress_timeout, start_timeout=self.start_timeout)
             command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
             self.echo("every pod: " + " ".join(command))
             try:
+                self.key = secrets.token_hex(32)  # the pods' heartbeats are signed with it (signed)
                 self._start_pods(plan, spec)
                 lost = self._watch(plan, store, grace_seconds, timeout_s)
             finally:
-                with interrupts_deferred(self.echo):
+                with interrupts_deferred(self.echo):  # a second Ctrl-C is raised once all of this is done
                     self._stop_pods()
-                del store  # stops listening
+                    for left in Path(tempfile.gettempdir()).glob(Path(beats_prefix(plan.launch_id)).name + "*"):
+                        shutil.rmtree(left, ignore_errors=True)  # of a local pod killed (no finally ran)
+                    store.clear()  # its last reference: it stops listening
             return finish(plan, lost, command)
 
     def _start_pods(self, plan, spec: dict) -> None:
@@ -439,7 +447,7 @@ class Cluster:
             cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(plan.ranks))
         else:  # the session's pod keeps what it has; each worker pod has its own devices
             gpus, cores = [None], [None]
-        env = {LAUNCH_ENV: encode(spec)}
+        env = {LAUNCH_ENV: encode(spec), KEY_ENV: self.key}  # the key in no file, log or command line
         self.echo(f"starting the session's pod ({self.session}) and {self.workers} {self.backend} worker pod(s)")
         with interrupts_deferred(self.echo, "starting the pods"):  # what is started is recorded, so it can be stopped
             local = [self.session] + ([f"127.0.0.{2 + n}" for n in range(self.workers)] if self.cml is None else [])
@@ -470,7 +478,7 @@ class Cluster:
                 self.cml.stop_workers(*workers)
         stop_local_pods([p.process for p in pods if p.process is not None])
 
-    def _watch(self, plan, store, grace_seconds: float, timeout_s) -> dict[str, str]:
+    def _watch(self, plan, store: list, grace_seconds: float, timeout_s) -> dict[str, str]:
         """Echo every pod's log until every pod that trains ended well, or the first failure and a grace for the other
         records (a rank's record only without restarts; else a pod whose torchrun gave up): returns the pods lost
         (address -> how). An elastic launch stops the pods missing from its first round. TrainingTimedOut past
@@ -499,13 +507,18 @@ class Cluster:
                         pod.tail.append(line)
                         recent.append(shown)
                         self.echo(shown)
-                    beat = int(store.add(f"textsql/alive/{pod.address}", 0)) if pod.address != "?" else 0
+                    beat = _beats_of(store[0], self.key, pod.address)
                     pod.joined = pod.joined or bool(beat) or pod.process is not None
-                    if beat != pod.beat[0]:
+                    if beat > pod.beat[0] or status == "scheduling":  # a worker's silence counts once it runs
                         pod.beat = (beat, now)
-                    elif pod.ended is None and beat and now - pod.beat[1] > self.silence_seconds:
-                        silent = f"{now - pod.beat[1]:.0f} s (no heartbeat: frozen, or cut off from the network)"
-                        lost.setdefault(pod.address, f"it went silent for {silent}")
+                    elif pod.ended is None and now - pod.beat[1] > self.silence_seconds * (1 if pod.beat[0] else 2):
+                        silent = f"{now - pod.beat[1]:.0f} s"  # the first beat comes once torch loaded: 2x
+                        how = (
+                            f"went silent for {silent}"
+                            if pod.beat[0]
+                            else f"sent no heartbeat in the {silent} since it started"
+                        )
+                        lost.setdefault(pod.address, f"it {how} (frozen, or cut off from the network)")
                     if pod.ended not in (None, "ok", LEFT_OUT) and pod.address not in recorded:
                         lost.setdefault(pod.address, pod.ended + "".join(f"\n  | {t}" for t in pod.tail))
                 first = read_records(plan.launch_dir, "started", 0) if elastic and not formed else []

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -27,6 +28,7 @@ LAUNCH_ENV, POD_ENV = "TEXTSQL_LAUNCH", "TEXTSQL_POD_ADDRESS"
 ROUND_ENV, BEATS_ENV = "TEXTSQL_ROUND", "TEXTSQL_BEATS"  # set by the pod: its rendezvous round, its heartbeat folder
 RECORD_WAIT_S = 600  # how long the other ranks of a round wait for rank 0's check of the run folder
 SPEC_FLAG = "--textsql_spec="
+COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed|torch/autograd/|deepspeed/comm/")
 
 
 def check_pod(spec: dict, where: str) -> None:
@@ -101,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _beat(path: Path, every: float) -> None:
-    """This rank's heartbeat: the file's time, renewed while the process runs (a stopped or hung one stops it)."""
-    while True:
-        path.touch()
+    """This rank's heartbeat: the file's time, renewed while the process runs (a stopped or hung one stops it); it
+    says "collective" while the main thread waits in one, for its peers: its pod names such a rank after the one
+    whose training progress stopped elsewhere (textsql.cluster.pods._heartbeat)."""
+    main = threading.main_thread().ident
+    while True:  # where the main thread is now: its innermost frame (a lock taken inside a backward is no collective)
+        frame = sys._current_frames().get(main)
+        path.write_text("collective" if frame and COLLECTIVE.search(frame.f_code.co_filename) else "")
         time.sleep(every)
 
 
@@ -144,9 +150,22 @@ def train(spec: dict) -> dict:
     from textsql.train.distributed import end_distributed
 
     seen: dict = {"logged_losses": [], "train_loss": None, "eval_loss": None}
+    progress = Path(os.environ[BEATS_ENV], f"{os.getpid()}.progress") if os.environ.get(BEATS_ENV) else None
 
     class RankRecorder(TrainerCallback):
+        def advance(self, *args, **kwargs):  # the loop moved: the pod names a rank whose loop stops (_heartbeat)
+            if progress is not None:
+                progress.touch()
+
+        on_train_begin = on_step_begin = on_substep_end = on_step_end = on_prediction_step = advance
+        on_evaluate = on_save = advance
+
+        def on_train_end(self, *args, **kwargs):  # what follows the loop is not watched
+            if progress is not None:
+                progress.unlink(missing_ok=True)
+
         def on_log(self, args, state, control, logs=None, **kwargs):
+            self.advance()
             logs = logs or {}
             seen["logged_losses"] += [logs["loss"]] if "loss" in logs else []
             seen.update({k: logs[k] for k in ("train_loss", "eval_loss") if k in logs})

@@ -63,6 +63,8 @@ def sql_scores(trainer, scoring: SqlScoring) -> dict:
         synced_gpus=synced_generation(is_deepspeed_zero3_enabled(), trainer.is_fsdp_enabled, trainer.args.world_size),
         progress=False,
         device=trainer.args.device,
+        # each batch generated is a prediction step to the callbacks: a pod watching this rank's progress sees one
+        on_batch=lambda: trainer.callback_handler.on_prediction_step(trainer.args, trainer.state, trainer.control),
     )
     scores = {f"eval_{name}": metrics[name] for name in ("execution_accuracy", "logical_form_accuracy", "exact_match")}
     scores.update({f"eval_sql_{name}": share for name, share in metrics["components"].items()})
