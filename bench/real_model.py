@@ -51,9 +51,9 @@ SCORE_FLAGS = ["--split", "test", "--batch_size", "64", "--max_new_tokens", "64"
 SCORE = [*SCORE_FLAGS, "--show_examples", "0"]
 # The decodings scored on the best run besides greedy: name (its scores' folder suffix) -> infer flags.
 DECODINGS = {
-    "execution_guided": ["--decoding", "execution_guided", "--num_beams", "4"],
     "constrained": ["--decoding", "constrained"],
     "constrained_execution_guided": ["--decoding", "constrained+execution_guided", "--num_beams", "4"],
+    "execution_guided": ["--decoding", "execution_guided", "--num_beams", "4"],
 }
 QUANTIZATION_METHODS = ("dynamic-int8", "torchao-int8", "bnb-int8", "bnb-nf4", "gptq")
 
@@ -321,14 +321,16 @@ def comparison(bench: Bench) -> dict:
     best_full = max((n for n in execution if n.startswith("full")), key=execution.get, default=None)
     best_lora = max((n for n in execution if n.startswith("lora")), key=execution.get, default=None)
     report["best"] = {"run": best, "full": best_full, "lora": best_lora, "chosen_on": "validation"}
-    if best and ("decoding" in only or bench.done(*(f"score-{best}_{name}" for name in DECODINGS))):
+    # The decodings on the best run: all of them with --only decoding, else those that finished before.
+    decodings = [n for n in DECODINGS if "decoding" in only or bench.done(f"score-{best}_{n}")] if best else []
+    if decodings:
         best_dir = Path(report["trained"][best]["train"]["run_dir"])
         best_data = bench.dataset(TRAINED[best][0] if TRAINED[best][0] != "generated" else "plain")
         # Each decoding against the greedy answers already scored (fixed, broken, net; the beams' and the filter's own).
         greedy = ("--greedy_predictions", str(bench.work / "scores" / best / "predictions.jsonl"))
         report["decoding"] = {"run": best, "greedy": report["trained"][best]["test"]}
-        for name, flags in DECODINGS.items():
-            report["decoding"][name] = bench.score(f"{best}_{name}", best_dir, best_data, *flags, *greedy)
+        for name in decodings:
+            report["decoding"][name] = bench.score(f"{best}_{name}", best_dir, best_data, *DECODINGS[name], *greedy)
     report["gains_over_full_greedy"] = gains(bench, report)
     if best_lora and ("merged" in only or bench.done("merge", f"score-{best_lora}_merged")):
         report["merged"] = merged_and_scored(bench, best_lora, Path(report["trained"][best_lora]["train"]["run_dir"]))

@@ -74,3 +74,12 @@ def test_merged_folder_names(tmp_path):
     merged = merged_dir(MergeArguments(adapter=str(run)))
     assert merged.parent == tmp_path and merged.name.endswith("-merged") and len(merged.name) <= NAME_LIMIT
     assert merged_dir(MergeArguments(adapter=str(tmp_path / "run"))) == tmp_path / "run-merged"
+
+
+def test_a_stage_s_own_schedule_is_not_named():
+    """--lr_scheduler_type auto is each stage's own schedule (linear for sft, constant after warm-up for GRPO): the
+    run folder names a schedule only where it differs from its stage's, as before auto existed."""
+    assert run_name_settings(TextsqlTrainingArguments(runs_root="runs")) == []
+    assert run_name_settings(TextsqlTrainingArguments(runs_root="runs", lr_scheduler_type="linear")) == []
+    other = TextsqlTrainingArguments(runs_root="runs", lr_scheduler_type="constant_with_warmup")
+    assert run_name_settings(other) == ["constant_with_warmup"]

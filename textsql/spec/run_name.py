@@ -7,7 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from textsql.paths import MODEL_NAME_LIMIT, short_name
-from textsql.spec.training import TextsqlTrainingArguments
+from textsql.spec.training import TextsqlTrainingArguments, default_lr_scheduler
 
 # Settings that make another experiment, as short name parts when they differ from textsql's defaults: two runs that
 # differ in one of them never share a folder, and the same command finds its own folder again (and resumes there).
@@ -33,6 +33,7 @@ RUN_NAME_PARTS = {
 def run_name_settings(training: TextsqlTrainingArguments) -> list[str]:
     """The name parts of the settings in RUN_NAME_PARTS that differ from their defaults, in that order."""
     defaults = {f.name: f.default for f in fields(TextsqlTrainingArguments) if f.name in RUN_NAME_PARTS}
+    defaults["lr_scheduler_type"] = default_lr_scheduler(training.stage)  # "auto", as the run resolved it
     parts = []
     for name, form in RUN_NAME_PARTS.items():
         value = getattr(training, name)

@@ -104,6 +104,12 @@ def _textsql_default(name: str, default, why: str = ""):
 _TRAINER_FIELDS = {f.name: f for f in fields(Seq2SeqTrainingArguments)}
 
 
+def default_lr_scheduler(stage: str) -> str:
+    """What --lr_scheduler_type auto means for a stage: linear decay for supervised runs, constant after warm-up for
+    GRPO (the run folder names a schedule only where it is not its stage's own)."""
+    return GRPO_LR_SCHEDULER if stage == "grpo" else "linear"
+
+
 @dataclass
 class TextsqlTrainingArguments(
     Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments, GrpoArguments, SpeedArguments
@@ -254,7 +260,7 @@ class TextsqlTrainingArguments(
                 f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}."
             )
         if self.lr_scheduler_type == "auto":
-            self.lr_scheduler_type = GRPO_LR_SCHEDULER if self.stage == "grpo" else "linear"
+            self.lr_scheduler_type = default_lr_scheduler(self.stage)
         self._check_numbers()
         self.check_lora()
         self.check_ds_tools(self.deepspeed)
