@@ -146,11 +146,11 @@ def test_finetune_lora_notebook_executes(assets, two_tiny_runs, tmp_path, cpu_en
             "per_device_train_batch_size": 16,
             "method": "dynamic-int8",
             "max_examples": 8,
-            "extra_args": {"max_steps": 6, "eval_strategy": "no", "save_strategy": "no", "learning_rate": 1e-2},
+            "extra_args": {"max_steps": 20, "eval_strategy": "no", "save_strategy": "no", "learning_rate": 3e-2},
         },
     )
     text = outputs_text(notebook)
-    (adapter,) = (tmp_path / "runs").glob("tiny-t5-none-lora-r4-*-steps6")
+    (adapter,) = (tmp_path / "runs").glob("tiny-t5-none-lora-r4-*-steps20")
     assert (adapter / "adapter_config.json").is_file()
     assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()  # merged: a plain model
     assert (adapter.parent / f"{adapter.name}-merged-dynamic-int8" / "textsql_quantization.json").is_file()
