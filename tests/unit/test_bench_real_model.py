@@ -5,6 +5,7 @@ import pytest
 
 from bench.real_model import (
     DECODINGS,
+    GREEDY,
     MODEL,
     PARTS,
     RECIPES,
@@ -49,33 +50,44 @@ def test_the_docs_commands_are_the_benchs_and_chain():
     model_dir = import_[2]
     assert import_[:2] == ["import", MODEL]
     flags = dict(zip(prep[1::2], prep[2::2]))
-    assert flags["--model_id"] == model_dir and flags["--source_format"] == "question+header"
+    assert flags["--model_id"] == model_dir and flags["--source_format"] == "question+header+values"  # the best
     dataset_dir = flags["--output_dir"]
 
+    # Every recipe the bench trains on the best prompts, in the doc's order; the history's recipe has its own prep.
     trained = [c[1] for c in commands if c[0] == "train"]
-    assert trained == [str(RECIPES[name].relative_to(REPO)) for name in ("full", "lora")]
+    documented = ("full", "lora", "qlora")
+    assert trained == [str(RECIPES[name].relative_to(REPO)) for name in documented]
+    assert {recipe for _, recipe, _ in TRAINED.values()} <= set(RECIPES)
     written = {}
-    for name, recipe in RECIPES.items():
-        _, data, training = parse_arguments([str(recipe)])
+    for name in documented:
+        _, data, training = parse_arguments([str(RECIPES[name])])
         assert (data.dataset_dir, training.output_dir) == (dataset_dir, f"runs/smollm2-135m-{name}")
         written[name] = training.output_dir
-    merge = next(c for c in commands if c[0] == "merge")
-    assert merge[1] == written["lora"]
+    _, data, training = parse_arguments([str(RECIPES["full-question-header"])])
+    assert data.dataset_dir != dataset_dir and training.output_dir.endswith("full-question-header")
+    merged = [c[1] for c in commands if c[0] == "merge"]
+    assert merged == [written["lora"], written["qlora"]]
 
     scored = [c for c in commands if c[0] == "infer"]
     folders = {c[c.index("--model_dir") + 1] for c in scored}
-    assert folders == {written["full"], written["lora"], f"{written['lora']}-merged"}
+    assert folders == {*written.values(), f"{written['lora']}-merged", f"{written['qlora']}-merged"}
+    outputs = [c[c.index("--output_dir") + 1] for c in scored]
+    assert len(set(outputs)) == len(outputs)  # no scoring replaces another's
     for command in scored:
         assert command[command.index("--dataset_dir") + 1] == dataset_dir
         rest = command[command.index("--dataset_dir") + 2 :]
         assert rest[: len(SCORE_FLAGS)] == SCORE_FLAGS, command  # the bench's scoring flags, in its order
+        model_dir, output = command[command.index("--model_dir") + 1], command[command.index("--output_dir") + 1]
+        assert output.startswith(f"{model_dir}/")  # beside the model, not over it
+        if "--greedy_predictions" not in command:
+            assert rest[len(SCORE_FLAGS) : len(SCORE_FLAGS) + 2] == GREEDY and output == f"{model_dir}/greedy"
     # Every decoding the bench scores, with the bench's flags, reusing the greedy scoring's answers as the bench does.
-    decoded = [c for c in scored if "--decoding" in c]
+    decoded = [c for c in scored if "--greedy_predictions" in c]
     flags = [c[c.index("--decoding") : c.index("--greedy_predictions")] for c in decoded]
     assert sorted(flags) == sorted(DECODINGS.values())
     for command in decoded:
         greedy = command[command.index("--greedy_predictions") + 1]
-        assert greedy == f"{command[command.index('--model_dir') + 1]}/predictions.jsonl"
+        assert greedy == f"{command[command.index('--model_dir') + 1]}/greedy/predictions.jsonl"
 
 
 def test_grpo_bench_flags_are_textsql_s_and_its_variants_checked(capsys, tmp_path):
@@ -99,3 +111,58 @@ def test_grpo_bench_flags_are_textsql_s_and_its_variants_checked(capsys, tmp_pat
     with pytest.raises(SystemExit) as exit_:
         grpo_main(["--variants", "heldout,everything"])
     assert exit_.value.code == 2 and "not everything" in capsys.readouterr().err
+
+
+def test_the_lanes_run_one_step_at_a_time_in_priority_order_and_a_stopped_training_resumes(tmp_path):
+    """Two lanes side by side: a lane runs one step at a time, its waiting steps by priority; a training whose run folder
+    has no summary (stopped halfway) is started without --overwrite, so `textsql train` resumes its newest checkpoint;
+    a chain that fails is said and the others finish."""
+    import threading
+    import time
+    from argparse import Namespace
+
+    from bench.real_model import Bench, Lane, run_side_by_side
+
+    lane, order, inside = Lane("score"), [], []
+    started = threading.Event()
+
+    def hold(name, priority):
+        with lane.held(priority):
+            inside.append(name)
+            assert len(inside) == 1  # never two steps of one lane at once
+            if name == "first":
+                started.set()
+                time.sleep(0.3)  # the others queue behind it meanwhile
+            order.append(name)
+            inside.remove(name)
+
+    first = threading.Thread(target=hold, args=("first", 9))
+    first.start()
+    started.wait()
+    waiting = [threading.Thread(target=hold, args=(n, p)) for n, p in (("late", 5), ("early", 1), ("middle", 3))]
+    for thread in waiting:
+        thread.start()
+        time.sleep(0.05)
+    for thread in [first, *waiting]:
+        thread.join()
+    assert order == ["first", "early", "middle", "late"]
+
+    bench = Bench(Namespace(workdir=str(tmp_path), fresh=False, lanes=2, real_dir=tmp_path))
+    assert bench.lanes["train"] is not bench.lanes["score"]
+    calls = []
+    bench.run = lambda name, *argv: calls.append(argv) or (_ for _ in ()).throw(SystemExit(f"{name} failed"))
+    (tmp_path / "runs" / "stopped").mkdir(parents=True)  # a training stopped halfway: no run_summary.json
+    failed = {}
+    run_side_by_side(
+        {
+            "stopped": lambda: bench.train("stopped", tmp_path, recipe=tmp_path / "r.yaml", model_id=tmp_path),
+            "new": lambda: bench.train("new", tmp_path, recipe=tmp_path / "r.yaml", model_id=tmp_path),
+            "fine": lambda: None,
+        },
+        failed,
+    )
+    assert set(failed) == {"stopped", "new"} and "train-new failed" in failed["new"]
+    by_run = {argv[argv.index("--output_dir") + 1].rsplit("/", 1)[1]: argv for argv in calls}
+    assert "--overwrite" not in by_run["stopped"] and "--overwrite" in by_run["new"]
+    for argv in calls:
+        assert argv[argv.index("--save_strategy") + 1] == "steps"

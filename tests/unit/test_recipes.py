@@ -26,16 +26,23 @@ def test_recipes_are_shipped():
         "qwen2.5-7b-lora-zero3-offload.yaml",  # a 7B-class one on one A100-40GB
         "smollm2-135m-full.yaml",  # the real model textsql measures on: the runs behind the published figures
         "smollm2-135m-lora.yaml",
+        "smollm2-135m-qlora.yaml",
+        "smollm2-135m-full-question-header.yaml",  # the earlier prompt without the cells: the history's figure
     }
 
 
 # Recipes for a model `textsql import` writes into the project (models/NAME): their comments say how to get it.
 IMPORTED = "models/"
 # Small enough for one GPU whole: neither sharded nor on a quantized base.
-ONE_GPU_WHOLE = {"smollm2-135m-full.yaml", "smollm2-135m-lora.yaml"}
+ONE_GPU_WHOLE = {"smollm2-135m-full.yaml", "smollm2-135m-lora.yaml", "smollm2-135m-full-question-header.yaml"}
 # Recipes of a published figure name their run folder (the folder docs/real-model.md's next command reads).
-NAMED_RUN = {"smollm2-135m-full.yaml": "runs/smollm2-135m-full", "smollm2-135m-lora.yaml": "runs/smollm2-135m-lora"}
-FULL_FINE_TUNING = {"smollm2-135m-full.yaml"}
+NAMED_RUN = {
+    f"smollm2-135m-{name}.yaml": f"runs/smollm2-135m-{name}"
+    for name in ("full", "lora", "qlora", "full-question-header")
+}
+FULL_FINE_TUNING = {"smollm2-135m-full.yaml", "smollm2-135m-full-question-header.yaml"}
+# Every recipe trains on the best measured prompts (the table's cells listed) but the one kept as the history.
+PROMPT_FORMAT = {"smollm2-135m-full-question-header.yaml": "question+header"}
 
 
 @pytest.mark.parametrize("recipe", [p for p in RECIPES if not p.name.startswith("t5-")], ids=lambda p: p.name)
@@ -46,7 +53,8 @@ def test_causal_recipes_train_on_data_their_prep_line_writes(recipe, tmp_path, m
     assert training.lora != (recipe.name in FULL_FINE_TUNING) and training.lora_targets in LORA_PRESETS
     (prep_line,) = re.findall(r"^#\s+(textsql prep .*)$", recipe.read_text(), re.M)
     prep = parse_command(PrepArguments, "prep", shlex.split(prep_line)[2:])
-    assert prep.model_id == model.model_id and prep.source_format == "question+header"
+    assert prep.model_id == model.model_id
+    assert prep.source_format == PROMPT_FORMAT.get(recipe.name, "question+header+values")
     assert Path(prep.output_dir) == Path(data.dataset_dir)
     if model.model_id.startswith(IMPORTED):  # the import line writes the folder the prep line and the recipe read
         (import_line,) = re.findall(r"^#\s+(textsql import .*)$", recipe.read_text(), re.M)
@@ -67,7 +75,7 @@ def test_recipe_parses_and_sets_up_a_run(recipe, tmp_path, monkeypatch):
         assert training.output_dir == NAMED_RUN[recipe.name] and setup.output_dir == Path(training.output_dir)
     else:
         assert training.output_dir is None and setup.output_dir.parent == tmp_path / "runs"
-    assert ("-qlora-nf4-r16-" in setup.output_dir.name) == (training.quantize_base == "nf4")
+        assert ("-qlora-nf4-r16-" in setup.output_dir.name) == (training.quantize_base == "nf4")  # the run's name says it
 
 
 def test_flags_after_a_recipe_override_its_keys_and_an_unknown_key_is_named(tmp_path, monkeypatch):
