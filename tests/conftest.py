@@ -89,11 +89,19 @@ def real_model() -> Path:
 
 @pytest.fixture(scope="session")
 def assets(tmp_path_factory):
-    """(data_dir, model_dir): a small generated dataset, prepared with a tokenizer trained on it, and a tiny T5."""
+    """(data_dir, model_dir): a small generated dataset, prepared with a tokenizer trained on it, and a tiny T5. Its
+    sources are the question alone (the walkthrough's format, the shortest): the tests on it check plumbing; the
+    default format (the table's values) is prepared where a test checks the defaults (test_prep, the notebooks)."""
     from textsql.demo import build_assets
 
     return build_assets(
-        tmp_path_factory.mktemp("assets"), train_tables=60, questions_per_table=8, d_model=64, num_layers=2, seed=1
+        tmp_path_factory.mktemp("assets"),
+        train_tables=60,
+        questions_per_table=8,
+        d_model=64,
+        num_layers=2,
+        seed=1,
+        source_format="question",
     )
 
 

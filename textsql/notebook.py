@@ -53,6 +53,19 @@ def trained_demo_model(family: str = "t5") -> str | None:
     return str(finished[-1].parent) if finished else None
 
 
+def latest_run(runs_root: str = "runs") -> str:
+    """The newest finished run under `runs_root` (a run folder with its run_summary.json: train_single_pod's), else the
+    run `textsql demo` fine-tuned; an error saying what to train where there is neither."""
+    runs = sorted(Path(in_project(runs_root)).glob(f"*/{SUMMARY_FILE}"), key=lambda path: path.stat().st_mtime)
+    found = str(runs[-1].parent) if runs else trained_demo_model("t5") or trained_demo_model("causal")
+    if found is None:
+        raise TextsqlError(
+            f"No finished run under '{runs_root}' and no demo run: train one first (train_single_pod.ipynb, `textsql "
+            "train` or `textsql demo`), or set model_dir to a model folder."
+        )
+    return found
+
+
 def source_format_for(model_id: str, default: str = AUTO) -> str:
     """The source format `model_id` was fine-tuned on by textsql, else `default` (auto: the family's best, which prep
     decides): data prepared for a model must be in the format it reads."""
