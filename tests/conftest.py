@@ -343,6 +343,9 @@ def trained_run(assets, tmp_path_factory):
         max_eval_samples=64,
         execution_accuracy_samples=32,
         execution_accuracy_each_evaluation=True,
+        # the scoring's plumbing at each evaluation; greedy, the cheapest (an untrained tiny model writes to the token
+        # limit, where constrained decoding, the default, walks its grammar at every token)
+        execution_accuracy_decoding="greedy",
     )
     done = subprocess.run(
         [sys.executable, "-m", "textsql.train", *argv], capture_output=True, text=True, env=env, timeout=900
