@@ -53,7 +53,8 @@ NOTEBOOKS = {
         new_code_cell(
             'model_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
             "num_gpus = None  # one rank per visible GPU; 1 for one GPU\nepochs = 3\nper_device_train_batch_size = 32\n"
-            "per_device_eval_batch_size = 32\ngradient_checkpointing = False\nextra_args = {}  # any other Trainer argument",
+            "per_device_eval_batch_size = 32\ngradient_checkpointing = False\nextra_args = {}  # any other Trainer argument\n"
+            "execution_accuracy_samples = 200  # validation questions whose SQL is scored at the end (as infer decodes); 0: none",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
@@ -63,7 +64,7 @@ NOTEBOOKS = {
             "    per_device_train_batch_size=per_device_train_batch_size, per_device_eval_batch_size=per_device_eval_batch_size,\n"
             "    **extra_args)\n"
             "model = ModelArguments(model_id=model_id or real_model() or default_model_id())  # as prep_dataset's\n"
-            "data = DataArguments(dataset_dir=dataset_dir)  # its SQL scored at the end as infer decodes: auto, the best"
+            "data = DataArguments(dataset_dir=dataset_dir, execution_accuracy_samples=execution_accuracy_samples)"
         ),
         new_code_cell(
             "from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path\n\n"

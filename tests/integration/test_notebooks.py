@@ -89,6 +89,7 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
             "deepspeed": "zero2",
             "per_device_train_batch_size": 16,
             "extra_args": {"max_steps": 12, "logging_steps": 4, "eval_strategy": "no", "save_strategy": "no"},
+            "execution_accuracy_samples": 8,  # constrained (the default), as infer decodes
         },
     )
     text = outputs_text(train)
@@ -98,6 +99,7 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
         assert noise not in text, f"{noise!r} in the notebook's output"
     summary = json.loads((tmp_path / "runs/tiny-t5-zero2-ws1-bs16-steps12/run_summary.json").read_text())
     assert summary["global_step"] == 12 and summary["strategy"]["label"] == "zero2"
+    assert summary["execution_accuracy_questions"] == 8
 
 
 @pytest.mark.slow
