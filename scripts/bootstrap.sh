@@ -30,9 +30,10 @@ setup_python() {
 }
 
 setup_system() {
-  # Debian packages: g++ for DeepSpeed's ops; for the tests also sshd + pdsh (multi-node over loopback), chromium
-  # (TensorBoard and compare-app screenshots) and libaio-dev (DeepSpeed's async I/O op: zero3_nvme trains in the tests).
-  # Only what is missing is installed; skipped without apt or root.
+  # Debian packages: g++ for DeepSpeed's ops (what training needs: demo, lab, setup); for the tests (`test` only) also
+  # sshd + pdsh (multi-node over loopback), chromium (TensorBoard and compare-app screenshots) and libaio-dev
+  # (DeepSpeed's async I/O op: zero3_nvme trains in the tests). Only what is missing is installed; skipped without apt
+  # or root.
   local missing=()
   command -v g++ >/dev/null || missing+=(g++)
   if [[ "${1:-}" == test ]]; then
@@ -70,7 +71,7 @@ case "$cmd" in
     setup_system lab; setup_python
     exec "$VENV/bin/textsql" lab "$@" ;;
   setup)
-    setup_system test; setup_python ;;
+    setup_system setup; setup_python ;;
   *)
     echo "usage: bash scripts/bootstrap.sh {demo|test|lab|setup} [args...]" >&2; exit 2 ;;
 esac

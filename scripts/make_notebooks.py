@@ -24,14 +24,14 @@ NOTEBOOKS = {
             "a parquet copy. Same as `textsql prep`."
         ),
         new_code_cell(
-            'source = "generate"\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\noutput_dir = "data/wikisql"\n'
-            'source_prefix = "translate English to SQL: "\nsource_format = "question"  # or "question+header", or "question+header+values" (the cells the question names)\n'
+            'source = "generate"\nmodel_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\noutput_dir = "data/wikisql"\n'
+            'source_prefix = "translate English to SQL: "\nsource_format = "auto"  # the family\'s best: question+header+values (the cells the question names); "question": the walkthrough\'s\n'
             "max_examples_per_split = None\noverwrite = False",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id\nfrom textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
-            "args = PrepArguments(source=source, model_id=model_id or default_model_id(), output_dir=output_dir, source_prefix=source_prefix,\n"
+            "from textsql.notebook import default_model_id, real_model\nfrom textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
+            "args = PrepArguments(source=source, model_id=model_id or real_model() or default_model_id(), output_dir=output_dir, source_prefix=source_prefix,\n"
             "                     source_format=source_format, max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
             "folder = prepare_dataset(args)"
         ),
@@ -51,19 +51,20 @@ NOTEBOOKS = {
             "`runs_root`; watch them with `textsql tensorboard` (TensorBoard on the runs root)."
         ),
         new_code_cell(
-            'model_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
+            'model_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\ndataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = "zero2"\n'
             "num_gpus = None  # one rank per visible GPU; 1 for one GPU\nepochs = 3\nper_device_train_batch_size = 32\n"
-            "per_device_eval_batch_size = 32\ngradient_checkpointing = False\nextra_args = {}  # any other Trainer argument",
+            "per_device_eval_batch_size = 32\ngradient_checkpointing = False\nextra_args = {}  # any other Trainer argument\n"
+            "execution_accuracy_samples = 200  # validation questions whose SQL is scored at the end (as infer decodes); 0: none",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id\nfrom textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
+            "from textsql.notebook import default_model_id, real_model\nfrom textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
             "training = TextsqlTrainingArguments(\n"
             "    runs_root=runs_root, deepspeed=deepspeed, num_train_epochs=epochs, activation_checkpointing=gradient_checkpointing,\n"
             "    per_device_train_batch_size=per_device_train_batch_size, per_device_eval_batch_size=per_device_eval_batch_size,\n"
             "    **extra_args)\n"
-            "model = ModelArguments(model_id=model_id or default_model_id())\n"
-            "data = DataArguments(dataset_dir=dataset_dir)"
+            "model = ModelArguments(model_id=model_id or real_model() or default_model_id())  # as prep_dataset's\n"
+            "data = DataArguments(dataset_dir=dataset_dir, execution_accuracy_samples=execution_accuracy_samples)"
         ),
         new_code_cell(
             "from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path\n\n"
@@ -95,7 +96,7 @@ NOTEBOOKS = {
             "`DS_*`, `HF_*`, `PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
         ),
         new_code_cell(
-            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = None  # None: the tiny T5 of textsql demo when the project has one (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
+            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
             'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n'
             "extra_args = {}  # any other Trainer argument",
             metadata={"tags": ["parameters"]},
@@ -106,8 +107,8 @@ NOTEBOOKS = {
             "cluster.start()"
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id\nfrom textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
-            "model = ModelArguments(model_id=model_id or default_model_id())\n"
+            "from textsql.notebook import default_model_id, real_model\nfrom textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments\n\n"
+            "model = ModelArguments(model_id=model_id or real_model() or default_model_id())  # as prep_dataset's\n"
             "data = DataArguments(dataset_dir=dataset_dir)\n"
             "training = TextsqlTrainingArguments(deepspeed=deepspeed, num_train_epochs=epochs, **extra_args,\n"
             "                                    per_device_train_batch_size=per_device_train_batch_size,\n"
@@ -128,17 +129,22 @@ NOTEBOOKS = {
             "Loads a fine-tuned model folder (the run folder of any strategy), generates SQL for a split in batches, "
             "parses it back against each question's table, executes it in SQLite and scores it exactly as WikiSQL's "
             "evaluate.py does: execution and logical-form accuracy (plus exact match), and which parts of the query are "
-            'right. `decoding = "execution_guided"` (with `num_beams` of 4 or so) takes the best beam that executes. '
-            "Writes `predictions.jsonl` and `eval_metrics.json` into the model folder. Same as `textsql infer`. Put your "
-            "own questions in `questions` (and a `table_id` to run them)."
+            "right. `decoding = \"auto\"` is the model family's best: constrained (every answer a query over the question's "
+            "table), told against greedy's answers (the questions it fixed and broke); `\"greedy\"` is the walkthrough's, "
+            '`"constrained+execution_guided"` (with `num_beams` of 4 or so) takes the first constrained beam that '
+            "executes. Writes `predictions.jsonl` and `eval_metrics.json` into the model folder. Same as `textsql infer`. "
+            "Put your own questions in `questions` (and a `table_id` to run them)."
         ),
         new_code_cell(
-            'model_dir = "runs/t5-small-zero2-ws1-bs32"\ndataset_dir = "data/wikisql"\nsplit = "test"\nmax_examples = None\n'
-            'batch_size = 64\ndecoding = "greedy"\nnum_beams = 1\nquestions = []\ntable_id = None',
+            "model_dir = None  # None: the newest run under runs/ (train_single_pod's), else the run textsql demo fine-tuned\n"
+            'dataset_dir = "data/wikisql"\nsplit = "test"\nmax_examples = None\n'
+            'batch_size = 64\ndecoding = "auto"  # the family\'s best: constrained; or "greedy", "constrained+execution_guided"\n'
+            "num_beams = 1\nquestions = []\ntable_id = None",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.infer import InferArguments, run_inference\n\n"
+            "from textsql.infer import InferArguments, run_inference\nfrom textsql.notebook import latest_run\n\n"
+            "model_dir = model_dir or latest_run()\n"
             "metrics = run_inference(InferArguments(model_dir=model_dir, dataset_dir=dataset_dir, split=split, max_examples=max_examples,\n"
             "                                       batch_size=batch_size, decoding=decoding, num_beams=num_beams))"
         ),
@@ -148,11 +154,17 @@ NOTEBOOKS = {
             "parts.plot.barh(xlim=(0, 1), title='Which parts of the query are right');"
         ),
         new_code_cell(
+            "predictions = pd.read_json(f'{model_dir}/predictions.jsonl', lines=True)\n"
+            "if 'greedy_execution_match' in predictions:  # the decoding's answers against greedy's, beside the parts\n"
+            "    changed = predictions[predictions.execution_match != predictions.greedy_execution_match]\n"
+            "    print(metrics['decoding']['label'], 'against greedy:', metrics['decoding']['against_greedy'])\n"
+            "    display(changed.assign(fixed=changed.execution_match)[['question', 'greedy_sql', 'predicted_sql', 'gold_sql', 'fixed']].head(10))"
+        ),
+        new_code_cell(
             "pd.concat({'by aggregation': pd.DataFrame(metrics['by_aggregation']).T,\n"
             "           'by conditions': pd.DataFrame(metrics['by_num_conditions']).T})"
         ),
         new_code_cell(
-            "predictions = pd.read_json(f'{model_dir}/predictions.jsonl', lines=True)\n"
             "predictions[~predictions.execution_match][['question', 'predicted_sql', 'gold_sql', 'wrong_parts', 'parse_error']].head(10)"
         ),
         new_code_cell(
@@ -190,21 +202,23 @@ NOTEBOOKS = {
             "execution-accuracy delta against the unquantized model), and compares base, adapter, merged and quantized "
             "models on the same questions (`textsql compare --output`). The side-by-side web app is `textsql compare` "
             "(a CML Application: `scripts/compare_app.py`). Needs the lifecycle extra (`pip install '.[lifecycle]'`).\n\n"
-            "Offline, the base is the model `textsql demo` fine-tuned (a few minutes on a CPU): it writes SQL's shape, "
+            "Offline, the base is the real SmolLM2-135M-Instruct when it has been imported (`textsql import "
+            "smollm2-135m-instruct`, as prep_dataset's), else the model `textsql demo` fine-tuned (a few minutes on a "
+            "CPU): it writes SQL's shape, "
             "so the adapter's few epochs change answers the last cell shows. An untrained base writes the same tokens "
             "whatever the adapter, and the last cell says so."
         ),
         new_code_cell(
-            "model_id = None  # None: the model textsql demo fine-tuned (offline), else its tiny T5, else t5-small\n"
+            "model_id = None  # None: the imported SmolLM2-135M-Instruct, else the model textsql demo fine-tuned (offline), else its tiny T5, else t5-small\n"
             'dataset_dir = "data/wikisql"\nruns_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
             "lora_rank = 8\nepochs = 3\nper_device_train_batch_size = 32\n"
             'method = "torchao-int8"  # bnb-int8, bnb-nf4, dynamic-int8 (CPU)\nmax_examples = 200\nextra_args = {}  # any other Trainer argument',
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id, trained_demo_model\n"
+            "from textsql.notebook import default_model_id, real_model, trained_demo_model\n"
             "from textsql.train import DataArguments, ModelArguments, TextsqlTrainingArguments, run_training\n\n"
-            "model_id = model_id or trained_demo_model() or default_model_id()\n"
+            "model_id = model_id or real_model() or trained_demo_model() or default_model_id()  # as prep_dataset's\n"
             "training = TextsqlTrainingArguments(runs_root=runs_root, deepspeed=deepspeed, lora=True, lora_rank=lora_rank,\n"
             "                                    num_train_epochs=epochs, per_device_train_batch_size=per_device_train_batch_size, **extra_args)\n"
             "summary = run_training(ModelArguments(model_id=model_id), DataArguments(dataset_dir=dataset_dir), training)\n"
@@ -254,7 +268,7 @@ NOTEBOOKS = {
         new_code_cell(
             "model_id = None  # None: the imported SmolLM2-135M-Instruct, else the demo's fine-tuned causal LM, else Qwen2.5-0.5B\n"
             'source = "generate"  # or the WikiSQL release folder (train.jsonl, train.tables.jsonl, ...)\n'
-            'dataset_dir, source_format = "data/notebook-causal", None  # None: the format model_id learned, else question+header\n'
+            'dataset_dir, source_format = "data/notebook-causal", None  # None: the format model_id learned, else the best (auto)\n'
             "max_examples_per_split = None\noverwrite = False  # True: prepare and train again over an earlier run's\n"
             'runs_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'
             'lora_rank, lora_targets, epochs = 8, "all", 3  # lora_targets: "all" (every linear layer) or "qv"\n'

@@ -12,10 +12,11 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set, score_predictions
+from textsql.families import AUTO, best_setting, best_settings_help, family_named
 from textsql.infer import InferArguments, run_inference
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
-from textsql.spec.decoding import DECODINGS, execution_guided
+from textsql.spec.decoding import AUTO_DECODING_HELP, DECODING_CHOICES, execution_guided
 from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.estimate import TrainingTimer
@@ -36,6 +37,7 @@ DEMO_FAMILIES = {
     "t5": (DEMO_MODEL_DIRS["t5"], "tiny T5", "data"),
     "causal": (DEMO_MODEL_DIRS["causal"], "tiny causal LM (Qwen2-shaped, byte-level BPE)", "data-causal"),
 }
+DEMO_MODEL_FAMILIES = {"t5": "t5", "causal": "qwen2"}  # the registry's family of each demo's tiny model
 
 
 @dataclass
@@ -74,16 +76,18 @@ class DemoArguments:
     )
     seed: int = field(default=0, metadata={"help": "Seed for the generator and the model."})
     source_format: str = field(
-        default="question",
+        default=AUTO,
         metadata={
-            "help": "What the model reads: question, question+header, or question+header+values (see textsql prep)."
+            "help": f"What the model reads: {best_settings_help('source_format')}; question (the walkthrough's), "
+            "question+header, or question+header+values (see textsql prep)."
         },
     )
     decoding: str = field(
-        default="greedy",
+        default=AUTO,
         metadata={
-            "help": "How the test split is decoded: greedy, execution_guided (4 beams), constrained (greedy, only "
-            "queries over the table) or constrained+execution_guided (4 beams); see textsql infer --decoding."
+            "help": f"How the test split is decoded: {AUTO_DECODING_HELP}; greedy, execution_guided (4 beams), "
+            "constrained (greedy, only queries over the table) or constrained+execution_guided (4 beams); see textsql "
+            "infer --decoding."
         },
     )
 
@@ -91,9 +95,10 @@ class DemoArguments:
         self.workdir = in_project(self.workdir)
         if self.family not in DEMO_FAMILIES:
             raise TextsqlError(f"--family is one of {', '.join(DEMO_FAMILIES)}, not '{self.family}'.")
-        if self.source_format not in SOURCE_FORMATS or self.decoding not in DECODINGS:
+        if self.source_format not in (AUTO, *SOURCE_FORMATS) or self.decoding not in DECODING_CHOICES:
             raise TextsqlError(
-                f"--source_format is one of {', '.join(SOURCE_FORMATS)} and --decoding one of {', '.join(DECODINGS)}."
+                f"--source_format is one of {', '.join((AUTO, *SOURCE_FORMATS))} and --decoding one of "
+                f"{', '.join(DECODING_CHOICES)}."
             )
         if self.train_tables < 5 or self.questions_per_table < 1 or self.epochs <= 0 or self.batch_size < 1:
             raise TextsqlError("Demo sizes must be positive (and at least 5 training tables).")
@@ -116,17 +121,19 @@ def build_assets(
     d_model: int = 128,
     num_layers: int = 2,
     seed: int = 0,
-    source_format: str = "question",
+    source_format: str = AUTO,
     family: str = "t5",
 ) -> tuple[Path, Path]:
     """Generated release files, a tiny model folder (T5, or with family "causal" a Qwen2-shaped causal LM) and the
-    prepared dataset (one folder per family and source format); reused when
-    already there. Returns (data_dir, model_dir)."""
+    prepared dataset (one folder per family and source format: the family's best, auto, in data/ or data-causal/);
+    reused when already there. Returns (data_dir, model_dir)."""
 
     model_name, _, data_name = DEMO_FAMILIES[family]
     workdir = Path(workdir)
     raw_dir, model_dir = workdir / "wikisql-generated", workdir / model_name
-    data_dir = workdir / (data_name if source_format == "question" else f"{data_name}-{source_format}")
+    best = best_setting("source_format", AUTO, family_named(DEMO_MODEL_FAMILIES[family]))  # generated data has tables
+    source_format = best_setting("source_format", source_format, family_named(DEMO_MODEL_FAMILIES[family]))
+    data_dir = workdir / (data_name if source_format == best else f"{data_name}-{source_format}")
     if not (raw_dir / "train.jsonl").exists():
         held_out = max(1, train_tables // 5)
         generate_wikisql(
@@ -159,7 +166,9 @@ def build_assets(
                 dropout_rate=0.0,
                 seed=seed,
             )
-    if not (data_dir / METADATA_FILE).exists():
+    metadata = data_dir / METADATA_FILE
+    # an older textsql's demo folder may hold another format there (it prepared the question alone): prepared again
+    if not metadata.exists() or json.loads(metadata.read_text()).get("source_format") != source_format:
         prepare_dataset(
             PrepArguments(
                 source=str(raw_dir),
@@ -167,6 +176,7 @@ def build_assets(
                 output_dir=str(data_dir),
                 source_prefix=DEMO_PREFIX,
                 source_format=source_format,
+                overwrite=True,
             )
         )
     return data_dir, model_dir

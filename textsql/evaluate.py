@@ -348,6 +348,28 @@ def decode_and_score(
         constrain_to=constrain_to,
         **generate_kwargs,
     )
+    records, metrics = score_candidates(scoring, candidates, decoding, num_beams)
+    if constrain_to is not None:
+        metrics["decoding"]["unconstrained_questions"] = sum(table is None for _, table in constrain_to)
+    if compare_to_greedy and (decoding != "greedy" or num_beams > 1):
+        if greedy_predictions is None:
+            greedy = generate_sql(model, tokenizer, scoring.sources, num_beams=1, num_candidates=1, **generate_kwargs)
+            greedy_predictions = [options[0] for options in greedy]
+        elif len(greedy_predictions) != len(scoring.sources):
+            raise TextsqlError(
+                f"{len(greedy_predictions)} greedy predictions for {len(scoring.sources)} questions: pass the "
+                "predictions of a greedy run over the same questions."
+            )
+        compare_with_greedy(scoring, records, metrics, candidates, greedy_predictions)
+    return records, metrics
+
+
+def score_candidates(
+    scoring: ScoringSet, candidates: list[list[str]], decoding: str, num_beams: int
+) -> tuple[list[dict], dict]:
+    """Each question's answer chosen from its candidates (beam order) as `decoding` chooses (choose_prediction), scored:
+    (records, metrics), each record with the chosen candidate's rank and whether it changed the answer from the top
+    one, the metrics' "decoding" block counting how often."""
     chosen = [
         choose_prediction(options, scoring.tables.get(table_id), decoding)
         for options, table_id in zip(candidates, scoring.table_ids)
@@ -364,32 +386,29 @@ def decode_and_score(
         "changed": changed,
         "changed_share": changed / len(records) if records else 0.0,
     }
-    if constrain_to is not None:
-        metrics["decoding"]["unconstrained_questions"] = sum(table is None for _, table in constrain_to)
-    if compare_to_greedy and (decoding != "greedy" or num_beams > 1):
-        if greedy_predictions is None:
-            greedy = generate_sql(model, tokenizer, scoring.sources, num_beams=1, num_candidates=1, **generate_kwargs)
-            greedy_predictions = [options[0] for options in greedy]
-        elif len(greedy_predictions) != len(scoring.sources):
-            raise TextsqlError(
-                f"{len(greedy_predictions)} greedy predictions for {len(scoring.sources)} questions: pass the "
-                "predictions of a greedy run over the same questions."
-            )
-        greedy_records, greedy_metrics = score_predictions(scoring, greedy_predictions)
-        top_records = records
-        if any(record["decoding_changed"] for record in records):
-            top_records, _ = score_predictions(scoring, [options[0] for options in candidates])
-        for record, greedy_record in zip(records, greedy_records):
-            record["greedy_sql"] = greedy_record["predicted_sql"]
-            record["greedy_execution_match"] = greedy_record["execution_match"]
-        metrics["decoding"].update(
-            greedy_execution_accuracy=greedy_metrics["execution_accuracy"],
-            differs_from_greedy=sum(r["predicted_sql"] != g["predicted_sql"] for r, g in zip(records, greedy_records)),
-            against_greedy=execution_changes(greedy_records, records),
-            top_candidate_against_greedy=execution_changes(greedy_records, top_records),
-            choice_against_top_candidate=execution_changes(top_records, records),
-        )
     return records, metrics
+
+
+def compare_with_greedy(
+    scoring: ScoringSet, records: list[dict], metrics: dict, candidates: list[list[str]], greedy_predictions: list[str]
+) -> None:
+    """score_candidates' records and metrics told against greedy's answers (one per question): each record gets
+    greedy's SQL and verdict, the "decoding" block the answers fixed and broken against greedy, the top candidate
+    against greedy and the chosen answer against the top candidate."""
+    greedy_records, greedy_metrics = score_predictions(scoring, greedy_predictions)
+    top_records = records
+    if any(record["decoding_changed"] for record in records):
+        top_records, _ = score_predictions(scoring, [options[0] for options in candidates])
+    for record, greedy_record in zip(records, greedy_records):
+        record["greedy_sql"] = greedy_record["predicted_sql"]
+        record["greedy_execution_match"] = greedy_record["execution_match"]
+    metrics["decoding"].update(
+        greedy_execution_accuracy=greedy_metrics["execution_accuracy"],
+        differs_from_greedy=sum(r["predicted_sql"] != g["predicted_sql"] for r, g in zip(records, greedy_records)),
+        against_greedy=execution_changes(greedy_records, records),
+        top_candidate_against_greedy=execution_changes(greedy_records, top_records),
+        choice_against_top_candidate=execution_changes(top_records, records),
+    )
 
 
 def execution_changes(before: list[dict], after: list[dict]) -> dict:

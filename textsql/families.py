@@ -10,6 +10,15 @@ SEQ2SEQ = "seq2seq"  # an encoder reads the source, a decoder writes the target 
 CAUSAL = "causal"  # one decoder reads the prompt and continues it with the answer (Llama, Qwen2, GPT-2, ...)
 ALL_LINEAR = "all-linear"  # peft's every nn.Linear (and GPT-2's Conv1D) but the output layer
 
+# The settings "auto" stands for (prep's --source_format, infer's --decoding, train's --execution_accuracy_decoding,
+# the demo's): the best a family was measured with (best_settings). The spellings are textsql.wikisql.format's and
+# textsql.spec.decoding's (a test checks them against those lists; this module sits below both).
+AUTO = "auto"
+WALKTHROUGH_FORMAT = "question"  # the original walkthrough's: the question alone
+VALUES_FORMAT = "question+header+values"
+CONSTRAINED = "constrained"
+GREEDY = "greedy"
+
 
 @dataclass(frozen=True)
 class Family:
@@ -19,7 +28,8 @@ class Family:
     attention's query and value projections ("qv": fused query-key-value layers where the family fuses them) or
     `all-linear`. `fp16_safe` is False where the family's checkpoints overflow fp16 (T5 was pretrained in bf16).
     `packing_refusal` says why the family cannot train on packed batches (textsql.train.collate.check_packing); empty
-    where it can."""
+    where it can. `best_source_format` and `best_decoding` are the best the family was measured with (best_settings),
+    `best_why` says, per setting, why where a family's best differs (--help shows it)."""
 
     name: str
     model_types: tuple[str, ...]
@@ -43,6 +53,9 @@ class Family:
     saved_beyond_count: int = 0
     packing_refusal: str = ""
     quantize_refusal: str = ""  # why bitsandbytes cannot quantize the family's layers (--quantize_base); "" if it can
+    best_source_format: str = VALUES_FORMAT
+    best_decoding: str = CONSTRAINED
+    best_why: dict = field(default_factory=dict)  # setting -> why the family's best differs from the others'
 
     @property
     def causal(self) -> bool:
@@ -119,6 +132,33 @@ FAMILIES = (
     _causal("gpt2", ("c_attn",), ffn_keys=("n_inner",), saved_beyond_count=29),
 )
 LORA_PRESETS = ("qv", "all")
+
+
+def best_settings(family: Family, has_tables: bool = True) -> dict[str, str]:
+    """What "auto" means for a model of `family`: {"source_format": ..., "decoding": ...}, the best it was measured
+    with (docs/sql-quality.md): the table's matched cells in the source and constrained decoding. Without tables (a hub
+    copy holding only questions and SQL) the question alone and greedy decoding: the other two read the table."""
+    if not has_tables:
+        return {"source_format": WALKTHROUGH_FORMAT, "decoding": GREEDY}
+    return {"source_format": family.best_source_format, "decoding": family.best_decoding}
+
+
+def best_setting(name: str, value: str, family: Family, has_tables: bool = True) -> str:
+    """`value` of the setting `name` (source_format or decoding), with "auto" made the family's best (best_settings)."""
+    return best_settings(family, has_tables)[name] if value == AUTO else value
+
+
+def best_settings_help(name: str) -> str:
+    """The --help words saying what "auto" means for the setting `name` (source_format or decoding), per family."""
+
+    def best(family: Family) -> str:
+        why = family.best_why.get(name)
+        return getattr(family, f"best_{name}") + (f" ({why})" if why else "")
+
+    t5, causal = best(family_named("t5")), {best(f) for f in FAMILIES if f.causal}
+    says = f"{t5} for T5 and causal LMs alike" if {t5} == causal else f"T5: {t5}; causal LMs: {', '.join(causal)}"
+    without = "a source without tables: question" if name == "source_format" else "questions without a table: greedy"
+    return f"auto (the default): the best measured for the model's family, {says} ({without})"
 
 
 def family_named(name: str) -> Family:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from textsql.errors import TextsqlError
@@ -18,10 +18,11 @@ from textsql.evaluate import (
     generate_sql,
     load_scoring_set,
 )
+from textsql.families import AUTO, best_setting, family_of
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE, in_project
 from textsql.prep import check_source_settings, load_prepared, load_tables, model_source
 from textsql.quantize import load_for_inference
-from textsql.spec.decoding import check_decoding
+from textsql.spec.decoding import AUTO_DECODING_HELP, check_decoding
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
 
 DTYPES = ("float32", "bfloat16")
@@ -52,9 +53,10 @@ class InferArguments:
     max_examples: int | None = field(default=None, metadata={"help": "Score only the first N examples of the split."})
     batch_size: int = field(default=64, metadata={"help": "Questions per generate() call."})
     decoding: str = field(
-        default="greedy",
+        default=AUTO,
         metadata={
-            "help": "greedy (with --num_beams > 1: the top beam of beam search); execution_guided: of the "
+            "help": f"{AUTO_DECODING_HELP}; greedy (with --num_beams > 1: the top beam of beam search), what the "
+            "walkthrough did; execution_guided: of the "
             "--num_beams candidates, the best-scored one that parses against the table's header and executes (and, "
             "without aggregation, returns a row), the top beam when none does; constrained: greedy or beam search "
             "that may only write a WikiSQL query over the question's table (its columns, MAX MIN COUNT SUM AVG, = > <, "
@@ -116,6 +118,9 @@ def run_inference(args: InferArguments, echo=print) -> dict:
     metadata = prepared[1]
     model, tokenizer = load_for_inference(args.model_dir, args.device, args.dtype)
     check_source_settings(model.config, metadata, args.dataset_dir)
+    # auto: the model family's best decoding (textsql.families.best_settings); greedy for questions without a table
+    has_tables = bool(args.table_id) if args.question else metadata.get("has_tables", True)
+    args = replace(args, decoding=best_setting("decoding", args.decoding, family_of(model.config), has_tables))
     if args.question:
         return answer_questions(args, model, tokenizer, metadata, echo)
     scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples, prepared=prepared)

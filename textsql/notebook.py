@@ -9,6 +9,7 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
+from textsql.families import AUTO
 from textsql.hub import load_config
 from textsql.model_import import PACKAGED_MODELS, imported_model_dir
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, SUMMARY_FILE, in_project
@@ -52,9 +53,22 @@ def trained_demo_model(family: str = "t5") -> str | None:
     return str(finished[-1].parent) if finished else None
 
 
-def source_format_for(model_id: str, default: str = "question+header") -> str:
-    """The source format `model_id` was fine-tuned on by textsql (the demo's run: the question alone), else `default`:
-    data prepared for a model must be in the format it reads."""
+def latest_run(runs_root: str = "runs") -> str:
+    """The newest finished run under `runs_root` (a run folder with its run_summary.json: train_single_pod's), else the
+    run `textsql demo` fine-tuned; an error saying what to train where there is neither."""
+    runs = sorted(Path(in_project(runs_root)).glob(f"*/{SUMMARY_FILE}"), key=lambda path: path.stat().st_mtime)
+    found = str(runs[-1].parent) if runs else trained_demo_model("t5") or trained_demo_model("causal")
+    if found is None:
+        raise TextsqlError(
+            f"No finished run under '{runs_root}' and no demo run: train one first (train_single_pod.ipynb, `textsql "
+            "train` or `textsql demo`), or set model_dir to a model folder."
+        )
+    return found
+
+
+def source_format_for(model_id: str, default: str = AUTO) -> str:
+    """The source format `model_id` was fine-tuned on by textsql, else `default` (auto: the family's best, which prep
+    decides): data prepared for a model must be in the format it reads."""
     return (fine_tuned_settings(load_config(model_id)) or {}).get("source_format", default)
 
 

@@ -7,12 +7,12 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from textsql import __version__
 from textsql.errors import TextsqlError
-from textsql.families import CAUSAL, family_of
+from textsql.families import AUTO, CAUSAL, best_setting, best_settings_help, family_named, family_of
 from textsql.hub import load_tokenizer, model_family
 from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR, in_project
 from textsql.vocabulary import add_characters, byte_level, missing_characters
@@ -61,12 +61,13 @@ class PrepArguments:
         metadata={"help": "T5 task prefix put before every question (a causal LM reads a plain prompt instead)."},
     )
     source_format: str = field(
-        default="question",
+        default=AUTO,
         metadata={
-            "help": "What the model reads: 'question' (the walkthrough's format); 'question+header': the question "
-            "followed by the table's column names ('... columns: Year | Team | Wins'); or 'question+header+values': "
-            "also the table's cells that match words of the question (exact or fuzzy), each with its column "
-            "('... values: Team = Utah Jazz | Year = 1998'; none: no values section). The last two need the tables."
+            "help": f"What the model reads: {best_settings_help('source_format')}; 'question' (the walkthrough's "
+            "format); 'question+header': the question followed by the table's column names ('... columns: Year | "
+            "Team | Wins'); or 'question+header+values': also the table's cells that match words of the question "
+            "(exact or fuzzy), each with its column ('... values: Team = Utah Jazz | Year = 1998'; none: no values "
+            "section). The last two need the tables."
         },
     )
     values_per_column: int = field(
@@ -140,9 +141,9 @@ class PrepArguments:
         self.output_dir = in_project(self.output_dir)
         self.model_id = in_project(self.model_id, only_if_exists=True)
         self.source = in_project(self.source, only_if_exists=True)
-        if self.source_format not in SOURCE_FORMATS:
+        if self.source_format not in (AUTO, *SOURCE_FORMATS):
             raise TextsqlError(
-                f"--source_format must be one of {', '.join(SOURCE_FORMATS)}, not '{self.source_format}'."
+                f"--source_format must be one of {', '.join((AUTO, *SOURCE_FORMATS))}, not '{self.source_format}'."
             )
         if self.values_per_column < 1 or self.max_values < 1:
             raise TextsqlError(
@@ -213,6 +214,10 @@ def prepare_dataset(args: PrepArguments):
     data = validation_split(data, args)  # before generated questions join train: validation stays the source's
     if args.generated_train:
         data = with_generated_train(data, args)
+    if args.source_format == AUTO:  # the family's best (textsql.families.best_settings), said in one line
+        args = replace(args, source_format=best_setting("source_format", AUTO, family, bool(data.tables)))
+        why = f"the best measured for {family.name}" if data.tables else "the source has no tables"
+        logger.info("source format: %s (%s; --source_format question: the walkthrough's)", args.source_format, why)
     if args.source_format != "question" and not data.tables:
         raise TextsqlError(
             f"--source_format {args.source_format} needs the tables, and '{args.source}' has none. Use the WikiSQL "
@@ -242,9 +247,12 @@ def prepare_dataset(args: PrepArguments):
         ]
         for name, examples in splits.items()
     }
-    # Every character the model reads or writes must be one it can produce: add what the tokenizer lacks.
+    # Every character the model reads or learns to write must be one it can produce: add what the tokenizer lacks. It
+    # reads every split's sources (questions, columns, cells: inputs) and learns train's answers; the held-out answers
+    # are what it is scored on, never read here.
     missing = missing_characters(
-        base_tokenizer, (text for name in splits for text in sources[name] + [e.target for e in splits[name]])
+        base_tokenizer,
+        (text for name in splits for text in sources[name] + [e.target for e in splits[name] if name == "train"]),
     )
     tokenizer = base_tokenizer
     if byte_level(base_tokenizer):
@@ -822,6 +830,11 @@ def load_prepared(path: str | Path):
 
     path = check_prepared(path)
     return load_from_disk(str(path)), json.loads((path / METADATA_FILE).read_text())
+
+
+def prepared_family(metadata: dict):
+    """The model family a prepared dataset was tokenized for (data of an older textsql names none: T5's)."""
+    return family_named(metadata.get("model_family", "t5"))
 
 
 def load_tables(path: str | Path) -> dict[str, dict]:

@@ -336,18 +336,20 @@ def test_split_comparison_as_json(assets, lora_adapter, quantized_model, causal_
 def test_a_run_fine_tuned_on_another_source_format_reads_the_questions_as_it_learned(
     causal_assets, causal_run, tmp_path
 ):
-    """Issue 41: the causal demo's run (the question alone) beside runs on questions and columns, on one dataset: each
+    """Issue 41: a run on the question alone (the causal demo's format before issue 54) beside runs on questions and
+    columns, on one dataset: each
     model of the family reads the questions in the format it was fine-tuned on, where compare refused it before."""
     from textsql.prep import PrepArguments, prepare_dataset
     from textsql.serve.compare import CompareArguments, Comparison
 
     data_dir, model_dir = causal_assets
-    questions_only = prepare_dataset(  # the demo's format; causal_run learned on question+header
+    questions_only = prepare_dataset(  # the walkthrough's format; causal_run learned on question+header
         PrepArguments(
             source=str(data_dir.parent / "wikisql-generated"),
             model_id=str(model_dir),
             output_dir=str(tmp_path / "question"),
             max_examples_per_split=6,
+            source_format="question",
         )
     )
     comparison = Comparison(

@@ -101,7 +101,7 @@ def test_grpo_from_a_full_run_and_from_a_lora_run_records_its_stage_and_rewards(
         ["infer", "--model_dir", str(run_dir), "--dataset_dir", str(data_dir), "--max_examples", "8"]
         + ["--max_new_tokens", "16", "--show_examples", "0"]
     )
-    assert status == 0 and "8 examples (test, greedy)" in out, err[-3000:]
+    assert status == 0 and "8 examples (test, constrained greedy)" in out, err[-3000:]
     status, out, err = textsql_in_process(["merge", str(run_dir)])
     assert status == 0, err[-3000:]
     status, out, err = textsql_in_process(["report", "--runs_root", str(runs)])

@@ -69,15 +69,17 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
     _, model_dir = assets
-    # No model_id: a notebook's default is the demo's tiny T5 when the project has one, which works offline.
+    # No model_id: a notebook's default is the imported real model, else the demo's tiny T5 when the project has one.
     demo_model_in_project(tmp_path, "tiny-t5", model_dir)
+    without_the_real_model(tmp_path, monkeypatch)
     prep = execute(
         "prep_dataset.ipynb",
         tmp_path,
         {"source": str(raw_wikisql), "output_dir": "data/wikisql", "max_examples_per_split": 200},
     )
     assert "p50/p95/p99/max" in outputs_text(prep)
-    assert json.loads((tmp_path / "data/wikisql/textsql_data.json").read_text())["examples"]["train"] == 200
+    prepared = json.loads((tmp_path / "data/wikisql/textsql_data.json").read_text())
+    assert prepared["examples"]["train"] == 200 and prepared["source_format"] == "question+header+values"  # the best
 
     train = execute(
         "train_single_pod.ipynb",
@@ -87,6 +89,7 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
             "deepspeed": "zero2",
             "per_device_train_batch_size": 16,
             "extra_args": {"max_steps": 12, "logging_steps": 4, "eval_strategy": "no", "save_strategy": "no"},
+            "execution_accuracy_samples": 8,  # constrained (the default), as infer decodes
         },
     )
     text = outputs_text(train)
@@ -96,6 +99,7 @@ def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_en
         assert noise not in text, f"{noise!r} in the notebook's output"
     summary = json.loads((tmp_path / "runs/tiny-t5-zero2-ws1-bs16-steps12/run_summary.json").read_text())
     assert summary["global_step"] == 12 and summary["strategy"]["label"] == "zero2"
+    assert summary["execution_accuracy_questions"] == 8
 
 
 @pytest.mark.slow
@@ -118,7 +122,11 @@ def test_inference_notebook_executes(trained_run, tmp_path, cpu_env, monkeypatch
         },
     )
     text = outputs_text(notebook)
-    assert "Expected Answer:" in text and "40 examples (test, greedy)" in text and "by aggregation" in text
+    assert "Expected Answer:" in text and "40 examples (test, constrained greedy)" in text and "by aggregation" in text
+    # constrained decoding (the default) against greedy's answers: the counts, and the questions it changed
+    metrics = json.loads((run_dir / "eval_metrics.json").read_text())
+    against = metrics["decoding"]["against_greedy"]
+    assert f"constrained greedy against greedy: {against}" in text and "greedy_sql" in text
     assert "parts right: select column" in text
     assert any(
         "image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", [])
@@ -134,6 +142,7 @@ def test_finetune_lora_notebook_executes(assets, two_tiny_runs, tmp_path, cpu_en
         monkeypatch.setenv(key, value)
     data_dir, _ = assets
     runs_root, _ = two_tiny_runs
+    without_the_real_model(tmp_path, monkeypatch)
     demo_run = tmp_path / "textsql-demo" / "runs" / "tiny-t5"
     demo_run.parent.mkdir(parents=True)
     demo_run.symlink_to(runs_root / "tiny-t5-none-ws1-bs16-lr0.003-steps12-warmup2", target_is_directory=True)
@@ -191,7 +200,7 @@ def test_finetune_causal_lm_notebook_executes(causal_demo, trained_run, tmp_path
     )
     text = outputs_text(notebook)
     assert "layout: causal LM (qwen2)" in text and "### Question: " in text
-    assert "### Columns: " not in text  # prepared in the format the demo's run learned: the question alone
+    assert "### Columns: " in text  # prepared in the format the demo's run learned: its default, the table's values
     (adapter,) = (tmp_path / "runs").glob("tiny-qwen2-none-lora-r4-*-steps4")
     assert (adapter / "adapter_config.json").is_file()
     assert (adapter.parent / f"{adapter.name}-merged" / "model.safetensors").is_file()

@@ -89,6 +89,7 @@ def test_overlong_examples_are_never_truncated_silently(assets, raw_wikisql, tmp
         max_source_length=12,
         max_target_length=12,
         overlong=policy,
+        source_format="question",  # the shortest sources: some fit in 12 tokens (with the columns none does)
     )
     if policy == "error":
         with pytest.raises(TextsqlError, match=r"train: \d+ questions over 12 tokens.*--overlong truncate"):
@@ -186,6 +187,73 @@ def test_characters_the_tokenizer_lacks_are_added_so_every_target_survives(heade
     assert less_than, "the generator makes less-than conditions"
     for row in less_than[:20]:
         assert extended.decode(row["labels"], skip_special_tokens=True) == row["target"]
+
+
+def test_the_vocabulary_check_reads_the_sources_and_trains_answers_never_the_held_out_answers(
+    header_assets, raw_wikisql, tmp_path
+):
+    """'<' in test and validation answers only (train's less-than questions left out): the tokenizer that lacks it is
+    not extended (the answers scored are not read); the same '<' in a test question (an input) is added."""
+    import json
+    import shutil
+
+    from textsql.wikisql.release import read_jsonl
+
+    _, model_dir, raw = *header_assets, raw_wikisql
+    for name, question_lt in (("answers", False), ("question", True)):
+        release = tmp_path / name
+        release.mkdir()
+        for path in raw.glob("*.tables.jsonl"):
+            shutil.copy(path, release / path.name)
+        rows = [r for r in read_jsonl(raw / "train.jsonl") if all(op != 2 for _, op, _ in r["sql"]["conds"])]
+        (release / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for split in ("dev", "test"):
+            rows = read_jsonl(raw / f"{split}.jsonl")
+            assert any(op == 2 for r in rows for _, op, _ in r["sql"]["conds"]), "held-out answers hold '<'"
+            if question_lt and split == "test":
+                rows[0]["question"] += " (a < b)"
+            (release / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        meta = load_prepared(
+            prepare_dataset(
+                PrepArguments(source=str(release), model_id=str(model_dir), output_dir=str(tmp_path / f"data-{name}"))
+            )
+        )[1]
+        assert ("<" in meta["added_characters"]) == question_lt, (name, meta["added_characters"])
+
+
+def test_the_default_source_format_is_the_best_measured_where_the_source_has_tables(assets, raw_wikisql, tmp_path):
+    """auto: the table's values for release files (and generated data); the question alone for a hub-format copy of
+    questions and SQL without tables (the values need them), which it says."""
+    import csv
+
+    from textsql.families import FAMILIES, VALUES_FORMAT, best_settings
+    from textsql.spec.decoding import DECODINGS
+    from textsql.wikisql.format import SOURCE_FORMATS
+
+    assert all(best_settings(f)["source_format"] in SOURCE_FORMATS for f in FAMILIES)
+    assert all(best_settings(f)["decoding"] in DECODINGS for f in FAMILIES)
+    _, model_dir = assets
+    release = load_prepared(
+        prepare_dataset(PrepArguments(source=str(raw_wikisql), model_id=str(model_dir), output_dir=str(tmp_path / "r")))
+    )[1]
+    assert release["source_format"] == VALUES_FORMAT and release["arguments"]["source_format"] == VALUES_FORMAT
+    assert release["values_listed"]["train"]["prompts_with_values"] > 0
+    hub = tmp_path / "hub-copy"  # the instruction/input/output layout of parquet copies such as htriedman/wikisql
+    hub.mkdir()
+    for split in ("train", "test"):
+        with open(hub / f"{split}.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["input", "output"])
+            for row in load_prepared(assets[0])[0]["train" if split == "train" else "test"].select(range(20)):
+                writer.writerow([row["question"], row["target"]])
+    copy = load_prepared(
+        prepare_dataset(
+            PrepArguments(
+                source=str(hub), model_id=str(model_dir), output_dir=str(tmp_path / "h"), validation_from_train=0
+            )
+        )
+    )[1]
+    assert copy["source_format"] == "question" and not copy["has_tables"]
 
 
 def test_question_plus_header_sources_name_every_column(assets, header_assets):

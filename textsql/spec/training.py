@@ -11,8 +11,9 @@ from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from transformers.training_args import OptimizerNames
 
 from textsql.errors import TextsqlError
+from textsql.families import AUTO
 from textsql.paths import in_project
-from textsql.spec.decoding import check_decoding
+from textsql.spec.decoding import AUTO_DECODING_HELP, check_decoding
 from textsql.spec.dstools import DsToolsArguments
 from textsql.spec.grpo import GRPO_LR_SCHEDULER, GrpoArguments
 from textsql.spec.lora import LoraArguments
@@ -71,9 +72,10 @@ class DataArguments:
         },
     )
     execution_accuracy_decoding: str = field(
-        default="greedy",
+        default=AUTO,
         metadata={
-            "help": "Decoding for that score: greedy, execution_guided (the best of --execution_accuracy_num_beams "
+            "help": f"Decoding for that score: {AUTO_DECODING_HELP}; greedy, execution_guided (the best of "
+            "--execution_accuracy_num_beams "
             "beams that executes), constrained (only queries over the question's table) or "
             "constrained+execution_guided; see textsql infer --decoding."
         },

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from textsql.evaluate import ScoringSet, decode_and_score, load_scoring_set, sql_token_budget
+from textsql.families import best_setting
+from textsql.prep import prepared_family
 from textsql.train.distributed import rank
 from textsql.train.fsdp import full_state_dict, synced_generation
 
@@ -35,7 +37,12 @@ class SqlScoring:
             return None
         return cls(
             load_scoring_set(data_args.dataset_dir, "validation", data_args.execution_accuracy_samples),
-            decoding=data_args.execution_accuracy_decoding,
+            decoding=best_setting(  # auto: the family's best (textsql.families.best_settings)
+                "decoding",
+                data_args.execution_accuracy_decoding,
+                prepared_family(data_meta),
+                data_meta.get("has_tables", True),
+            ),
             num_beams=data_args.execution_accuracy_num_beams,
             max_new_tokens=sql_token_budget(data_meta),
             each_evaluation=data_args.execution_accuracy_each_evaluation,
