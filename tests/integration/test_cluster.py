@@ -635,6 +635,7 @@ def test_notebook_trains_on_two_local_pods(assets, project, monkeypatch):
             "dataset_dir": str(data_dir),
             "deepspeed": "zero2",
             "per_device_train_batch_size": 16,
+            "limits": {"first_step_timeout": 600},
             "extra_args": {
                 "max_steps": 6,
                 "logging_steps": 3,

@@ -285,23 +285,20 @@ def failure_message(
     first = first_failure(failures) if failures else None
     alike = [f for f in failures if not secondary(f)]
     phases = {f.get("phase") if "no progress" in str(f.get("how")) else None for f in alike}
-    if first and not pods_first and len(alike) > 1 and len(phases) == 1 and None not in phases:
-        ranks = ", ".join(
-            f"{f['rank']} on pod {f.get('node_address', '?')}" for f in sorted(alike, key=lambda f: f["rank"])
-        )
+    if first and not pods_first and len(alike) > 1 and len(phases) == 1 and None not in phases:  # all slow alike
+        ranks = ", ".join(f"{f['rank']} on pod {f.get('node_address')}" for f in sorted(alike, key=lambda f: f["rank"]))
         lines.append(
             f"Every rank that failed (ranks {ranks}) was in its {phases.pop()} without progress past its limit: it is "
             "slow on every rank (a slow file system, a model larger than the limits assume), not one rank blocked. "
             "Raise its limit (textsql cluster train --help, Cluster(limits=WatchLimits(...)))."
         )
-        first, alike = None, [f for f in failures if secondary(f)]
+        first, failures = None, [f for f in failures if secondary(f)]
     if first and not pods_first:
         where = f"Rank {first['rank']} on pod {first.get('node_address', '?')}"
         lines += [f"{where} failed first: {first.get('how', 'failed')}."] + [
             f"  | {t}" for t in first.get("tail", [])[-15:]
         ]
-    others = failures if first or pods_first else alike
-    for other in sorted((f for f in others if f is not first or pods_first), key=lambda f: f.get("ended_at") or 0):
+    for other in sorted((f for f in failures if f is not first or pods_first), key=lambda f: f.get("ended_at") or 0):
         lines.append(
             f"Then rank {other['rank']} on {other.get('node_address', '?')}: {str(other.get('how'))[:200]}"
             f"{' (stopped because of it)' if secondary(other) else ''}."

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.cluster.launch import decode, encode, last_round, read_records, write_record
-from textsql.cluster.rank import KEY_FD_ENV, LAUNCH_ENV, POD_ENV, ROUND_ENV, SIGNAL_FD_ENV, read_key
+from textsql.cluster.rank import LAUNCH_ENV, POD_ENV, ROUND_ENV
 from textsql.errors import TextsqlError
 from textsql.paths import CLUSTER_DIR, LAUNCHES_DIR
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
-from textsql.train.watch import WatchLimits, mac, read_signal
+from textsql.train.watch import KEY_FD_ENV, SIGNAL_FD_ENV, WatchLimits, key_pipe, mac, read_key, read_signal
 
 RANKS_ENV = "TEXTSQL_POD_RANKS"
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
@@ -58,17 +58,17 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool, key: bytes) ->
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler as Handler
 
     def popen(self, args, env):  # torch's own, plus the pipes: the key in, the signals out
-        key_pipe, (signals, signal_pipe) = _key_pipe(key), os.pipe()
+        key_end, (signals, signal_pipe) = key_pipe(key), os.pipe()
         try:
             process = subprocess.Popen(
-                args, env={**env, KEY_FD_ENV: str(key_pipe), SIGNAL_FD_ENV: str(signal_pipe)}, stdout=self._stdout,
-                stderr=self._stderr, start_new_session=True, pass_fds=(key_pipe, signal_pipe),
+                args, env={**env, KEY_FD_ENV: str(key_end), SIGNAL_FD_ENV: str(signal_pipe)}, stdout=self._stdout,
+                stderr=self._stderr, start_new_session=True, pass_fds=(key_end, signal_pipe),
             )  # fmt: skip
         except BaseException:
             os.close(signals)
             raise
         finally:
-            os.close(key_pipe)
+            os.close(key_end)
             os.close(signal_pipe)
         os.set_blocking(signals, False)
         _SIGNALS[process.pid] = signals
@@ -101,14 +101,6 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool, key: bytes) ->
     Handler._create_tcp_store_server = lambda self, address, port: bound_store(address, port)
     if elastic:
         Handler.num_nodes_waiting = lambda self: 0
-
-
-def _key_pipe(key: bytes) -> int:
-    """A pipe's read end holding `key`, for a child to inherit (pass_fds) and read once."""
-    read, write = os.pipe()
-    os.write(write, key)  # far below a pipe's buffer: never blocks
-    os.close(write)
-    return read
 
 
 def signed(key: str, address: str, count: int) -> str:
@@ -280,7 +272,7 @@ def start_local_pod(
     from textsql.redaction import for_pod
     from textsql.sharedfiles import open_unlinked
 
-    read = _key_pipe(key.encode())
+    read = key_pipe(key.encode())
     env = {**for_pod(), **env, POD_ENV: address, KEY_FD_ENV: str(read)}
     try:
         with open_unlinked(launch_dir / f"pod-{address}.log", "a", binary=True) as out:

@@ -22,12 +22,10 @@ from pathlib import Path
 
 from textsql.cluster.launch import decode, digest, versions, write_record
 from textsql.errors import TextsqlError
-from textsql.train.watch import WatchLimits, beat
+from textsql.train.watch import KEY_FD_ENV, SIGNAL_FD_ENV, WatchLimits, beat, read_key
 
 LAUNCH_ENV, POD_ENV = "TEXTSQL_LAUNCH", "TEXTSQL_POD_ADDRESS"
 ROUND_ENV = "TEXTSQL_ROUND"  # set by the pod: its rendezvous round
-# Set by the pod, the numbers of inherited pipe ends (not what they carry): the key, and where this rank's signals go
-KEY_FD_ENV, SIGNAL_FD_ENV = "TEXTSQL_KEY_FD", "TEXTSQL_SIGNAL_FD"
 RECORD_WAIT_S = 600  # how long the other ranks of a round wait for rank 0's check of the run folder
 SPEC_FLAG = "--textsql_spec="
 
@@ -101,17 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     write_record(spec["launch_dir"], "summary", dict(record, **summary))
     return 0
-
-
-def read_key(fd: str | None) -> bytes:
-    """The key a pod hands a process through an inherited pipe (never an environment: /proc/PID/environ keeps what a
-    process was started with, for any process of the user to read): read once, the pipe closed."""
-    if not fd:
-        raise TextsqlError(f"${KEY_FD_ENV} is not set: a pod of a launch starts this process with its key.")
-    try:
-        return os.read(int(fd), 256).strip()
-    finally:
-        os.close(int(fd))
 
 
 def start_round(spec: dict, rank: int, world: int, round_: int) -> None:

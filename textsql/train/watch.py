@@ -21,6 +21,8 @@ SAVES = ("checkpoint save", "final save")
 EVALUATIONS = ("evaluation", "final evaluation")
 STEP_FLOOR_S = 30.0  # a learned step limit is at least this (a step of a second: named half a minute after it stops)
 STEP_MULTIPLE = 4  # times the slowest step seen since the first
+# Set by a pod, the numbers of inherited pipe ends (not what they carry): the key, and where a rank's signals go
+KEY_FD_ENV, SIGNAL_FD_ENV = "TEXTSQL_KEY_FD", "TEXTSQL_SIGNAL_FD"
 # Where a thread waits for its peers: code of torch.distributed, DDP, autograd (DDP's all-reduce) or DeepSpeed's comm
 COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed|torch/autograd/|deepspeed/comm/")
 
@@ -201,6 +203,25 @@ def callback():
                 enter(name)
 
     return PhaseCallback()
+
+
+def key_pipe(key: bytes) -> int:
+    """A pipe's read end holding `key`, for a child to inherit (pass_fds) and read once."""
+    read, write = os.pipe()
+    os.write(write, key)  # far below a pipe's buffer: never blocks
+    os.close(write)
+    return read
+
+
+def read_key(fd: str | None) -> bytes:
+    """The key a pod hands a process through an inherited pipe (never an environment: /proc/PID/environ keeps what a
+    process was started with, for any process of the user to read): read once, the pipe closed."""
+    if not fd:
+        raise TextsqlError(f"${KEY_FD_ENV} is not set: a pod of a launch starts this process with its key.")
+    try:
+        return os.read(int(fd), 256).strip()
+    finally:
+        os.close(int(fd))
 
 
 def mac(key: bytes, text: str) -> str:
