@@ -470,21 +470,19 @@ def test_a_worker_that_comes_after_an_elastic_launch_started_is_stopped_and_a_la
     project, clusters, assets, monkeypatch
 ):
     """An elastic launch (--nnodes 1:2, a join window of 5 s) whose worker is scheduled 30 s late trains at world size
-    1; the worker, still scheduling when the training starts, is stopped and named (no failure). A torchrun that joins the rendezvous
-    afterwards (a pod started by hand with the launch's environment, at 127.0.0.3) waits in torch's wait list and
-    restarts nothing: the same ranks finish, in round 0; it ends with the launch's store."""
+    1; the worker, still scheduling when the training starts, is stopped and named (no failure). A torchrun that joins
+    the rendezvous afterwards (a pod started by hand with the launch's environment and key, at 127.0.0.3) waits in
+    torch's wait list and restarts nothing: the same ranks finish, in round 0; it ends with the launch's store."""
     monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "30")
     late, lines = {}, []
 
     def start_late_pod(line):
-        from textsql.cluster.pods import POD_CODE
+        from textsql.cluster.pods import pod_code
 
         (session_pod,) = [p for p in cluster.pods if p.process is not None]
         env = dict(environ_of(session_pod.process.pid), TEXTSQL_POD_ADDRESS="127.0.0.3")
         late["pids"] = rank_pids(project)
-        code = (
-            f"import logging\nlogging.getLogger({RENDEZVOUS_LOG!r}).setLevel(logging.DEBUG)\n{POD_CODE}"  # it says more
-        )
+        code = f"import logging\nlogging.getLogger({RENDEZVOUS_LOG!r}).setLevel(logging.DEBUG)\n{pod_code(cluster.key)}"
         with open(project / "late-pod.log", "wb") as log:
             late["pod"] = subprocess.Popen(
                 [sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=project

@@ -64,9 +64,6 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool, key: bytes) ->
                 args, env={**env, KEY_FD_ENV: str(key_end), SIGNAL_FD_ENV: str(signal_pipe)}, stdout=self._stdout,
                 stderr=self._stderr, start_new_session=True, pass_fds=(key_end, signal_pipe),
             )  # fmt: skip
-        except BaseException:
-            os.close(signals)
-            raise
         finally:
             os.close(key_end)
             os.close(signal_pipe)
@@ -148,9 +145,11 @@ def _heartbeat(spec: dict, address: str, key: str) -> None:
             os.close(_SIGNALS.pop(pid))
         for child in children if awake else ():
             with contextlib.suppress(psutil.Error, OSError, KeyError, ValueError):
-                env, now = child.environ(), time.time()
+                env, now, lines = child.environ(), time.time(), []
                 newest, since = heard.setdefault(child.pid, ({"count": 0}, child.create_time()))
-                for line in _drain(_SIGNALS.get(child.pid)).splitlines():
+                with contextlib.suppress(BlockingIOError, TypeError):  # all of it: more than a pipe holds
+                    lines = os.read(_SIGNALS.get(child.pid), 1 << 20).splitlines()
+                for line in lines:
                     signal_ = read_signal(line, ranks, child.pid)
                     if signal_ and signal_["count"] > newest["count"]:
                         newest, since = heard[child.pid] = (signal_, now)
@@ -169,15 +168,6 @@ def _heartbeat(spec: dict, address: str, key: str) -> None:
                     write_record(spec["launch_dir"], "failure", record)
                     child.kill()
         time.sleep(every)
-
-
-def _drain(pipe: int | None) -> bytes:
-    """What is in a non-blocking pipe now."""
-    data = b""
-    with contextlib.suppress(BlockingIOError, TypeError):
-        while chunk := os.read(pipe, 65536):
-            data += chunk
-    return data
 
 
 def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, str]:
