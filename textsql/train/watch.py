@@ -245,13 +245,12 @@ def read_signal(line: bytes, key: bytes, pid: int) -> dict | None:
     return None
 
 
-def beat(pipe: int, key: bytes, limits: WatchLimits, main: int | None = None) -> None:
+def beat(pipe: int, key: bytes, limits: WatchLimits) -> None:
     """This rank's heartbeat into the pipe its pod reads: every silence/4 s a new count, signed, with the training's
-    phase (above), when its progress last moved (a save's: the bytes this process wrote) and its limit,
-    and whether the main thread waits in a collective, for its peers (its pod then judges it by the longest limit:
-    the peers' own pods name the one that holds them up). A stopped or hung process stops it
-    (textsql.cluster.pods._heartbeat)."""
-    main, count, written = main or threading.main_thread().ident, 0, None
+    phase (above), when its progress last moved (a save's: the bytes this process wrote) and its limit, and whether
+    the main thread waits in a collective, for its peers (its pod then judges it by the longest limit: the peers' own
+    pods name the one that holds them up). A stopped or hung process stops it (textsql.cluster.pods._heartbeat)."""
+    main, count, written = threading.main_thread().ident, 0, None
     os.set_blocking(pipe, False)  # a pod that stopped reading never blocks it
     while True:  # where the main thread is now: its innermost frame (a lock taken inside a backward is no collective)
         frame = sys._current_frames().get(main)
@@ -262,7 +261,7 @@ def beat(pipe: int, key: bytes, limits: WatchLimits, main: int | None = None) ->
         phase, count = current(), count + 1
         limit, assumed = limits.of(phase, waiting)
         signal_ = dict(count=count, pid=os.getpid(), phase=phase["name"], since=phase["since"], limit=limit)
-        with contextlib.suppress(BlockingIOError):  # a line is far below PIPE_BUF: written whole or not at all
+        with contextlib.suppress(OSError):  # far below PIPE_BUF: written whole or not at all (a pipe full, or gone)
             os.write(pipe, signal_line(dict(signal_, assumed=assumed, collective=waiting), key))
         written = _bytes_written()  # its own signal's bytes are no save's progress
         time.sleep(limits.silence_seconds / 4)
