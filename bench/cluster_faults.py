@@ -10,7 +10,7 @@ raise (rank 1 raises an exception), pod_killed (every process of pod 127.0.0.2 S
 process that hosts the trainers' store on pod 127.0.0.1 SIGKILLed: rank 0 in the old design, the pod's torchrun agent
 in the new one), frozen (every process of pod 127.0.0.2 SIGSTOPped), rank_killed (rank 1's process alone SIGKILLed),
 hung_rank (rank 1's process alone SIGSTOPped, its pod's torchrun left running), blocked (rank 1's main thread waits
-forever, its other threads run on: issue 48), frozen_at_start (pod 127.0.0.2 SIGSTOPped as soon as its process exists,
+forever, its other threads run on: issue 48; since issue 53 struck 10 s after "Training starts", past the first steps), frozen_at_start (pod 127.0.0.2 SIGSTOPped as soon as its process exists,
 before its first heartbeat: issue 48), restart (`max_restarts=1`, rank 1's
 process SIGKILLed once checkpoint-4 is saved: "trained" when torchrun's restart finishes the run). A fault not named
 within CAP_S of the strike is stopped (Ctrl-C) and reported as such. Both designs use their default silence limits.
@@ -238,7 +238,9 @@ def one(kind: str | None, assets, project: Path) -> dict:
         if "Training starts" in line and "training_starts" not in seen:
             seen["training_starts"] = time.monotonic()
             if kind and kind != "frozen_at_start":
-                threading.Timer(1.0 if kind != "restart" else 0.0, lambda: struck(kind)).start()
+                # blocked: after some steps, the learned step limit's case (a first step has its own allowance)
+                delay = 0.0 if kind == "restart" else 10.0 if kind == "blocked" else 1.0
+                threading.Timer(delay, lambda: struck(kind)).start()
         elif "Training starts" in line and "struck" in seen:
             seen.setdefault("restarted", time.monotonic())
 

@@ -92,18 +92,29 @@ NOTEBOOKS = {
             "Long trainings: CML ends an idle session (and its workers) after its idle timeout. Run the same training as a "
             "CML Job instead: `textsql cluster train --backend cml --workers 2 --nvidia_gpu 1 -- <training arguments>`.\n\n"
             '`backend = "local"` runs the same on this machine (the session 127.0.0.1, workers 127.0.0.2, ...). Runs land in '
-            "`runs/`; launch logs in `.textsql/cluster/`. Variables you set to tune or debug (`NCCL_*`, `TORCH_NCCL_*`, "
-            "`DS_*`, `HF_*`, `PYTORCH_CUDA_ALLOC_CONF`, ...) reach every rank; secrets (tokens, passwords, keys) never do."
+            "`runs/`; launch logs in `.textsql/cluster/`. Variables you set to tune or debug reach every rank: those under "
+            "`NCCL_*`, `TORCH_NCCL_*`, `GLOO_*`, `DS_*`, and by name `PYTORCH_CUDA_ALLOC_CONF`, `HF_HOME`, `HF_HUB_CACHE`, "
+            "`HF_HUB_OFFLINE`, `HF_DATASETS_CACHE`, ... (the list is `textsql/redaction.py`; not every `HF_*`); add your "
+            'own with `Cluster(forward_env=("MY_SETTING",))`. Secrets (tokens such as `HF_TOKEN`, passwords, keys) never '
+            "do.\n\n"
+            "`limits`: how long a rank may go without progress in each phase before its pod names it (`WatchLimits`: the "
+            "first step, a later one by a limit learned from the steps before, an evaluation without a batch done, a save "
+            "without a byte written; the defaults, in `docs/multi-pod.md`, are sized for a 7B ZeRO-3 run saving to the "
+            "project folder), and the join window of an elastic launch (`min_workers`): raise one for a slower run."
         ),
         new_code_cell(
-            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\nmodel_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
+            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\n'
+            "min_workers = None  # elastic: start with this many workers if the others have not joined within the join window\n"
+            'limits = {}  # e.g. {"save_timeout": 1800, "first_step_timeout": 1800}: WatchLimits, in seconds\n'
+            'model_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
             'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n'
             "extra_args = {}  # any other Trainer argument",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.cluster import Cluster\n\n"
-            "cluster = Cluster(backend, workers=workers, cpu=cpu, memory=memory, nvidia_gpu=nvidia_gpu)\n"
+            "from textsql.cluster import Cluster, WatchLimits\n\n"
+            "cluster = Cluster(backend, workers=workers, cpu=cpu, memory=memory, nvidia_gpu=nvidia_gpu, min_workers=min_workers,\n"
+            "                  limits=WatchLimits(**limits))\n"
             "cluster.start()"
         ),
         new_code_cell(

@@ -1,44 +1,77 @@
 """Fault injection for the cluster tests. Every Python process of a test launch loads this (the tests put this folder
 first on PYTHONPATH, which reaches the ranks like any PYTHONPATH); it acts only in a rank's process
-(`-m textsql.cluster.rank`), and only when $TEXTSQL_TEST_FAULT asks for it:
+(`-m textsql.cluster.rank`), and only when $TEXTSQL_TEST_FAULT asks for it: faults separated by ";", each
+`<kind>:<rank>:<where>`, `<rank>` a number or `*` (every rank), `<where>` a path suffix (the file written with
+torch.save or safetensors' save_file) or `backward:<n>` (the rank's n-th backward pass: its n-th training step
+without gradient accumulation). Kinds:
 
-    kill:<rank>:<path suffix>    that rank writes half of the file, then SIGKILLs itself (killed while saving)
-    enospc:<rank>:<path suffix>  that rank writes half of the file, then fails with ENOSPC (a failing writer: the
-                                 disk-full test uses a real tmpfs instead when it can mount one)
-    block:<rank>:<path suffix>   that rank's main thread waits forever before it writes the file (a lock, a deadlock:
-                                 its other threads run on)
+    kill      the file half written, then SIGKILL (killed while saving)
+    enospc    the file half written, then ENOSPC (a failing writer: the disk-full test uses a real tmpfs instead when
+              it can mount one)
+    block     the main thread waits forever first (a lock, a deadlock: its other threads run on)
+    sleep=S   the main thread sleeps S seconds first (a slow save to a network folder, a slow first step), then goes on
 """
 
 import os
 import sys
 
-_FAULT = os.environ.get("TEXTSQL_TEST_FAULT")
-if _FAULT and "textsql.cluster.rank" in getattr(sys, "orig_argv", ()):
-    _kind, _rank, _suffix = _FAULT.split(":", 2)
-    if os.environ.get("RANK") == _rank:
-        import errno
-        import io
-        import signal
+_FAULTS = [f.split(":", 2) for f in os.environ.get("TEXTSQL_TEST_FAULT", "").split(";") if f.count(":") >= 2]
+_MINE = [(kind, where) for kind, rank, where in _FAULTS if rank in ("*", os.environ.get("RANK"))]
+if _MINE and "textsql.cluster.rank" in getattr(sys, "orig_argv", ()):
+    import errno
+    import io
+    import signal
+    import threading
+    import time
 
-        import torch
+    import torch
 
-        _save = torch.save
+    def _strike(kind: str, what: str, write_half=None) -> bool:
+        """The fault, struck now; True when the caller goes on as usual."""
+        print(f"textsql test fault: {kind} at {what}", flush=True)
+        if kind == "block":
+            threading.Event().wait()
+        if kind.startswith("sleep="):
+            time.sleep(float(kind.split("=", 1)[1]))
+            return True
+        write_half()
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno.ENOSPC, "No space left on device", what)
 
-        def _faulty_save(obj, f, *args, **kwargs):
-            if not (isinstance(f, (str, os.PathLike)) and str(f).endswith(_suffix)):
-                return _save(obj, f, *args, **kwargs)
-            if _kind == "block":
-                import threading
+    def _saving(save, to_bytes):
+        def faulty(obj, f, *args, **kwargs):
+            hit = [k for k, where in _MINE if isinstance(f, (str, os.PathLike)) and str(f).endswith(where)]
+            if hit:
 
-                print(f"textsql test fault: block while writing {f}", flush=True)
-                threading.Event().wait()
-            buffer = io.BytesIO()
-            _save(obj, buffer, *args, **kwargs)
-            with open(f, "wb") as out:
-                out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
-            print(f"textsql test fault: {_kind} while writing {f}", flush=True)
-            if _kind == "kill":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+                def write_half():
+                    data = to_bytes(obj, *args, **kwargs)
+                    with open(f, "wb") as out:
+                        out.write(data[: len(data) // 2])
 
-        torch.save = _faulty_save
+                _strike(hit[0], str(f), write_half)
+            return save(obj, f, *args, **kwargs)
+
+        return faulty
+
+    def _torch_bytes(obj, *args, **kwargs):
+        buffer = io.BytesIO()
+        _save(obj, buffer, *args, **kwargs)
+        return buffer.getvalue()
+
+    _save = torch.save
+    torch.save = _saving(torch.save, _torch_bytes)
+    import safetensors.torch
+
+    safetensors.torch.save_file = _saving(safetensors.torch.save_file, lambda obj, *a, **k: safetensors.torch.save(obj))
+
+    _backward, _passes = torch.Tensor.backward, []
+
+    def _faulty_backward(self, *args, **kwargs):
+        _passes.append(1)
+        for kind, where in _MINE:
+            if where == f"backward:{len(_passes)}":
+                _strike(kind, where)
+        return _backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = _faulty_backward

@@ -11,6 +11,7 @@ file of their own so that the two test workers share the pods' minutes (the fixt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -62,11 +63,9 @@ BEFORE: dict[str, tuple] = {}  # per project folder: when its test began, /dev/s
 
 def leftovers(root: Path) -> list[str]:
     """What the test's launches left: processes (other than this one) working in its project folder (agents,
-    launchers, ranks); its launches' heartbeat folders in this machine's temporary folder; sockets this process
+    launchers, ranks); sockets this process
     listens on that it did not before (a rendezvous store); shared memory (/dev/shm) of torch, NCCL or gloo made
     since (or named with a rank's process id); and DeepSpeed build locks no process holds, made since."""
-    import tempfile
-
     import psutil
 
     from textsql.strategy.opbuilds import build_locks, extensions_folder, lock_holders
@@ -96,8 +95,6 @@ def leftovers(root: Path) -> list[str]:
             and process.status() != psutil.STATUS_ZOMBIE
         ):
             found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:160]}")
-    for launch in root.glob(".textsql/cluster/*/launches/*"):
-        found += [f"left: {p}" for p in Path(tempfile.gettempdir()).glob(f"textsql-beats-{launch.name}-*")]
     return found
 
 
@@ -237,6 +234,27 @@ def environ_of(pid: int) -> dict[str, str]:
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
+def cmdline_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+
+
+def launch_pids(cluster: Cluster) -> list[int]:
+    """Every process of a launch's pods now: the local pods' trees and the CML stand-in workers' (by their id)."""
+    import psutil
+
+    roots = [p.process.pid for p in cluster.pods if p.process is not None]
+    ids = {p.worker_id for p in cluster.pods if p.worker_id}
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if ids and process.environ().get("CDSW_ENGINE_ID") in ids and process.ppid() not in roots:
+                roots.append(process.pid)
+    pids = []
+    for root in roots:
+        with contextlib.suppress(psutil.Error):
+            pids += [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]
+    return sorted(set(pids))
+
+
 def files_holding(root: Path, needle: str) -> list[str]:
     found = []
     for path in root.rglob("*"):
@@ -300,6 +318,7 @@ def test_two_pods_zero2_full_fine_tuning_local_backend(assets, project, clusters
     def snapshot(line):
         seen["listeners"] = listeners([os.getpid()])
         seen["environ"] = {rank: environ_of(pid) for rank, pid in rank_pids(project).items()}
+        seen["every environ"] = [environ_of(pid) for pid in launch_pids(cluster)]  # the pods' and the ranks'
 
     echo = on_line("Training starts", snapshot)
     cluster = clusters("local", echo=lambda line: (lines.append(line), echo(line)))
@@ -315,6 +334,8 @@ def test_two_pods_zero2_full_fine_tuning_local_backend(assets, project, clusters
     assert not list(project.rglob("pwned*")) and Path(result["summary"].output_dir).parent == runs
     assert "--rdzv-backend" in result["command"] and "c10d" in result["command"]
     assert sorted(seen["environ"]) == [0, 1]
+    # The launch's key (issue 53): in no environment of its processes, a pod's, its torchrun's or a rank's.
+    assert len(seen["every environ"]) >= 4 and cluster.key not in json.dumps(seen["every environ"])
     for env in seen["environ"].values():
         assert env["NCCL_DEBUG"] == "WARN" and env["DS_TEXTSQL_TEST"] == "reached" and env["DS_ACCELERATOR"] == "cpu"
         assert env["OMP_NUM_THREADS"] == "1" and env["GLOO_SOCKET_IFNAME"] == "lo"
@@ -345,19 +366,24 @@ def test_lora_on_a_causal_lm_on_two_pods_through_the_cml_standin(causal_assets, 
 
     standin.calls.clear()
     seen = {}
-    snapshot = lambda line: seen.update({r: environ_of(pid) for r, pid in rank_pids(project).items()})  # noqa: E731
+
+    def snapshot(line):
+        seen.update({r: environ_of(pid) for r, pid in rank_pids(project).items()})
+        seen["every"] = [(environ_of(pid), cmdline_of(pid)) for pid in launch_pids(cluster)]
+
     cluster = clusters("cml", nvidia_gpu=1, echo=on_line("Training starts", snapshot))
     argv = cluster_argv(assets, project / "runs", "--lora", "True", "--lora_targets", "all", "--learning_rate", "1e-2")
     result = cluster.train(argv)
     (launch,) = [c for c in standin.calls if c[0] == "launch_workers"]
     assert launch[1:7] == (1, 1, 2, 1, True, False)  # n, cpu, memory, nvidia_gpu, code, no script
-    env = launch[7]  # what the pod learns, in its environment only: the launch's spec, no secret
-    assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_KEY", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
+    env = launch[7]  # what the pod learns in its environment: the launch's spec, no secret, no key
+    assert sorted(env) == ["TEXTSQL_LAUNCH", "TEXTSQL_POD_RANKS"] and CANARY not in json.dumps(env)
     assert CANARY not in json.dumps(decode(env["TEXTSQL_LAUNCH"]))
-    assert sorted(seen) == [0, 1] and all(CANARY not in json.dumps(e) for e in seen.values())
-    # The launch's heartbeat key: in the pods' environment only (not the ranks', a file, a log or a command line).
-    key = env["TEXTSQL_POD_KEY"]
-    assert len(key) == 64 and all(key not in json.dumps(e) for e in seen.values()) and key not in str(result)
+    assert set(seen) == {0, 1, "every"} and all(CANARY not in json.dumps(seen[rank]) for rank in (0, 1))
+    # The launch's heartbeat key (issue 53): in no environment or command line of any process of the launch (the
+    # worker's is in the code CML runs), in no file or log.
+    key = cluster.key
+    assert len(key) == 64 and len(seen["every"]) >= 4 and key not in json.dumps(seen) and key not in str(result)
     check_two_pod_run(result, assets, stage=None, offload="none")
     assert result["summary"].lora and (Path(result["summary"].output_dir) / "adapter_model.safetensors").exists()
     assert standin.calls[-1][0] == "stop_workers" and [w["status"] for w in standin.list_workers()] == ["stopped"]
@@ -609,6 +635,7 @@ def test_notebook_trains_on_two_local_pods(assets, project, monkeypatch):
             "dataset_dir": str(data_dir),
             "deepspeed": "zero2",
             "per_device_train_batch_size": 16,
+            "limits": {"first_step_timeout": 600},
             "extra_args": {
                 "max_steps": 6,
                 "logging_steps": 3,

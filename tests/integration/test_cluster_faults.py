@@ -37,6 +37,9 @@ from test_cluster import (  # noqa: F401  (project, clusters: the fixtures, shar
 
 from textsql.cluster import Cluster, LaunchFailed, PreflightError
 from textsql.errors import TextsqlError
+from textsql.train.watch import WatchLimits
+
+SHORT_WINDOW = WatchLimits(join_window=5)  # for elastic launches whose late pods are not the point
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Faults, and resuming
@@ -124,27 +127,16 @@ def test_a_killed_pod_then_a_raising_rank_end_the_launch_named_and_the_next_laun
 
 @pytest.mark.slow
 def test_a_pod_killed_while_starting_is_named_and_leaves_nothing_behind(assets, project, clusters):
-    """The worker pod SIGKILLed as soon as both pods made their ranks' heartbeat folders (before its torchrun started
-    a rank): it is named, and nothing of the launch is left (no process, no heartbeat folder)."""
-    import tempfile
-
+    """The worker pod SIGKILLed as soon as it says it runs (before its torchrun started a rank): it is named, and
+    nothing of the launch is left."""
     hit = {}
 
     def kill_when_started(line):
-        launch = re.search(r"--rdzv-id (\S+)", line)[1]
+        (pod,) = [p for p in cluster.pods if p.address == NODES[1]]
+        pod.process.kill()
+        hit["at"] = time.monotonic()
 
-        def kill():
-            deadline = time.monotonic() + 120
-            while len(list(Path(tempfile.gettempdir()).glob(f"textsql-beats-{launch}-*"))) < 2:
-                assert time.monotonic() < deadline
-                time.sleep(0.005)
-            (pod,) = [p for p in cluster.pods if p.address == NODES[1]]
-            pod.process.kill()
-            hit["at"] = time.monotonic()
-
-        threading.Thread(target=kill, daemon=True).start()
-
-    cluster = clusters("local", echo=on_line("every pod:", kill_when_started))
+    cluster = clusters("local", echo=on_line(f"{NODES[1]}: textsql pod {NODES[1]}: log in", kill_when_started))
     with pytest.raises(LaunchFailed) as failure:
         cluster.train(cluster_argv(assets, project / "runs", steps=100000), timeout_s=150)
     message = str(failure.value)
@@ -154,12 +146,25 @@ def test_a_pod_killed_while_starting_is_named_and_leaves_nothing_behind(assets, 
     assert leftovers(project) == []
 
 
+def keys_in_environments() -> set[str]:
+    """What a process of the same user finds of a launch key in every process's environment as it was started
+    (/proc/PID/environ): each value of 64 hex digits (issue 53: the pod key was one, and forged beats hid a pod)."""
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            found |= set(re.findall(rb"=([0-9a-f]{64})(?:\0|$)", environ.read_bytes()))
+    return {value.decode() for value in found}
+
+
 def forge_heartbeats(line, address=NODES[1], every=2.0):
-    """Another local process's forgery of a pod's heartbeat (issue 48): it reaches the session's store (its address
-    is in the launch's echo) and, every `every` s, adds to the pod's counter, or replays its newest value one higher."""
+    """Another local process's forgery of a pod's heartbeat (issues 48, 53): it reaches the session's store (its
+    address is in the launch's echo) and, every `every` s, adds to the pod's counter, replays its newest value one
+    higher, and signs the next count with every key it can read in any process's environment."""
     import datetime
 
     import torch.distributed as dist
+
+    from textsql.cluster.pods import signed
 
     host, port = re.search(r"--rdzv-endpoint (\S+):(\d+)", line).groups()
     store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=10))
@@ -170,6 +175,8 @@ def forge_heartbeats(line, address=NODES[1], every=2.0):
             try:
                 count, _, rest = (store.get(name).decode() if store.check([name]) else "0").partition(":")
                 store.set(name, f"{int(count) + 1}:{rest}") if rest else store.add(name, 1)
+                for key in keys_in_environments():
+                    store.set(name, signed(key, address, int(count) + 2))
             except Exception:
                 return  # the launch's store is gone
             time.sleep(every)
@@ -180,11 +187,13 @@ def forge_heartbeats(line, address=NODES[1], every=2.0):
 @pytest.mark.slow
 def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets, project, clusters):
     """Every process of pod 127.0.0.2 stopped (SIGSTOP: a hung pod, or one cut off) while another local process
-    forges its heartbeat in the session's store: named by its silent heartbeat at the default silence (20 s); then
+    forges its heartbeat in the session's store (signing with any key it reads in any process's environment: none is
+    there): named by its silent heartbeat at the default silence (20 s); then
     Ctrl-C while the ranks train (and again during the clean-up, which waits): every pod stopped, in a finally."""
     hit, lines = {}, []
 
     def freeze(line):
+        hit["keys"] = keys_in_environments()  # every process of the launch is running
         for process in pod_tree(cluster, NODES[1]):
             process.suspend()
         hit["at"] = time.monotonic()
@@ -197,6 +206,7 @@ def test_a_frozen_pod_and_ctrl_c_end_the_launch_with_nothing_left_running(assets
     print(message)
     assert time.monotonic() - hit["at"] < 60
     assert message.startswith("Pod 127.0.0.2 was lost first: it went silent for"), message
+    assert len(cluster.key) == 64 and cluster.key not in hit["keys"]
     assert leftovers(project) == []  # gone before train() returned
 
     again = on_line("textsql: stopping", lambda line: os.kill(os.getpid(), signal.SIGINT), lines.append)
@@ -338,12 +348,12 @@ def test_a_cml_worker_that_dies_is_named_by_its_worker_status(project, clusters,
 @pytest.mark.slow
 def test_an_elastic_launch_trains_on_the_pods_that_joined(project, clusters, assets, monkeypatch):
     """--nnodes 1:2 (min_workers=0): the worker pod never starts; torchrun's c10d rendezvous completes with the
-    session's pod alone once its last call (5 s) has passed, the training finishes at world size 1, and the worker
+    session's pod alone once its join window (5 s here) has passed, the training finishes at world size 1, and the worker
     that never started is stopped, not named as a failure."""
     import cml.workers_v1 as standin
 
     monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
-    cluster = clusters("cml", min_workers=0, start_timeout=3)
+    cluster = clusters("cml", min_workers=0, start_timeout=3, limits=SHORT_WINDOW)
     argv = cluster_argv(assets, project / "runs", "--output_dir", str(project / "elastic"), steps=4, logging_steps=2)
     result = cluster.train(argv)
     assert "--nnodes 1:2" in " ".join(result["command"])
@@ -367,7 +377,7 @@ def test_an_elastic_run_resumes_at_the_size_it_trained_at_and_is_refused_at_anot
     argv = cluster_argv(assets, project / "runs", "--output_dir", str(run), "--save_strategy", "steps")
     argv += ["--save_steps", "2", "--max_steps", "6", "--logging_steps", "2"]
     monkeypatch.setenv("TEXTSQL_TEST_FAULT", "enospc:0:checkpoint-4/rng_state.pth")
-    cluster = clusters("cml", min_workers=0, start_timeout=3)
+    cluster = clusters("cml", min_workers=0, start_timeout=3, limits=SHORT_WINDOW)
     with pytest.raises(LaunchFailed) as failure:
         cluster.train(argv)
     print(failure.value)
@@ -380,7 +390,7 @@ def test_an_elastic_run_resumes_at_the_size_it_trained_at_and_is_refused_at_anot
     with pytest.raises(
         PreflightError, match=r"holds checkpoints of a run with world size 1 \(.*\), but this launch has world size 2"
     ):
-        clusters("local", name="two", min_workers=1).train(argv)
+        clusters("local", name="two", min_workers=1, limits=SHORT_WINDOW).train(argv)
     assert sorted(p.name for p in run.iterdir()) == before
     result = cluster.train(argv)
     summary = result["summary"]
@@ -459,29 +469,31 @@ def test_a_rank_refuses_a_round_of_another_world_size_than_the_runs_checkpoints(
 def test_a_worker_that_comes_after_an_elastic_launch_started_is_stopped_and_a_late_torchrun_restarts_nothing(
     project, clusters, assets, monkeypatch
 ):
-    """An elastic launch (--nnodes 1:2) whose worker is scheduled 30 s late trains at world size 1; the worker, still
-    scheduling when the training starts, is stopped and named (no failure). A torchrun that joins the rendezvous
-    afterwards (a pod started by hand with the launch's environment, at 127.0.0.3) waits in torch's wait list and
-    restarts nothing: the same ranks finish, in round 0; it ends with the launch's store."""
+    """An elastic launch (--nnodes 1:2, a join window of 5 s) whose worker is scheduled 30 s late trains at world size
+    1; the worker, still scheduling when the training starts, is stopped and named (no failure). A torchrun that joins
+    the rendezvous afterwards (a pod started by hand with the launch's environment and key, at 127.0.0.3) waits in
+    torch's wait list and restarts nothing: the same ranks finish, in round 0; it ends with the launch's store."""
     monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "30")
     late, lines = {}, []
 
     def start_late_pod(line):
-        from textsql.cluster.pods import POD_CODE
+        from textsql.cluster.pods import pod_code
 
         (session_pod,) = [p for p in cluster.pods if p.process is not None]
         env = dict(environ_of(session_pod.process.pid), TEXTSQL_POD_ADDRESS="127.0.0.3")
         late["pids"] = rank_pids(project)
-        code = (
-            f"import logging\nlogging.getLogger({RENDEZVOUS_LOG!r}).setLevel(logging.DEBUG)\n{POD_CODE}"  # it says more
-        )
+        code = f"import logging\nlogging.getLogger({RENDEZVOUS_LOG!r}).setLevel(logging.DEBUG)\n{pod_code(cluster.key)}"
         with open(project / "late-pod.log", "wb") as log:
             late["pod"] = subprocess.Popen(
                 [sys.executable, "-c", code], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=project
             )
 
     cluster = clusters(
-        "cml", min_workers=0, start_timeout=600, echo=on_line("Training starts", start_late_pod, lines.append)
+        "cml",
+        min_workers=0,
+        start_timeout=600,
+        limits=SHORT_WINDOW,
+        echo=on_line("Training starts", start_late_pod, lines.append),
     )
     argv = cluster_argv(assets, project / "runs", "--output_dir", str(project / "late"), steps=600, logging_steps=100)
     try:
@@ -594,27 +606,79 @@ def test_a_stopped_rank_is_named_by_its_own_pod_within_60_s(assets, project, clu
     assert leftovers(project) == []
 
 
+def forge_rank_signals(pid: int, stop: threading.Event) -> None:
+    """Another local process's forgery of a rank's signals to its pod: through /proc/PID/fd, it writes into the
+    rank's own pipe every second a signal one count higher, its progress moved now (it cannot sign it: the key is in
+    no environment)."""
+    number = environ_of(pid)["TEXTSQL_SIGNAL_FD"]
+    with open(f"/proc/{pid}/fd/{number}", "wb", buffering=0) as pipe:
+        for count in range(1000, 10**6):
+            signal_ = dict(count=count, pid=pid, phase="step", since=time.time(), limit=30.0, assumed="", collective=0)
+            pipe.write((json.dumps({"signal": json.dumps(signal_, sort_keys=True), "mac": "0" * 64}) + "\n").encode())
+            if stop.wait(1.0):
+                return
+
+
 @pytest.mark.slow
-def test_a_rank_blocked_but_alive_is_named_by_its_training_progress(assets, project, clusters, monkeypatch):
-    """Rank 1's main thread waits forever while it saves checkpoint-4 (its heartbeat thread beats on; rank 0 waits
-    for it in the next step's collective): at the default --progress_timeout its pod names it, the limit in the
-    message, within 60 s."""
-    hit = {}
-    monkeypatch.setenv("TEXTSQL_TEST_FAULT", "block:1:checkpoint-4/rng_state_1.pth")
-    cluster = clusters("local", echo=on_line("textsql test fault: block", lambda line: hit.update(at=time.monotonic())))
-    argv = cluster_argv(assets, project / "runs", "--save_strategy", "steps", "--save_steps", "4", steps=100000)
-    with pytest.raises(LaunchFailed) as failure:
-        cluster.train(argv, timeout_s=200)
+def test_a_rank_blocked_at_step_3_is_named_by_its_pod_even_with_forged_signals(assets, project, clusters, monkeypatch):
+    """Rank 1's main thread waits forever in its third step (its heartbeat thread beats on; rank 0 waits for it in a
+    collective) while another process rewrites its signals: at the default limits its pod names it, with the limit it
+    learned from the steps before, within 60 s; rank 0, which waited, is not the one named."""
+    hit, stop = {}, threading.Event()
+
+    def blocked(line):
+        hit["at"] = time.monotonic()
+        threading.Thread(target=forge_rank_signals, args=(rank_pids(project)[1], stop), daemon=True).start()
+
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", "block:1:backward:3")
+    cluster = clusters("local", echo=on_line("textsql test fault: block", blocked))
+    try:
+        with pytest.raises(LaunchFailed) as failure:
+            cluster.train(cluster_argv(assets, project / "runs", steps=100000), timeout_s=300)
+    finally:
+        stop.set()
     message = str(failure.value)
     print(message)
     assert time.monotonic() - hit["at"] < 60
     assert re.match(
-        r"Rank 1 on pod 127\.0\.0\.2 failed first: it made no training progress for \d+ s while alive, blocked", message
+        r"Rank 1 on pod 127\.0\.0\.2 failed first: it made no progress in its step for \d+ s while alive, blocked",
+        message,
     ), message
-    assert "--progress_timeout 45: raise it" in message
-    waited = [f["how"] for f in failure.value.failures if f["rank"] == 0 and "no training progress" in f["how"]]
-    assert all("waiting for its peers in a collective" in how for how in waited), waited  # rank 0 waited for it
+    assert re.search(r"its limit: 30 s \+ 4 x its slowest step \([\d.]+ s\)", message), message
+    waited = [f["how"] for f in failure.value.failures if f["rank"] == 0]
+    assert all("made no progress" not in how or "waiting for its peers" in how for how in waited), waited
     assert leftovers(project) == []
+
+
+@pytest.mark.slow
+def test_slow_healthy_work_at_the_default_limits_finishes_and_a_pod_30_s_late_trains(
+    assets, project, clusters, monkeypatch
+):
+    """Healthy but slow, at the default limits, in one elastic launch (min_workers=0 of 1 worker): the CML worker is
+    scheduled 30 s late and joins within the join window (world size 2, as printed); every rank's first step takes
+    120 s more (ZeRO-3 gathers, a cold file system), rank 0's checkpoint save 60 s more and its final save 60 s more
+    (a network folder). Nothing is named: the run finishes with checkpoint-2 and the model saved."""
+    run = project / "slow"
+    monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "30")
+    faults = [
+        "sleep=120:*:backward:1",
+        "sleep=60:0:checkpoint-2/model.safetensors",
+        f"sleep=60:0:{run.name}/model.safetensors",
+    ]
+    monkeypatch.setenv("TEXTSQL_TEST_FAULT", ";".join(faults))
+    lines = []
+    cluster = clusters("cml", min_workers=0, lines=lines)
+    argv = cluster_argv(assets, project / "runs", "--output_dir", str(run), "--save_strategy", "steps", steps=4)
+    result = cluster.train(argv + ["--save_steps", "2", "--logging_steps", "2"], timeout_s=900)
+    summary = result["summary"]
+    assert (summary.world_size, summary.global_step) == (2, 4)
+    assert [(r["rank"], r["world_size"]) for r in result["ranks"]] == [(0, 2), (1, 2)]
+    assert (run / "model.safetensors").is_file() and (run / "checkpoint-2" / "trainer_state.json").is_file()
+    assert any("textsql: training at world size 2 on the pods 127.0.0.1, 127.0.0.2" in line for line in lines)
+    shown = "\n".join(lines)
+    for fault in ("at backward:1", "checkpoint-2/model.safetensors", f"{run.name}/model.safetensors"):
+        assert "textsql test fault: sleep=" in shown and fault in shown, fault  # each struck
+    wait_until_clean(project)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ reports, a rank checking its pod, interrupts during clean-up, and a scan that no
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -217,9 +218,6 @@ def test_the_node_local_build_folder_is_private_or_refused(tmp_path, monkeypatch
     env = pod_environment(dict(spec, env={"TORCH_EXTENSIONS_DIR": "/mine"}), "127.0.0.1", environ)
     assert env["TORCH_EXTENSIONS_DIR"] == "/mine" and "HF_TOKEN" not in env and env["DS_ACCELERATOR"] == "cpu"
     assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["TEXTSQL_POD_ADDRESS"] == "127.0.0.1"
-    beats = Path(env["TEXTSQL_BEATS"])  # the ranks' heartbeats: a new folder only this user can write
-    assert beats.name.startswith("textsql-beats-L1-") and stat.S_IMODE(os.lstat(beats).st_mode) == 0o700
-    beats.rmdir()
 
 
 def test_a_pods_heartbeat_counts_only_signed_with_the_launchs_key():
@@ -240,26 +238,94 @@ def test_a_pods_heartbeat_counts_only_signed_with_the_launchs_key():
     assert _beats_of(store, key, "10.0.0.3") == 0
 
 
-def test_a_ranks_heartbeat_says_when_its_main_thread_waits_in_a_collective(tmp_path):
-    """The rank's heartbeat thread (textsql.cluster.rank._beat) looks at where the main thread is: inside code of
-    torch.distributed (here a frame compiled under that name, waiting) it writes "collective", elsewhere nothing."""
+def test_a_ranks_signal_says_when_its_main_thread_waits_in_a_collective_and_counts_only_signed():
+    """The rank's heartbeat thread (textsql.train.watch.beat) signs each signal into its pipe and looks at where the
+    main thread is: inside code of torch.distributed (here a frame compiled under that name, waiting) it says
+    "collective", elsewhere not. A line read with another key, for another process, or rewritten is nothing."""
+    import json
     import threading
 
-    from textsql.cluster.rank import _beat
+    from textsql.train.watch import WatchLimits, beat, read_signal
 
-    beat = tmp_path / "beat"
-    threading.Thread(target=_beat, args=(beat, 0.05), daemon=True).start()
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    key, lines = b"k" * 64, []
+    threading.Thread(
+        target=beat, args=(write, key, WatchLimits(silence_seconds=0.2, first_heartbeat_timeout=1)), daemon=True
+    ).start()
+
+    def look():
+        with contextlib.suppress(BlockingIOError):
+            lines.extend(os.read(read, 65536).splitlines())
+        return read_signal(lines[-1], key, os.getpid())["collective"] if lines else None
+
     time.sleep(0.5)
-    assert beat.read_text() == ""
+    assert look() is False and read_signal(lines[-1], key, os.getpid())["phase"] == "setup"
     seen = []
-    waiting = "import time\nfor _ in range(40):\n    seen.append(beat.read_text())\n    time.sleep(0.05)\n"
-    exec(compile(waiting, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), {"beat": beat, "seen": seen})
-    assert "collective" in seen[10:]
+    waiting = "import time\nfor _ in range(40):\n    seen.append(look())\n    time.sleep(0.05)\n"
+    exec(compile(waiting, "/venv/lib/torch/distributed/distributed_c10d.py", "exec"), {"look": look, "seen": seen})
+    assert True in seen[10:]
     seen.clear()  # a lock taken under such a frame (a signal handler's, a callback's) is no collective
-    blocked = "import time\ndef wait():\n    for _ in range(40):\n        seen.append(beat.read_text())\n        time.sleep(0.05)\n"
-    exec(compile(blocked, "/elsewhere/lock.py", "exec"), scope := {"beat": beat, "seen": seen})
+    blocked = (
+        "import time\ndef wait():\n    for _ in range(40):\n        seen.append(look())\n        time.sleep(0.05)\n"
+    )
+    exec(compile(blocked, "/elsewhere/lock.py", "exec"), scope := {"look": look, "seen": seen})
     exec(compile("wait()", "/venv/lib/torch/autograd/graph.py", "exec"), scope)
-    assert "collective" not in seen[10:]
+    assert True not in seen[10:]
+    outer = json.loads(lines[-1])
+    assert read_signal(lines[-1], b"another key", os.getpid()) is None and read_signal(lines[-1], key, 1) is None
+    forged = json.loads(outer["signal"]) | {"count": 10**6}
+    assert (
+        read_signal(json.dumps({"signal": json.dumps(forged), "mac": outer["mac"]}).encode(), key, os.getpid()) is None
+    )
+
+
+def test_each_phase_is_judged_by_its_own_limit_and_the_step_limit_is_learned():
+    """textsql.train.watch: the training loop's callbacks announce each phase; the first step has its own allowance,
+    later steps a limit learned from the slowest since (never above --step_timeout), a save and an evaluation their
+    own; nothing is watched before the loop or after the last save; a rank waiting for its peers gets the longest."""
+    from textsql.train import watch
+    from textsql.train.watch import WatchLimits
+
+    limits = WatchLimits()
+    assert limits.of(dict(watch.current(), name="setup"), False) == (None, "not watched")  # loading
+    watch.begin_training()
+    assert limits.of(watch.current(), False)[0] == limits.first_step_timeout == 900
+    for took in (0.3, 0.05, 0.2):  # the first step (0.3 s) is not learned from
+        time.sleep(took)
+        watch.advance(step_done=True)
+    limit, assumed = limits.of(watch.current(), False)
+    assert 30.8 <= limit < 31.5 and assumed.startswith("30 s + 4 x its slowest step (0.2 s)")
+    assert limits.of(dict(watch.current(), slowest=500.0), False) == (
+        600,
+        "--step_timeout 600 s (its slowest step took 500.0 s)",
+    )
+    assert limits.of(watch.current(), True)[0] == 900  # waiting in a collective: its peers may be saving
+    with watch.phase("final save"):
+        assert limits.of(watch.current(), False) == (900, "--save_timeout 900 s without a byte written")
+    assert limits.of(watch.current(), False)[0] is None  # finishing: after the last save
+    watch.enter("final evaluation")
+    assert limits.of(watch.current(), False)[0] == 600
+    with pytest.raises(TextsqlError, match="save_timeout must be a number of seconds above 0"):
+        WatchLimits(save_timeout=0)
+    with pytest.raises(TextsqlError, match="first_heartbeat_timeout .* must be at least silence_seconds"):
+        WatchLimits(silence_seconds=60)
+
+
+def test_every_rank_slow_in_the_same_phase_is_said_so_instead_of_naming_one(tmp_path):
+    from textsql.cluster.launch import failure_message
+
+    def slow(rank, phase, at):
+        how = f"it made no progress in its {phase} for 901 s while alive, blocked (a deadlock, a lock; its limit: ...)"
+        return {"rank": rank, "node_address": f"10.0.0.{rank}", "how": how, "phase": phase, "ended_at": at}
+
+    message = failure_message([slow(1, "final save", 2.0), slow(0, "final save", 1.0)], {}, tmp_path, None)
+    assert message.startswith(
+        "Every rank that failed (ranks 0 on pod 10.0.0.0, 1 on pod 10.0.0.1) was in its final save without progress"
+    ), message
+    assert "failed first" not in message
+    message = failure_message([slow(1, "final save", 2.0), slow(0, "step", 1.0)], {}, tmp_path, None)
+    assert message.startswith("Rank 0 on pod 10.0.0.0 failed first: it made no progress in its step"), message
 
 
 def test_each_local_node_gets_its_own_gpus_and_cores():

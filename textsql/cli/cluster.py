@@ -21,9 +21,9 @@ import json
 from dataclasses import fields
 
 from textsql.cluster import Cluster, HostSelection, launch_training, preflight, read_hostfile
-from textsql.cluster.pods import PROGRESS_SECONDS
 from textsql.errors import TextsqlError
 from textsql.run_summary import format_summary
+from textsql.train.watch import WatchLimits
 
 # `textsql cluster SUBCOMMAND`: those that train (or check a training) read `textsql train` arguments after `--`.
 TRAINING_SUBCOMMANDS = ("train", "launch", "preflight")
@@ -76,13 +76,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
             help="your own variables every rank gets, by name (or prefix ending in *), separated by commas: "
             "MY_SETTING,MYAPP_* (a name that looks like a credential is never forwarded)",
         )
-        parser.add_argument(
-            "--progress_timeout",
-            type=float,
-            default=PROGRESS_SECONDS,
-            help="seconds a rank's training loop may go without a step, an evaluation batch or a save before its pod "
-            "names it blocked (a deadlocked collective, a lock): raise it for longer steps, evaluations or saves",
-        )
+        for option in fields(WatchLimits):  # the watch of pods and ranks, and the elastic join window
+            parser.add_argument(
+                f"--{option.name}",
+                type=float,
+                default=option.default,
+                help=f"{option.metadata['help']} (seconds; default: %(default)s)",
+            )
     if command in ("launch", "preflight"):
         parser.add_argument(
             "--hostfile",
@@ -157,7 +157,7 @@ def cluster_cli(argv: list[str]) -> int:
             start_timeout=args.start_timeout,
             min_workers=args.min_workers,
             max_restarts=args.max_restarts,
-            progress_timeout=args.progress_timeout,
+            limits=WatchLimits(**{option.name: getattr(args, option.name) for option in fields(WatchLimits)}),
             forward_env=tuple(args.forward_env.replace(",", " ").split()),
         ) as cluster:
             if command == "preflight":

@@ -12,6 +12,7 @@ _WHERE = {
     "launch_training": "pdsh",
     "preflight": "pdsh",
     "Cluster": "pods",
+    "WatchLimits": "pods",  # textsql.train.watch's: Cluster(limits=WatchLimits(...))
 }
 __all__ = sorted(_WHERE)
 

@@ -90,10 +90,16 @@ class LaunchPlan:
     arguments: dict  # textsql.spec.training_dict: what every rank trains with, exactly
     expect: dict  # what every rank checks itself against (versions, folders, file digests, the shared-folder marker)
     env: dict[str, str] = field(default_factory=dict)  # the allowlisted variables of the session, for every rank
+    least: int | None = None  # elastic: the fewest ranks it may train with
 
     @property
     def world_size(self) -> int:
         return sum(self.ranks)
+
+    def sizes(self) -> str:
+        if not self.least or self.least == self.world_size:
+            return str(self.world_size)
+        return f"{self.least} to {self.world_size} (elastic: the ranks of the pods that joined within the join window)"
 
     def spec(self, **extra) -> dict:
         names = "launch_id launch_dir workdir run_dir arguments accelerator expect env zero_stage".split()
@@ -102,7 +108,7 @@ class LaunchPlan:
 
     def describe(self) -> str:
         return (
-            f"world size {self.world_size} on {'GPUs (NCCL)' if self.accelerator == 'cuda' else 'CPUs (gloo)'}, "
+            f"world size {self.sizes()} on {'GPUs (NCCL)' if self.accelerator == 'cuda' else 'CPUs (gloo)'}, "
             f"precision {self.precision.name} ({self.precision.reason}), TF32 {'on' if self.precision.tf32 else 'off'}\n"
             f"run folder {self.run_dir}; the launch {self.resume.sentence()}\n"
             f"launch folder {self.launch_dir} (each pod's log, each rank's record)"
@@ -205,6 +211,7 @@ def plan_launch(
         dict(arguments_dict(model, data, training), **decided),  # what every rank trains with, exactly
         expect,
         env,
+        least,
     )
 
 
@@ -276,6 +283,16 @@ def failure_message(
     pods_first = bool(lost) and all(secondary(f) for f in failures)
     lines = [f"Pod {address} was lost first: {how}." for address, how in lost.items()] if pods_first else []
     first = first_failure(failures) if failures else None
+    alike = [f for f in failures if not secondary(f)]
+    phases = {f.get("phase") if "no progress" in str(f.get("how")) else None for f in alike}
+    if first and not pods_first and len(alike) > 1 and len(phases) == 1 and None not in phases:  # all slow alike
+        ranks = ", ".join(f"{f['rank']} on pod {f.get('node_address')}" for f in sorted(alike, key=lambda f: f["rank"]))
+        lines.append(
+            f"Every rank that failed (ranks {ranks}) was in its {phases.pop()} without progress past its limit: it is "
+            "slow on every rank (a slow file system, a model larger than the limits assume), not one rank blocked. "
+            "Raise its limit (textsql cluster train --help, Cluster(limits=WatchLimits(...)))."
+        )
+        first, failures = None, [f for f in failures if secondary(f)]
     if first and not pods_first:
         where = f"Rank {first['rank']} on pod {first.get('node_address', '?')}"
         lines += [f"{where} failed first: {first.get('how', 'failed')}."] + [

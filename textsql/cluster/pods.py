@@ -10,12 +10,10 @@ import contextlib
 import hmac
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -23,30 +21,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from textsql.cluster.launch import decode, encode, last_round, read_records, write_record
-from textsql.cluster.rank import BEATS_ENV, LAUNCH_ENV, POD_ENV, ROUND_ENV
+from textsql.cluster.rank import LAUNCH_ENV, POD_ENV, ROUND_ENV
 from textsql.errors import TextsqlError
 from textsql.paths import CLUSTER_DIR, LAUNCHES_DIR
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
+from textsql.train.watch import KEY_FD_ENV, SIGNAL_FD_ENV, WatchLimits, key_pipe, mac, read_key, read_signal
 
-RANKS_ENV, KEY_ENV = "TEXTSQL_POD_RANKS", "TEXTSQL_POD_KEY"  # a name textsql.redaction keeps from the ranks
-POD_CODE = (
-    "from textsql.cluster.pods import pod_main\nfrom textsql.cluster.rank import exit_now\nexit_now(pod_main())\n"
-)
-SILENCE_SECONDS = 20.0  # a pod whose heartbeat is older than this is lost (frozen or cut off)
-PROGRESS_SECONDS = 45.0  # a rank whose training loop did not move for this long is blocked (named within 60 s)
+RANKS_ENV = "TEXTSQL_POD_RANKS"
 STOP_GRACE_SECONDS = 10  # SIGTERM, then SIGKILL
 GRACE_SECONDS = 3.0  # after the first failure, for the other records to arrive before the error is written
 LEFT_OUT = "left out"  # an elastic launch's pod that had not joined when the training started: stopped, no failure
+_SIGNALS: dict[int, int] = {}  # a pod's ranks (pid) -> the read end of the pipe of their signals
 
 
-def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
+def pod_code(key: str | None = None) -> str:
+    """What a pod runs: its key, for a CML worker, in the code CML runs (not in `env=`, which CML puts in the
+    worker's environment); a local pod reads it from an inherited pipe."""
+    call = f"pod_main(key={key!r})" if key else "pod_main()"
+    return f"from textsql.cluster.pods import pod_main\nfrom textsql.cluster.rank import exit_now\nexit_now({call})\n"
+
+
+def rank_key(key: str, address: str) -> bytes:
+    """The key a pod's ranks sign their signals with: made from the pod's, which they never hold."""
+    return mac(key.encode(), f"ranks:{address}").encode()
+
+
+def _patch_torchrun(launch_dir: str, address: str, elastic: bool, key: bytes) -> None:
     """textsql's changes to torchrun's agent in this pod (torch's private methods; the cluster tests run each): the
     trainers' store bound to the pod's address, a new one each rendezvous round (torch keeps the first: a restart met
-    its keys, pytorch#135712) and the round told to the ranks; no restart for a pod joining an elastic launch late;
-    a record for every rank that failed without its own (a signal), so that it is the one named."""
+    its keys, pytorch#135712) and the round told to the ranks; each rank started with its signing `key` in a pipe of
+    its own (never its environment); no restart for a pod joining an elastic launch late; a record for every rank
+    that failed without its own (a signal), so that it is the one named."""
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler as Handler
+
+    def popen(self, args, env):  # torch's own, plus the pipes: the key in, the signals out
+        key_end, (signals, signal_pipe) = key_pipe(key), os.pipe()
+        try:
+            process = subprocess.Popen(
+                args, env={**env, KEY_FD_ENV: str(key_end), SIGNAL_FD_ENV: str(signal_pipe)}, stdout=self._stdout,
+                stderr=self._stderr, start_new_session=True, pass_fds=(key_end, signal_pipe),
+            )  # fmt: skip
+        finally:
+            os.close(key_end)
+            os.close(signal_pipe)
+        os.set_blocking(signals, False)
+        _SIGNALS[process.pid] = signals
+        return process
 
     from textsql.train.distributed import bound_store
 
@@ -71,6 +94,7 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
         return result
 
     Handler.next_rendezvous, LocalElasticAgent._monitor_workers = next_rendezvous, monitor_workers
+    SubprocessHandler._popen = popen
     Handler._create_tcp_store_server = lambda self, address, port: bound_store(address, port)
     if elastic:
         Handler.num_nodes_waiting = lambda self: 0
@@ -78,7 +102,7 @@ def _patch_torchrun(launch_dir: str, address: str, elastic: bool) -> None:
 
 def signed(key: str, address: str, count: int) -> str:
     """A pod's heartbeat `count` as only a holder of the launch's key can write it (its pods and the session)."""
-    return f"{count}:" + hmac.new(key.encode(), f"{address}:{count}".encode(), "sha256").hexdigest()
+    return f"{count}:" + mac(key.encode(), f"{address}:{count}")
 
 
 def _beats_of(store, key: str, address: str) -> int:
@@ -91,19 +115,20 @@ def _beats_of(store, key: str, address: str) -> int:
     return 0
 
 
-def _heartbeat(spec: dict, address: str, beats: Path, key: str) -> None:
+def _heartbeat(spec: dict, address: str, key: str) -> None:
     """Every silence/4 s: a new count, signed with the launch's key, in the session's store (a frozen or cut-off pod
     is named when it stops, a forger cannot sign the next; a gone store stops only the counting), and name a rank of
-    this pod whose own heartbeat, a file in a folder only this user can write, stopped for `silence` s while its
-    process used no CPU (a long call that holds the GIL still does), or whose training loop made no progress (its
-    `.progress` file, textsql.cluster.rank.train) for `progress` s: its failure record, dated when it stopped, then
-    SIGKILL (torchrun ends or restarts)."""
+    this pod whose signed signals (textsql.train.watch.beat, in a pipe into this process) stopped for `silence` s
+    while its process used no CPU (a long call that holds the GIL still does), or whose training made no progress
+    for longer than its phase's limit (textsql.train.watch.WatchLimits.of): its failure record, dated when it
+    stopped, then SIGKILL (torchrun ends or restarts)."""
     import datetime
 
     import psutil
     import torch.distributed as dist
 
-    every, store, last, cpu, count = spec["silence"] / 4, None, time.monotonic(), {}, 0
+    limits, ranks = WatchLimits(**spec["limits"]), rank_key(key, address)
+    every, store, last, cpu, count, heard = limits.silence_seconds / 4, None, time.monotonic(), {}, 0, {}
     host, port = spec["store"].rsplit(":", 1)
     with contextlib.suppress(Exception):  # unreachable: the session names the silence
         store = dist.TCPStore(host, int(port), timeout=datetime.timedelta(seconds=every * 4))
@@ -114,24 +139,33 @@ def _heartbeat(spec: dict, address: str, beats: Path, key: str) -> None:
                 store.set(f"textsql/alive/{address}", signed(key, address, count))
         except Exception:  # the session, and its store, are gone
             store = None
-        awake, last = time.monotonic() - last < spec["silence"], time.monotonic()  # not woken from a pod-wide stop
-        for child in psutil.Process().children() if awake else ():
+        awake, last = time.monotonic() - last < limits.silence_seconds, time.monotonic()  # not woken from a stop
+        children = psutil.Process().children()
+        for pid in set(_SIGNALS) - {c.pid for c in children}:  # gone: its pipe closed
+            os.close(_SIGNALS.pop(pid))
+        for child in children if awake else ():
             with contextlib.suppress(psutil.Error, OSError, KeyError, ValueError):
-                env, beat, progress = child.environ(), beats / str(child.pid), beats / f"{child.pid}.progress"
-                since = beat.stat().st_mtime if beat.exists() else child.create_time()
+                env, now, lines = child.environ(), time.time(), []
+                newest, since = heard.setdefault(child.pid, ({"count": 0}, child.create_time()))
+                with contextlib.suppress(BlockingIOError, TypeError):  # all of it: more than a pipe holds
+                    lines = os.read(_SIGNALS.get(child.pid), 1 << 20).splitlines()
+                for line in lines:
+                    signal_ = read_signal(line, ranks, child.pid)
+                    if signal_ and signal_["count"] > newest["count"]:
+                        newest, since = heard[child.pid] = (signal_, now)
                 used, cpu[child.pid], how = cpu.get(child.pid), sum(child.cpu_times()[:2]), None
-                if time.time() - since > spec["silence"] and used == cpu[child.pid]:
-                    how = f"it hung: no sign of life for {time.time() - since:.0f} s (its process is {child.status()})"
-                elif progress.exists() and time.time() - (since := progress.stat().st_mtime) > spec["progress"]:
-                    where = "waiting for its peers in a collective" if beat.read_text() == "collective" else "blocked"
+                if now - since > limits.silence_seconds and used == cpu[child.pid]:
+                    how = f"it hung: no sign of life for {now - since:.0f} s (its process is {child.status()})"
+                elif newest.get("limit") is not None and now - (since := newest["since"]) > newest["limit"]:
+                    where = "waiting for its peers in a collective" if newest["collective"] else "blocked"
                     how = (
-                        f"it made no training progress for {time.time() - since:.0f} s while alive, {where} (a "
-                        "deadlock, a lock; or a step, evaluation or save took longer than --progress_timeout "
-                        f"{spec['progress']:.0f}: raise it for those)"
+                        f"it made no progress in its {newest['phase']} for {now - since:.0f} s while alive, {where} "
+                        f"(a deadlock, a lock; its limit: {newest['assumed']}, see textsql cluster train --help)"
                     )
                 if "RANK" in env and how:
                     record = dict(pod_failure(address, how), rank=int(env["RANK"]), pid=child.pid, ended_at=since)
-                    write_record(spec["launch_dir"], "failure", dict(record, round=int(env.get(ROUND_ENV, "0"))))
+                    record.update(phase=newest.get("phase"), round=int(env.get(ROUND_ENV, "0")))
+                    write_record(spec["launch_dir"], "failure", record)
                     child.kill()
         time.sleep(every)
 
@@ -139,7 +173,7 @@ def _heartbeat(spec: dict, address: str, beats: Path, key: str) -> None:
 def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, str]:
     """The environment of the pod's torchrun and ranks: what it keeps of its own (a CML worker's holds the project's
     secrets), the session's allowlisted variables, textsql's choices unless set (CPU DeepSpeed, threads per rank, the
-    interface, a private build folder), and a private folder for its ranks' heartbeats."""
+    interface, a private build folder)."""
     from textsql.redaction import for_pod
     from textsql.strategy.devices import local_devices, threads_per_rank, use_accelerator
     from textsql.strategy.opbuilds import node_local_extensions_dir
@@ -153,29 +187,29 @@ def pod_environment(spec: dict, address: str, environ=os.environ) -> dict[str, s
         env.setdefault(name, interface)
     if "TORCH_EXTENSIONS_DIR" not in env:
         env["TORCH_EXTENSIONS_DIR"] = node_local_extensions_dir()  # not the project folder every pod shares
-    env[BEATS_ENV] = tempfile.mkdtemp(prefix=f"{beats_prefix(spec['launch_id'])}{address}-")  # 0700: only mine
     env[LAUNCH_ENV] = environ[LAUNCH_ENV]
     return env
 
 
-def beats_prefix(launch_id: str) -> str:
-    """Where a launch's pods keep their ranks' heartbeats (a pod killed leaves its folder: the session removes it)."""
-    return str(Path(tempfile.gettempdir()) / f"textsql-beats-{launch_id}-")
-
-
 def torchrun_args(spec: dict, address: str, ranks) -> list[str]:
+    """An elastic round forms at once when every pod joined, else `join_window` s after the least it trains with did
+    (torch's last_call_timeout)."""
+    window = int(spec["limits"]["join_window"])
+    join_timeout = int(spec["start_timeout"]) + window + 60
     return [
         *("--nnodes", spec["nnodes"], "--nproc-per-node", str(ranks)),
         *("--rdzv-backend", "c10d", "--rdzv-endpoint", spec["store"], "--rdzv-id", spec["launch_id"]),
-        *("--rdzv-conf", f"is_host=0,join_timeout={int(spec['start_timeout']) + 60},last_call_timeout=5"),
+        *("--rdzv-conf", f"is_host=0,join_timeout={join_timeout},last_call_timeout={window}"),
         *("--local-addr", address, "--max-restarts", str(spec["max_restarts"]), "--monitor-interval", "0.5"),
         *("--log-dir", str(Path(spec["launch_dir"]) / f"torchrun-{address}"), "--tee", "3"),
         *("-m", "textsql.cluster.rank"),
     ]
 
 
-def pod_main() -> int:
-    """A pod: torchrun's elastic agent in this process, its output appended to the launch folder's pod log."""
+def pod_main(key: str | None = None) -> int:
+    """A pod: torchrun's elastic agent in this process, its output appended to the launch folder's pod log. `key`:
+    the launch's (a CML worker's code holds it), else read from the pipe $TEXTSQL_KEY_FD names."""
+    key = key or read_key(os.environ.pop(KEY_FD_ENV, None)).decode()
     spec = decode(os.environ[LAUNCH_ENV])
     address = os.environ.get(POD_ENV) or os.environ.get("CDSW_IP_ADDRESS") or socket.gethostname()
     log = Path(spec["launch_dir"]) / f"pod-{address}.log"
@@ -189,11 +223,10 @@ def pod_main() -> int:
         write_record(spec["launch_dir"], "failure", pod_failure(address, str(error)))
         print(f"textsql pod {address}: {error}", flush=True)
         return 3
-    key = os.environ.get(KEY_ENV, "")  # not in `env`: torchrun and the ranks never see it
     os.environ.clear()
     os.environ.update(env)
-    _patch_torchrun(spec["launch_dir"], address, ":" in spec["nnodes"])
-    threading.Thread(target=_heartbeat, args=(spec, address, Path(env[BEATS_ENV]), key), daemon=True).start()
+    _patch_torchrun(spec["launch_dir"], address, ":" in spec["nnodes"], rank_key(key, address))
+    threading.Thread(target=_heartbeat, args=(spec, address, key), daemon=True).start()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -201,8 +234,6 @@ def pod_main() -> int:
         torchrun(torchrun_args(spec, address, int(os.environ.get(RANKS_ENV) or 1)))
     except ChildFailedError:  # every failed rank has its record (its own, or torchrun's agent's: _patch_torchrun)
         return 1
-    finally:  # also when the session died; a pod killed leaves it to the session (local) or its own end (CML)
-        shutil.rmtree(env[BEATS_ENV], ignore_errors=True)
     return 0
 
 
@@ -223,23 +254,30 @@ class Pod:
     tail: deque = field(default_factory=lambda: deque(maxlen=6))  # its last lines of output
 
 
-def start_local_pod(address: str, env: dict[str, str], launch_dir: Path, cpus: list[int] | None = None) -> Pod:
+def start_local_pod(
+    address: str, env: dict[str, str], launch_dir: Path, key: str, cpus: list[int] | None = None
+) -> Pod:
     """A pod as a local process in its own session (a notebook interrupt reaches the session only), with what a pod
-    keeps of this process's environment (textsql.redaction.for_pod), plus `env`."""
+    keeps of this process's environment (textsql.redaction.for_pod), plus `env`; the launch's `key` in a pipe."""
     from textsql.redaction import for_pod
     from textsql.sharedfiles import open_unlinked
 
-    env = {**for_pod(), **env, POD_ENV: address}
-    with open_unlinked(launch_dir / f"pod-{address}.log", "a", binary=True) as out:
-        process = subprocess.Popen(
-            [sys.executable, "-c", POD_CODE],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-        )
+    read = key_pipe(key.encode())
+    env = {**for_pod(), **env, POD_ENV: address, KEY_FD_ENV: str(read)}
+    try:
+        with open_unlinked(launch_dir / f"pod-{address}.log", "a", binary=True) as out:
+            process = subprocess.Popen(
+                [sys.executable, "-c", pod_code()],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(read,),
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            )
+    finally:
+        os.close(read)
     return Pod(address, process=process)
 
 
@@ -301,7 +339,9 @@ class Cluster:
     processes on 127.0.0.2, 127.0.0.3, ...; the session is 127.0.0.1; each pod gets its own GPUs and its share of the
     cores). `min_workers`: elastic (`--nnodes MIN:MAX`, with --output_dir): the pods that joined when training started
     train, the others are stopped. `max_restarts`: torchrun restarts every pod's ranks after a failure, from the newest
-    complete checkpoint (docs/multi-pod.md). `forward_env`: your own variables every rank gets (names, or prefixes
+    complete checkpoint (docs/multi-pod.md). `limits`: how long a pod or a rank may go without a heartbeat or progress
+    (textsql.train.watch.WatchLimits: the first step, a later one, an evaluation, a save; an elastic launch's join
+    window), defaults sized for a 7B ZeRO-3 run. `forward_env`: your own variables every rank gets (names, or prefixes
     ending in *), besides textsql's allowlist; a name that looks like a credential never leaves (textsql.redaction).
     """
 
@@ -315,8 +355,7 @@ class Cluster:
     name: str = "default"
     start_timeout: float = 600
     echo: object = print
-    silence_seconds: float = SILENCE_SECONDS
-    progress_timeout: float = PROGRESS_SECONDS
+    limits: WatchLimits = field(default_factory=WatchLimits)
     min_workers: int | None = None
     max_restarts: int = 0
     forward_env: tuple[str, ...] = ()
@@ -404,7 +443,7 @@ class Cluster:
         """Show what the launch would do (every rank checks its pod against it when it starts)."""
         plan = self.plan(*arguments)
         self.echo(plan.describe())
-        self.echo(f"preflight OK: {1 + self.workers} pods, world size {plan.world_size}")
+        self.echo(f"preflight OK: {1 + self.workers} pods, world size {plan.sizes()}")
         return plan
 
     def train(self, *arguments, grace_seconds: float = GRACE_SECONDS, timeout_s=None):
@@ -424,7 +463,7 @@ class Cluster:
             spec = plan.spec(
                 store=f"{self.session}:{store[0].port}", nnodes=str(nnodes), max_restarts=self.max_restarts
             )
-            spec.update(silence=self.silence_seconds, progress=self.progress_timeout, start_timeout=self.start_timeout)
+            spec.update(limits=self.limits.as_dict(), start_timeout=self.start_timeout)
             command = ["torchrun", *torchrun_args(spec, "<pod address>", "<ranks>")]
             self.echo("every pod: " + " ".join(command))
             try:
@@ -434,8 +473,6 @@ class Cluster:
             finally:
                 with interrupts_deferred(self.echo):  # a second Ctrl-C is raised once all of this is done
                     self._stop_pods()
-                    for left in Path(tempfile.gettempdir()).glob(Path(beats_prefix(plan.launch_id)).name + "*"):
-                        shutil.rmtree(left, ignore_errors=True)  # of a local pod killed (no finally ran)
                     store.clear()  # its last reference: it stops listening
             return finish(plan, lost, command)
 
@@ -447,7 +484,7 @@ class Cluster:
             cores = split_local_cores(sorted(os.sched_getaffinity(0)), len(plan.ranks))
         else:  # the session's pod keeps what it has; each worker pod has its own devices
             gpus, cores = [None], [None]
-        env = {LAUNCH_ENV: encode(spec), KEY_ENV: self.key}  # the key in no file, log or command line
+        env = {LAUNCH_ENV: encode(spec)}  # the key in no environment, file, log or command line
         self.echo(f"starting the session's pod ({self.session}) and {self.workers} {self.backend} worker pod(s)")
         with interrupts_deferred(self.echo, "starting the pods"):  # what is started is recorded, so it can be stopped
             local = [self.session] + ([f"127.0.0.{2 + n}" for n in range(self.workers)] if self.cml is None else [])
@@ -456,14 +493,14 @@ class Cluster:
                 pod_env = {**env, RANKS_ENV: str(plan.ranks[i])}
                 if gpus[i] is not None:
                     pod_env["CUDA_VISIBLE_DEVICES"] = gpus[i]
-                self.pods.append(start_local_pod(address, pod_env, plan.launch_dir, cores[i]))
+                self.pods.append(start_local_pod(address, pod_env, plan.launch_dir, self.key, cores[i]))
             if self.workers and self.cml is not None:
                 launched = self.cml.launch_workers(
                     n=self.workers,
                     cpu=self.cpu,
                     memory=self.memory,
                     nvidia_gpu=self.nvidia_gpu,
-                    code=POD_CODE,
+                    code=pod_code(self.key),
                     env={**env, RANKS_ENV: str(plan.ranks[1])},
                 )
                 self.pods += [Pod("?", worker_id=w["id"]) for w in launched]
@@ -511,8 +548,10 @@ class Cluster:
                     pod.joined = pod.joined or bool(beat) or pod.process is not None
                     if beat > pod.beat[0] or status == "scheduling":  # a worker's silence counts once it runs
                         pod.beat = (beat, now)
-                    elif pod.ended is None and now - pod.beat[1] > self.silence_seconds * (1 if pod.beat[0] else 2):
-                        silent = f"{now - pod.beat[1]:.0f} s"  # the first beat comes once torch loaded: 2x
+                    elif pod.ended is None and now - pod.beat[1] > (
+                        self.limits.silence_seconds if pod.beat[0] else self.limits.first_heartbeat_timeout
+                    ):
+                        silent = f"{now - pod.beat[1]:.0f} s"  # the first beat comes once torch loaded
                         how = (
                             f"went silent for {silent}"
                             if pod.beat[0]
@@ -524,6 +563,7 @@ class Cluster:
                 first = read_records(plan.launch_dir, "started", 0) if elastic and not formed else []
                 if first and {r["rank"] for r in first} == set(range(_int(first[0].get("world_size")))):
                     formed, trains = True, {r.get("node_address") for r in first}  # the pods of the first round train
+                    self.echo(f"textsql: training at world size {len(first)} on the pods {', '.join(sorted(trains))}")
                     for pod in [p for p in self.pods if p.ended is None and p.address not in trains]:
                         self.echo(
                             f"textsql: pod {pod.worker_id or pod.address} had not joined when the training started at "

@@ -1,7 +1,7 @@
 """One rank of a multi-pod launch: `python -m textsql.cluster.rank [--textsql_spec=B64]`, started by torchrun on a
 pod (the spec in $TEXTSQL_LAUNCH) or by DeepSpeed's launcher over pdsh (the spec in argv, never an environment value).
 
-It dies with the process that started it, tells its pod it is alive (a heartbeat file in the pod's private folder),
+It dies with the process that started it, tells its pod it is alive and what its training is doing (signed, in a pipe),
 checks its pod against what the session decided, checks the run folder for the world size its round trains at, trains
 with `textsql.train`, and writes `r<round>-rank-N.started.json`, then `...summary.json` or `...failure.json` (how it
 failed, when, its last lines) into the shared launch folder, so that the session names the rank that failed first."""
@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -23,12 +22,12 @@ from pathlib import Path
 
 from textsql.cluster.launch import decode, digest, versions, write_record
 from textsql.errors import TextsqlError
+from textsql.train.watch import KEY_FD_ENV, SIGNAL_FD_ENV, WatchLimits, beat, read_key
 
 LAUNCH_ENV, POD_ENV = "TEXTSQL_LAUNCH", "TEXTSQL_POD_ADDRESS"
-ROUND_ENV, BEATS_ENV = "TEXTSQL_ROUND", "TEXTSQL_BEATS"  # set by the pod: its rendezvous round, its heartbeat folder
+ROUND_ENV = "TEXTSQL_ROUND"  # set by the pod: its rendezvous round
 RECORD_WAIT_S = 600  # how long the other ranks of a round wait for rank 0's check of the run folder
 SPEC_FLAG = "--textsql_spec="
-COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed|torch/autograd/|deepspeed/comm/")
 
 
 def check_pod(spec: dict, where: str) -> None:
@@ -72,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (words or os.environ.get(LAUNCH_ENV)):
         raise SystemExit(f"textsql.cluster.rank: no {SPEC_FLAG}... argument and no ${LAUNCH_ENV}: a launch sets one")
     spec = decode(words[0] if words else os.environ[LAUNCH_ENV])
-    if os.environ.get(BEATS_ENV):  # before anything slow: the pod names a rank whose heartbeat stops (hung, stopped)
-        beat = Path(os.environ[BEATS_ENV]) / str(os.getpid())
-        threading.Thread(target=_beat, args=(beat, spec["silence"] / 4), daemon=True).start()
+    if os.environ.get(SIGNAL_FD_ENV):  # before anything slow: the pod names a rank whose signals stop (hung, stopped)
+        pipe, key = int(os.environ[SIGNAL_FD_ENV]), read_key(os.environ.get(KEY_FD_ENV))
+        threading.Thread(target=beat, args=(pipe, key, WatchLimits(**spec["limits"])), daemon=True).start()
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     round_, world = int(os.environ.get(ROUND_ENV, "0")), int(os.environ.get("WORLD_SIZE", "1"))
     hosts = spec.get("hosts")  # pdsh: the hostfile's addresses; DeepSpeed's node launcher sets CROSS_RANK
@@ -100,17 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     write_record(spec["launch_dir"], "summary", dict(record, **summary))
     return 0
-
-
-def _beat(path: Path, every: float) -> None:
-    """This rank's heartbeat: the file's time, renewed while the process runs (a stopped or hung one stops it); it
-    says "collective" while the main thread waits in one, for its peers: its pod names such a rank after the one
-    whose training progress stopped elsewhere (textsql.cluster.pods._heartbeat)."""
-    main = threading.main_thread().ident
-    while True:  # where the main thread is now: its innermost frame (a lock taken inside a backward is no collective)
-        frame = sys._current_frames().get(main)
-        path.write_text("collective" if frame and COLLECTIVE.search(frame.f_code.co_filename) else "")
-        time.sleep(every)
 
 
 def start_round(spec: dict, rank: int, world: int, round_: int) -> None:
@@ -150,22 +138,9 @@ def train(spec: dict) -> dict:
     from textsql.train.distributed import end_distributed
 
     seen: dict = {"logged_losses": [], "train_loss": None, "eval_loss": None}
-    progress = Path(os.environ[BEATS_ENV], f"{os.getpid()}.progress") if os.environ.get(BEATS_ENV) else None
 
     class RankRecorder(TrainerCallback):
-        def advance(self, *args, **kwargs):  # the loop moved: the pod names a rank whose loop stops (_heartbeat)
-            if progress is not None:
-                progress.touch()
-
-        on_train_begin = on_step_begin = on_substep_end = on_step_end = on_prediction_step = advance
-        on_evaluate = on_save = advance
-
-        def on_train_end(self, *args, **kwargs):  # what follows the loop is not watched
-            if progress is not None:
-                progress.unlink(missing_ok=True)
-
         def on_log(self, args, state, control, logs=None, **kwargs):
-            self.advance()
             logs = logs or {}
             seen["logged_losses"] += [logs["loss"]] if "loss" in logs else []
             seen.update({k: logs[k] for k in ("train_loss", "eval_loss") if k in logs})

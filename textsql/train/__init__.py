@@ -6,7 +6,7 @@ or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t
 
 Its arguments are the run spec's (textsql.spec.training). Modules, lowest first: speed (the speed levers, FLOPs),
 distributed (ranks), logs, collate (a causal LM's batches), dstools (DeepSpeed's tools), fsdp (FSDP2 around the Trainer), estimate (how long a run
-takes, from its first steps), trainer (what every objective's trainer shares: SQL scoring, saving, peak memory),
+takes, from its first steps), watch (what the training is doing now: a step, an evaluation, a save), trainer (what every objective's trainer shares: SQL scoring, saving, peak memory),
 objective (what an objective builds from and loads), one module per objective: sft (supervised fine-tuning, the
 default) and grpo (--stage grpo), run (one run: set up, the objective by --stage, train, save, summary), local_launch
 (child processes on this pod), __main__ (a rank).

@@ -56,6 +56,7 @@ from textsql.strategy.fsdpconfig import (
 )
 from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
 from textsql.tracking import attach, end_failed_run, for_training
+from textsql.train import watch
 from textsql.train.collate import check_packing
 from textsql.train.distributed import (
     ensure_distributed_env,
@@ -309,8 +310,10 @@ def _train(
     )
     attach(trainer, tracking)  # MLflow (textsql.tracking): the curves on rank 0, the run's figures after its summary
     result = fit(trainer, plan)
-    eval_metrics = trainer.final_evaluation()
-    save_trained(trainer, built.adapter, plan.output_dir, finalized.save_dtype)
+    with watch.phase("final evaluation"):  # each phase judged by its own progress by a watching pod
+        eval_metrics = trainer.final_evaluation()
+    with watch.phase("final save"):
+        save_trained(trainer, built.adapter, plan.output_dir, finalized.save_dtype)
     comms = None
     if comms_logger_enabled(running_ds_config(trainer)):  # on every rank: the summary synchronizes them
         comms = write_comms_summary(plan.output_dir, trainer.is_world_process_zero())
@@ -368,11 +371,12 @@ def start_run(plan: RunSetup, training_args: TextsqlTrainingArguments) -> Textsq
 
 
 def add_callbacks(trainer, training_args: TextsqlTrainingArguments, callbacks=()) -> None:
-    """The caller's callbacks added to the trainer; a TrainingTimer that says once how long the run takes, from its
-    first steps (unless the caller brought its own: the demo's prints among its lines); the progress bar for training
-    steps only (not evaluation's)."""
+    """The caller's callbacks added to the trainer; the training loop's phases (textsql.train.watch); a TrainingTimer
+    that says once how long the run takes, from its first steps (unless the caller brought its own: the demo's prints
+    among its lines); the progress bar for training steps only (not evaluation's)."""
     for callback in callbacks:
         trainer.add_callback(callback)
+    trainer.add_callback(watch.callback())  # the loop's phases, for a pod that watches this rank (textsql.cluster)
     if not any(isinstance(callback, TrainingTimer) for callback in callbacks):
         trainer.add_callback(TrainingTimer(eval_examples=len(trainer.eval_dataset or ())))
     if not training_args.disable_tqdm:

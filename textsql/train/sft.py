@@ -14,6 +14,7 @@ from transformers import Seq2SeqTrainer, Trainer
 from textsql.errors import TextsqlError
 from textsql.families import Family, family_of
 from textsql.hub import load_tokenizer
+from textsql.train import watch
 from textsql.train.collate import TOKEN_COUNTS_KEY, CountTokens, make_collator
 from textsql.train.distributed import gather_fields
 from textsql.train.dstools import flops_profiler_for
@@ -104,7 +105,9 @@ class SupervisedTraining:
     def evaluate(self, *args, **kwargs):
         metrics = super().evaluate(*args, **kwargs)
         if self.sql_scoring is not None and self.sql_scoring.each_evaluation:
-            metrics.update(self.logged_sql_scores())
+            # after the Trainer's on_evaluate, which ended the evaluation's phase: the scoring is one too
+            with watch.phase("evaluation", after=watch.current()["name"]):
+                metrics.update(self.logged_sql_scores())
         self.last_evaluation = (self.state.global_step, dict(metrics))
         return metrics
 

@@ -1,7 +1,8 @@
 """Stand-in for CML's `cml.workers_v1`, for tests only: the same functions and signatures, but each "worker pod" is a
 local process with its own loopback address.
 
-As in CML, a worker runs `code` (Python source) or `script` (a .py file) with `env` added to its environment and
+As in CML, a worker runs `code` (Python source; here read from its standard input, never its command line, which any
+user of the machine reads) or `script` (a .py file) with `env` added to its environment and
 $CDSW_IP_ADDRESS set to its own address (here 127.0.0.2, 127.0.0.3, ...: $CML_STANDIN_FIRST_ADDRESS), plus
 $CDSW_ENGINE_ID (its id) and $CDSW_MASTER_IP / $CDSW_MASTER_ID naming the session. `launch_workers` returns dicts
 without an IP address; `list_workers` has each worker's `ip_address`. As in CML, the workers belong to the session,
@@ -39,7 +40,9 @@ while time.monotonic() < end and not stopping:
 if stopping:
     sys.exit(143)
 open(status + ".started", "w").close()
-child = subprocess.Popen(argv)
+child = subprocess.Popen(argv, stdin=subprocess.PIPE)
+child.stdin.write(sys.stdin.buffer.read())
+child.stdin.close()
 signal.signal(signal.SIGTERM, lambda *a: child.terminate())
 code = child.wait()
 open(status, "w").write(str(code))
@@ -137,17 +140,19 @@ def launch_workers(n, cpu, memory, nvidia_gpu=0, script="", code="", env=None, n
                     CDSW_MASTER_IP=os.environ.get("CDSW_IP_ADDRESS", "127.0.0.1"),
                     CDSW_MASTER_ID=os.environ.get("CDSW_ENGINE_ID", "session"),
                 )
-                argv = [sys.executable, "-c", code] if code else [sys.executable, script]
+                argv = [sys.executable, "-"] if code else [sys.executable, script]
                 delay = os.environ.get("CML_STANDIN_SCHEDULE_DELAY", "0")
                 with open(_dir() / f"{worker_id}.log", "ab") as log:
                     process = subprocess.Popen(
                         [sys.executable, "-c", _POD, delay, worker["status_file"], *argv],
                         env=environment,
-                        stdin=subprocess.DEVNULL,
+                        stdin=subprocess.PIPE,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
+                process.stdin.write((code or "").encode())  # far below a pipe's buffer: the pod reads it once started
+                process.stdin.close()
                 worker.update(pid=process.pid, starttime=_starttime(process.pid))
             workers[worker_id] = worker
             launched.append(
