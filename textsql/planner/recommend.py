@@ -20,6 +20,7 @@ from textsql.planner.shape import (
 )
 from textsql.planner.states import (
     NVME_GB_PER_S,
+    OFFLOAD_CALIBRATION,
     Setup,
     lora_layers,
     quantized_base,
@@ -64,6 +65,14 @@ ASSUMPTIONS = [
     "with optimizer offload, a staging buffer the size of the largest parameter. ZeRO-3: the reduce buffer and "
     "reduce-scatter's copy of it; without optimizer offload the fp32 gradient buffer of the largest optimizer "
     "sub-group (sub_group_size) beyond the 2P/N the estimator counts; with it, a staging copy of a gradient partition.",
+    "CPU offload (zero2_offload, zero3_offload): what DeepSpeed keeps on the GPU besides the model states (the "
+    "staging buffer, two fp32 copies of the largest gradient on their way to the host, the gradients awaiting that "
+    "copy) was calibrated on the GPU check's H200 rows (t5-small's shape, bf16, batch 32): measured / predicted "
+    + ", ".join(f"{before:.2f} -> {after:.2f} ({name})" for name, (before, after) in OFFLOAD_CALIBRATION.items())
+    + ". The residual: these rows still under-predict that run by up to "
+    f"{max(after for _, after in OFFLOAD_CALIBRATION.values()) - 1:.0%} (one model size measured, one GPU); the "
+    "gradients awaiting their copy are a bound that larger models, whose copies keep pace with the backward pass, do "
+    "not reach.",
     f"Overhead: {CUDA_CONTEXT_BYTES / GIB:.2f} GB CUDA context and {NCCL_BUFFER_BYTES / GIB:.2f} GB NCCL buffers with "
     f"more than one GPU (both measured on an H200; NCCL's grow with the peers), and {ALLOCATOR_OVERHEAD_FRACTION:.0%} of "
     "the allocated memory for the caching allocator (sources in textsql/planner/phases.py).",
