@@ -136,9 +136,9 @@ def padding_fraction_of_run(name: str, assets: dict, args) -> float:
     """The padded collator's padding share over the batches this run's sampler draws (its first --steps)."""
     from transformers import AutoModelForCausalLM, set_seed
 
+    from textsql.arguments.training import DataArguments, TextsqlTrainingArguments
     from textsql.families import family_named
     from textsql.hub import load_tokenizer
-    from textsql.spec.training import DataArguments, TextsqlTrainingArguments
     from textsql.train.collate import CausalLMCollator, padding_fraction
     from textsql.train.objective import load_training_data
     from textsql.train.sft import trainer_class

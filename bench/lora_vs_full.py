@@ -51,7 +51,7 @@ def train_once(
     from transformers import T5Config, T5ForConditionalGeneration
 
     from textsql.adapters import apply_lora, parameter_counts
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     torch.manual_seed(0)
     config = T5Config(**SHAPES[shape], decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)

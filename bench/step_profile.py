@@ -213,9 +213,9 @@ def build_assets(args):
 def textsql_setup(args, model_dir: Path, data_dir: Path, output_dir: Path):
     """What `textsql train` builds before its Trainer: the run's arguments finalized by set_up_run's decisions, the
     training split and tokenizer, the model as it loads it, the collator."""
+    from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.families import family_of
     from textsql.hub import load_tokenizer
-    from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.train.collate import make_collator
     from textsql.train.objective import load_base_model, load_training_data
     from textsql.train.run import set_up_run

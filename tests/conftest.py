@@ -353,9 +353,9 @@ def lora_adapter(assets, tmp_path_factory):
     from peft import LoraConfig, get_peft_model
 
     from textsql.adapters import RECORD_VERSION, adapter_record, base_fingerprint
+    from textsql.arguments.lora import LoraArguments
     from textsql.hub import load_model, load_tokenizer
     from textsql.paths import ADAPTER_RECORD_FILE
-    from textsql.spec.lora import LoraArguments
 
     _, model_dir = assets
     folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"

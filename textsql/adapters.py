@@ -1,4 +1,4 @@
-"""LoRA adapters (peft; their flags: textsql.spec.lora): a model wrapped for training under any strategy, the adapter
+"""LoRA adapters (peft; their flags: textsql.arguments.lora): a model wrapped for training under any strategy, the adapter
 saved (fp32, gathered under ZeRO-3) with what it was trained on, loaded back, and merged into its base model."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.arguments.lora import LoraArguments, lora_arguments
 from textsql.checkpoints import CHECKPOINT, verify_model_folder
 from textsql.errors import TextsqlError
 from textsql.extras import require_lifecycle_extra
@@ -17,7 +18,6 @@ from textsql.families import family_of, lora_target_modules
 from textsql.hub import load_model, load_tokenizer, model_family
 from textsql.paths import ADAPTER_CONFIG_FILE, ADAPTER_RECORD_FILE, short_name
 from textsql.prep import tokenizer_fingerprint
-from textsql.spec.lora import LoraArguments, lora_arguments
 from textsql.vocabulary import fit_embeddings
 
 logger = logging.getLogger("textsql.adapters")

@@ -10,13 +10,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.arguments.decoding import DECODINGS, execution_guided
+from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set, score_predictions
 from textsql.infer import InferArguments, run_inference
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, METADATA_FILE, in_project
 from textsql.prep import PrepArguments, load_prepared, prepare_dataset
-from textsql.spec.decoding import DECODINGS, execution_guided
-from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.estimate import TrainingTimer
 from textsql.train.run import train

@@ -175,7 +175,7 @@ def tied_embeddings(config) -> bool:
 
 
 def lora_target_modules(family: Family, preset: str):
-    """peft's target_modules for a LoRA preset (textsql.spec.lora.LoraArguments.lora_targets) on this family."""
+    """peft's target_modules for a LoRA preset (textsql.arguments.lora.LoraArguments.lora_targets) on this family."""
     if preset not in family.lora_targets:
         raise TextsqlError(f"--lora_targets must be one of {', '.join(LORA_PRESETS)}, not '{preset}'.")
     return family.lora_targets[preset]

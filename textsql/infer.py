@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from textsql.arguments.decoding import check_decoding
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
     choose_prediction,
@@ -21,7 +22,6 @@ from textsql.evaluate import (
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE, in_project
 from textsql.prep import check_source_settings, load_prepared, load_tables, model_source
 from textsql.quantize import load_for_inference
-from textsql.spec.decoding import check_decoding
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
 
 DTYPES = ("float32", "bfloat16")

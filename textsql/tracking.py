@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from textsql.arguments.tracking import TRACKING_URI_ENV, wanted
 from textsql.errors import TextsqlError
 from textsql.extras import require_mlflow_extra
 from textsql.paths import (
@@ -25,7 +26,6 @@ from textsql.paths import (
 )
 from textsql.redaction import is_secret
 from textsql.run_summary import GIB, RunSummary
-from textsql.spec.tracking import TRACKING_URI_ENV, wanted
 
 logger = logging.getLogger("textsql.tracking")
 

@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from textsql.arguments.lora import QUANTIZED_BASES
+from textsql.arguments.training import TextsqlTrainingArguments, arguments_dict, arguments_from_dict, parse_arguments
 from textsql.errors import TextsqlError
 from textsql.extras import require_notebooks_extra
 from textsql.families import family_of
@@ -31,8 +33,6 @@ from textsql.planner.phases import predict_strategy
 from textsql.planner.shape import GIB, resolve_model
 from textsql.planner.states import Setup, setup_from_arguments, zero_settings
 from textsql.prep import longest_lengths
-from textsql.spec.lora import QUANTIZED_BASES
-from textsql.spec.training import TextsqlTrainingArguments, arguments_dict, arguments_from_dict, parse_arguments
 from textsql.strategy.devices import NodeDevices, choose_accelerator, resolve_precision
 from textsql.strategy.fsdpconfig import check_fsdp_devices, is_fsdp_config_name
 from textsql.strategy.table import NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT, is_fsdp, strategy_rank

@@ -214,13 +214,13 @@ def test_every_command_that_loads_a_model_folder_refuses_a_planted_pickle_and_no
     import torch
     from safetensors.torch import load_file
 
+    from textsql.arguments.training import TextsqlTrainingArguments
     from textsql.hub import load_model
     from textsql.infer import InferArguments, run_inference
     from textsql.merge import merge_and_score
     from textsql.prep import load_prepared
     from textsql.quantize import QuantizeArguments, quantize_model
     from textsql.serve.compare import load_models
-    from textsql.spec.training import TextsqlTrainingArguments
     from textsql.train.grpo import policy_model
 
     data_dir, model_dir = assets

@@ -136,7 +136,7 @@ def causal_run(causal_assets, tmp_path_factory):
     run folder whose config says how it reads a question, so it answers a T5 dataset's questions beside the T5s."""
     import logging
 
-    from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
+    from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.train.run import train
 
     data_dir, model_dir = causal_assets

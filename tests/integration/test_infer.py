@@ -156,11 +156,11 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     model refuses data in the other format."""
     from transformers import AutoTokenizer
 
+    from textsql.arguments.training import parse_arguments
     from textsql.errors import TextsqlError
     from textsql.evaluate import format_metrics
     from textsql.infer import InferArguments, run_inference
     from textsql.prep import load_tables
-    from textsql.spec.training import parse_arguments
     from textsql.train.run import train
     from textsql.wikisql.sql import executes_plausibly
 

@@ -153,7 +153,7 @@ def test_peak_table_tells_sxm_from_pcie_and_nvl_and_fp32_runs_use_their_own_peak
 
 def plan_for(devices, assets, tmp_path, monkeypatch, *trainer_flags, **run):
     """train.set_up_run for this model on these devices; `run` are TextsqlTrainingArguments fields (precision, accelerator)."""
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.run import set_up_run
 
     monkeypatch.setenv("DS_ACCELERATOR", "")  # set_up_run decides it; monkeypatch puts the old value back
@@ -243,7 +243,7 @@ def test_a_process_that_sees_several_gpus_trains_on_one(caplog):
 
 
 def test_textsql_train_starts_ranks_only_when_it_is_not_one(monkeypatch):
-    from textsql.spec.training import TextsqlTrainingArguments
+    from textsql.arguments.training import TextsqlTrainingArguments
     from textsql.train.local_launch import STARTED_BY_TEXTSQL, launches_ranks
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)

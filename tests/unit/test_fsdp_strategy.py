@@ -6,12 +6,12 @@ import warnings
 
 import pytest
 
+from textsql.arguments.training import parse_arguments
 from textsql.cli.check_config import check_config_cli
 from textsql.errors import TextsqlError
 from textsql.planner.phases import fsdp_units
 from textsql.planner.recommend import PlanArguments, plan_memory
 from textsql.planner.shape import resolve_model
-from textsql.spec.training import parse_arguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.strategy.fsdpconfig import (
     FsdpConfigWarning,

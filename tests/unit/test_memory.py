@@ -728,7 +728,7 @@ def test_lora_trainable_parameters_are_r_times_in_plus_out_of_each_adapted_layer
     from transformers import T5Config, T5ForConditionalGeneration
 
     from textsql.adapters import apply_lora, parameter_counts
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     model = T5ForConditionalGeneration(
         T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300)
@@ -1069,7 +1069,7 @@ def test_the_recommended_command_is_whole_and_textsql_train_parses_it(tmp_path, 
     """The model, the dataset, the batch, the strategy (FSDP's flag where it is FSDP), the adapter, the precision."""
     import shlex
 
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
 
     monkeypatch.chdir(tmp_path)
     full = plan(model="t5-small", gpu_memory_gb=24, dataset_dir="data/wikisql-t5")

@@ -6,7 +6,7 @@ import inspect
 from importlib import import_module
 from pathlib import Path
 
-from textsql.spec.grpo import STAGES
+from textsql.arguments.grpo import STAGES
 from textsql.train.run import OBJECTIVES
 
 TRAIN = Path(__file__).resolve().parents[2] / "textsql" / "train"

@@ -1,4 +1,4 @@
-"""The run spec (textsql/spec/): one Setup for one run, whether `textsql plan`, tune or the run's own memory check
+"""The run spec (textsql/arguments/): one Setup for one run, whether `textsql plan`, tune or the run's own memory check
 builds it, and `textsql plan` taking textsql train's flags for what the planner models."""
 
 import json
@@ -6,6 +6,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
+from textsql.arguments.training import arguments_dict, parse_arguments
 from textsql.cli.plan import plan_cli
 from textsql.errors import TextsqlError
 from textsql.planner.check import run_setup
@@ -14,7 +15,6 @@ from textsql.planner.recommend import PlanArguments, plan_setup
 from textsql.planner.shape import resolve_model
 from textsql.planner.states import zero_settings
 from textsql.run_summary import RunSummary
-from textsql.spec.training import arguments_dict, parse_arguments
 from textsql.tune import TuneArguments, candidate_setup
 
 CAUSAL = "Qwen/Qwen2.5-0.5B"  # the planner's built-in table: nothing downloaded

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from textsql.arguments.training import arguments_dict, parse_arguments
 from textsql.errors import TextsqlError
-from textsql.spec.training import arguments_dict, parse_arguments
 from textsql.strategy.devices import NodeDevices
 from textsql.tune import (
     Candidate,

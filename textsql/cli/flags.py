@@ -11,13 +11,25 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 
-TRAIN_ARGUMENT_SOURCES = (  # the run spec (textsql/spec/): every `textsql train` flag textsql adds, in one folder
-    ("textsql", "spec/training.py", ("ModelArguments", "DataArguments", "TextsqlTrainingArguments")),
-    ("textsql", "spec/lora.py", ("LoraArguments",)),  # a base of TextsqlTrainingArguments: --lora, --lora_rank, ...
-    ("textsql", "spec/dstools.py", ("DsToolsArguments",)),  # another: --flops_profiler, --ds_monitor, --comms_logger
-    ("textsql", "spec/tracking.py", ("TrackingArguments",)),  # another: --mlflow_log_model, --mlflow_experiment, ...
-    ("textsql", "spec/grpo.py", ("GrpoArguments",)),  # another: --stage, --num_generations, --reward_weights, ...
-    ("textsql", "spec/speed.py", ("SpeedArguments",)),  # another: --attention, --compile, --fused_loss, ...
+TRAIN_ARGUMENT_SOURCES = (  # the run spec (textsql/arguments/): every `textsql train` flag textsql adds, in one folder
+    ("textsql", "arguments/training.py", ("ModelArguments", "DataArguments", "TextsqlTrainingArguments")),
+    (
+        "textsql",
+        "arguments/lora.py",
+        ("LoraArguments",),
+    ),  # a base of TextsqlTrainingArguments: --lora, --lora_rank, ...
+    (
+        "textsql",
+        "arguments/dstools.py",
+        ("DsToolsArguments",),
+    ),  # another: --flops_profiler, --ds_monitor, --comms_logger
+    (
+        "textsql",
+        "arguments/tracking.py",
+        ("TrackingArguments",),
+    ),  # another: --mlflow_log_model, --mlflow_experiment, ...
+    ("textsql", "arguments/grpo.py", ("GrpoArguments",)),  # another: --stage, --num_generations, --reward_weights, ...
+    ("textsql", "arguments/speed.py", ("SpeedArguments",)),  # another: --attention, --compile, --fused_loss, ...
     ("transformers", "training_args.py", ("TrainingArguments",)),
     ("transformers", "training_args_seq2seq.py", ("Seq2SeqTrainingArguments",)),
 )

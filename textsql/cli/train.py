@@ -19,7 +19,7 @@ def train_command(argv: list[str]) -> int:
         print(f"textsql train: {error}", file=sys.stderr)
         return 2
     # The training modules import torch, transformers and DeepSpeed: only now, once the flags are known to be right.
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.distributed import rank, world_size
     from textsql.train.local_launch import launches_ranks, run_training, train_and_report
     from textsql.train.run import TrainingInterrupted, interrupted_message

@@ -87,7 +87,7 @@ class LaunchPlan:
     precision: object  # textsql.strategy.devices.PrecisionChoice
     resume: object  # textsql.cluster.runs.ResumePlan
     zero_stage: int | None
-    arguments: dict  # textsql.spec.training_dict: what every rank trains with, exactly
+    arguments: dict  # textsql.arguments.training_dict: what every rank trains with, exactly
     expect: dict  # what every rank checks itself against (versions, folders, file digests, the shared-folder marker)
     env: dict[str, str] = field(default_factory=dict)  # the allowlisted variables of the session, for every rank
 
@@ -125,8 +125,8 @@ def plan_launch(
     (textsql.strategy.devices.NodeDevices); `min_pods`: elastic, the launch may train on its first `min_pods` pods
     alone; `env`: the session's variables every rank gets (textsql.redaction.forwarded). Every rank checks that its
     pod matches (textsql.cluster.rank.check_pod)."""
+    from textsql.arguments.training import arguments_dict, as_arguments
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
-    from textsql.spec.training import arguments_dict, as_arguments
     from textsql.strategy.devices import (
         NodeDevices,
         choose_accelerator,

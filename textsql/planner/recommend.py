@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from textsql.arguments import same_flag
+from textsql.arguments.lora import LoraArguments, lora_arguments
+from textsql.arguments.speed import SpeedArguments, speed_refusals
 from textsql.errors import TextsqlError
 from textsql.planner.phases import (
     ALLOCATOR_OVERHEAD_FRACTION,
@@ -28,9 +31,6 @@ from textsql.planner.states import (
     setup_from_arguments,
     zero_settings,
 )
-from textsql.spec import same_flag
-from textsql.spec.lora import LoraArguments, lora_arguments
-from textsql.spec.speed import SpeedArguments, speed_refusals
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 from textsql.strategy.dsconfig import describe_strategy
 from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
@@ -235,7 +235,7 @@ class PlanArguments:
         "--quantize_base), for causal LMs and T5; recommended where neither full fine-tuning nor LoRA on a bf16/fp32 "
         "base fits.",
     )
-    # The speed levers that change memory, as textsql train takes them (textsql.spec.speed)
+    # The speed levers that change memory, as textsql train takes them (textsql.arguments.speed)
     fused_loss: str = same_flag(SpeedArguments, "fused_loss")
     lora_base_dtype: str = same_flag(SpeedArguments, "lora_base_dtype")
     nvme_gb_per_s: float = field(

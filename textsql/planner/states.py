@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from textsql.arguments.lora import lora_arguments
+from textsql.arguments.speed import SpeedArguments
 from textsql.families import t5_lora_module_names
 from textsql.planner import causal as causal_lm
 from textsql.planner.shape import (
@@ -20,8 +22,6 @@ from textsql.planner.zero3_trace import (
     simulate_parameter_coordinator,
     zero3_step_events,
 )
-from textsql.spec.lora import lora_arguments
-from textsql.spec.speed import SpeedArguments
 from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path
 
 # DeepSpeed's defaults for zero_optimization keys a config file leaves out (deepspeed/runtime/zero/config.py).
@@ -489,7 +489,7 @@ class Setup:
     eval_batch: int = 32  # per_device_eval_batch_size
     eval_num_beams: int = 1  # beams of the SQL generated during evaluation; 0: evaluation computes the loss only
     nvme_gb_per_s: float = NVME_GB_PER_S
-    # The speed levers that change memory (textsql train's --fused_loss and --lora_base_dtype; textsql.spec.speed)
+    # The speed levers that change memory (textsql train's --fused_loss and --lora_base_dtype; textsql.arguments.speed)
     fused_loss: str = "none"  # chunked or liger: a causal LM's logits at the label positions only, in chunks
     lora_base_dtype: str = "float32"  # bfloat16: LoRA's frozen base in bf16 without DeepSpeed (no autocast copies)
 
@@ -509,7 +509,7 @@ def setup_from_arguments(
     settings: dict,
     nvme_gb_per_s: float = NVME_GB_PER_S,
 ) -> Setup:
-    """The planner's Setup of a run from its `textsql train` arguments (textsql.spec): the dataclasses themselves,
+    """The planner's Setup of a run from its `textsql train` arguments (textsql.arguments): the dataclasses themselves,
     anything with their fields (`textsql plan`'s PlanArguments takes the same flags for what the planner models), or
     their dict (arguments_dict; a run summary's training and data arguments together). The one place a training flag
     becomes a prediction's input, so that `textsql plan`, tune's candidates and every run's memory check predict the

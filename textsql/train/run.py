@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from textsql import __version__
 from textsql.adapters import adapter_state, parameter_counts, save_adapter
+from textsql.arguments.run_name import run_folder_name, run_name_settings
+from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.hub import load_config
@@ -24,8 +26,6 @@ from textsql.planner.check import compare_with_run
 from textsql.prep import check_prepared
 from textsql.run_summary import RunSummary, run_state, write_summary
 from textsql.sharedfiles import replace_file
-from textsql.spec.run_name import run_folder_name, run_name_settings
-from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.strategy.devices import (
     NodeDevices,
     choose_accelerator,

@@ -1,4 +1,4 @@
-"""The training arguments: three dataclasses with textsql's defaults (the mixins beside them in textsql/spec/), parsed
+"""The training arguments: three dataclasses with textsql's defaults (the mixins beside them in textsql/arguments/), parsed
 once from a command line, a JSON/YAML recipe or a dict, and handed between processes as one JSON object."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from transformers.training_args import OptimizerNames
 
+from textsql.arguments.decoding import check_decoding
+from textsql.arguments.dstools import DsToolsArguments
+from textsql.arguments.grpo import GRPO_LR_SCHEDULER, GrpoArguments
+from textsql.arguments.lora import LoraArguments
+from textsql.arguments.speed import SpeedArguments, check_speed_here
+from textsql.arguments.tracking import TrackingArguments
 from textsql.errors import TextsqlError
 from textsql.paths import in_project
-from textsql.spec.decoding import check_decoding
-from textsql.spec.dstools import DsToolsArguments
-from textsql.spec.grpo import GRPO_LR_SCHEDULER, GrpoArguments
-from textsql.spec.lora import LoraArguments
-from textsql.spec.speed import SpeedArguments, check_speed_here
-from textsql.spec.tracking import TrackingArguments
 from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
 
 # The original walkthrough's flag names, kept so its commands still work.
@@ -120,9 +120,9 @@ class TextsqlTrainingArguments(
     can describe a run and hand it to the processes that train. The Trainer's own checks and device setup run once, in
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
     TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
-    (textsql.spec.lora.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.spec.dstools.
-    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger), MLflow's (textsql.spec.tracking.TrackingArguments:
-    --mlflow_log_model, ...) and the GRPO stage's (textsql.spec.grpo.GrpoArguments: --stage, --num_generations, ...) are
+    (textsql.arguments.lora.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.arguments.dstools.
+    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger), MLflow's (textsql.arguments.tracking.TrackingArguments:
+    --mlflow_log_model, ...) and the GRPO stage's (textsql.arguments.grpo.GrpoArguments: --stage, --num_generations, ...) are
     training arguments like the others, so they travel with them to every rank and node.
     """
 
@@ -266,7 +266,7 @@ class TextsqlTrainingArguments(
         self.check_ds_tools(self.deepspeed)
         self.check_tracking(self.report_to)
         self.check_grpo()
-        self.check_speed()  # the speed levers (textsql.spec.speed.SpeedArguments); what the device refuses, at start
+        self.check_speed()  # the speed levers (textsql.arguments.speed.SpeedArguments); what the device refuses, at start
         if self.stage == "grpo" and self.packing:
             raise TextsqlError(
                 "--packing packs gold examples for supervised fine-tuning; --stage grpo trains on its own sampled "
