@@ -107,13 +107,14 @@ def train_once(
 
 def planner_rows(models: list[str], gpu_memory_gb: float, batch: int, rank: int, targets: str) -> dict:
     """The planner's full fine-tuning and LoRA rows for each model (bf16, 96/96 tokens, one GPU)."""
-    from textsql.planner.recommend import PlanArguments, plan_memory
+    from textsql.arguments.plan import PlanArguments
+    from textsql.planner.recommend import plan_memory
 
     rows = {}
     for model in models:
         plan = plan_memory(
             PlanArguments(
-                model=model,
+                model_id=model,
                 gpu_memory_gb=gpu_memory_gb,
                 per_device_train_batch_size=batch,
                 lora=True,

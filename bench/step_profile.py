@@ -193,8 +193,9 @@ def build_assets(args):
             workdir / "step-profile-t5", train_tables=40, questions_per_table=10, d_model=32, num_layers=1, seed=0
         )
         return Path(args.dataset_dir or data_dir), Path(model_dir)
+    from textsql.arguments.prep import PrepArguments
     from textsql.demo import release_records
-    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
     from textsql.wikisql.synthetic import generate_wikisql
 

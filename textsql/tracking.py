@@ -256,39 +256,6 @@ def for_training(
     )
 
 
-def attach(trainer, tracking: Tracking | None) -> None:
-    """transformers' MLflow callback (the curves, rank 0) in the Trainer on textsql's run, in place of the one
-    --report_to mlflow gave it (which would log every field and end the run before the final evaluation)."""
-    from transformers.integrations.integration_utils import MLflowCallback
-
-    trainer.remove_callback(MLflowCallback)
-    if tracking is not None:
-        trainer.add_callback(_callback_class()(tracking))
-
-
-def _callback_class():
-    from transformers.integrations.integration_utils import MLflowCallback
-
-    class TextsqlMLflowCallback(MLflowCallback):
-        """MLflowCallback's logging of every log line as metrics (rank 0), on the run `tracking` starts; the run ends
-        in Tracking.finish, after the final evaluation and the run summary."""
-
-        def __init__(self, tracking: Tracking):
-            super().__init__()
-            self.tracking = tracking
-
-        def setup(self, args, state, model):
-            self._log_artifacts, self._async_log = False, True
-            if state.is_world_process_zero:
-                self.tracking.start()
-            self._initialized = True
-
-        def on_train_end(self, args, state, control, **kwargs):
-            pass
-
-    return TextsqlMLflowCallback
-
-
 def end_failed_run() -> None:
     """A training that stopped with an error ends its MLflow run as FAILED (nothing to do when mlflow was never
     imported, or the active run is not textsql's)."""

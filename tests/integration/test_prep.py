@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
+from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
-from textsql.prep import PrepArguments, load_prepared, prepare_dataset
+from textsql.prep import load_prepared, prepare_dataset
 
 NOTHING_LOST = {"examples": 0, "characters": {}, "column_names_recovered": {"examples": 0, "characters": {}}}
 

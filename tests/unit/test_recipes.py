@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from textsql.arguments.prep import PrepArguments
 from textsql.arguments.training import parse_arguments
 from textsql.cli.parsing import parse_arguments as parse_command
 from textsql.families import LORA_PRESETS
-from textsql.prep import PrepArguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.train.run import set_up_run
 

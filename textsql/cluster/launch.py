@@ -127,13 +127,7 @@ def plan_launch(
     pod matches (textsql.cluster.rank.check_pod)."""
     from textsql.arguments.training import arguments_dict, as_arguments
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
-    from textsql.strategy.devices import (
-        NodeDevices,
-        choose_accelerator,
-        precision_from_trainer_flags,
-        ranks_per_node,
-        resolve_precision,
-    )
+    from textsql.strategy.devices import resolve_run_devices
     from textsql.strategy.dsconfig import resolve_dsconfig_path
     from textsql.train.run import load_strategy
 
@@ -147,15 +141,9 @@ def plan_launch(
         name = str(candidate) if candidate.exists() else training.deepspeed
         dsconfig = absolute_in(workdir, str(resolve_dsconfig_path(name)))
     try:
-        accelerator = "cpu" if training.accelerator == "cpu" else choose_accelerator(training.accelerator, devices)
-        ranks = [ranks_per_node(ranks[0], devices if accelerator == "cuda" else NodeDevices()), *ranks[1:]]
+        resolved = resolve_run_devices(training, model.model_id, devices, ranks_asked=ranks[0])
+        accelerator, precision, ranks = resolved.accelerator, resolved.precision, [resolved.ranks, *ranks[1:]]
         world, least = sum(ranks), sum(ranks[: min_pods or len(ranks)])
-        precision = resolve_precision(
-            precision_from_trainer_flags(training.precision, training.bf16, training.fp16),
-            model.model_id,
-            devices.gpus if accelerator == "cuda" else (),
-            force_fp16=training.force_fp16,
-        )
         strategy = load_strategy(str(dsconfig) if dsconfig else None, training.fsdp_config, training.nvme_path)[1]
     except TextsqlError as error:
         raise PreflightError(str(error)) from None

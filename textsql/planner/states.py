@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from textsql.arguments.lora import lora_arguments
+from textsql.arguments.plan import NVME_GB_PER_S, PRECISIONS
 from textsql.arguments.speed import SpeedArguments
 from textsql.families import t5_lora_module_names
 from textsql.planner import causal as causal_lm
 from textsql.planner.shape import (
     GIB,
-    PRECISIONS,
     ModelShape,
 )
 from textsql.planner.zero3_trace import (
@@ -61,13 +61,6 @@ NVME_DEFAULTS = {
     "nvme_param_buffer_count": 5,  # offload_param.buffer_count
     "nvme_param_buffer_size": 100_000_000,  # offload_param.buffer_size, elements of the training dtype
 }
-
-
-# Sustained bandwidth of the NVMe folder zero3_nvme swaps to, read and write alike, GB/s per pod: a conservative figure
-# for one PCIe NVMe drive (data-center drives sustain about 2-7 GB/s sequential; several striped, more). Not measured
-# by textsql: DeepSpeed's NVMe profiling guide (microsoft/DeepSpeed issue #998, `ds_nvme_tune`) measures yours; pass
-# it as --nvme_gb_per_s.
-NVME_GB_PER_S = 2.0
 
 
 # DeepSpeed's own estimators multiply host memory by this (additional_buffer_factor, their default).
@@ -518,9 +511,8 @@ def setup_from_arguments(
     get = arguments.get if isinstance(arguments, dict) else lambda name, default=None: getattr(arguments, name, default)
     lora = lora_arguments(arguments)
     speed = SpeedArguments()  # the spec's defaults for what the planner models of the levers
-    eval_num_beams = get("eval_num_beams")  # textsql plan's; a run's is its execution accuracy's decoding
-    if eval_num_beams is None:
-        eval_num_beams = int(get("execution_accuracy_num_beams") or 1) if get("execution_accuracy_samples", 1) else 0
+    beams = get("execution_accuracy_num_beams")  # textsql plan's 0: evaluation generates nothing
+    eval_num_beams = (1 if beams is None else int(beams)) if get("execution_accuracy_samples", 1) else 0
     return Setup(
         nodes,
         gpus_per_node,

@@ -28,9 +28,7 @@ from textsql.run_summary import RunSummary, run_state, write_summary
 from textsql.sharedfiles import replace_file
 from textsql.strategy.devices import (
     NodeDevices,
-    choose_accelerator,
-    precision_from_trainer_flags,
-    resolve_precision,
+    resolve_run_devices,
     use_accelerator,
 )
 from textsql.strategy.dsconfig import (
@@ -55,7 +53,8 @@ from textsql.strategy.fsdpconfig import (
     trainer_fsdp_config,
 )
 from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
-from textsql.tracking import attach, end_failed_run, for_training
+from textsql.tracking import end_failed_run, for_training
+from textsql.train.callbacks import attach
 from textsql.train.collate import check_packing
 from textsql.train.distributed import (
     ensure_distributed_env,
@@ -172,12 +171,9 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     """
 
     devices = devices if devices is not None else NodeDevices.local()
-    accelerator = choose_accelerator(training.accelerator, devices)
+    resolved = resolve_run_devices(training, model.model_id, devices)
+    accelerator, precision = resolved.accelerator, resolved.precision
     use_accelerator(accelerator)  # before anything imports deepspeed
-    requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
-    precision = resolve_precision(
-        requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16
-    )
     if training.fsdp and not training.fsdp_config:
         raise TextsqlError(
             "--fsdp was given without --fsdp_config: name the FSDP strategy with --fsdp_config "
