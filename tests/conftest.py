@@ -55,7 +55,7 @@ def real_files() -> Path:
     return REAL_FILES.resolve()
 
 
-REAL_MODEL = "smollm2-135m-instruct"  # textsql.model_import.PACKAGED_MODELS
+REAL_MODEL = "smollm2-135m-instruct"  # textsql.arguments.import_model.PACKAGED_MODELS
 
 
 @pytest.fixture(scope="session")
