@@ -88,7 +88,7 @@ def measure(config, device: str, batch: int, sequence: int, precision: str, lora
     from transformers import AutoModelForCausalLM
 
     from textsql.adapters import apply_lora
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     torch.manual_seed(0)
     with torch.device(device):

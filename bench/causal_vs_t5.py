@@ -53,8 +53,9 @@ RUNS = {  # name: (model, extra `textsql train` flags)
 
 def build_data(workdir: Path, train_tables: int, seed: int) -> dict:
     """{"t5": (data_dir, model_dir), "causal": (data_dir, model_dir)} on the same generated release files."""
+    from textsql.arguments.prep import PrepArguments
     from textsql.demo import DEMO_PREFIX, release_records
-    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
     from textsql.wikisql.synthetic import generate_wikisql
 
@@ -136,9 +137,9 @@ def padding_fraction_of_run(name: str, assets: dict, args) -> float:
     """The padded collator's padding share over the batches this run's sampler draws (its first --steps)."""
     from transformers import AutoModelForCausalLM, set_seed
 
+    from textsql.arguments.training import DataArguments, TextsqlTrainingArguments
     from textsql.families import family_named
     from textsql.hub import load_tokenizer
-    from textsql.spec.training import DataArguments, TextsqlTrainingArguments
     from textsql.train.collate import CausalLMCollator, padding_fraction
     from textsql.train.objective import load_training_data
     from textsql.train.sft import trainer_class
@@ -179,7 +180,8 @@ def padding_fraction_of_run(name: str, assets: dict, args) -> float:
 
 def score(summary: dict, data_dir: Path, questions: int) -> dict:
     """Greedy scores of the trained model on the first `questions` generated test questions."""
-    from textsql.infer import InferArguments, run_inference
+    from textsql.arguments.infer import InferArguments
+    from textsql.infer import run_inference
 
     metrics = run_inference(
         InferArguments(

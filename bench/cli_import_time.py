@@ -31,7 +31,7 @@ from bench.common import emit, machine  # noqa: E402  (the repository root is on
 from textsql.cli import COMMANDS  # noqa: E402
 
 HEAVY = ("torch", "transformers", "deepspeed", "peft", "accelerate", "datasets", "numpy", "pandas", "matplotlib")
-PLAN_ARGV = ["plan", "--model", "t5-large", "--nodes", "3", "--gpu_memory_gb", "40", "--precision", "fp32"]
+PLAN_ARGV = ["plan", "--model_id", "t5-large", "--nodes", "3", "--gpu_memory_gb", "40", "--precision", "fp32"]
 
 
 def command_lines(commands: list[str]) -> dict[str, tuple[list[str], str]]:

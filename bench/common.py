@@ -92,8 +92,9 @@ def tokenizer_folder(tokenizer: str, workdir: str | Path) -> str:
 def prepared_release(source: str, tokenizer: str, workdir: str | Path, source_format: str = "question") -> Path:
     """A WikiSQL release folder (or .tar.bz2) prepared by `textsql prep` with `tokenizer` (see tokenizer_folder), once:
     later calls with the same arguments reuse it."""
+    from textsql.arguments.prep import PrepArguments
     from textsql.paths import METADATA_FILE
-    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.prep import prepare_dataset
 
     model_id = tokenizer_folder(tokenizer, workdir)
     key = hashlib.sha256(json.dumps([str(Path(source).resolve()), model_id, source_format]).encode()).hexdigest()[:12]

@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     load_before = os.getloadavg()
     results = {}
-    for round_ in range(2):  # alternating, so a change of load falls on both
+    for _ in range(2):  # alternating, so a change of load falls on both
         for precision in ("fp32", "bf16"):
             results.setdefault(precision, []).extend(
                 layer_step_seconds(precision, args.batch, args.tokens, args.repeats)

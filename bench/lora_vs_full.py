@@ -51,7 +51,7 @@ def train_once(
     from transformers import T5Config, T5ForConditionalGeneration
 
     from textsql.adapters import apply_lora, parameter_counts
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     torch.manual_seed(0)
     config = T5Config(**SHAPES[shape], decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
@@ -107,13 +107,14 @@ def train_once(
 
 def planner_rows(models: list[str], gpu_memory_gb: float, batch: int, rank: int, targets: str) -> dict:
     """The planner's full fine-tuning and LoRA rows for each model (bf16, 96/96 tokens, one GPU)."""
-    from textsql.planner.recommend import PlanArguments, plan_memory
+    from textsql.arguments.plan import PlanArguments
+    from textsql.planner.recommend import plan_memory
 
     rows = {}
     for model in models:
         plan = plan_memory(
             PlanArguments(
-                model=model,
+                model_id=model,
                 gpu_memory_gb=gpu_memory_gb,
                 per_device_train_batch_size=batch,
                 lora=True,

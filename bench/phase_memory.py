@@ -229,17 +229,18 @@ def free_port() -> int:
 
 def predicted(strategy: str, args) -> dict:
     """The planner's phases for the same run (fp32, world size 1, the bench's batch and lengths), in MB."""
-    from textsql.planner.recommend import PlanArguments, plan_memory
+    from textsql.arguments.plan import PlanArguments
+    from textsql.planner.recommend import plan_memory
 
     plan = plan_memory(
         PlanArguments(
-            model=args.shape,
+            model_id=args.shape,
             per_device_train_batch_size=args.batch,
             max_source_length=args.length,
             max_target_length=args.length,
             precision=args.precision,
             per_device_eval_batch_size=args.eval_batch,
-            eval_num_beams=args.beams,
+            execution_accuracy_num_beams=args.beams,
         )
     )
     row = plan["strategies"][strategy]

@@ -45,20 +45,21 @@ def best(rows: dict) -> dict | None:
 
 
 def planner_rows(args) -> list[dict]:
-    from textsql.planner.recommend import PlanArguments, plan_memory
+    from textsql.arguments.plan import PlanArguments
+    from textsql.planner.recommend import plan_memory
 
     found = []
     for model in MODELS:
         causal = not model.startswith("t5")
         common = dict(
-            model=model,
+            model_id=model,
             gpu_memory_gb=args.gpu_memory_gb,
             cpu_memory_gb=args.cpu_memory_gb,
             per_device_train_batch_size=args.batch,
             per_device_eval_batch_size=args.batch,
             max_source_length=args.prompt,
             max_target_length=args.sql,
-            gradient_checkpointing=True,
+            activation_checkpointing=True,
             lora=True,
         )
         row = {"model": model}

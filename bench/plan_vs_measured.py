@@ -202,8 +202,8 @@ def run_child(result_path: str, train_argv: list[str]) -> None:
     """Train with `textsql train` under the coordinator probe and write what the parent needs."""
     import torch
 
+    from textsql.arguments.training import parse_arguments
     from textsql.errors import TextsqlError
-    from textsql.spec.training import parse_arguments
     from textsql.train.run import train
 
     probe = install_coordinator_probe(only_in_training_steps=True)

@@ -55,8 +55,8 @@ def train_once(folder: str, mode: str, batch: int, length: int, steps: int, warm
     import torch
 
     from textsql.adapters import apply_lora, load_quantized_base, parameter_counts
+    from textsql.arguments.lora import LoraArguments
     from textsql.hub import load_model
-    from textsql.spec.lora import LoraArguments
 
     quantize_base = "none" if mode == "lora-fp32" else mode.split("-")[1]
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

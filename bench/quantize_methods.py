@@ -52,9 +52,10 @@ def main() -> None:
 
     import torch
 
+    from textsql.arguments.quantize import QuantizeArguments
     from textsql.errors import TextsqlError
     from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set
-    from textsql.quantize import QuantizeArguments, load_for_inference, memory_bytes, quantize_and_save, weights_bytes
+    from textsql.quantize import load_for_inference, memory_bytes, quantize_and_save, weights_bytes
 
     load_before = os.getloadavg()
     scoring = load_scoring_set(args.dataset_dir, args.split, args.questions)

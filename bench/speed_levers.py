@@ -73,8 +73,8 @@ def measure(args, model_dir: Path, data_dir: Path, levers: dict, workdir: Path) 
     try:
         finalized, train_set, tokenizer, model, family, collator = textsql_setup(run_args, model_dir, data_dir, workdir)
         if finalized.lora:
+            from textsql.arguments.training import ModelArguments
             from textsql.hub import load_tokenizer
-            from textsql.spec.training import ModelArguments
             from textsql.train.objective import wrap_for_lora
 
             model, _ = wrap_for_lora(

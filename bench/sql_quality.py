@@ -30,7 +30,8 @@ DECODINGS = (("greedy", 1), ("execution_guided", 4))
 
 def train_one(args, source_format: str) -> tuple[dict, Path]:
     """(run summary, prepared data folder) of the demo-sized model trained on one source format."""
-    from textsql.demo import DemoArguments, build_assets, demo_training
+    from textsql.arguments.demo import DemoArguments
+    from textsql.demo import build_assets, demo_training
     from textsql.train.local_launch import run_training
 
     demo = DemoArguments(
@@ -55,7 +56,8 @@ def train_one(args, source_format: str) -> tuple[dict, Path]:
 
 
 def score(run_dir: str, data_dir: Path, decoding: str, beams: int, output_dir: Path) -> dict:
-    from textsql.infer import InferArguments, run_inference
+    from textsql.arguments.infer import InferArguments
+    from textsql.infer import run_inference
 
     metrics = run_inference(
         InferArguments(

@@ -193,8 +193,9 @@ def build_assets(args):
             workdir / "step-profile-t5", train_tables=40, questions_per_table=10, d_model=32, num_layers=1, seed=0
         )
         return Path(args.dataset_dir or data_dir), Path(model_dir)
+    from textsql.arguments.prep import PrepArguments
     from textsql.demo import release_records
-    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
     from textsql.wikisql.synthetic import generate_wikisql
 
@@ -213,9 +214,9 @@ def build_assets(args):
 def textsql_setup(args, model_dir: Path, data_dir: Path, output_dir: Path):
     """What `textsql train` builds before its Trainer: the run's arguments finalized by set_up_run's decisions, the
     training split and tokenizer, the model as it loads it, the collator."""
+    from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.families import family_of
     from textsql.hub import load_tokenizer
-    from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.train.collate import make_collator
     from textsql.train.objective import load_base_model, load_training_data
     from textsql.train.run import set_up_run

@@ -156,8 +156,8 @@ def make_trainer(recipe: str, model, tokenizer, subset, steps: int, batch_size: 
     import torch
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
+    from textsql.arguments.training import TextsqlTrainingArguments
     from textsql.families import family_of
-    from textsql.spec.training import TextsqlTrainingArguments
     from textsql.strategy.devices import NodeDevices, resolve_precision
     from textsql.train.sft import trainer_class
 

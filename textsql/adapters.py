@@ -1,4 +1,4 @@
-"""LoRA adapters (peft; their flags: textsql.spec.lora): a model wrapped for training under any strategy, the adapter
+"""LoRA adapters (peft; their flags: textsql.arguments.lora): a model wrapped for training under any strategy, the adapter
 saved (fp32, gathered under ZeRO-3) with what it was trained on, loaded back, and merged into its base model."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import hashlib
 import json
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from textsql.arguments.lora import LoraArguments, lora_arguments
+from textsql.arguments.merge import MergeArguments
 from textsql.checkpoints import CHECKPOINT, verify_model_folder
 from textsql.errors import TextsqlError
 from textsql.extras import require_lifecycle_extra
@@ -17,7 +18,6 @@ from textsql.families import family_of, lora_target_modules
 from textsql.hub import load_model, load_tokenizer, model_family
 from textsql.paths import ADAPTER_CONFIG_FILE, ADAPTER_RECORD_FILE, short_name
 from textsql.prep import tokenizer_fingerprint
-from textsql.spec.lora import LoraArguments, lora_arguments
 from textsql.vocabulary import fit_embeddings
 
 logger = logging.getLogger("textsql.adapters")
@@ -422,57 +422,6 @@ def load_adapter_model(
     model, tokenizer, _ = load_base_for_adapter(adapter_dir, base_model, quantized)
     model = peft.PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=trainable)
     return (model if trainable else model.eval()), tokenizer
-
-
-MERGE_ONTO = ("full", "rounded")  # a QLoRA adapter merged into the full-precision base, or onto its rounded weights
-
-
-@dataclass
-class MergeArguments:
-    """What `textsql merge` folds together."""
-
-    adapter: str = field(
-        metadata={
-            "help": "The adapter: the run folder of a `textsql train --lora True` run, or one of its checkpoint-N "
-            "folders (the best or an earlier step); also the first argument."
-        }
-    )
-    output_dir: str | None = field(
-        default=None, metadata={"help": "Where the merged model goes; default: <adapter>-merged beside it."}
-    )
-    base_model: str | None = field(
-        default=None,
-        metadata={"help": "The base model (hub name or folder) if it moved; default: the one the run trained from."},
-    )
-    overwrite: bool = field(default=False, metadata={"help": "Replace a merged model already in --output_dir."})
-    merge_onto: str = field(
-        default="full",
-        metadata={
-            "help": "A QLoRA adapter (--quantize_base nf4|int8) only: merge into the full-precision base (full), or "
-            "onto the base's weights rounded as the adapter saw them, the quantized base dequantized (rounded). "
-            "Either way the merged model is scored against the adapter on its quantized base."
-        },
-    )
-    dataset_dir: str | None = field(
-        default=None,
-        metadata={"help": "A QLoRA merge's scoring: the prepared dataset; default: the one the run trained on."},
-    )
-    score_examples: int = field(
-        default=64, metadata={"help": "A QLoRA merge's scoring: the first N validation questions (at least 1)."}
-    )
-    batch_size: int = field(default=16, metadata={"help": "A QLoRA merge's scoring: questions per generate() call."})
-    max_new_tokens: int = field(default=64, metadata={"help": "A QLoRA merge's scoring: longest SQL, in tokens."})
-    device: str = field(
-        default="auto", metadata={"help": "A QLoRA merge's scoring: auto (a GPU when there is one), cuda or cpu."}
-    )
-
-    def __post_init__(self):
-        if not str(self.adapter).strip():
-            raise TextsqlError("Pass the adapter folder: the run folder of a `textsql train --lora True` run.")
-        if self.merge_onto not in MERGE_ONTO:
-            raise TextsqlError(f"--merge_onto must be one of {', '.join(MERGE_ONTO)}, not '{self.merge_onto}'.")
-        if self.score_examples < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
-            raise TextsqlError("--score_examples, --batch_size and --max_new_tokens must be at least 1.")
 
 
 def merged_dir(args: MergeArguments) -> Path:

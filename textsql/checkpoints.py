@@ -34,7 +34,7 @@ ALLOWED_GLOBALS = frozenset(
         "numpy.ndarray",
         "numpy.dtype",
         # the Trainer's training_args.bin (nothing loads it at resume; `torch.load` by hand would)
-        "textsql.spec.training.TextsqlTrainingArguments",
+        "textsql.arguments.training.TextsqlTrainingArguments",
         # where the class lived before (textsql.train's module, then package): checkpoints of older runs still resume
         "textsql.train.arguments.TextsqlTrainingArguments",
         "__main__.TextsqlTrainingArguments",

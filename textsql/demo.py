@@ -7,21 +7,23 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from textsql.errors import TextsqlError
+from textsql.arguments.decoding import execution_guided
+from textsql.arguments.demo import DEMO_FAMILIES, DEMO_MODEL_FAMILIES, DemoArguments
+from textsql.arguments.infer import InferArguments
+from textsql.arguments.prep import PrepArguments
+from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.evaluate import load_scoring_set, score_predictions
-from textsql.families import AUTO, best_setting, best_settings_help, family_named
-from textsql.infer import InferArguments, run_inference
-from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, METADATA_FILE, in_project
-from textsql.prep import PrepArguments, load_prepared, prepare_dataset
-from textsql.spec.decoding import AUTO_DECODING_HELP, DECODING_CHOICES, execution_guided
-from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
+from textsql.families import AUTO, best_setting, family_named
+from textsql.infer import run_inference
+from textsql.paths import DEMO_RUNS_DIR, METADATA_FILE
+from textsql.prep import load_prepared, prepare_dataset
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.estimate import TrainingTimer
 from textsql.train.run import train
-from textsql.wikisql.format import SOURCE_FORMATS, render_sql
+from textsql.wikisql.format import render_sql
 from textsql.wikisql.release import read_jsonl
 from textsql.wikisql.synthetic import generate_wikisql
 
@@ -32,76 +34,6 @@ DEMO_ACCURACY_NOTE = (
     "whatever the data size or format); fine-tune a pretrained model (t5-small or larger, Qwen2.5-0.5B or larger: "
     "recipes/) on a GPU for real scores."
 )
-# The demo's two roads: folder of the tiny model (and of its run), what people call it, the prepared data's folder prefix.
-DEMO_FAMILIES = {
-    "t5": (DEMO_MODEL_DIRS["t5"], "tiny T5", "data"),
-    "causal": (DEMO_MODEL_DIRS["causal"], "tiny causal LM (Qwen2-shaped, byte-level BPE)", "data-causal"),
-}
-DEMO_MODEL_FAMILIES = {"t5": "t5", "causal": "qwen2"}  # the registry's family of each demo's tiny model
-
-
-@dataclass
-class DemoArguments:
-    """What the demo builds and how long it trains."""
-
-    workdir: str = field(default=DEMO_DIR, metadata={"help": "Everything the demo writes goes under this folder."})
-    deepspeed: str = field(
-        default="zero2",
-        metadata={"help": "Shipped strategy (zero1, zero2, zero3_offload), a dsconfig file, or 'none'."},
-    )
-    family: str = field(
-        default="t5",
-        metadata={
-            "help": "t5 (a tiny T5: an encoder reads the question, a decoder writes the SQL) or causal (a tiny "
-            "decoder-only LM shaped like Qwen2, its byte-level BPE tokenizer trained here, reads a prompt and continues "
-            "it with the SQL)."
-        },
-    )
-    train_tables: int = field(
-        default=300, metadata={"help": "Generated training tables (validation and test get a fifth each)."}
-    )
-    questions_per_table: int = field(default=10, metadata={"help": "Generated questions per table."})
-    epochs: float = field(default=8.0, metadata={"help": "Training epochs (about 1500 steps with the defaults)."})
-    batch_size: int = field(
-        default=16,
-        metadata={"help": "Per-device training batch size (small: a tiny model learns from the number of updates)."},
-    )
-    d_model: int = field(default=128, metadata={"help": "Width of the tiny model."})
-    num_layers: int = field(
-        default=2,
-        metadata={
-            "help": "Layers of the tiny model: the T5's encoder and decoder each, the causal LM's decoder (about the "
-            "same training time)."
-        },
-    )
-    seed: int = field(default=0, metadata={"help": "Seed for the generator and the model."})
-    source_format: str = field(
-        default=AUTO,
-        metadata={
-            "help": f"What the model reads: {best_settings_help('source_format')}; question (the walkthrough's), "
-            "question+header, or question+header+values (see textsql prep)."
-        },
-    )
-    decoding: str = field(
-        default=AUTO,
-        metadata={
-            "help": f"How the test split is decoded: {AUTO_DECODING_HELP}; greedy, execution_guided (4 beams), "
-            "constrained (greedy, only queries over the table) or constrained+execution_guided (4 beams); see textsql "
-            "infer --decoding."
-        },
-    )
-
-    def __post_init__(self):
-        self.workdir = in_project(self.workdir)
-        if self.family not in DEMO_FAMILIES:
-            raise TextsqlError(f"--family is one of {', '.join(DEMO_FAMILIES)}, not '{self.family}'.")
-        if self.source_format not in (AUTO, *SOURCE_FORMATS) or self.decoding not in DECODING_CHOICES:
-            raise TextsqlError(
-                f"--source_format is one of {', '.join((AUTO, *SOURCE_FORMATS))} and --decoding one of "
-                f"{', '.join(DECODING_CHOICES)}."
-            )
-        if self.train_tables < 5 or self.questions_per_table < 1 or self.epochs <= 0 or self.batch_size < 1:
-            raise TextsqlError("Demo sizes must be positive (and at least 5 training tables).")
 
 
 def release_records(folder: Path) -> tuple[list[dict], list[dict]]:

@@ -7,10 +7,10 @@ import json
 import warnings
 from dataclasses import dataclass
 
+from textsql.arguments.decoding import constrained, execution_guided
 from textsql.errors import TextsqlError
 from textsql.families import ensure_pad_token, family_of, pad_token_id
 from textsql.prep import load_prepared, load_tables, model_source
-from textsql.spec.decoding import constrained, execution_guided
 from textsql.wikisql.constrained import QueryGrammar, vocabulary_of
 from textsql.wikisql.sql import aggregate_metrics, exact_match, executes_plausibly, score_prediction
 

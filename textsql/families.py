@@ -12,7 +12,7 @@ ALL_LINEAR = "all-linear"  # peft's every nn.Linear (and GPT-2's Conv1D) but the
 
 # The settings "auto" stands for (prep's --source_format, infer's --decoding, train's --execution_accuracy_decoding,
 # the demo's): the best a family was measured with (best_settings). The spellings are textsql.wikisql.format's and
-# textsql.spec.decoding's (a test checks them against those lists; this module sits below both).
+# textsql.arguments.decoding's (a test checks them against those lists; this module sits below both).
 AUTO = "auto"
 WALKTHROUGH_FORMAT = "question"  # the original walkthrough's: the question alone
 VALUES_FORMAT = "question+header+values"
@@ -215,7 +215,7 @@ def tied_embeddings(config) -> bool:
 
 
 def lora_target_modules(family: Family, preset: str):
-    """peft's target_modules for a LoRA preset (textsql.spec.lora.LoraArguments.lora_targets) on this family."""
+    """peft's target_modules for a LoRA preset (textsql.arguments.lora.LoraArguments.lora_targets) on this family."""
     if preset not in family.lora_targets:
         raise TextsqlError(f"--lora_targets must be one of {', '.join(LORA_PRESETS)}, not '{preset}'.")
     return family.lora_targets[preset]

@@ -7,13 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from textsql.adapters import (
-    MergeArguments,
-    load_adapter_model,
-    merge_adapter,
-    quantized_base,
-    read_adapter_record,
-)
+from textsql.adapters import load_adapter_model, merge_adapter, quantized_base, read_adapter_record
+from textsql.arguments.merge import MergeArguments
 from textsql.errors import TextsqlError
 from textsql.evaluate import load_scoring_set, pick_device
 from textsql.paths import MERGE_RECORD_FILE, SUMMARY_FILE

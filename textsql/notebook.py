@@ -7,11 +7,12 @@ import sys
 import warnings
 from pathlib import Path
 
+from textsql.arguments.import_model import PACKAGED_MODELS
 from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
 from textsql.families import AUTO
 from textsql.hub import load_config
-from textsql.model_import import PACKAGED_MODELS, imported_model_dir
+from textsql.model_import import imported_model_dir
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, SUMMARY_FILE, in_project
 from textsql.prep import fine_tuned_settings
 

@@ -1,4 +1,4 @@
-"""The GRPO stage's SQL rewards (its flags: textsql.spec.grpo), Arctic-Text2SQL-R1's 1/0.1/0: 1 for a completion whose
+"""The GRPO stage's SQL rewards (its flags: textsql.arguments.grpo), Arctic-Text2SQL-R1's 1/0.1/0: 1 for a completion whose
 result on its question's table is the gold query's (execution, the main signal), a small bonus for a wrong one that
 still parses, executes and stops cleanly (executes), 0 otherwise, scored by WikiSQL's own parser and executor
 (textsql.wikisql.sql)."""
@@ -9,7 +9,7 @@ import json
 import logging
 from functools import lru_cache
 
-from textsql.spec.grpo import REWARDS
+from textsql.arguments.grpo import REWARDS
 from textsql.wikisql.sql import score_prediction
 
 logger = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from textsql.arguments.tracking import TRACKING_URI_ENV, wanted
 from textsql.errors import TextsqlError
 from textsql.extras import require_mlflow_extra
 from textsql.paths import (
@@ -25,7 +26,6 @@ from textsql.paths import (
 )
 from textsql.redaction import is_secret
 from textsql.run_summary import GIB, RunSummary
-from textsql.spec.tracking import TRACKING_URI_ENV, wanted
 
 logger = logging.getLogger("textsql.tracking")
 
@@ -254,39 +254,6 @@ def for_training(
         artifact_location=local_artifacts(uri, training.runs_root),
         parent_run_id=training.mlflow_parent_run_id,
     )
-
-
-def attach(trainer, tracking: Tracking | None) -> None:
-    """transformers' MLflow callback (the curves, rank 0) in the Trainer on textsql's run, in place of the one
-    --report_to mlflow gave it (which would log every field and end the run before the final evaluation)."""
-    from transformers.integrations.integration_utils import MLflowCallback
-
-    trainer.remove_callback(MLflowCallback)
-    if tracking is not None:
-        trainer.add_callback(_callback_class()(tracking))
-
-
-def _callback_class():
-    from transformers.integrations.integration_utils import MLflowCallback
-
-    class TextsqlMLflowCallback(MLflowCallback):
-        """MLflowCallback's logging of every log line as metrics (rank 0), on the run `tracking` starts; the run ends
-        in Tracking.finish, after the final evaluation and the run summary."""
-
-        def __init__(self, tracking: Tracking):
-            super().__init__()
-            self.tracking = tracking
-
-        def setup(self, args, state, model):
-            self._log_artifacts, self._async_log = False, True
-            if state.is_world_process_zero:
-                self.tracking.start()
-            self._initialized = True
-
-        def on_train_end(self, args, state, control, **kwargs):
-            pass
-
-    return TextsqlMLflowCallback
 
 
 def end_failed_run() -> None:

@@ -46,7 +46,7 @@ def main(results: str, model: str, data: str, cases: list[str]) -> int:
     from accelerate.state import AcceleratorState
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.distributed import ensure_distributed_env, world_size
     from textsql.train.run import train
 

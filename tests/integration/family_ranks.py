@@ -21,8 +21,8 @@ from pathlib import Path
 import torch.distributed as dist
 from fsdp_ranks import reference_run, strategy_row
 
+from textsql.arguments.training import parse_arguments
 from textsql.hub import load_model
-from textsql.spec.training import parse_arguments
 from textsql.train.run import train
 
 FSDP_STRATEGY = "fsdp_full_shard"  # the unit is the family's; every strategy's own path is tested on T5 and qwen2

@@ -140,8 +140,8 @@ def test_two_ranks_with_zero3_offload_train_a_causal_lm_and_generate_together(
 ):
     """`deepspeed --num_gpus 2 --module textsql.train` on the CPU: ZeRO-3 partitions the tiny Qwen2 over two ranks,
     both generate together (synced, left-padded) for execution accuracy, and the saved model reloads whole."""
+    from textsql.arguments.training import parse_arguments
     from textsql.hub import load_model
-    from textsql.spec.training import parse_arguments
     from textsql.train.local_launch import run_training
 
     for key, value in cpu_env.items():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import child_cpu_env, tiny_train_argv
 
-from textsql.adapters import MergeArguments
+from textsql.arguments.merge import MergeArguments
 from textsql.checkpoints import verify_checkpoint
 from textsql.errors import TextsqlError
 
@@ -214,13 +214,15 @@ def test_every_command_that_loads_a_model_folder_refuses_a_planted_pickle_and_no
     import torch
     from safetensors.torch import load_file
 
+    from textsql.arguments.infer import InferArguments
+    from textsql.arguments.quantize import QuantizeArguments
+    from textsql.arguments.training import TextsqlTrainingArguments
     from textsql.hub import load_model
-    from textsql.infer import InferArguments, run_inference
+    from textsql.infer import run_inference
     from textsql.merge import merge_and_score
     from textsql.prep import load_prepared
-    from textsql.quantize import QuantizeArguments, quantize_model
+    from textsql.quantize import quantize_model
     from textsql.serve.compare import load_models
-    from textsql.spec.training import TextsqlTrainingArguments
     from textsql.train.grpo import policy_model
 
     data_dir, model_dir = assets

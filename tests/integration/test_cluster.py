@@ -42,7 +42,7 @@ UNKNOWN_SECRETS = {"TEXTSQL_DB_CONN": f"host=db.internal user=textsql password={
 def check_rank_arguments(rank: dict, argv: list[str]):
     """A rank trained with exactly the arguments of `argv` (parsed once, on the session), plus what the launch decided
     for every rank: the CPU, fp32 (the Trainer's own precision flags folded in) and the DeepSpeed file every pod reads."""
-    from textsql.spec.training import arguments_dict, parse_arguments
+    from textsql.arguments.training import arguments_dict, parse_arguments
 
     decided = {"accelerator": "cpu", "precision": "fp32", "bf16": False, "fp16": False}
     got, given = rank["arguments"], arguments_dict(*parse_arguments(argv))

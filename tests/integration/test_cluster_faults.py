@@ -699,7 +699,8 @@ def test_a_one_process_training_binds_torchs_store_to_127_0_0_1(assets, project)
 
 @pytest.mark.slow
 def test_tune_measures_a_candidate_on_two_pods_and_stops_one_past_its_limit(assets, project, clusters):
-    from textsql.tune import TuneArguments, run_tune
+    from textsql.arguments.tune import TuneArguments
+    from textsql.tune import run_tune
 
     data_dir, model_dir = assets
     cluster = clusters("local")

@@ -520,8 +520,8 @@ def test_resume_with_another_world_size_is_refused_naming_both_sizes():
 
 
 def test_the_planned_run_folder_is_the_one_train_writes(tmp_path):
+    from textsql.arguments.training import parse_arguments
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir
-    from textsql.spec.training import parse_arguments
 
     def planned(argv, world_size):
         model, _, training = parse_arguments(argv)

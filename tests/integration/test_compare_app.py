@@ -136,7 +136,7 @@ def causal_run(causal_assets, tmp_path_factory):
     run folder whose config says how it reads a question, so it answers a T5 dataset's questions beside the T5s."""
     import logging
 
-    from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
+    from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.train.run import train
 
     data_dir, model_dir = causal_assets
@@ -170,7 +170,8 @@ def causal_run(causal_assets, tmp_path_factory):
 def quantized_model(assets, tmp_path_factory):
     import torch
 
-    from textsql.quantize import QuantizeArguments, quantize_and_save
+    from textsql.arguments.quantize import QuantizeArguments
+    from textsql.quantize import quantize_and_save
 
     data_dir, model_dir = assets
     output = tmp_path_factory.mktemp("quantized") / "tiny-t5-torchao-int8"
@@ -322,7 +323,8 @@ def test_split_comparison_as_json(assets, lora_adapter, quantized_model, causal_
     assert [m["family"] for m in report["models"]] == ["t5", "t5", "t5", "qwen2"]
     assert len(report["questions"]) == 6 and set(report["questions"][0]["models"]) == {"base", "lora", "int8", "causal"}
     # the causal LM read its own prompt layout (question and columns) for the T5 dataset's questions
-    from textsql.serve.compare import CompareArguments, Comparison
+    from textsql.arguments.compare import CompareArguments
+    from textsql.serve.compare import Comparison
 
     comparison = Comparison(
         CompareArguments(models=[f"causal={causal_run}"], dataset_dir=str(data_dir), max_new_tokens=4)
@@ -339,8 +341,10 @@ def test_a_run_fine_tuned_on_another_source_format_reads_the_questions_as_it_lea
     """Issue 41: a run on the question alone (the causal demo's format before issue 54) beside runs on questions and
     columns, on one dataset: each
     model of the family reads the questions in the format it was fine-tuned on, where compare refused it before."""
-    from textsql.prep import PrepArguments, prepare_dataset
-    from textsql.serve.compare import CompareArguments, Comparison
+    from textsql.arguments.compare import CompareArguments
+    from textsql.arguments.prep import PrepArguments
+    from textsql.prep import prepare_dataset
+    from textsql.serve.compare import Comparison
 
     data_dir, model_dir = causal_assets
     questions_only = prepare_dataset(  # the walkthrough's format; causal_run learned on question+header

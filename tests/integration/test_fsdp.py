@@ -94,7 +94,7 @@ def gpus() -> int:
 )
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_trainer_shards_with_each_fsdp_strategy_on_two_gpus(assets, tmp_path, strategy, monkeypatch):
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.local_launch import run_training
 
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from textsql.arguments.quantize import QuantizeArguments
 from textsql.errors import TextsqlError
-from textsql.quantize import QuantizeArguments, load_for_inference, quantize_model
+from textsql.quantize import load_for_inference, quantize_model
 
 SMALL = {"max_examples": 8, "max_new_tokens": 16, "batch_size": 8, "device": "cpu", "calibration_samples": 16}
 

@@ -104,8 +104,8 @@ def test_success_rates_are_sampled_and_the_learnable_filter_keeps_0_lt_success_l
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from textsql.arguments.training import TextsqlTrainingArguments
     from textsql.errors import TextsqlError
-    from textsql.spec.training import TextsqlTrainingArguments
     from textsql.train.grpo import LEARNABLE_FILE, grpo_dataset, learnable_questions, success_rates
 
     data_dir, model_dir = causal_assets

@@ -157,11 +157,12 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     model refuses data in the other format."""
     from transformers import AutoTokenizer
 
+    from textsql.arguments.infer import InferArguments
+    from textsql.arguments.training import parse_arguments
     from textsql.errors import TextsqlError
     from textsql.evaluate import format_metrics
-    from textsql.infer import InferArguments, run_inference
+    from textsql.infer import run_inference
     from textsql.prep import load_tables
-    from textsql.spec.training import parse_arguments
     from textsql.train.run import train
     from textsql.wikisql.sql import executes_plausibly
 
@@ -255,7 +256,8 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
 @pytest.mark.slow
 def test_question_format_model_scores_with_execution_guided_decoding(trained_run, tmp_path):
     """The other half of the end-to-end pair: the question-format model (trained_run), scored with execution guidance."""
-    from textsql.infer import InferArguments, run_inference
+    from textsql.arguments.infer import InferArguments
+    from textsql.infer import run_inference
     from textsql.prep import load_tables
     from textsql.wikisql.sql import executes_plausibly
 

@@ -256,7 +256,7 @@ def test_untracked_runs_never_import_mlflow_and_the_offline_store_is_under_the_r
     unimported. --report_to mlflow without a server: a SQLite store and artifacts beside it, under the runs root."""
     code = (
         "import sys\n"
-        "from textsql.spec.training import parse_arguments\n"
+        "from textsql.arguments.training import parse_arguments\n"
         "from textsql.tracking import for_training, tracking_uri, local_artifacts\n"
         f"m, d, t = parse_arguments(['--model_id', {str(assets[1])!r}, '--runs_root', {str(tmp_path)!r}])\n"
         "assert for_training(t, {}, m.model_id, 't5', {}, 1, 'x') is None\n"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import tiny_train_argv
 
+from textsql.arguments.training import parse_arguments
 from textsql.cli import main
-from textsql.spec.training import parse_arguments
 from textsql.train.run import run_dir
 
 
@@ -87,7 +87,7 @@ def test_run_training_interrupted_like_a_notebook_stops_its_ranks_and_says_how_t
     argv = tiny_argv(assets, tmp_path / "runs")
     folder = tmp_path / run_dir(*[parse_arguments(argv)[i] for i in (0, 2)], 1)
     code = (
-        "import sys\nfrom textsql.train import run_training\nfrom textsql.spec.training import parse_arguments\n"
+        "import sys\nfrom textsql.train import run_training\nfrom textsql.arguments.training import parse_arguments\n"
         "from textsql.train.run import TrainingInterrupted\n"
         "try:\n    run_training(*parse_arguments(sys.argv[1:]), echo=lambda line: None)\n"
         "except TrainingInterrupted as error:\n    print('ONE LINE:', error)\n"
@@ -225,8 +225,8 @@ def test_a_flag_typo_is_answered_with_the_closest_flag_before_torch_is_imported(
 def test_every_flag_of_the_training_dataclasses_passes_the_quick_check():
     from dataclasses import fields
 
+    from textsql.arguments.training import LEGACY_FLAGS, DataArguments, ModelArguments, TextsqlTrainingArguments
     from textsql.cli.flags import check_flags, train_flags
-    from textsql.spec.training import LEGACY_FLAGS, DataArguments, ModelArguments, TextsqlTrainingArguments
 
     names = {
         f.name for kind in (ModelArguments, DataArguments, TextsqlTrainingArguments) for f in fields(kind) if f.init

@@ -212,7 +212,8 @@ def test_finetune_causal_lm_notebook_executes(causal_demo, trained_run, tmp_path
     for row in ("base ", "lora ", "merged ", "dynamic-int8 ", "qlora ", "qlora-merged ", "gptq-4bit ", "t5 "):
         assert f"\n{row}" in text, f"{row!r} is not a row of the comparison"
     assert "qwen2" in text and "Traceback" not in text
-    from textsql.serve.compare import CompareArguments, Comparison
+    from textsql.arguments.compare import CompareArguments
+    from textsql.serve.compare import Comparison
 
     untrained = f"untrained={tmp_path / 'textsql-demo' / 'tiny-qwen2'}"
     compared = Comparison(CompareArguments([untrained, f"lora={adapter}"], str(tmp_path / "data" / "notebook-causal")))

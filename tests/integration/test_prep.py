@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
+from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
-from textsql.prep import PrepArguments, load_prepared, prepare_dataset
+from textsql.prep import load_prepared, prepare_dataset
 
 NOTHING_LOST = {"examples": 0, "characters": {}, "column_names_recovered": {"examples": 0, "characters": {}}}
 
@@ -226,8 +227,8 @@ def test_the_default_source_format_is_the_best_measured_where_the_source_has_tab
     questions and SQL without tables (the values need them), which it says."""
     import csv
 
+    from textsql.arguments.decoding import DECODINGS
     from textsql.families import FAMILIES, VALUES_FORMAT, best_settings
-    from textsql.spec.decoding import DECODINGS
     from textsql.wikisql.format import SOURCE_FORMATS
 
     assert all(best_settings(f)["source_format"] in SOURCE_FORMATS for f in FAMILIES)

@@ -32,7 +32,7 @@ def test_every_quantizable_family_loads_quantized_and_trains_an_fp32_adapter(
     import torch
 
     from textsql.adapters import QUANTIZED_LAYER_TYPES, apply_lora, load_quantized_base
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     model = load_quantized_base(str(causal_family_models / model_type), quantize_base, "float32")
     layers = [n for n, m in model.named_modules() if type(m).__name__ == QUANTIZED_LAYER_TYPES[quantize_base]]

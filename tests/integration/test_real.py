@@ -8,7 +8,8 @@ import unicodedata
 
 import pytest
 
-from textsql.prep import PrepArguments, load_prepared, prepare_dataset
+from textsql.arguments.prep import PrepArguments
+from textsql.prep import load_prepared, prepare_dataset
 from textsql.wikisql.format import render_sql
 from textsql.wikisql.release import load_release_folder
 from textsql.wikisql.sql import execute_query, parse_sql, same_logical_form, score_prediction

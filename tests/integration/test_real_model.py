@@ -10,8 +10,9 @@ import zipfile
 import pytest
 from conftest import REAL_MODEL
 
+from textsql.arguments.import_model import PACKAGED_MODELS, ImportArguments
 from textsql.errors import TextsqlError
-from textsql.model_import import PACKAGED_MODELS, ImportArguments, gguf_from_wheel, resolve_source
+from textsql.model_import import gguf_from_wheel, resolve_source
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,8 @@ PACKAGE = PACKAGED_MODELS[REAL_MODEL]
 def real_data(real_files, real_model, tmp_path_factory):
     """The real release lines prepared for the real model (question+header prompts; a tenth of train's tables held out
     as validation, as the release slice has no dev split)."""
-    from textsql.prep import PrepArguments, prepare_dataset
+    from textsql.arguments.prep import PrepArguments
+    from textsql.prep import prepare_dataset
 
     return prepare_dataset(
         PrepArguments(

@@ -39,7 +39,7 @@ def names_in_docs() -> dict[str, set[str]]:
 
 def names_in_plan(textsql_in_process) -> set[str]:
     """The rows of `textsql plan`'s table, full fine-tuning and LoRA, read from its output."""
-    status, out, err = textsql_in_process(["plan", "--model", "t5-small", "--lora", "True"])
+    status, out, err = textsql_in_process(["plan", "--model_id", "t5-small", "--lora", "True"])
     assert status == 0, err
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("strategy ")) + 1
@@ -51,7 +51,7 @@ def names_in_plan(textsql_in_process) -> set[str]:
 
 def names_tune_tries() -> set[str]:
     """tune's default candidates on a CPU, on one GPU pod and on two."""
-    from textsql.tune import strategy_choices
+    from textsql.tune.space import strategy_choices
 
     return {name for where in (("cpu", 1), ("cuda", 1), ("cuda", 2)) for name in strategy_choices("", *where)}
 
@@ -213,7 +213,7 @@ def test_an_fsdp_name_given_to_deepspeed_says_which_flag_takes_it(assets, tmp_pa
 
 
 def test_plan_table_keeps_its_columns_on_the_longest_strategy_name(textsql_in_process):
-    status, out, _ = textsql_in_process(["plan", "--model", "t5-small", "--lora", "True"])
+    status, out, _ = textsql_in_process(["plan", "--model_id", "t5-small", "--lora", "True"])
     assert status == 0
     header = next(line for line in out.splitlines() if line.startswith("strategy "))
     rows = [line for line in out.splitlines() if re.match(r"(zero|fsdp|none)\S*\s+\d", line)]

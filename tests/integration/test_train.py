@@ -162,7 +162,7 @@ def test_tiny_t5_trains_under_every_strategy(assets, tmp_path, cpu_env, label, d
 @pytest.mark.slow
 def test_two_ranks_with_the_deepspeed_launcher_zero3(assets, tmp_path, cpu_env, monkeypatch):
     """`deepspeed --num_gpus 2 --module textsql.train`: both ranks train, their memory is gathered to rank 0."""
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.local_launch import run_training
 
     for key, value in cpu_env.items():
@@ -251,7 +251,7 @@ def test_interrupted_run_resumes_and_a_finished_one_is_kept(assets, tmp_path, cp
 def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch):
     import copy
 
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.run import set_up_run
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
@@ -285,8 +285,8 @@ def test_walkthrough_flag_names_and_booleans_parse(assets, tmp_path, monkeypatch
 
 
 def test_fp16_on_t5_is_refused_with_the_reason(assets, tmp_path):
+    from textsql.arguments.training import parse_arguments
     from textsql.errors import TextsqlError
-    from textsql.spec.training import parse_arguments
     from textsql.train.run import set_up_run
 
     model, _, training = parse_arguments(
@@ -351,8 +351,13 @@ def test_bad_input_gets_one_paragraph_and_no_traceback(
 
 
 def test_arguments_are_dataclasses_from_a_command_line_or_a_recipe_and_travel_as_one_json_object(assets, tmp_path):
+    from textsql.arguments.training import (
+        TextsqlTrainingArguments,
+        arguments_dict,
+        arguments_from_dict,
+        parse_arguments,
+    )
     from textsql.errors import TextsqlError
-    from textsql.spec.training import TextsqlTrainingArguments, arguments_dict, arguments_from_dict, parse_arguments
 
     data_dir, model_dir = assets
     argv = [

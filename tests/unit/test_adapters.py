@@ -6,8 +6,8 @@ import json
 import pytest
 
 from textsql.adapters import apply_lora, parameter_counts
+from textsql.arguments.lora import LoraArguments
 from textsql.errors import TextsqlError
-from textsql.spec.lora import LoraArguments
 
 
 def tiny_t5(vocab=300, grown=10, dropout=0.0):
@@ -86,7 +86,7 @@ def test_only_the_rows_of_the_added_characters_train_and_the_lm_head_follows_the
 
 
 def test_the_arguments_are_checked_and_travel_with_the_training_arguments(tmp_path):
-    from textsql.spec.training import arguments_dict, arguments_from_dict, parse_arguments
+    from textsql.arguments.training import arguments_dict, arguments_from_dict, parse_arguments
     from textsql.train.run import run_dir
 
     for argv, message in [

@@ -43,7 +43,7 @@ def test_only_takes_the_comparison_s_parts(capsys):
 def test_the_docs_commands_are_the_benchs_and_chain():
     """What a user types from docs/real-model.md is what bench/real_model.py measured: the same recipe files, the same
     scoring flags, the same prompt format; and every command reads the folder the one before wrote."""
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
 
     commands = documented_commands()
     import_, prep = commands[0], commands[1]
@@ -96,7 +96,7 @@ def test_grpo_bench_flags_are_textsql_s_and_its_variants_checked(capsys, tmp_pat
     variant's supervised run learns the questions before the ones GRPO starts from; two seeds at least."""
     from bench.grpo import GRPO, HEAD, SEEDS, VARIANTS
     from bench.grpo import main as grpo_main
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
 
     assert len(SEEDS) >= 2
     for name, (_, sft_flags, flags) in VARIANTS.items():

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
+from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
 from textsql.hub import load_tokenizer
-from textsql.prep import PrepArguments, load_prepared, prepare_dataset
+from textsql.prep import load_prepared, prepare_dataset
 from textsql.train.collate import CausalLMCollator
 from textsql.vocabulary import byte_level
 from textsql.wikisql.format import source_text

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
-from textsql.prep import PrepArguments, fitted_source, load_prepared, load_tables, prepare_dataset, table_values
+from textsql.prep import fitted_source, load_prepared, load_tables, prepare_dataset, table_values
 from textsql.wikisql.cells import FUZZY_RATIO, cell_matches, cell_text
 from textsql.wikisql.format import VALUES_FORMAT, source_text
 

@@ -21,7 +21,7 @@ USER_ERRORS = [
     ([], "a command is needed"),
     (["nosuch"], "unknown command 'nosuch'"),
     (["prep"], "the following arguments are required: --source"),
-    (["prep", "--source", "generate", "--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
+    (["prep", "--source", "generate", "--no_such_flag", "1"], "unrecognized argument --no_such_flag (`textsql prep"),
     (["prep", "--source", "generate", "--source_format", "bogus"], "--source_format must be one of"),
     (["infer"], "the following arguments are required: --model_dir"),
     (
@@ -38,15 +38,17 @@ USER_ERRORS = [
     (["check-config", "nope.json"], "'nope.json' is neither a JSON file nor a shipped strategy"),
     (["check-config", "bad.json"], "did you mean reduce_bucket_size?"),
     (["plan", "--nodes", "0"], "--nodes must be a whole number of at least 1"),
-    (["plan", "--bogus"], "unrecognized arguments: --bogus"),
-    (["plan", "--model", "t5-3B", "--nodes", "1"], "did you mean t5-3b?"),  # at once, not after the hub's retries
-    (["plan", "--model", "t5-smal"], "did you mean t5-small?"),
-    (["plan", "--dsconfig", "bad.json"], "did you mean reduce_bucket_size?"),
+    (["plan", "--bogus"], "unrecognized argument --bogus"),
+    (["plan", "--gpu_memry_gb", "40"], "did you mean --gpu_memory_gb?"),  # every command's typo answered early
+    (["tune", "--", "--learning_rte", "1e-3"], "did you mean --learning_rate?"),  # train's flags after --
+    (["plan", "--model_id", "t5-3B", "--nodes", "1"], "did you mean t5-3b?"),  # at once, not after the hub's retries
+    (["plan", "--model_id", "t5-smal"], "did you mean t5-small?"),
+    (["plan", "--deepspeed", "bad.json"], "did you mean reduce_bucket_size?"),
     (["report", "--runs_root", "no-runs"], "The runs root 'no-runs' does not exist"),
     (["report", "--bogus"], "unrecognized arguments: --bogus"),
     (["tensorboard", "--port", "x"], "argument --port: invalid int value: 'x'"),
     (["demo", "--source_format", "bogus"], "--source_format is one of"),
-    (["demo", "--bogus"], "unrecognized arguments: --bogus"),
+    (["demo", "--bogus"], "unrecognized argument --bogus"),
     (["cluster", "check-hostfile"], "usage: textsql cluster check-hostfile HOSTFILE"),
     (["cluster", "check-hostfile", "no-hostfile"], "Hostfile no-hostfile does not exist"),
     (["cluster", "launch", "--hostfile", "h"], "Hostfile h does not exist"),

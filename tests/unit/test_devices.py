@@ -153,7 +153,7 @@ def test_peak_table_tells_sxm_from_pcie_and_nvl_and_fp32_runs_use_their_own_peak
 
 def plan_for(devices, assets, tmp_path, monkeypatch, *trainer_flags, **run):
     """train.set_up_run for this model on these devices; `run` are TextsqlTrainingArguments fields (precision, accelerator)."""
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.run import set_up_run
 
     monkeypatch.setenv("DS_ACCELERATOR", "")  # set_up_run decides it; monkeypatch puts the old value back
@@ -243,7 +243,7 @@ def test_a_process_that_sees_several_gpus_trains_on_one(caplog):
 
 
 def test_textsql_train_starts_ranks_only_when_it_is_not_one(monkeypatch):
-    from textsql.spec.training import TextsqlTrainingArguments
+    from textsql.arguments.training import TextsqlTrainingArguments
     from textsql.train.local_launch import STARTED_BY_TEXTSQL, launches_ranks
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -264,3 +264,44 @@ def test_textsql_train_starts_ranks_only_when_it_is_not_one(monkeypatch):
     monkeypatch.delenv(STARTED_BY_TEXTSQL)
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert launches_ranks(TextsqlTrainingArguments(), four) == 0  # already a rank
+
+
+# --------------------------------------------------------------------------- one decision for train, a cluster and tune
+
+
+@pytest.mark.parametrize(
+    "devices,flags",
+    [
+        (node(A100_40GB, 2), []),
+        (node(A100_40GB, 2), ["--bf16", "True"]),  # the Trainer's own flag
+        (node(A100_40GB, 2), ["--precision", "fp16", "--force_fp16", "True"]),  # fp16 on T5, asked for
+        (node(A100_40GB, 2), ["--precision", "fp32"]),
+        (node(A100_40GB, 2), ["--accelerator", "cpu"]),
+        (node(V100, 1), []),
+        (NO_GPU, []),
+    ],
+)
+def test_train_a_cluster_and_tune_decide_device_ranks_and_precision_alike(
+    assets, tmp_path, monkeypatch, devices, flags
+):
+    """The same flags on the same pod: textsql train's set_up_run, a cluster's plan_launch and tune's candidates get
+    one answer (strategy.devices.resolve_run_devices); tune once skipped --bf16/--fp16 and --force_fp16."""
+    from textsql.arguments.training import parse_arguments
+    from textsql.arguments.tune import TuneArguments
+    from textsql.cluster.launch import plan_launch
+    from textsql.tune import tune_devices
+
+    train = plan_for(devices, assets, tmp_path, monkeypatch, *flags)
+    argv = ["--model_id", str(assets[1]), "--output_dir", str(tmp_path / "cluster-run"), *flags]
+    cluster = plan_launch(argv, ranks=[None], devices=devices, workdir=tmp_path, log_root=tmp_path / "l", env={})
+    _, _, training = parse_arguments(argv)
+    tune = tune_devices(TuneArguments(model_id=str(assets[1]), accelerator=training.accelerator), training, devices)
+    answers = {
+        (train.accelerator, train.precision),
+        (cluster.accelerator, cluster.precision),
+        (tune.accelerator, tune.precision),
+    }
+    assert len(answers) == 1, answers
+    assert cluster.world_size == tune.ranks == (len(devices.gpus) if train.accelerator == "cuda" else 1)
+    if "--bf16" in flags or "fp16" in flags:
+        assert tune.precision.name == ("bf16" if "--bf16" in flags else "fp16")

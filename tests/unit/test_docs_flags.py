@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from textsql.arguments.plan import LEGACY_FLAGS as PLAN_LEGACY_FLAGS
 from textsql.cli import COMMANDS, main
 from textsql.cli.cluster import TRAINING_SUBCOMMANDS
 from textsql.cli.flags import train_flags
@@ -26,6 +27,7 @@ SHELL_SEPARATOR = re.compile(r"\s(?:&&|\|\||\||;|>)\s")
 FORWARDS_UNKNOWN_FLAGS = {"tensorboard"}
 # Flags a command reads before its parser sees the rest: textsql/cli/tune.py takes --json out.
 READ_BEFORE_PARSING = {"tune": {"--json"}}
+LEGACY_FLAGS = {"plan": PLAN_LEGACY_FLAGS}
 # Another program's flags that a doc names in a code span of their own (outside a line of that program). textsql's
 # flags are Python names, so a hyphenated flag there (pip's --find-links, torchrun's --rdzv-id) is never textsql's.
 OTHER_PROGRAMS = {"--nnodes": "torchrun's (docs/multi-pod.md)", "--dist": "pytest-xdist's (docs/testing.md)"}
@@ -73,7 +75,8 @@ def known_flags(command: str, subcommand: str = "") -> frozenset[str] | None:
         if subcommand in TRAINING_SUBCOMMANDS:
             return help_flags(["cluster", subcommand])
         return frozenset({"--help"}) if subcommand in ("", "check-hostfile") else None
-    return help_flags([command]) | READ_BEFORE_PARSING.get(command, set())
+    older = LEGACY_FLAGS.get(command, {})  # a command's older spellings still work (textsql.cli.parsing.renamed_flags)
+    return help_flags([command]) | READ_BEFORE_PARSING.get(command, set()) | set(older)
 
 
 @cache
@@ -133,7 +136,7 @@ def test_every_command_and_flag_a_doc_names_exists(doc):
 
 def test_a_doc_naming_a_command_or_flag_that_does_not_exist_fails():
     doc = (
-        "Run `textsql trian --max_steps 2`, `textsql plan --model t5-small` and `--no_such_flag`; DeepSpeed's own\n"
+        "Run `textsql trian --max_steps 2`, `textsql plan --model_id t5-small` and `--no_such_flag`; DeepSpeed's own\n"
         "`deepspeed --launcher pdsh` and pip's `--find-links` are theirs.\n\n"
         "```bash\n"
         "textsql plan --nodez 3 \\\n    --gpu_memory_gb 40   # --not_checked in a comment\n"

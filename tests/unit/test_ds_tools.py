@@ -20,7 +20,7 @@ from textsql.errors import TextsqlError
     ],
 )
 def test_what_a_tool_cannot_do_is_refused_before_anything_starts(argv, message):
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
 
     with pytest.raises(TextsqlError, match=message):
         parse_arguments(argv)
@@ -28,15 +28,15 @@ def test_what_a_tool_cannot_do_is_refused_before_anything_starts(argv, message):
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
 def test_wandb_is_refused_when_not_installed_naming_the_fix():
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
 
     with pytest.raises(TextsqlError, match=r"pip install wandb.*wandb login"):
         parse_arguments(["--deepspeed", "zero2", "--ds_monitor", "csv,wandb"])
 
 
 def test_the_flags_travel_and_reach_the_runs_deepspeed_config(assets, tmp_path):
+    from textsql.arguments.training import arguments_dict, arguments_from_dict, parse_arguments
     from textsql.cli.flags import train_flags
-    from textsql.spec.training import arguments_dict, arguments_from_dict, parse_arguments
     from textsql.train.run import set_up_run
 
     assert {"flops_profiler", "ds_monitor", "comms_logger"} <= train_flags()  # known before torch loads

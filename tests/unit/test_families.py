@@ -52,7 +52,7 @@ def test_causal_family_on_a_tiny_random_model(model_type, causal_tokenizer):
     import torch
 
     from textsql.adapters import adapted_modules, apply_lora
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     model = build_tiny_causal(causal_tokenizer, model_type, hidden_size=32, num_layers=1, num_heads=4)
     family = family_of(model.config)

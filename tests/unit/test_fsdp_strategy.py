@@ -6,12 +6,13 @@ import warnings
 
 import pytest
 
+from textsql.arguments.plan import PlanArguments
+from textsql.arguments.training import parse_arguments
 from textsql.cli.check_config import check_config_cli
 from textsql.errors import TextsqlError
 from textsql.planner.phases import fsdp_units
-from textsql.planner.recommend import PlanArguments, plan_memory
+from textsql.planner.recommend import plan_memory
 from textsql.planner.shape import resolve_model
-from textsql.spec.training import parse_arguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.strategy.fsdpconfig import (
     FsdpConfigWarning,
@@ -191,7 +192,7 @@ def test_hybrid_sizes_and_synced_generation():
 
 
 def test_planner_predicts_fsdp_rows_sharded_in_fp32():
-    plan = plan_memory(PlanArguments(model="t5-large", gpus_per_node=4, precision="bf16"))
+    plan = plan_memory(PlanArguments(model_id="t5-large", gpus_per_node=4, precision="bf16"))
     rows = plan["strategies"]
     assert set(FSDP_STRATEGIES) <= set(rows)
     P = plan["model"]["parameters"]
@@ -204,7 +205,7 @@ def test_planner_predicts_fsdp_rows_sharded_in_fp32():
     assert rows["fsdp_full_shard_offload"]["cpu_per_node_bytes"] > full["cpu_per_node_bytes"]
     # on one pod hybrid sharding is full sharding; across pods it shards over one pod's GPUs only
     assert rows["fsdp_hybrid_shard"]["gpu_total_bytes"] == full["gpu_total_bytes"]
-    two_pods = plan_memory(PlanArguments(model="t5-large", nodes=2, gpus_per_node=4))["strategies"]
+    two_pods = plan_memory(PlanArguments(model_id="t5-large", nodes=2, gpus_per_node=4))["strategies"]
     assert two_pods["fsdp_hybrid_shard"]["gpu_total_bytes"] > two_pods["fsdp_full_shard"]["gpu_total_bytes"]
     units = fsdp_units(resolve_model("t5-small"))
     assert units["embeddings"] >= 32128 * 512  # the tied embedding unit

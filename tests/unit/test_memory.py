@@ -11,6 +11,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")  # no GPU on the test machines; m
 
 import pytest
 
+from textsql.arguments.plan import NVME_GB_PER_S, PlanArguments
 from textsql.cli.plan import plan_cli
 from textsql.errors import TextsqlError
 from textsql.paths import PLANNER_SHAPES_DIR
@@ -20,11 +21,10 @@ from textsql.planner.activations import lora_activation_bytes
 from textsql.planner.check import compare_with_run
 from textsql.planner.display import format_plan, plot_plan
 from textsql.planner.phases import COMPONENTS, CUDA_CONTEXT_BYTES, PHASES, generation_bytes, predict_strategy
-from textsql.planner.recommend import PlanArguments, _fits, _limits, plan_memory
+from textsql.planner.recommend import _fits, _limits, plan_memory
 from textsql.planner.shape import GIB, resolve_model
 from textsql.planner.states import (
     NVME_DEFAULTS,
-    NVME_GB_PER_S,
     Setup,
     lora_layers,
     lora_model_states,
@@ -108,7 +108,7 @@ def test_plan_builds_a_shape_once_then_reads_it_from_the_user_cache_without_torc
 ):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(shape_module, "_SHAPES", {})  # what this process built already: the test starts from nothing
-    argv = ["plan", "--model", "t5-small", "--lora", "--json"]
+    argv = ["plan", "--model_id", "t5-small", "--lora", "--json"]
     status, built, _ = textsql_in_process(argv)
     records = list((tmp_path / "textsql" / PLANNER_SHAPES_DIR).glob("*.json"))
     assert status == 0 and len(records) == 1, records
@@ -194,7 +194,7 @@ def test_plan_model_states_equal_estimator_and_design_figure():
     """DESIGN.md section 5: t5-3b on 8 GPUs, ZeRO-3 without offload, 6.10 GB per GPU of model states."""
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
-    result = plan(model="t5-3b", gpus_per_node=8, precision="bf16")
+    result = plan(model_id="t5-3b", gpus_per_node=8, precision="bf16")
     row = result["strategies"]["zero3"]
     shape = resolve_model("t5-3b")
     _, gpu, _ = estimate_zero3_model_states_mem_needs(
@@ -223,14 +223,14 @@ def walkthrough_ratios(tmp_path, checkpointing):
     rows = []
     for model, strategy, pods, measured in WALKTHROUGH:
         result = plan(
-            model=model,
+            model_id=model,
             nodes=pods,
             precision="fp32",
             per_device_train_batch_size=32,
             max_source_length=96,
             max_target_length=96,
-            gradient_checkpointing=checkpointing,
-            dsconfig=zero1,
+            activation_checkpointing=checkpointing,
+            deepspeed=zero1,
         )
         predicted = result["strategies"][strategy]["gpu_total_gb"]
         rows.append((model, strategy, pods, measured, predicted, predicted / measured))
@@ -268,8 +268,8 @@ def test_dsconfig_bucket_sizes_change_the_bucket_term(tmp_path):
             "zero_optimization": {"stage": stage, "reduce_bucket_size": size, **extra},
         }
 
-    big = plan(model="t5-small", dsconfig=write_json(tmp_path / "big.json", zero(2, 5e8, overlap_comm=True)))
-    small = plan(model="t5-small", dsconfig=write_json(tmp_path / "small.json", zero(2, 5e7, overlap_comm=True)))
+    big = plan(model_id="t5-small", deepspeed=write_json(tmp_path / "big.json", zero(2, 5e8, overlap_comm=True)))
+    small = plan(model_id="t5-small", deepspeed=write_json(tmp_path / "small.json", zero(2, 5e7, overlap_comm=True)))
     # bf16. Stage 1/2 with overlap_comm: two reduce buffers. Stage 3: the reduce bucket and reduce_scatter_coalesced's
     # concatenated copy of it.
     for strategy, buffers in (("zero1", 2), ("zero2", 2), ("zero3", 2)):
@@ -282,7 +282,7 @@ def test_dsconfig_bucket_sizes_change_the_bucket_term(tmp_path):
 
 
 def test_shipped_settings_use_the_trainers_auto_fill():
-    result = plan(model="t5-large")  # no dsconfig: the shipped files, reduce_bucket_size "auto" = d_model**2
+    result = plan(model_id="t5-large")  # no dsconfig: the shipped files, reduce_bucket_size "auto" = d_model**2
     assert result["strategies"]["zero1"]["buckets_detail"]["reduce"] == 1024 * 1024 * 2
     assert result["strategies"]["zero2"]["buckets_detail"]["reduce"] == 2 * 1024 * 1024 * 2  # overlap_comm true
     assert result["strategies"]["zero3"]["zero3_residency"]["settings"]["stage3_prefetch_bucket_size"] == int(
@@ -294,7 +294,7 @@ def test_shipped_settings_use_the_trainers_auto_fill():
 
 
 def test_shipped_dsconfig_name_is_accepted():
-    result = plan(model="t5-small", dsconfig="zero3_offload")
+    result = plan(model_id="t5-small", deepspeed="zero3_offload")
     assert result["dsconfig_strategy"] == "zero3_offload"
 
 
@@ -408,8 +408,8 @@ def test_zero3_offload_row_holds_gathered_parameters_in_the_training_dtype(tmp_p
     """ZeRO-3 + offload: DeepSpeed's model-states estimate is 4 x the largest layer; the prediction adds what the
     coordinator keeps gathered, 2 bytes per element in bf16 and 4 in fp32."""
     shape = resolve_model("t5-3b")
-    bf16 = plan(model="t5-3b", dsconfig="zero3_offload", precision="bf16")["strategies"]["zero3_offload"]
-    fp32 = plan(model="t5-3b", dsconfig="zero3_offload", precision="fp32")["strategies"]["zero3_offload"]
+    bf16 = plan(model_id="t5-3b", deepspeed="zero3_offload", precision="bf16")["strategies"]["zero3_offload"]
+    fp32 = plan(model_id="t5-3b", deepspeed="zero3_offload", precision="fp32")["strategies"]["zero3_offload"]
     assert bf16["model_states_bytes"] == 4 * shape.largest_layer_parameters  # the estimator, unchanged
     gathered = bf16["zero3_residency"]["gathered"]
     assert gathered > 10**9 * 0.99  # stage3_max_live_parameters 1e9 in the shipped file
@@ -429,15 +429,15 @@ def test_zero3_offload_row_holds_gathered_parameters_in_the_training_dtype(tmp_p
             },
         },
     )
-    lean = plan(model="t5-3b", dsconfig=smaller)["strategies"]["zero3_offload"]
+    lean = plan(model_id="t5-3b", deepspeed=smaller)["strategies"]["zero3_offload"]
     assert lean["gpu_bytes"]["weight_copies"] < bf16["gpu_bytes"]["weight_copies"] / 4
 
 
 def test_autocast_keeps_a_16_bit_copy_of_each_matmul_weight():
     shape = resolve_model("t5-large")
     assert 0.9 * shape.parameters < shape.matmul_parameters <= shape.parameters  # all but norms and position biases
-    bf16 = plan(model="t5-large", precision="bf16")["strategies"]
-    fp32 = plan(model="t5-large", precision="fp32")["strategies"]
+    bf16 = plan(model_id="t5-large", precision="bf16")["strategies"]
+    fp32 = plan(model_id="t5-large", precision="fp32")["strategies"]
     assert bf16["none"]["weight_copies_detail"] == {"autocast": 2 * shape.matmul_parameters}
     assert fp32["none"]["gpu_bytes"]["weight_copies"] == 0
     assert bf16["zero2"]["gpu_bytes"]["weight_copies"] == 0  # DeepSpeed trains the 16-bit weights themselves
@@ -449,13 +449,13 @@ def test_autocast_keeps_a_16_bit_copy_of_each_matmul_weight():
 
 
 def test_small_model_recommends_no_deepspeed():
-    result = plan(model="t5-small", gpu_memory_gb=40)
+    result = plan(model_id="t5-small", gpu_memory_gb=40)
     assert result["recommendation"]["strategy"] == "none"
     assert result["problem"] is None
 
 
 def test_big_model_recommends_an_offload_strategy():
-    result = plan(model="t5-3b", gpu_memory_gb=40, nodes=1, gpus_per_node=1, cpu_memory_gb=128)
+    result = plan(model_id="t5-3b", gpu_memory_gb=40, nodes=1, gpus_per_node=1, cpu_memory_gb=128)
     for name in ("none", "zero1", "zero2", "zero3"):
         assert not result["strategies"][name]["fits_with_margin"]
     assert result["recommendation"]["strategy"] in ("zero2_offload", "zero3_offload")
@@ -466,16 +466,16 @@ def test_zero3_is_preferred_to_offload_when_both_fit():
     # values over 24 decoder layers) make evaluation ZeRO-3's peak (40.2 GB, over the 36 GB allowed): the training
     # step alone is 33.5 GB. An evaluation batch of 8 brings the evaluation under the training step again.
     crowded = plan(
-        model="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, gradient_checkpointing=True, cpu_memory_gb=1000
+        model_id="t5-11b", gpu_memory_gb=40, nodes=1, gpus_per_node=8, activation_checkpointing=True, cpu_memory_gb=1000
     )
     assert crowded["strategies"]["zero3"]["peak_phase"] == "evaluation"
     assert not crowded["strategies"]["zero3"]["fits_with_margin"]
     result = plan(
-        model="t5-11b",
+        model_id="t5-11b",
         gpu_memory_gb=40,
         nodes=1,
         gpus_per_node=8,
-        gradient_checkpointing=True,
+        activation_checkpointing=True,
         per_device_eval_batch_size=8,
         cpu_memory_gb=1000,
     )
@@ -486,7 +486,7 @@ def test_zero3_is_preferred_to_offload_when_both_fit():
 
 
 def test_largest_batch_is_the_boundary():
-    args = PlanArguments(model="t5-large", gpu_memory_gb=40, precision="bf16")
+    args = PlanArguments(model_id="t5-large", gpu_memory_gb=40, precision="bf16")
     result = plan_memory(args)
     rec = result["recommendation"]
     largest = rec["largest_per_device_train_batch_size"]
@@ -501,8 +501,8 @@ def test_largest_batch_is_the_boundary():
 
 
 def test_host_memory_limit_rules_out_offload():
-    roomy = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=128)
-    cramped = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32)
+    roomy = plan(model_id="t5-3b", gpu_memory_gb=40, cpu_memory_gb=128)
+    cramped = plan(model_id="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32)
     assert roomy["recommendation"]["strategy"] == "zero2_offload"
     assert "its host peak in 90% of 128 GB host memory per pod" in roomy["recommendation"]["reason"]
     assert cramped["recommendation"] is None
@@ -516,19 +516,19 @@ def test_without_a_host_memory_a_worker_pods_default_is_assumed_and_said():
     from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 
     assert Cluster.memory == DEFAULT_POD_MEMORY_GB  # one fact: the cluster's worker pods and the planner agree
-    assumed = plan(model="t5-3b", gpu_memory_gb=40)
+    assumed = plan(model_id="t5-3b", gpu_memory_gb=40)
     assert assumed["inputs"]["cpu_memory_gb"] == DEFAULT_POD_MEMORY_GB and assumed["inputs"]["cpu_memory_assumed"]
     assert assumed["recommendation"] is None and assumed["strategies"]["zero2_offload"]["fits_gpu"]
     assert "but its host peak" in assumed["problem"] and "Pass --cpu_memory_gb" in assumed["problem"]
     assert f"{DEFAULT_POD_MEMORY_GB:g} GB host memory per pod (assumed" in assumed["problem"]
     text = format_plan(assumed, with_assumptions=False)
     assert f"{DEFAULT_POD_MEMORY_GB:g} GB host memory per pod (assumed: textsql's worker pods' default" in text
-    given = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=DEFAULT_POD_MEMORY_GB)
+    given = plan(model_id="t5-3b", gpu_memory_gb=40, cpu_memory_gb=DEFAULT_POD_MEMORY_GB)
     assert not given["inputs"]["cpu_memory_assumed"] and "(assumed" not in format_plan(given, with_assumptions=False)
 
 
 def test_format_and_plot(tmp_path):
-    result = plan(model="t5-small")
+    result = plan(model_id="t5-small")
     text = format_plan(result)
     for name in STRATEGIES:
         assert name in text
@@ -549,13 +549,13 @@ def test_format_and_plot(tmp_path):
 
 
 def test_cli_table_and_json(capsys):
-    assert plan_cli(["--model", "t5-small", "--gradient_checkpointing", "False"]) == 0
+    assert plan_cli(["--model_id", "t5-small", "--activation_checkpointing", "False"]) == 0
     out = capsys.readouterr().out
     assert "gradient checkpointing off" in out and "recommendation: none (no DeepSpeed" in out
     assert "assumptions:" not in out and "--assumptions`)" in out  # behind an option, one line says so
-    assert plan_cli(["--model", "t5-small", "--assumptions"]) == 0
+    assert plan_cli(["--model_id", "t5-small", "--assumptions"]) == 0
     assert "assumptions:" in capsys.readouterr().out
-    assert plan_cli(["--model", "t5-small", "--json"]) == 0
+    assert plan_cli(["--model_id", "t5-small", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data["strategies"]) == set(STRATEGIES)
     assert data["recommendation"]["strategy"] == "none"
@@ -728,7 +728,7 @@ def test_lora_trainable_parameters_are_r_times_in_plus_out_of_each_adapted_layer
     from transformers import T5Config, T5ForConditionalGeneration
 
     from textsql.adapters import apply_lora, parameter_counts
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     model = T5ForConditionalGeneration(
         T5Config(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=300)
@@ -783,7 +783,7 @@ def test_lora_activations_add_the_adapters_input_and_hidden_state_per_adapted_la
 def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_says_where_offload_saves():
     # t5-3b on one A100-40GB with 32 GB host memory: full fine-tuning fits nowhere (too big without offload, too
     # little host memory with it)
-    result = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16, lora=True)
+    result = plan(model_id="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16, lora=True)
     assert all(not row["fits_with_margin"] for row in result["strategies"].values())
     rec = result["recommendation"]
     assert rec["lora"] is True and result["problem"] is None
@@ -800,14 +800,14 @@ def test_plan_with_lora_recommends_it_where_full_fine_tuning_does_not_fit_and_sa
     text = format_plan(result)
     assert "with LoRA r=8 on qv" in text and "recommendation: LoRA under" in text and "LoRA with offload" in text
     # without --lora the plan is what it was
-    assert "lora" not in plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16)
+    assert "lora" not in plan(model_id="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16)
 
 
 def test_nvme_row_keeps_the_gpu_of_zero3_offload_and_puts_the_states_on_the_disk(tmp_path):
     """zero3_nvme: the GPU as zero3_offload; the disk (2 + 12) bytes per parameter per rank's share in bf16 (4 + 12
     in fp32); the host the swap buffers of the dsconfig; the traffic's seconds at the assumed bandwidth."""
     P = resolve_model("t5-3b").parameters
-    bf16 = plan(model="t5-3b", nodes=2, gpus_per_node=2, nvme_gb_per_s=4.0)
+    bf16 = plan(model_id="t5-3b", nodes=2, gpus_per_node=2, nvme_gb_per_s=4.0)
     nvme, offload = bf16["strategies"]["zero3_nvme"], bf16["strategies"]["zero3_offload"]
     assert nvme["gpu_bytes"] == offload["gpu_bytes"]
     assert nvme["cpu_per_node_bytes"] < offload["cpu_per_node_bytes"]  # swap buffers, not the states
@@ -816,7 +816,7 @@ def test_nvme_row_keeps_the_gpu_of_zero3_offload_and_puts_the_states_on_the_disk
     assert detail["traffic_per_step_bytes"] == pytest.approx((3 * 2 + 24) * P / 2, rel=1e-6)
     assert detail["seconds_per_step_at_least"] == pytest.approx(detail["traffic_per_step_bytes"] / (4 * GIB), abs=1e-3)
     assert detail["host_detail"]["param_swap_buffers"] == 2 * 5 * 100_000_000 * 2  # 2 ranks x buffer_count x size
-    fp32 = plan(model="t5-3b", nodes=2, gpus_per_node=2, precision="fp32")["strategies"]["zero3_nvme"]["nvme"]
+    fp32 = plan(model_id="t5-3b", nodes=2, gpus_per_node=2, precision="fp32")["strategies"]["zero3_nvme"]["nvme"]
     assert fp32["disk_bytes"] == pytest.approx((4 + 12) * P / 2, rel=1e-6) and fp32["gb_per_s"] == NVME_GB_PER_S
     smaller = write_json(
         tmp_path / "nvme.json",
@@ -829,7 +829,7 @@ def test_nvme_row_keeps_the_gpu_of_zero3_offload_and_puts_the_states_on_the_disk
             },
         },
     )
-    lean = plan(model="t5-3b", nodes=2, gpus_per_node=2, dsconfig=str(smaller))["strategies"]["zero3_nvme"]["nvme"]
+    lean = plan(model_id="t5-3b", nodes=2, gpus_per_node=2, deepspeed=str(smaller))["strategies"]["zero3_nvme"]["nvme"]
     assert lean["host_detail"]["param_swap_buffers"] == 2 * 3 * 10_000_000 * 2
     assert lean["host_detail"]["optimizer_swap_buffers"] == detail["host_detail"]["optimizer_swap_buffers"] // 2
     with pytest.raises(TextsqlError, match="--nvme_gb_per_s must be positive"):
@@ -848,12 +848,12 @@ def test_the_nvme_defaults_are_the_shipped_zero3_nvme_files():
 
 
 def test_nvme_is_recommended_only_where_the_host_holds_nothing_else_and_says_how_to_train_it():
-    result = plan(model="t5-11b", gpu_memory_gb=80, cpu_memory_gb=200, gradient_checkpointing=True)
+    result = plan(model_id="t5-11b", gpu_memory_gb=80, cpu_memory_gb=200, activation_checkpointing=True)
     rows = result["strategies"]
     assert not rows["zero3_offload"]["fits_with_margin"] and rows["zero3_offload"]["fits_cpu"] is False
     assert result["recommendation"]["strategy"] == "zero3_nvme"
     assert "textsql train --deepspeed zero3_nvme --nvme_path DIR" in format_plan(result)
-    roomy = plan(model="t5-11b", gpu_memory_gb=80, cpu_memory_gb=400, gradient_checkpointing=True)
+    roomy = plan(model_id="t5-11b", gpu_memory_gb=80, cpu_memory_gb=400, activation_checkpointing=True)
     assert roomy["recommendation"]["strategy"] != "zero3_nvme"  # the slowest: only where nothing else fits
 
 
@@ -946,9 +946,13 @@ def test_held_between_steps_frees_activations_and_pytorchs_gradients():
 def test_the_pods_peak_is_the_largest_phase_and_decides_the_recommendation():
     # t5-large, ZeRO-3 + offload, checkpointing on: the training step is 5.9 GB; evaluating 64 questions with 4 beams
     # holds 6.8 GB of caches, so evaluation sets the peak
-    quiet = plan(model="t5-large", precision="fp32", gradient_checkpointing=True)["strategies"]["zero3_offload"]
+    quiet = plan(model_id="t5-large", precision="fp32", activation_checkpointing=True)["strategies"]["zero3_offload"]
     busy = plan(
-        model="t5-large", precision="fp32", gradient_checkpointing=True, per_device_eval_batch_size=64, eval_num_beams=4
+        model_id="t5-large",
+        precision="fp32",
+        activation_checkpointing=True,
+        per_device_eval_batch_size=64,
+        execution_accuracy_num_beams=4,
     )["strategies"]["zero3_offload"]
     assert quiet["peak_phase"] == "training" and busy["peak_phase"] == "evaluation"
     for row in (quiet, busy):
@@ -957,7 +961,7 @@ def test_the_pods_peak_is_the_largest_phase_and_decides_the_recommendation():
     assert busy["training_gpu_total_bytes"] == quiet["training_gpu_total_bytes"] < busy["gpu_total_bytes"]
     # t5-3b on one A100-40GB with 82 GB host memory: zero2_offload's training step needs 66.7 GB of host memory and
     # its checkpoint 72.1 GB (within 90%: 73.8), but the final fp32 save's state dict brings it to 77.4 GB
-    result = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=82)
+    result = plan(model_id="t5-3b", gpu_memory_gb=40, cpu_memory_gb=82)
     row = result["strategies"]["zero2_offload"]
     assert row["training_cpu_per_node_bytes"] <= 0.9 * 82 * GIB < row["cpu_per_node_bytes"]
     assert row["cpu_peak_phase"] == "final_save" and not row["fits_with_margin"]
@@ -966,7 +970,11 @@ def test_the_pods_peak_is_the_largest_phase_and_decides_the_recommendation():
 
 def test_plan_output_names_the_phase_that_sets_each_peak():
     result = plan(
-        model="t5-large", precision="fp32", gradient_checkpointing=True, per_device_eval_batch_size=64, eval_num_beams=4
+        model_id="t5-large",
+        precision="fp32",
+        activation_checkpointing=True,
+        per_device_eval_batch_size=64,
+        execution_accuracy_num_beams=4,
     )
     text = format_plan(result, with_assumptions=False)
     assert "peak phase" in text and "host peak" in text
@@ -978,12 +986,12 @@ def test_plan_output_names_the_phase_that_sets_each_peak():
     assert line.rstrip().split()[-2] == result["strategies"]["zero3_offload"]["cpu_peak_phase"] == "checkpoint_save"
     recommended = result["recommendation"]["strategy"]
     assert f"peak in {result['strategies'][recommended]['peak_phase']}" in text.split("recommendation:")[1]
-    assert plan_cli(["--model", "t5-small", "--eval_num_beams", "0", "--json"]) == 0
+    assert plan_cli(["--model_id", "t5-small", "--execution_accuracy_num_beams", "0", "--json"]) == 0
 
 
 def test_eval_arguments_are_checked():
-    with pytest.raises(TextsqlError, match="--eval_num_beams must be 0"):
-        PlanArguments(eval_num_beams=-1)
+    with pytest.raises(TextsqlError, match="--execution_accuracy_num_beams must be 0"):
+        PlanArguments(execution_accuracy_num_beams=-1)
     with pytest.raises(TextsqlError, match="--per_device_eval_batch_size must be a whole number"):
         PlanArguments(per_device_eval_batch_size=0)
 
@@ -1021,10 +1029,12 @@ def test_a_runs_check_predicts_its_own_evaluation(tmp_path):
 
 def test_when_evaluation_sets_every_peak_the_message_names_the_evaluation_batch():
     # 4,096 questions x 16 beams of t5-large's caches fit under no strategy, whatever the training batch
-    result = plan(model="t5-large", gpu_memory_gb=40, per_device_eval_batch_size=4096, eval_num_beams=16)
+    result = plan(
+        model_id="t5-large", gpu_memory_gb=40, per_device_eval_batch_size=4096, execution_accuracy_num_beams=16
+    )
     assert result["recommendation"] is None
     assert all(row["peak_phase"] == "evaluation" for row in result["strategies"].values())
-    assert "--per_device_eval_batch_size" in result["problem"] and "--eval_num_beams" in result["problem"]
+    assert "--per_device_eval_batch_size" in result["problem"] and "--execution_accuracy_num_beams" in result["problem"]
 
 
 H200_CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "results" / "2026-11-26-h200.json"
@@ -1034,9 +1044,10 @@ H200_CHECK = Path(__file__).resolve().parents[2] / "bench" / "gpu" / "results" /
 def test_the_offload_rows_are_within_15_percent_of_the_gpu_check_s_measurements(strategy):
     """The GPU check's measured peak (torch's reserved bytes, t5-small's shape, bf16, batch 32, one H200) against the
     planner's prediction for that run: within 15% with what offload keeps on the GPU (states.offload_bytes), and a
-    third over without its transfer copies, clone and gradients awaiting their copy (the planner before them)."""
+    third over without its transfer copies, clone and gradients awaiting their copy (the planner before them); both
+    figures as states.OFFLOAD_CALIBRATION records them, and `textsql plan --assumptions` states the residual."""
     from textsql.planner.phases import ALLOCATOR_OVERHEAD_FRACTION
-    from textsql.planner.states import read_dsconfig
+    from textsql.planner.states import OFFLOAD_CALIBRATION, read_dsconfig
 
     runs = json.loads(H200_CHECK.read_text())["steps"]["strategies"]["result"]["full"]["runs"]
     run = next(r for r in runs if r["strategy"] == strategy)
@@ -1053,6 +1064,11 @@ def test_the_offload_rows_are_within_15_percent_of_the_gpu_check_s_measurements(
     added = sum(v for k, v in terms.items() if k not in ("reduce", "reduce_scatter", "offload_staging"))
     before = predicted - added * (1 + ALLOCATOR_OVERHEAD_FRACTION)
     assert measured / before > 1.25  # the under-prediction these terms remove
+    assert (round(measured / before, 2), round(measured / predicted, 2)) == OFFLOAD_CALIBRATION[strategy]
+    stated = format_plan(plan(model_id="t5-small", assumptions=True))
+    before_ratio, after_ratio = OFFLOAD_CALIBRATION[strategy]
+    assert f"{before_ratio:.2f} -> {after_ratio:.2f} ({strategy})" in " ".join(stated.split())
+    assert "The residual: these rows still under-predict that run by up to 10%" in " ".join(stated.split())
     # The gradients awaiting their copy are reserved, not needed: the allocator waits for the copies when short, so
     # whether a batch fits leaves them out
     assert row["reclaimable_bytes"] == int(terms["gradients_awaiting_copy"] * (1 + ALLOCATOR_OVERHEAD_FRACTION))
@@ -1063,17 +1079,33 @@ def test_the_recommended_command_is_whole_and_textsql_train_parses_it(tmp_path, 
     """The model, the dataset, the batch, the strategy (FSDP's flag where it is FSDP), the adapter, the precision."""
     import shlex
 
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
 
     monkeypatch.chdir(tmp_path)
-    full = plan(model="t5-small", gpu_memory_gb=24, dataset_dir="data/wikisql-t5")
+    full = plan(model_id="t5-small", gpu_memory_gb=24, dataset_dir="data/wikisql-t5")
     assert full["recommendation"]["command"] == (
         "textsql train --model_id t5-small --dataset_dir data/wikisql-t5 --per_device_train_batch_size 32 "
         "--precision bf16"
     )
     assert "command: textsql train --model_id t5-small" in format_plan(full)
-    lora = plan(model="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16, lora=True)
+    lora = plan(model_id="t5-3b", gpu_memory_gb=40, cpu_memory_gb=32, per_device_train_batch_size=16, lora=True)
     for command in (full["recommendation"]["command"], lora["recommendation"]["command"]):
         model, data, training = parse_arguments(shlex.split(command)[2:])
         assert model.model_id in command and data.dataset_dir in command
     assert training.lora and training.per_device_train_batch_size == 16
+
+
+def test_plan_takes_textsql_train_s_flag_names_and_still_reads_its_older_ones(capsys):
+    """--model, --dsconfig, --gradient_checkpointing and --eval_num_beams were textsql plan's own spellings: each still
+    plans the same and says the new name (textsql train's); precision's default is train's (auto: bf16 for a plan)."""
+    new = ["--model_id", "t5-small", "--deepspeed", "zero2", "--activation_checkpointing", "True"]
+    new += ["--execution_accuracy_num_beams", "2", "--json"]
+    assert plan_cli(new) == 0
+    by_new = json.loads(capsys.readouterr().out)
+    old = ["--model", "t5-small", "--dsconfig", "zero2", "--gradient_checkpointing", "True", "--eval_num_beams", "2"]
+    assert plan_cli([*old, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == by_new
+    for old_name, new_name in zip(old[::2], new[::2]):
+        assert f"textsql plan: {old_name} is now {new_name}" in captured.err
+    assert PlanArguments().precision == "bf16" and by_new["inputs"]["precision"] == "bf16"

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from textsql.arguments.plan import PlanArguments
 from textsql.errors import TextsqlError
 from textsql.families import family_named
 from textsql.paths import METADATA_FILE
@@ -16,7 +17,7 @@ from textsql.planner import causal
 from textsql.planner.check import compare_with_run
 from textsql.planner.display import format_plan
 from textsql.planner.phases import generation_bytes, predict
-from textsql.planner.recommend import PlanArguments, plan_memory
+from textsql.planner.recommend import plan_memory
 from textsql.planner.shape import GIB, ModelShape, resolve_model
 from textsql.planner.states import Setup, lora_layers, zero_settings
 from textsql.run_summary import read_summary
@@ -128,13 +129,13 @@ def test_logits_term_covers_prompt_and_sql_over_bloom_s_vocabulary():
 
 def plan(**overrides):
     values = dict(
-        model="Qwen/Qwen2.5-7B",
+        model_id="Qwen/Qwen2.5-7B",
         gpu_memory_gb=40,
         per_device_train_batch_size=4,
         per_device_eval_batch_size=4,
         max_source_length=160,
         max_target_length=64,
-        gradient_checkpointing=True,
+        activation_checkpointing=True,
         lora=True,
     )
     return plan_memory(PlanArguments(**(values | overrides)))
@@ -165,9 +166,9 @@ def test_qlora_is_named_where_lora_on_a_bf16_base_does_not_fit():
     int8 = plan(gpu_memory_gb=16, cpu_memory_gb=32, quantize_base="int8")["qlora"]["quantized_base"]
     assert int8["weights"] == base["weights"] and 1 < int8["quantized"] / base["weights"] < 1.01
     with pytest.raises(TextsqlError, match="needs --lora True"):
-        PlanArguments(model="Qwen/Qwen2.5-7B", quantize_base="nf4")
+        PlanArguments(model_id="Qwen/Qwen2.5-7B", quantize_base="nf4")
     # textsql train --quantize_base trains T5 too (tests/integration/test_qlora.py): the planner plans it alike
-    t5 = plan(model="t5-small", quantize_base="nf4")["qlora"]
+    t5 = plan(model_id="t5-small", quantize_base="nf4")["qlora"]
     t5_base = t5["quantized_base"]
     assert t5_base["weights"] > 0 and t5_base["total"] < 2 * (t5_base["weights"] + t5_base["other_parameters"])
 
@@ -176,7 +177,7 @@ def test_bloom_7b1_with_qlora_on_one_40_gb_gpu_is_not_sent_to_an_offload_its_pod
     """Issue 41: without --cpu_memory_gb the plan once recommended full fine-tuning under an offload strategy needing
     ~180 GB of host memory, unchecked. The host side is now checked against a worker pod's default, said as assumed:
     QLoRA is recommended; given a pod with that much host memory, the offload row is recommended again."""
-    values = dict(model="bigscience/bloom-7b1", gpu_memory_gb=40, per_device_train_batch_size=4)
+    values = dict(model_id="bigscience/bloom-7b1", gpu_memory_gb=40, per_device_train_batch_size=4)
     values |= dict(lora=True, quantize_base="nf4")
     assumed = plan_memory(PlanArguments(**values))
     offload = assumed["strategies"]["fsdp_full_shard_offload"]
@@ -250,7 +251,7 @@ def test_plan_cli_plans_gpt2_offline(monkeypatch, capsys):
     from textsql.cli.plan import plan_cli
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert plan_cli(["--model", "gpt2", "--per_device_train_batch_size", "8", "--json"]) == 0
+    assert plan_cli(["--model_id", "gpt2", "--per_device_train_batch_size", "8", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["model"]["parameters"] == 124_439_808 and found["model"]["causal"]["vocab"] == 50257
     assert found["recommendation"]["strategy"] == "none"

@@ -1,19 +1,27 @@
 """The training objectives' layout: one module per --stage, each with a build and a trainer class at module level, and
-no function under textsql/train longer than about a screen (the run reads top to bottom)."""
+no function in the package longer than about a screen (a run, a tune, a plan read top to bottom)."""
 
 import ast
 import inspect
 from importlib import import_module
 from pathlib import Path
 
-from textsql.spec.grpo import STAGES
+from textsql.arguments.grpo import STAGES
 from textsql.train.run import OBJECTIVES
 
-TRAIN = Path(__file__).resolve().parents[2] / "textsql" / "train"
-LONGEST = 100  # lines a function under textsql/train may take
-# Classes a function may define, each for its reason: logs loads before transformers may (its progress bar's class
-# needs transformers, which must come after textsql.extras has quieted the lifecycle packages).
-INNER_CLASSES = {"logs.py training_progress_only"}
+PACKAGE = Path(__file__).resolve().parents[2] / "textsql"
+LONGEST = 100  # lines a function in textsql may take
+# Classes a function may define, each for its reason: train/logs loads before transformers may (its progress bar's
+# class needs transformers, which must come after textsql.extras has quieted the lifecycle packages); cluster/rank's
+# recorder likewise, on a rank whose pod checks run first; the planner's ZeRO-3 trace hooks close over one trace's
+# state and need torch, which a cached `textsql plan` never imports.
+INNER_CLASSES = {
+    "train/logs.py training_progress_only",
+    "cluster/rank.py train",
+    "planner/zero3_trace.py record_module_trace",
+}
+# Functions still over the limit, each with where it is split: prep's in phases with the prompt/source module (#55, 3)
+LONG_FOR_NOW = {"prep.py prepare_dataset"}
 
 
 def test_every_stage_has_its_objective_module_with_a_build():
@@ -42,12 +50,13 @@ def functions(path: Path):
 
 def test_no_class_is_defined_inside_a_function_and_no_function_is_longer_than_a_screen():
     inner_classes, long = [], []
-    for path in sorted(TRAIN.glob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = path.relative_to(PACKAGE).as_posix()
         for function in functions(path):
-            where = f"{path.name}:{function.lineno} {function.name}"
+            where = f"{name}:{function.lineno} {function.name}"
             inner = any(isinstance(node, ast.ClassDef) for node in ast.walk(function))
-            if inner and f"{path.name} {function.name}" not in INNER_CLASSES:
+            if inner and f"{name} {function.name}" not in INNER_CLASSES:
                 inner_classes.append(where)
-            if function.end_lineno - function.lineno + 1 > LONGEST:
+            if function.end_lineno - function.lineno + 1 > LONGEST and f"{name} {function.name}" not in LONG_FOR_NOW:
                 long.append(f"{where} ({function.end_lineno - function.lineno + 1} lines)")
     assert inner_classes == [] and long == [], (inner_classes, long)

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from textsql.arguments.infer import InferArguments
+from textsql.arguments.prep import PrepArguments
+from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.errors import TextsqlError
-from textsql.infer import InferArguments
 from textsql.paths import PROJECT_DIR_VARIABLE, in_project, project_root
-from textsql.prep import PrepArguments, check_prepared
-from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
+from textsql.prep import check_prepared
 
 
 @pytest.fixture

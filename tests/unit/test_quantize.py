@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from textsql.arguments.quantize import METHODS, QuantizeArguments
 from textsql.errors import TextsqlError
-from textsql.quantize import METHODS, QuantizeArguments, check_method_device, load_for_inference, quantize_model
+from textsql.quantize import check_method_device, load_for_inference, quantize_model
 
 SMALL = {"max_examples": 8, "max_new_tokens": 16, "batch_size": 8, "device": "cpu"}
 
@@ -16,7 +17,8 @@ def quantized_layer(model) -> object:
 
 @pytest.mark.parametrize("method", ["torchao-int8", "dynamic-int8", "bnb-int8", "bnb-nf4"])
 def test_quantize_saves_safetensors_reloads_and_scores_like_infer(method, assets, tmp_path):
-    from textsql.infer import InferArguments, run_inference
+    from textsql.arguments.infer import InferArguments
+    from textsql.infer import run_inference
 
     data_dir, model_dir = assets
     output = tmp_path / method

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from textsql.arguments.prep import PrepArguments
+from textsql.arguments.training import parse_arguments
 from textsql.cli.parsing import parse_arguments as parse_command
 from textsql.families import LORA_PRESETS
-from textsql.prep import PrepArguments
-from textsql.spec.training import parse_arguments
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.train.run import set_up_run
 
@@ -75,7 +75,9 @@ def test_recipe_parses_and_sets_up_a_run(recipe, tmp_path, monkeypatch):
         assert training.output_dir == NAMED_RUN[recipe.name] and setup.output_dir == Path(training.output_dir)
     else:
         assert training.output_dir is None and setup.output_dir.parent == tmp_path / "runs"
-        assert ("-qlora-nf4-r16-" in setup.output_dir.name) == (training.quantize_base == "nf4")  # the run's name says it
+        assert ("-qlora-nf4-r16-" in setup.output_dir.name) == (
+            training.quantize_base == "nf4"
+        )  # the run's name says it
 
 
 def test_flags_after_a_recipe_override_its_keys_and_an_unknown_key_is_named(tmp_path, monkeypatch):

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from textsql.arguments.grpo import DEFAULT_REWARD_WEIGHTS, REWARDS, GrpoArguments, reward_weights
 from textsql.errors import TextsqlError
 from textsql.rewards import SqlRewards
-from textsql.spec.grpo import DEFAULT_REWARD_WEIGHTS, REWARDS, GrpoArguments, reward_weights
 from textsql.wikisql import sql as wikisql_sql
 
 TABLE = {
@@ -117,7 +117,7 @@ def test_reward_weights_are_parsed_and_checked():
 
 
 def test_the_schedule_defaults_to_constant_after_warm_up_for_grpo_only(tmp_path):
-    from textsql.spec.training import TextsqlTrainingArguments
+    from textsql.arguments.training import TextsqlTrainingArguments
 
     def args(**given):
         return TextsqlTrainingArguments(output_dir=str(tmp_path), **given)

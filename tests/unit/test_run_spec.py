@@ -1,4 +1,4 @@
-"""The run spec (textsql/spec/): one Setup for one run, whether `textsql plan`, tune or the run's own memory check
+"""The run spec (textsql/arguments/): one Setup for one run, whether `textsql plan`, tune or the run's own memory check
 builds it, and `textsql plan` taking textsql train's flags for what the planner models."""
 
 import json
@@ -6,16 +6,18 @@ from dataclasses import asdict, replace
 
 import pytest
 
+from textsql.arguments.plan import PlanArguments
+from textsql.arguments.training import arguments_dict, parse_arguments
+from textsql.arguments.tune import TuneArguments
 from textsql.cli.plan import plan_cli
 from textsql.errors import TextsqlError
 from textsql.planner.check import run_setup
 from textsql.planner.phases import predict_strategy
-from textsql.planner.recommend import PlanArguments, plan_setup
+from textsql.planner.recommend import plan_setup
 from textsql.planner.shape import resolve_model
 from textsql.planner.states import zero_settings
 from textsql.run_summary import RunSummary
-from textsql.spec.training import arguments_dict, parse_arguments
-from textsql.tune import TuneArguments, candidate_setup
+from textsql.tune.space import candidate_setup
 
 CAUSAL = "Qwen/Qwen2.5-0.5B"  # the planner's built-in table: nothing downloaded
 SOURCE, TARGET = 40, 24
@@ -34,16 +36,16 @@ def test_plan_tune_and_the_runs_memory_check_build_one_setup_for_one_run(tmp_pat
 
     planned = plan_setup(
         PlanArguments(
-            model=CAUSAL,
+            model_id=CAUSAL,
             lora=True,
             lora_rank=16,
             lora_targets="all",
             fused_loss="chunked",
             lora_base_dtype="bfloat16",
-            gradient_checkpointing=True,
+            activation_checkpointing=True,
             precision="bf16",
             per_device_eval_batch_size=8,
-            eval_num_beams=2,
+            execution_accuracy_num_beams=2,
             max_source_length=SOURCE,
             max_target_length=TARGET,
         ),
@@ -70,7 +72,7 @@ def test_plan_tune_and_the_runs_memory_check_build_one_setup_for_one_run(tmp_pat
 
 
 def plan_json(capsys, *flags) -> dict:
-    assert plan_cli(["--model", CAUSAL, "--gpu_memory_gb", "80", "--json", *flags]) == 0
+    assert plan_cli(["--model_id", CAUSAL, "--gpu_memory_gb", "80", "--json", *flags]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -79,7 +81,7 @@ def test_textsql_plan_takes_the_speed_levers_it_models(capsys):
     shape = resolve_model(CAUSAL)
     without = plan_json(capsys)["strategies"]["none"]
     chunked = plan_json(capsys, "--fused_loss", "chunked")
-    setup = plan_setup(PlanArguments(model=CAUSAL), zero_settings(None))
+    setup = plan_setup(PlanArguments(model_id=CAUSAL), zero_settings(None))
     predicted = predict_strategy(shape, replace(setup, fused_loss="chunked"), "none", 32)
     assert chunked["strategies"]["none"]["gpu_total_bytes"] == predicted["gpu_total_bytes"]
     assert chunked["strategies"]["none"]["gpu_total_bytes"] < without["gpu_total_bytes"]  # most logits never exist
@@ -95,8 +97,8 @@ def test_textsql_plan_takes_the_speed_levers_it_models(capsys):
 
 def test_textsql_plan_refuses_what_textsql_train_refuses():
     with pytest.raises(TextsqlError, match="--fused_loss must be one of"):
-        PlanArguments(model=CAUSAL, fused_loss="fused")
+        PlanArguments(model_id=CAUSAL, fused_loss="fused")
     with pytest.raises(TextsqlError, match="pass --lora True too"):
-        PlanArguments(model=CAUSAL, lora_base_dtype="bfloat16")
+        PlanArguments(model_id=CAUSAL, lora_base_dtype="bfloat16")
     with pytest.raises(TextsqlError, match="needs --precision bf16"):
-        PlanArguments(model=CAUSAL, lora=True, lora_base_dtype="bfloat16", precision="fp32")
+        PlanArguments(model_id=CAUSAL, lora=True, lora_base_dtype="bfloat16", precision="fp32")

@@ -7,13 +7,13 @@ import copy
 import pytest
 import torch
 
+from textsql.arguments.speed import SpeedArguments, speed_refusals
+from textsql.arguments.training import TextsqlTrainingArguments
 from textsql.errors import TextsqlError
 from textsql.families import family_named
 from textsql.hub import load_tokenizer
 from textsql.planner import causal as causal_planner
 from textsql.prep import load_prepared
-from textsql.spec.speed import SpeedArguments, speed_refusals
-from textsql.spec.training import TextsqlTrainingArguments
 from textsql.tiny import build_tiny_causal
 from textsql.train.collate import CausalLMCollator, CountTokens, PackedCausalLMCollator
 from textsql.train.speed import (
@@ -127,7 +127,7 @@ def test_the_loss_at_the_label_positions_is_the_full_loss_in_value_and_gradient(
 
 def test_lora_s_frozen_base_in_bf16_trains_its_fp32_adapter_close_to_the_fp32_base(tokenizer_and_features):
     from textsql.adapters import apply_lora
-    from textsql.spec.lora import LoraArguments
+    from textsql.arguments.lora import LoraArguments
 
     tokenizer, features = tokenizer_and_features
     batch = CausalLMCollator(tokenizer.pad_token_id)(features)

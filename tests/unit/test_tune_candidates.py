@@ -5,31 +5,23 @@ import json
 
 import pytest
 
+from textsql.arguments.training import arguments_dict, parse_arguments
+from textsql.arguments.tune import TuneArguments
 from textsql.errors import TextsqlError
-from textsql.spec.training import arguments_dict, parse_arguments
 from textsql.strategy.devices import NodeDevices
-from textsql.tune import (
+from textsql.tune.choose import choose_winner, repeat_rounds, summarize
+from textsql.tune.measure import failure_reason, failure_status, recipe_arguments, refused_here, timed_throughput
+from textsql.tune.report import TuneResult, format_table, recipe_values
+from textsql.tune.space import (
     Candidate,
-    TuneArguments,
-    TuneResult,
-    _refused_here,
     candidate_arguments,
-    choose_winner,
-    failure_reason,
-    failure_status,
-    format_table,
     lever_candidates,
     micro_batch_choices,
     plan_candidates,
-    read_results,
-    recipe_arguments,
-    recipe_values,
-    repeat_rounds,
     strategy_choices,
     strategy_values,
-    summarize,
-    timed_throughput,
 )
+from textsql.tune.store import read_results
 
 
 def test_micro_batches_keep_the_global_batch():
@@ -53,7 +45,7 @@ def test_strategies_that_apply_here():
 
 
 def test_fsdp_candidates_are_refused_on_the_cpu_with_the_reason():
-    kept, refused = _refused_here(
+    kept, refused = refused_here(
         [Candidate("none", 8, 1), Candidate("fsdp_full_shard", 8, 1)], "cpu", NodeDevices((), 2)
     )
     assert [c.key for c in kept] == ["none-mb8-acc1"]

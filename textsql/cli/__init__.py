@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from textsql.cli.flags import check_command_flags
 from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
 
@@ -56,6 +57,8 @@ COMMANDS = {
 
 def run_command(name: str, argv: list[str]) -> int:
     module, function = COMMANDS[name]
+    if name != "train":  # train checks its own (`python -m textsql.train` enters there)
+        check_command_flags(name, argv)  # a typo answered before the command's module imports torch
     return getattr(importlib.import_module(f"textsql.cli.{module}"), function)(argv)
 
 

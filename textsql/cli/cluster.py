@@ -136,7 +136,7 @@ def cluster_cli(argv: list[str]) -> int:
     args = _parser(command).parse_args(own)
     selection = _selection(args) if command in ("launch", "preflight") else None
     # The training arguments import torch and transformers: only now, so `--help` and check-hostfile answer at once.
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
 
     arguments = parse_arguments(train_argv)  # once: every node and rank gets these, as they are
     if command == "launch":

@@ -8,13 +8,12 @@ import os
 import sys
 from pathlib import Path
 
+from textsql.arguments.compare import DEFAULT_PORT, CompareArguments
 from textsql.cli.parsing import leading_values, parse_arguments
 from textsql.serve.compare import (
     DATASET_VARIABLE,
     DEFAULT_HOST,
-    DEFAULT_PORT,
     MODELS_VARIABLE,
-    CompareArguments,
     Comparison,
     format_split_comparison,
     serve_app,

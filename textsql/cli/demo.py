@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from textsql.arguments.demo import DemoArguments
 from textsql.cli.parsing import parse_arguments
-from textsql.demo import DEMO_ACCURACY_NOTE, DemoArguments, run_demo
+from textsql.demo import DEMO_ACCURACY_NOTE, run_demo
 from textsql.evaluate import format_components
 from textsql.paths import SUMMARY_FILE
 from textsql.run_summary import format_summary

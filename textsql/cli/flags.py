@@ -11,16 +11,33 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 
-TRAIN_ARGUMENT_SOURCES = (  # the run spec (textsql/spec/): every `textsql train` flag textsql adds, in one folder
-    ("textsql", "spec/training.py", ("ModelArguments", "DataArguments", "TextsqlTrainingArguments")),
-    ("textsql", "spec/lora.py", ("LoraArguments",)),  # a base of TextsqlTrainingArguments: --lora, --lora_rank, ...
-    ("textsql", "spec/dstools.py", ("DsToolsArguments",)),  # another: --flops_profiler, --ds_monitor, --comms_logger
-    ("textsql", "spec/tracking.py", ("TrackingArguments",)),  # another: --mlflow_log_model, --mlflow_experiment, ...
-    ("textsql", "spec/grpo.py", ("GrpoArguments",)),  # another: --stage, --num_generations, --reward_weights, ...
-    ("textsql", "spec/speed.py", ("SpeedArguments",)),  # another: --attention, --compile, --fused_loss, ...
+TRAIN_ARGUMENT_SOURCES = (  # textsql/arguments/: every `textsql train` flag textsql adds, in one folder
+    ("textsql", "arguments/data.py", ("ModelArguments", "DataArguments")),
+    ("textsql", "arguments/training.py", ("TextsqlTrainingArguments",)),
+    ("textsql", "arguments/devices.py", ("DeviceArguments",)),  # a base: --precision, --accelerator, --num_gpus, ...
+    ("textsql", "arguments/lora.py", ("LoraArguments",)),  # another: --lora, --lora_rank, ...
+    ("textsql", "arguments/dstools.py", ("DsToolsArguments",)),  # another: --flops_profiler, --ds_monitor, ...
+    ("textsql", "arguments/tracking.py", ("TrackingArguments",)),  # another: --mlflow_log_model, ...
+    ("textsql", "arguments/grpo.py", ("GrpoArguments",)),  # another: --stage, --num_generations, ...
+    ("textsql", "arguments/speed.py", ("SpeedArguments",)),  # another: --attention, --compile, --fused_loss, ...
     ("transformers", "training_args.py", ("TrainingArguments",)),
     ("transformers", "training_args_seq2seq.py", ("Seq2SeqTrainingArguments",)),
 )
+# Every other command parsed into a dataclass (textsql.cli.parsing): its module in textsql/arguments/ and class.
+ARGUMENT_SOURCES = {
+    "import": ("import_model", "ImportArguments"),
+    "prep": ("prep", "PrepArguments"),
+    "merge": ("merge", "MergeArguments"),
+    "infer": ("infer", "InferArguments"),
+    "quantize": ("quantize", "QuantizeArguments"),
+    "compare": ("compare", "CompareArguments"),
+    "plan": ("plan", "PlanArguments"),
+    "tune": ("tune", "TuneArguments"),
+    "demo": ("demo", "DemoArguments"),
+}
+# Commands whose arguments after `--` are `textsql train`'s (each candidate's, every rank's)
+TRAIN_AFTER_SEPARATOR = ("tune", "cluster")
+READ_BEFORE_PARSING = {"tune": frozenset({"json"})}  # textsql/cli/tune.py takes --json out before parsing
 
 
 def package_file(package: str, relative: str) -> Path:
@@ -50,6 +67,28 @@ def train_flags() -> frozenset[str]:
     return frozenset().union(
         *(dataclass_fields(*source) for source in TRAIN_ARGUMENT_SOURCES), {"local_rank", "help", "h"}
     )
+
+
+def command_flags(command: str) -> frozenset[str]:
+    """Every `--name` a dataclass command accepts (its aliases too), read from its source without importing it."""
+    module, name = ARGUMENT_SOURCES[command]
+    own = dataclass_fields("textsql", f"arguments/{module}.py", (name,))
+    return own | READ_BEFORE_PARSING.get(command, frozenset()) | {"help", "h"}
+
+
+def check_command_flags(command: str, argv: list[str]) -> None:
+    """The early typo check of `textsql COMMAND ARGV`, before the command's module (torch, transformers) loads: its own
+    flags against its dataclass, those after `--` against `textsql train`'s (tune, cluster)."""
+    own, separator, after = (
+        (argv[: argv.index("--")], "--", argv[argv.index("--") + 1 :]) if "--" in argv else (argv, "", [])
+    )
+    if command == "train":
+        check_flags(argv, train_flags(), "train")
+        return
+    if command in ARGUMENT_SOURCES:
+        check_flags(own, command_flags(command), command)
+    if separator and command in TRAIN_AFTER_SEPARATOR:
+        check_flags(after, train_flags(), "train")
 
 
 def check_flags(argv: list[str], known: frozenset[str], command: str) -> None:

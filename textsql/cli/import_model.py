@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from textsql.arguments.import_model import ImportArguments
 from textsql.cli.parsing import leading_values, parse_arguments
-from textsql.model_import import ImportArguments, import_gguf
+from textsql.model_import import import_gguf
 
 
 def import_cli(argv: list[str]) -> int:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from textsql.arguments.infer import InferArguments
 from textsql.cli.parsing import parse_arguments
-from textsql.infer import InferArguments, run_inference
+from textsql.infer import run_inference
 
 
 def infer_cli(argv: list[str]) -> int:

@@ -3,7 +3,7 @@ adapter's merge scored again against the adapter on its quantized base."""
 
 from __future__ import annotations
 
-from textsql.adapters import MergeArguments
+from textsql.arguments.merge import MergeArguments
 from textsql.cli.parsing import parse_arguments
 from textsql.merge import merge_and_score
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from functools import cache
 
 from textsql.cli.flags import package_file
@@ -30,10 +31,24 @@ def parse_arguments(dataclass_type, command: str, argv: list[str]):
     """Parse argv into one arguments dataclass for `textsql COMMAND`: usage lines name the command, and an unknown flag
     is a usage error (exit 2, one paragraph) as in argparse, not HfArgumentParser's ValueError with a traceback."""
     parser = _hf_argument_parser()(dataclass_type, prog=f"textsql {command}")
-    args, unknown = parser.parse_args_into_dataclasses(args=list(argv), return_remaining_strings=True)
+    argv = renamed_flags(argv, getattr(sys.modules[dataclass_type.__module__], "LEGACY_FLAGS", {}), command)
+    args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+def renamed_flags(argv: list[str], legacy: dict[str, str], command: str) -> list[str]:
+    """argv with a command's older flag spellings (its arguments module's LEGACY_FLAGS) in their new names, each
+    named once on stderr: `textsql plan --model` still plans, and says --model_id."""
+    renamed = []
+    for argument in argv:
+        flag, eq, value = argument.partition("=")
+        if flag in legacy:
+            print(f"textsql {command}: {flag} is now {legacy[flag]} (textsql train's name).", file=sys.stderr)
+            argument = legacy[flag] + eq + value
+        renamed.append(argument)
+    return renamed
 
 
 def leading_values(argv: list[str], flag: str, many: bool = False) -> list[str]:

@@ -6,10 +6,11 @@ import json
 import sys
 import warnings
 
+from textsql.arguments.plan import PlanArguments
 from textsql.cli.parsing import parse_arguments
 from textsql.errors import TextsqlError
 from textsql.planner.display import format_plan
-from textsql.planner.recommend import PlanArguments, plan_memory
+from textsql.planner.recommend import plan_memory
 from textsql.strategy.dsconfig import DsConfigWarning
 
 
@@ -25,7 +26,7 @@ def plan_cli(argv) -> int:
         return 2
     for warning in caught:
         if issubclass(warning.category, DsConfigWarning):
-            print(f"textsql plan: warning: {args.dsconfig}: {warning.message}", file=sys.stderr)
+            print(f"textsql plan: warning: {args.deepspeed}: {warning.message}", file=sys.stderr)
     print(
         json.dumps(_public(plan), indent=2)
         if args.json

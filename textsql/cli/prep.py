@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from textsql.arguments.prep import PrepArguments
 from textsql.cli.parsing import parse_arguments
-from textsql.prep import PrepArguments, format_layout, format_length_report, load_prepared, prepare_dataset
+from textsql.prep import format_layout, format_length_report, load_prepared, prepare_dataset
 
 
 def prep_command(argv: list[str]) -> int:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from textsql.arguments.quantize import QuantizeArguments
 from textsql.cli.parsing import leading_values, parse_arguments
-from textsql.quantize import QuantizeArguments, quantize_model
+from textsql.quantize import quantize_model
 
 
 def quantize_cli(argv: list[str]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from textsql.cli.flags import check_flags, train_flags
+from textsql.cli.flags import check_command_flags
 from textsql.errors import TextsqlError
 
 INTERRUPTED_STATUS = 130  # what a shell reports for a program ended by Ctrl-C
@@ -14,12 +14,12 @@ def train_command(argv: list[str]) -> int:
     """`textsql train ARGS` or `textsql train recipe.yaml`: parse once, then train here or start one rank per GPU. An
     interrupt ends with one line saying where the same command resumes."""
     try:
-        check_flags(argv, train_flags(), "train")  # a typo is answered at once, before torch and transformers load
+        check_command_flags("train", argv)  # a typo is answered at once, before torch and transformers load
     except TextsqlError as error:
         print(f"textsql train: {error}", file=sys.stderr)
         return 2
     # The training modules import torch, transformers and DeepSpeed: only now, once the flags are known to be right.
-    from textsql.spec.training import parse_arguments
+    from textsql.arguments.training import parse_arguments
     from textsql.train.distributed import rank, world_size
     from textsql.train.local_launch import launches_ranks, run_training, train_and_report
     from textsql.train.run import TrainingInterrupted, interrupted_message

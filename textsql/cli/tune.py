@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
+from textsql.arguments.tune import TuneArguments
 from textsql.cli.parsing import parse_arguments
 from textsql.errors import TextsqlError
-from textsql.tune import TuneArguments, as_dict, format_table, run_tune
+from textsql.tune import run_tune
+from textsql.tune.report import as_dict, format_table
 
 
 def tune_cli(argv) -> int:

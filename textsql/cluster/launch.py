@@ -87,7 +87,7 @@ class LaunchPlan:
     precision: object  # textsql.strategy.devices.PrecisionChoice
     resume: object  # textsql.cluster.runs.ResumePlan
     zero_stage: int | None
-    arguments: dict  # textsql.spec.training_dict: what every rank trains with, exactly
+    arguments: dict  # textsql.arguments.training_dict: what every rank trains with, exactly
     expect: dict  # what every rank checks itself against (versions, folders, file digests, the shared-folder marker)
     env: dict[str, str] = field(default_factory=dict)  # the allowlisted variables of the session, for every rank
     least: int | None = None  # elastic: the fewest ranks it may train with
@@ -131,15 +131,9 @@ def plan_launch(
     (textsql.strategy.devices.NodeDevices); `min_pods`: elastic, the launch may train on its first `min_pods` pods
     alone; `env`: the session's variables every rank gets (textsql.redaction.forwarded). Every rank checks that its
     pod matches (textsql.cluster.rank.check_pod)."""
+    from textsql.arguments.training import arguments_dict, as_arguments
     from textsql.cluster.runs import interrupted_siblings, planned_run_dir, recorded_world_size, resume_plan
-    from textsql.spec.training import arguments_dict, as_arguments
-    from textsql.strategy.devices import (
-        NodeDevices,
-        choose_accelerator,
-        precision_from_trainer_flags,
-        ranks_per_node,
-        resolve_precision,
-    )
+    from textsql.strategy.devices import resolve_run_devices
     from textsql.strategy.dsconfig import resolve_dsconfig_path
     from textsql.train.run import load_strategy
 
@@ -153,15 +147,9 @@ def plan_launch(
         name = str(candidate) if candidate.exists() else training.deepspeed
         dsconfig = absolute_in(workdir, str(resolve_dsconfig_path(name)))
     try:
-        accelerator = "cpu" if training.accelerator == "cpu" else choose_accelerator(training.accelerator, devices)
-        ranks = [ranks_per_node(ranks[0], devices if accelerator == "cuda" else NodeDevices()), *ranks[1:]]
+        resolved = resolve_run_devices(training, model.model_id, devices, ranks_asked=ranks[0])
+        accelerator, precision, ranks = resolved.accelerator, resolved.precision, [resolved.ranks, *ranks[1:]]
         world, least = sum(ranks), sum(ranks[: min_pods or len(ranks)])
-        precision = resolve_precision(
-            precision_from_trainer_flags(training.precision, training.bf16, training.fp16),
-            model.model_id,
-            devices.gpus if accelerator == "cuda" else (),
-            force_fp16=training.force_fp16,
-        )
         strategy = load_strategy(str(dsconfig) if dsconfig else None, training.fsdp_config, training.nvme_path)[1]
     except TextsqlError as error:
         raise PreflightError(str(error)) from None

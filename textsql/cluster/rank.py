@@ -132,8 +132,8 @@ def train(spec: dict) -> dict:
     quiet_lifecycle_logs()  # before transformers imports torchao (textsql.extras)
     from transformers import TrainerCallback, trainer
 
+    from textsql.arguments.training import arguments_from_dict
     from textsql.run_summary import SUMMARY_FILE, format_summary
-    from textsql.spec.training import arguments_from_dict
     from textsql.train import train as train_run
     from textsql.train.distributed import end_distributed
 

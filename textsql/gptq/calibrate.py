@@ -18,9 +18,7 @@ from textsql.prep import load_prepared
 
 logger = logging.getLogger("textsql.quantize")
 
-BITS = (4, 8)
 GROUP_SIZES = (128, 64, 32)  # the automatic choice, largest first: 128 is GPTQ's usual group
-DEFAULT_CALIBRATION_SAMPLES = 128
 CALIBRATION_SEED = 0
 JOB_RECORD = "gptq_job.json"  # what textsql/gptq/job.py writes beside the model, folded into textsql's record
 # Measured (llmcompressor 0.14, a tiny T5, 2 encoder + 2 decoder layers): its sequential pipeline traced 1 subgraph

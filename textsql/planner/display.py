@@ -31,10 +31,12 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         f"cluster    {a['nodes']} pod(s) x {a['gpus_per_node']} GPU(s) of {a['gpu_memory_gb']:g} GB"
         + f", {host_memory_words(a['cpu_memory_gb'], a.get('cpu_memory_assumed', False))}",
         f"training   batch {a['per_device_train_batch_size']} per GPU, {a['max_source_length']}/{a['max_target_length']} "
-        f"tokens, {a['precision']}, gradient checkpointing {'on' if a['gradient_checkpointing'] else 'off'}",
+        f"tokens, {a['precision']}, gradient checkpointing {'on' if a['activation_checkpointing'] else 'off'}",
         f"evaluation batch {a['per_device_eval_batch_size']} per GPU, "
         + (
-            f"generating SQL with {a['eval_num_beams']} beam(s)" if a["eval_num_beams"] else "loss only (no generation)"
+            f"generating SQL with {a['execution_accuracy_num_beams']} beam(s)"
+            if a["execution_accuracy_num_beams"]
+            else "loss only (no generation)"
         ),
         f"buckets    from {plan['zero_settings_source']}",
         _zero3_line(plan["strategies"]["zero3"]["zero3_residency"]),
@@ -71,8 +73,22 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
         f"(fits: yes = within {1 - a['safety_margin']:.0%} of the GPU and host "
         f"memory; tight = fits only without the safety margin)"
     )
-    lines.append("")
-    rec = plan["recommendation"]
+    lines += ["", *_recommendation_lines(plan, with_problem)]
+    if with_assumptions:
+        lines += ["", "assumptions:"]
+        lines += [
+            textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
+            for text in plan["assumptions"]
+        ]
+    else:
+        lines.append(f"({len(plan['assumptions'])} assumptions behind these numbers: `textsql plan ... --assumptions`)")
+    return "\n".join(lines)
+
+
+def _recommendation_lines(plan: dict, with_problem: bool) -> list[str]:
+    """The recommendation, its command and alternative, and what LoRA and QLoRA would need where they were planned."""
+    rec, lora, qlora = plan["recommendation"], plan.get("lora"), plan.get("qlora")
+    lines = []
     if rec is None:
         lines.append("recommendation: nothing fits." + (f" {plan['problem']}" if with_problem else ""))
     else:
@@ -113,15 +129,7 @@ def format_plan(plan: dict, with_problem: bool = True, with_assumptions: bool = 
             else f"QLoRA: fastest fitting strategy {best['strategy']} ({best['predicted_gpu_gb']:.1f} GB), largest "
             f"batch {best['largest_per_device_train_batch_size']}."
         )
-    if with_assumptions:
-        lines += ["", "assumptions:"]
-        lines += [
-            textwrap.fill(text, width=118, initial_indent="- ", subsequent_indent="  ", break_on_hyphens=False)
-            for text in plan["assumptions"]
-        ]
-    else:
-        lines.append(f"({len(plan['assumptions'])} assumptions behind these numbers: `textsql plan ... --assumptions`)")
-    return "\n".join(lines)
+    return lines
 
 
 def strategy_words(name: str) -> str:

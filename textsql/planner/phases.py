@@ -99,27 +99,7 @@ def predict(
             setup.precision,
             base_bytes=quantized["total"] if quantized else 2 * shape.parameters if bf16_base else None,
         )
-    activations = activation_bytes(
-        shape,
-        batch,
-        setup.source_length,
-        setup.target_length,
-        setup.precision,
-        setup.gradient_checkpointing,
-        autocast=stage == 0 and setup.precision != "fp32" and not bf16_base,
-        frozen=lora is not None and quantized is None,  # bitsandbytes' matmuls keep their inputs, frozen or not
-        fused_loss=setup.fused_loss,
-    )
-    if lora is not None:
-        activations["lora"] = lora_activation_bytes(
-            lora, batch, setup.source_length, setup.target_length, setup.precision, setup.gradient_checkpointing, shape
-        )
-        activations["total"] += activations["lora"]
-    if quantized is not None and setup.quantize_base == "int8" and shape.causal:
-        tokens = batch * (setup.source_length + setup.target_length)
-        layers = 1 if setup.gradient_checkpointing else shape.causal.layers
-        activations["int8_inputs"] = layers * causal_lm.int8_matmul_input_bytes(shape.causal, tokens)
-        activations["total"] += activations["int8_inputs"]
+    activations = _step_activations(shape, setup, batch, stage, lora, quantized, bf16_base)
     buckets = bucket_bytes(
         shape,
         settings,
@@ -173,6 +153,34 @@ def predict(
         "trainable_parameters": shape.parameters if lora is None else lora["trainable"],
         "quantized_base": quantized,
     }
+
+
+def _step_activations(
+    shape: ModelShape, setup: Setup, batch: int, stage: int, lora, quantized, bf16_base: bool
+) -> dict:
+    """The training step's activations by term (and their total): the model's, LoRA's adapters', int8 bases' inputs."""
+    activations = activation_bytes(
+        shape,
+        batch,
+        setup.source_length,
+        setup.target_length,
+        setup.precision,
+        setup.gradient_checkpointing,
+        autocast=stage == 0 and setup.precision != "fp32" and not bf16_base,
+        frozen=lora is not None and quantized is None,  # bitsandbytes' matmuls keep their inputs, frozen or not
+        fused_loss=setup.fused_loss,
+    )
+    if lora is not None:
+        activations["lora"] = lora_activation_bytes(
+            lora, batch, setup.source_length, setup.target_length, setup.precision, setup.gradient_checkpointing, shape
+        )
+        activations["total"] += activations["lora"]
+    if quantized is not None and setup.quantize_base == "int8" and shape.causal:
+        tokens = batch * (setup.source_length + setup.target_length)
+        layers = 1 if setup.gradient_checkpointing else shape.causal.layers
+        activations["int8_inputs"] = layers * causal_lm.int8_matmul_input_bytes(shape.causal, tokens)
+        activations["total"] += activations["int8_inputs"]
+    return activations
 
 
 def fsdp_units(shape: ModelShape) -> dict:

@@ -3,9 +3,10 @@ LoRA and QLoRA where full fine-tuning does not fit, and the assumptions behind t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 
-from textsql.errors import TextsqlError
+from textsql.arguments.plan import PlanArguments
+from textsql.arguments.speed import SpeedArguments
 from textsql.planner.phases import (
     ALLOCATOR_OVERHEAD_FRACTION,
     CUDA_CONTEXT_BYTES,
@@ -14,12 +15,11 @@ from textsql.planner.phases import (
 )
 from textsql.planner.shape import (
     GIB,
-    PRECISIONS,
     ModelShape,
     resolve_model,
 )
 from textsql.planner.states import (
-    NVME_GB_PER_S,
+    OFFLOAD_CALIBRATION,
     Setup,
     lora_layers,
     quantized_base,
@@ -27,9 +27,6 @@ from textsql.planner.states import (
     setup_from_arguments,
     zero_settings,
 )
-from textsql.spec import same_flag
-from textsql.spec.lora import LoraArguments, lora_arguments
-from textsql.spec.speed import SpeedArguments, speed_refusals
 from textsql.strategy.devices import DEFAULT_POD_MEMORY_GB
 from textsql.strategy.dsconfig import describe_strategy
 from textsql.strategy.table import DEEPSPEED_STRATEGIES, FSDP_STRATEGIES, NVME_STRATEGIES, STRATEGIES, STRATEGY_LAYOUT
@@ -64,6 +61,14 @@ ASSUMPTIONS = [
     "with optimizer offload, a staging buffer the size of the largest parameter. ZeRO-3: the reduce buffer and "
     "reduce-scatter's copy of it; without optimizer offload the fp32 gradient buffer of the largest optimizer "
     "sub-group (sub_group_size) beyond the 2P/N the estimator counts; with it, a staging copy of a gradient partition.",
+    "CPU offload (zero2_offload, zero3_offload): what DeepSpeed keeps on the GPU besides the model states (the "
+    "staging buffer, two fp32 copies of the largest gradient on their way to the host, the gradients awaiting that "
+    "copy) was calibrated on the GPU check's H200 rows (t5-small's shape, bf16, batch 32): measured / predicted "
+    + ", ".join(f"{before:.2f} -> {after:.2f} ({name})" for name, (before, after) in OFFLOAD_CALIBRATION.items())
+    + ". The residual: these rows still under-predict that run by up to "
+    f"{max(after for _, after in OFFLOAD_CALIBRATION.values()) - 1:.0%} (one model size measured, one GPU); the "
+    "gradients awaiting their copy are a bound that larger models, whose copies keep pace with the backward pass, do "
+    "not reach.",
     f"Overhead: {CUDA_CONTEXT_BYTES / GIB:.2f} GB CUDA context and {NCCL_BUFFER_BYTES / GIB:.2f} GB NCCL buffers with "
     f"more than one GPU (both measured on an H200; NCCL's grow with the peers), and {ALLOCATOR_OVERHEAD_FRACTION:.0%} of "
     "the allocated memory for the caching allocator (sources in textsql/planner/phases.py).",
@@ -137,171 +142,13 @@ QLORA_ASSUMPTIONS = [
 ]
 
 
-@dataclass
-class PlanArguments:
-    """The model, the pods and the batch to plan for."""
-
-    model: str = field(
-        default="t5-small",
-        metadata={
-            "help": "t5-small, t5-base, t5-large, t5-3b or t5-11b, or a causal LM of the built-in table (Qwen/Qwen2.5-"
-            "0.5B/1.5B/7B, meta-llama/Llama-3.2-1B, meta-llama/Llama-3.1-8B, mistralai/Mistral-7B-v0.1, bigscience/bloom-"
-            "1b1, bigscience/bloom-7b1, tiiuae/falcon-7b, Salesforce/codegen2-1B, bigcode/starcoderbase-1b, gpt2, "
-            "facebook/opt-1.3b: nothing is downloaded), a local model folder with config.json, or a hub name already in "
-            "the local Hugging Face cache."
-        },
-    )
-    dataset_dir: str = field(
-        default="data/wikisql",
-        metadata={"help": "The prepared dataset (textsql prep's --output_dir) the recommended command trains on."},
-    )
-    nodes: int = field(default=1, metadata={"help": "Pods (nodes) training together."})
-    gpus_per_node: int = field(default=1, metadata={"help": "GPUs in each pod."})
-    gpu_memory_gb: float = field(
-        default=40.0, metadata={"help": "Memory of one GPU in GB (2**30 bytes; an A100-40GB has 40)."}
-    )
-    per_device_train_batch_size: int = field(default=32, metadata={"help": "Training batch per GPU."})
-    per_device_eval_batch_size: int = field(
-        default=32, metadata={"help": "Evaluation batch per GPU (as textsql train's), for the evaluation phase."}
-    )
-    eval_num_beams: int = field(
-        default=1,
-        metadata={
-            "help": "Beams of the SQL generated at each evaluation (textsql train --execution_accuracy_num_beams; 1: "
-            "greedy); 0 when evaluation generates nothing (--execution_accuracy_samples 0)."
-        },
-    )
-    max_source_length: int = field(
-        default=96,
-        metadata={
-            "help": "Longest question in a batch, in tokens (batches are padded to their longest); a causal LM's prompt."
-        },
-    )
-    max_target_length: int = field(
-        default=96,
-        metadata={
-            "help": "Longest SQL target in a batch, in tokens. A causal LM reads prompt and SQL as one sequence of "
-            "max_source_length + max_target_length tokens."
-        },
-    )
-    precision: str = field(default="bf16", metadata={"help": "fp32, bf16 or fp16 (bf16 on Ampere and newer GPUs)."})
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata={"help": "Recompute activations in the backward pass (less memory, about 30 percent slower)."},
-    )
-    dsconfig: str | None = field(
-        default=None,
-        metadata={
-            "help": "A DeepSpeed JSON file or shipped name (zero1, zero2, zero3, ...): bucket and sub-group "
-            "sizes and the stage3_* settings (max live parameters, max reuse distance, prefetch bucket, "
-            "persistence threshold) come from it. Without it, the shipped dsconfig/ settings are assumed."
-        },
-    )
-    cpu_memory_gb: float | None = field(
-        default=None,
-        metadata={
-            "help": "Host memory of one pod in GB, which every strategy's host peak (offload, checkpoint saves) must "
-            f"fit. Default: {DEFAULT_POD_MEMORY_GB:g}, what textsql's cluster gives a worker pod unless told "
-            "(Cluster(memory=...)); the plan says when it assumed it."
-        },
-    )
-    safety_margin: float = field(
-        default=0.1,
-        metadata={
-            "help": "Fraction of GPU (and CPU) memory kept free when recommending (0.1 = use at most 90 percent)."
-        },
-    )
-    lora: bool = same_flag(
-        LoraArguments,
-        "lora",
-        "Also plan LoRA (textsql train --lora True) under every strategy, and recommend it where full fine-tuning does "
-        "not fit or needs more pods.",
-    )
-    lora_rank: int = same_flag(LoraArguments, "lora_rank")
-    lora_targets: str = same_flag(LoraArguments, "lora_targets")
-    quantize_base: str = same_flag(
-        LoraArguments,
-        "quantize_base",
-        "With --lora True, also plan QLoRA: the frozen base quantized by bitsandbytes, nf4 or int8 (as textsql train "
-        "--quantize_base), for causal LMs and T5; recommended where neither full fine-tuning nor LoRA on a bf16/fp32 "
-        "base fits.",
-    )
-    # The speed levers that change memory, as textsql train takes them (textsql.spec.speed)
-    fused_loss: str = same_flag(SpeedArguments, "fused_loss")
-    lora_base_dtype: str = same_flag(SpeedArguments, "lora_base_dtype")
-    nvme_gb_per_s: float = field(
-        default=NVME_GB_PER_S,
-        metadata={
-            "help": "Sustained read and write bandwidth of the NVMe folder zero3_nvme swaps to, GB/s per pod: the "
-            "zero3_nvme row's seconds per step of disk traffic. Default 2: one PCIe NVMe drive (an assumption; "
-            "measure yours with DeepSpeed's ds_nvme_tune)."
-        },
-    )
-    json: bool = field(default=False, metadata={"help": "Print the plan as JSON instead of a table."})
-    assumptions: bool = field(
-        default=False, metadata={"help": "Print the assumptions behind the numbers under the table."}
-    )
-
-    def __post_init__(self):
-        if not str(self.model).strip():
-            raise TextsqlError("--model is empty. Pass t5-small, t5-base, t5-large, t5-3b, t5-11b or a model folder.")
-        for name in (
-            "nodes",
-            "gpus_per_node",
-            "per_device_train_batch_size",
-            "per_device_eval_batch_size",
-            "max_source_length",
-            "max_target_length",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise TextsqlError(f"--{name} must be a whole number of at least 1, not {value!r}.")
-        if isinstance(self.eval_num_beams, bool) or not isinstance(self.eval_num_beams, int) or self.eval_num_beams < 0:
-            raise TextsqlError(
-                f"--eval_num_beams must be 0 (evaluation generates nothing), 1 (greedy) or more beams, "
-                f"not {self.eval_num_beams!r}."
-            )
-        if not self.gpu_memory_gb > 0:
-            raise TextsqlError(f"--gpu_memory_gb must be positive (40 for an A100-40GB), not {self.gpu_memory_gb!r}.")
-        if self.cpu_memory_gb is not None and not self.cpu_memory_gb > 0:
-            raise TextsqlError(f"--cpu_memory_gb must be positive (or left out), not {self.cpu_memory_gb!r}.")
-        if self.precision not in PRECISIONS:
-            raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
-        lora_arguments(self)  # the same checks as training's
-        speed = SpeedArguments(fused_loss=self.fused_loss, lora_base_dtype=self.lora_base_dtype)
-        speed.lora = self.lora  # what check_speed reads of the run's other flags
-        speed.check_speed()
-        refused = speed_refusals(
-            speed,
-            device="cuda",  # the plan is of GPUs
-            family=None,
-            zero_stage=None,
-            fsdp=False,
-            precision=self.precision,
-            lora=self.lora,
-            quantized=self.quantize_base != "none",
-            liger_installed=True,  # the plan is of the GPUs' pods, not of this machine
-        )
-        if refused:
-            raise TextsqlError("textsql train would refuse these settings: " + "; ".join(refused) + ".")
-        if not self.nvme_gb_per_s > 0:
-            raise TextsqlError(
-                f"--nvme_gb_per_s must be positive (2 for one PCIe NVMe drive), not {self.nvme_gb_per_s!r}."
-            )
-        if not 0 <= self.safety_margin < 1:
-            raise TextsqlError(
-                f"--safety_margin is a fraction of memory kept free, from 0 to below 1 (e.g. 0.1), "
-                f"not {self.safety_margin!r}."
-            )
-
-
 def plan_memory(args: PlanArguments) -> dict:
     """Predict every strategy's peak memory per pod and recommend the fastest that fits, with its largest batch (JSON-able).
     Without a host memory (--cpu_memory_gb) a worker pod's default is assumed, and the plan's inputs say so."""
     limits = _limits(args)
     args, host_assumed = with_host_memory(args)
-    shape = resolve_model(args.model)
-    dsconfig = read_dsconfig(args.dsconfig) if args.dsconfig else None
+    shape = resolve_model(args.model_id)
+    dsconfig = read_dsconfig(args.deepspeed) if args.deepspeed else None
     settings = zero_settings(dsconfig)
     # the run the flags describe; full fine-tuning's rows first, LoRA's and QLoRA's beside them (_add_lora)
     setup = replace(plan_setup(args, settings), lora_rank=0, lora_targets="qv", quantize_base="none")
@@ -315,7 +162,7 @@ def plan_memory(args: PlanArguments) -> dict:
         | {"world_size": setup.gpus, "cpu_memory_assumed": host_assumed},
         "dsconfig_strategy": _dsconfig_label(dsconfig),
         "zero_settings": {k: v for k, v in settings.items() if k != "shipped"},
-        "zero_settings_source": args.dsconfig or "shipped dsconfig/ files",
+        "zero_settings_source": args.deepspeed or "shipped dsconfig/ files",
         "strategies": strategies,
         "assumptions": ASSUMPTIONS,
     }
@@ -349,7 +196,7 @@ def train_command(args: PlanArguments, recommendation: dict) -> str:
     """The `textsql train` command line of a recommendation, whole: the model, the dataset, the batch, the strategy,
     the adapter and the precision (on several pods, what every pod runs through `textsql cluster`)."""
     strategy = recommendation["strategy"]
-    words = ["textsql", "train", "--model_id", args.model, "--dataset_dir", args.dataset_dir]
+    words = ["textsql", "train", "--model_id", args.model_id, "--dataset_dir", args.dataset_dir]
     words += ["--per_device_train_batch_size", str(recommendation["per_device_train_batch_size"])]
     if strategy in FSDP_STRATEGIES:
         words += ["--fsdp_config", strategy]
@@ -365,8 +212,8 @@ def train_command(args: PlanArguments, recommendation: dict) -> str:
             name != "lora_base_dtype" or recommendation.get("lora")
         ):
             words += [f"--{name}", getattr(args, name)]
-    if args.gradient_checkpointing:
-        words += ["--gradient_checkpointing", "True"]
+    if args.activation_checkpointing:
+        words += ["--activation_checkpointing", "True"]
     return " ".join(words)
 
 
@@ -588,14 +435,14 @@ def _no_fit_message(shape, setup, args, strategies, limits) -> str:
     fixes = []
     if args.nodes * args.gpus_per_node < 64:
         fixes.append("more pods (--nodes) or GPUs per pod, which divide the ZeRO-3 model states")
-    if not args.gradient_checkpointing:
-        fixes.append("--gradient_checkpointing True")
+    if not args.activation_checkpointing:
+        fixes.append("--activation_checkpointing True")
     if args.precision == "fp32":
         fixes.append("--precision bf16 (Ampere or newer)")
     if strategies[smallest]["peak_phase"] == "evaluation":
         fixes.insert(
             0,
-            f"a smaller --per_device_eval_batch_size or fewer --eval_num_beams (evaluation sets {smallest}'s peak: "
+            f"a smaller --per_device_eval_batch_size or fewer --execution_accuracy_num_beams (evaluation sets {smallest}'s peak: "
             f"textsql train's --per_device_eval_batch_size and --execution_accuracy_num_beams)",
         )
     if shape.causal and not args.lora:

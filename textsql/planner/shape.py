@@ -26,9 +26,6 @@ GIB = (
 )  # "GB" everywhere in the planner means 2**30 bytes, as nvidia-smi (MiB / 1024) and DeepSpeed's estimators count
 
 
-PRECISIONS = ("fp32", "bf16", "fp16")
-
-
 # The original T5 checkpoints' config.json (google-t5/t5-*), so that nothing needs downloading. All use ReLU
 # feed-forward blocks, tied input/output embeddings and a 32128-token vocabulary.
 T5_SHAPES = {

@@ -9,19 +9,19 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from textsql.arguments.lora import lora_arguments
+from textsql.arguments.plan import NVME_GB_PER_S, PRECISIONS
+from textsql.arguments.speed import SpeedArguments
 from textsql.families import t5_lora_module_names
 from textsql.planner import causal as causal_lm
 from textsql.planner.shape import (
     GIB,
-    PRECISIONS,
     ModelShape,
 )
 from textsql.planner.zero3_trace import (
     simulate_parameter_coordinator,
     zero3_step_events,
 )
-from textsql.spec.lora import lora_arguments
-from textsql.spec.speed import SpeedArguments
 from textsql.strategy.dsconfig import load_dsconfig, resolve_dsconfig_path
 
 # DeepSpeed's defaults for zero_optimization keys a config file leaves out (deepspeed/runtime/zero/config.py).
@@ -61,13 +61,6 @@ NVME_DEFAULTS = {
     "nvme_param_buffer_count": 5,  # offload_param.buffer_count
     "nvme_param_buffer_size": 100_000_000,  # offload_param.buffer_size, elements of the training dtype
 }
-
-
-# Sustained bandwidth of the NVMe folder zero3_nvme swaps to, read and write alike, GB/s per pod: a conservative figure
-# for one PCIe NVMe drive (data-center drives sustain about 2-7 GB/s sequential; several striped, more). Not measured
-# by textsql: DeepSpeed's NVMe profiling guide (microsoft/DeepSpeed issue #998, `ds_nvme_tune`) measures yours; pass
-# it as --nvme_gb_per_s.
-NVME_GB_PER_S = 2.0
 
 
 # DeepSpeed's own estimators multiply host memory by this (additional_buffer_factor, their default).
@@ -218,12 +211,19 @@ def bucket_bytes(
     return detail
 
 
+# What the planner's CPU-offload rows were calibrated on: the GPU check's measured peak (torch's reserved bytes) over the
+# prediction for the same run (bench/gpu/results/2026-11-26-h200.json: t5-small's shape, bf16, batch 32, one H200),
+# without offload_bytes' transfer copies and gradients awaiting their copy, and with them; the residual is what
+# `textsql plan --assumptions` states (tests/unit/test_memory.py recomputes both figures from that JSON).
+OFFLOAD_CALIBRATION = {"zero2_offload": (1.35, 1.10), "zero3_offload": (1.31, 1.04)}
+
+
 def offload_bytes(
     settings: dict, stage: int, low: int, with_gradients: int, largest_parameter: int, oversized: int, gpus: int
 ) -> dict:
     """What ZeRO's CPU offload of the optimizer keeps on the GPU besides the model states, read from DeepSpeed 0.19.8's
     code (runtime/zero/stage_1_and_2.py and stage3.py) and checked against the GPU check's measured ZeRO-2/3 offload
-    rows (tests/unit/test_memory.py: measured / predicted 1.35 and 1.31 without the last two terms). The host side
+    rows (OFFLOAD_CALIBRATION). The host side
     (the fp32 master weights, Adam's moments and gradients, pinned) is in the model states. `oversized`: the elements
     of the parameters larger than reduce_bucket_size.
 
@@ -482,7 +482,7 @@ class Setup:
     eval_batch: int = 32  # per_device_eval_batch_size
     eval_num_beams: int = 1  # beams of the SQL generated during evaluation; 0: evaluation computes the loss only
     nvme_gb_per_s: float = NVME_GB_PER_S
-    # The speed levers that change memory (textsql train's --fused_loss and --lora_base_dtype; textsql.spec.speed)
+    # The speed levers that change memory (textsql train's --fused_loss and --lora_base_dtype; textsql.arguments.speed)
     fused_loss: str = "none"  # chunked or liger: a causal LM's logits at the label positions only, in chunks
     lora_base_dtype: str = "float32"  # bfloat16: LoRA's frozen base in bf16 without DeepSpeed (no autocast copies)
 
@@ -502,7 +502,7 @@ def setup_from_arguments(
     settings: dict,
     nvme_gb_per_s: float = NVME_GB_PER_S,
 ) -> Setup:
-    """The planner's Setup of a run from its `textsql train` arguments (textsql.spec): the dataclasses themselves,
+    """The planner's Setup of a run from its `textsql train` arguments (textsql.arguments): the dataclasses themselves,
     anything with their fields (`textsql plan`'s PlanArguments takes the same flags for what the planner models), or
     their dict (arguments_dict; a run summary's training and data arguments together). The one place a training flag
     becomes a prediction's input, so that `textsql plan`, tune's candidates and every run's memory check predict the
@@ -511,9 +511,8 @@ def setup_from_arguments(
     get = arguments.get if isinstance(arguments, dict) else lambda name, default=None: getattr(arguments, name, default)
     lora = lora_arguments(arguments)
     speed = SpeedArguments()  # the spec's defaults for what the planner models of the levers
-    eval_num_beams = get("eval_num_beams")  # textsql plan's; a run's is its execution accuracy's decoding
-    if eval_num_beams is None:
-        eval_num_beams = int(get("execution_accuracy_num_beams") or 1) if get("execution_accuracy_samples", 1) else 0
+    beams = get("execution_accuracy_num_beams")  # textsql plan's 0: evaluation generates nothing
+    eval_num_beams = (1 if beams is None else int(beams)) if get("execution_accuracy_samples", 1) else 0
     return Setup(
         nodes,
         gpus_per_node,

@@ -113,26 +113,10 @@ def record_module_trace(model) -> ModuleTrace | None:
         output.logits.sum().backward()
         return tuple(events)
 
-    saved = [m._parameters for m in modules]
-    handles = []
-    for m in modules:
-        m._parameters = Reads(m._parameters)
-        handles += [m.register_forward_pre_hook(before_forward), m.register_forward_hook(after_forward)]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: more threads only spin, 3x slower on a busy machine
-    try:
-        model.train()
-        plain = step()
-        model.activation_checkpointing_enable({"use_reentrant": False, "preserve_rng_state": False})
-        checkpointed = step()
-    except Exception:  # noqa: BLE001 - a model whose step fails here: the planner falls back to an upper bound
+    steps = _with_hooks(model, modules, Reads, before_forward, after_forward, step)
+    if steps is None:
         return None
-    finally:
-        torch.set_num_threads(threads)
-        for m, parameters in zip(modules, saved):
-            m._parameters = parameters
-        for handle in handles:
-            handle.remove()
+    plain, checkpointed = steps
     return ModuleTrace(
         module_parameters=tuple(tuple(sorted(o)) for o in own),
         external=tuple(external),
@@ -239,3 +223,30 @@ def simulate_parameter_coordinator(
                     gathered.discard(p)
                     live -= sizes[p]
     return {"peak_gathered": peak, "peak_step": peak_step, "steps": len(order), "timeline": timeline}
+
+
+def _with_hooks(model, modules: list, reads: type, before_forward, after_forward, step) -> tuple | None:
+    """The module trace's two steps (plain, then with activation checkpointing) with the hooks on every module and its
+    parameters read through `reads`; everything put back after. None if a step fails."""
+    import torch
+
+    saved = [m._parameters for m in modules]
+    handles = []
+    for m in modules:
+        m._parameters = reads(m._parameters)
+        handles += [m.register_forward_pre_hook(before_forward), m.register_forward_hook(after_forward)]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: more threads only spin, 3x slower on a busy machine
+    try:
+        model.train()
+        plain = step()
+        model.activation_checkpointing_enable({"use_reentrant": False, "preserve_rng_state": False})
+        return plain, step()
+    except Exception:  # noqa: BLE001 - a model whose step fails here: the planner falls back to an upper bound
+        return None
+    finally:
+        torch.set_num_threads(threads)
+        for m, parameters in zip(modules, saved):
+            m._parameters = parameters
+        for handle in handles:
+            handle.remove()

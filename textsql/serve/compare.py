@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
+from textsql.arguments.compare import CompareArguments, model_specs
 from textsql.errors import TextsqlError
 from textsql.evaluate import (
     ScoringSet,
@@ -29,68 +29,11 @@ from textsql.quantize import folder_kind, load_for_inference, read_record
 from textsql.serve.tensorboard import DEFAULT_HOST
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql, score_prediction
 
-DEFAULT_PORT = 7860
 MODELS_VARIABLE = "TEXTSQL_COMPARE_MODELS"  # the CML Application's models (scripts/compare_app.py)
 DATASET_VARIABLE = "TEXTSQL_DATASET_DIR"
 MAX_TABLE_CHOICES = 500  # the table picker lists the split's first tables; a typed id is accepted too
 PREVIEW_ROWS = 8
 MAX_QUESTION_CHARACTERS = 1000  # a typed question; WikiSQL's longest are a few hundred
-
-
-@dataclass
-class CompareArguments:
-    """Which models, which dataset, and whether to serve the app or score a whole split."""
-
-    models: list[str] = field(
-        default_factory=list,
-        metadata={
-            "help": "Model folders or hub names, each optionally labelled: base=t5-small lora=runs/lora int8=runs/int8."
-        },
-    )
-    dataset_dir: str = field(
-        default="data/wikisql", metadata={"help": "Prepared dataset (textsql prep): its tables and questions."}
-    )
-    split: str = field(
-        default="test", metadata={"help": "Split whose questions the app offers, or that --output scores."}
-    )
-    output: str | None = field(
-        default=None,
-        metadata={
-            "help": "Compare over the split (or --max_examples) and write this JSON file, instead of serving the app."
-        },
-    )
-    max_examples: int | None = field(default=None, metadata={"help": "With --output: only the first N questions."})
-    batch_size: int = field(default=64, metadata={"help": "With --output: questions per generate() call."})
-    max_new_tokens: int = field(default=128, metadata={"help": "Longest SQL to generate, in tokens."})
-    device: str = field(default="auto", metadata={"help": "auto (GPU when there is one), cuda, or cpu."})
-    port: int | None = field(
-        default=None, metadata={"help": f"Port when $CDSW_APP_PORT is not set (default {DEFAULT_PORT})."}
-    )
-
-    def __post_init__(self):
-        if not self.models:
-            raise TextsqlError(
-                "Name at least one model to compare: `textsql compare base=t5-small tuned=runs/my-run ...`."
-            )
-        if self.device not in ("auto", "cuda", "cpu"):
-            raise TextsqlError(f"--device must be auto, cuda or cpu, not '{self.device}'.")
-        if self.batch_size < 1 or self.max_new_tokens < 1 or (self.max_examples is not None and self.max_examples < 1):
-            raise TextsqlError("--batch_size, --max_new_tokens and --max_examples must be at least 1.")
-        model_specs(self.models)
-
-
-def model_specs(models: list[str]) -> list[tuple[str, str]]:
-    """(label, path) for each `label=path` or `path` (labelled by its folder's name); labels must differ."""
-    specs = []
-    for text in models:
-        label, _, path = text.partition("=") if "=" in text and not Path(text).exists() else ("", "", text)
-        specs.append((label or Path(path.rstrip("/")).name or path, path))
-    labels = [label for label, _ in specs]
-    if len(set(labels)) != len(labels):
-        raise TextsqlError(
-            f"Two models share a label ({', '.join(labels)}): label them, e.g. base=t5-small tuned=runs/my-run."
-        )
-    return specs
 
 
 @dataclass

@@ -289,6 +289,31 @@ def precision_from_trainer_flags(precision: str, bf16: bool | None, fp16: bool |
     return flagged[0]
 
 
+@dataclass(frozen=True)
+class RunDevices:
+    """What a run with given flags gets on a pod: the device, its ranks there and the precision it trains in."""
+
+    accelerator: str  # cuda or cpu
+    ranks: int
+    precision: PrecisionChoice
+
+
+def resolve_run_devices(
+    training, model_id: str, devices: NodeDevices, *, ranks_asked: int | None = None, accelerator: str | None = None
+) -> RunDevices:
+    """The one decision of device, ranks per pod and precision, for `textsql train` (train.run.set_up_run), a cluster's
+    launch (cluster.launch) and tune's candidates alike: `training` is textsql train's arguments (their --accelerator,
+    --precision, --force_fp16 and the Trainer's --bf16/--fp16), `devices` what the pod has, `ranks_asked` the ranks
+    the caller starts there (None: one per GPU it uses, one on the CPU), `accelerator` where the caller's own flag
+    asks instead of training's."""
+    accelerator = choose_accelerator(training.accelerator if accelerator is None else accelerator, devices)
+    gpus = devices.gpus if accelerator == "cuda" else ()
+    ranks = ranks_per_node(ranks_asked, NodeDevices(gpus, devices.cpu_cores))
+    requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
+    precision = resolve_precision(requested, model_id, gpus, force_fp16=training.force_fp16)
+    return RunDevices(accelerator, ranks, precision)
+
+
 def quantized_compute_dtype(gpus: tuple[Gpu, ...]) -> str:
     """The dtype a quantized (bitsandbytes) base computes in, by torch's name: bfloat16 where every GPU has native bf16
     (Ampere and newer), float32 on older GPUs and on the CPU. Never float16: its range overflows (T5, large

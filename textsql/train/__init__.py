@@ -4,7 +4,7 @@ Run it as `textsql train ...` (one rank per visible GPU), `textsql train recipe.
 or under a launcher: `deepspeed --num_gpus 2 --module textsql.train --model_id t5-small --deepspeed zero2`. From Python:
     train(ModelArguments(model_id="t5-small"), DataArguments(), TextsqlTrainingArguments(deepspeed="zero2"))
 
-Its arguments are the run spec's (textsql.spec.training). Modules, lowest first: speed (the speed levers, FLOPs),
+Its arguments are the run spec's (textsql.arguments.training). Modules, lowest first: speed (the speed levers, FLOPs),
 distributed (ranks), logs, collate (a causal LM's batches), dstools (DeepSpeed's tools), fsdp (FSDP2 around the Trainer), estimate (how long a run
 takes, from its first steps), watch (what the training is doing now: a step, an evaluation, a save), trainer (what every objective's trainer shares: SQL scoring, saving, peak memory),
 objective (what an objective builds from and loads), one module per objective: sft (supervised fine-tuning, the
@@ -17,9 +17,9 @@ from importlib import import_module
 # The public names, loaded on first use: `python -m textsql.train` imports this package before its __main__, which
 # first quiets the lifecycle packages' log noise (textsql.extras) and only then needs torch and transformers.
 _WHERE = {
-    "DataArguments": "textsql.spec.training",  # the run spec (textsql/spec/)
-    "ModelArguments": "textsql.spec.training",
-    "TextsqlTrainingArguments": "textsql.spec.training",
+    "DataArguments": "textsql.arguments.training",  # the run spec (textsql/arguments/)
+    "ModelArguments": "textsql.arguments.training",
+    "TextsqlTrainingArguments": "textsql.arguments.training",
     "run_training": "textsql.train.local_launch",
     "train": "textsql.train.run",
 }

@@ -1,5 +1,5 @@
 """DeepSpeed's tools one flag away: the flops profiler under every strategy, the monitors and the comms logger under
-DeepSpeed (their flags: textsql.spec.dstools); the profiler's figures of one step (for run_summary.json) and the comms
+DeepSpeed (their flags: textsql.arguments.dstools); the profiler's figures of one step (for run_summary.json) and the comms
 logger's summary."""
 
 from __future__ import annotations

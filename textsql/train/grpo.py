@@ -16,6 +16,7 @@ from textsql.adapters import (
     quantized_base,
     read_adapter_record,
 )
+from textsql.arguments.grpo import reward_weights
 from textsql.errors import TextsqlError
 from textsql.extras import require_grpo_extra
 from textsql.families import family_of
@@ -23,7 +24,6 @@ from textsql.hub import load_config, load_tokenizer
 from textsql.paths import SUMMARY_FILE
 from textsql.prep import load_prepared, load_tables
 from textsql.rewards import SqlRewards
-from textsql.spec.grpo import reward_weights
 from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
 from textsql.train.distributed import rank
 from textsql.train.dstools import flops_profiler_for

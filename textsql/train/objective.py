@@ -16,10 +16,10 @@ from textsql.adapters import (
     load_quantized_base,
     parameter_counts,
 )
+from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.families import Family, family_of
 from textsql.hub import load_model
 from textsql.prep import check_source_settings, load_prepared, record_source_settings, tokenizer_for_training
-from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.strategy.devices import quantized_compute_dtype
 from textsql.train.fsdp import wrapped_layer_classes
 from textsql.vocabulary import fit_embeddings

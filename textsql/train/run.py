@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from textsql import __version__
 from textsql.adapters import adapter_state, parameter_counts, save_adapter
+from textsql.arguments.run_name import run_folder_name, run_name_settings
+from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.checkpoints import newest_whole_checkpoint, verify_checkpoint
 from textsql.errors import TextsqlError
 from textsql.hub import load_config
@@ -24,13 +26,9 @@ from textsql.planner.check import compare_with_run
 from textsql.prep import check_prepared
 from textsql.run_summary import RunSummary, run_state, write_summary
 from textsql.sharedfiles import replace_file
-from textsql.spec.run_name import run_folder_name, run_name_settings
-from textsql.spec.training import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.strategy.devices import (
     NodeDevices,
-    choose_accelerator,
-    precision_from_trainer_flags,
-    resolve_precision,
+    resolve_run_devices,
     use_accelerator,
 )
 from textsql.strategy.dsconfig import (
@@ -55,8 +53,9 @@ from textsql.strategy.fsdpconfig import (
     trainer_fsdp_config,
 )
 from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
-from textsql.tracking import attach, end_failed_run, for_training
+from textsql.tracking import end_failed_run, for_training
 from textsql.train import watch
+from textsql.train.callbacks import attach
 from textsql.train.collate import check_packing
 from textsql.train.distributed import (
     ensure_distributed_env,
@@ -173,12 +172,9 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
     """
 
     devices = devices if devices is not None else NodeDevices.local()
-    accelerator = choose_accelerator(training.accelerator, devices)
+    resolved = resolve_run_devices(training, model.model_id, devices)
+    accelerator, precision = resolved.accelerator, resolved.precision
     use_accelerator(accelerator)  # before anything imports deepspeed
-    requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
-    precision = resolve_precision(
-        requested, model.model_id, devices.gpus if accelerator == "cuda" else (), force_fp16=training.force_fp16
-    )
     if training.fsdp and not training.fsdp_config:
         raise TextsqlError(
             "--fsdp was given without --fsdp_config: name the FSDP strategy with --fsdp_config "

@@ -1,5 +1,5 @@
 """Training speed levers (attention that skips packed padding, regional compile, the loss at the label positions only,
-LoRA's frozen base in bf16) applied to the Trainer's model, their flags and checks being textsql.spec.speed's; and the
+LoRA's frozen base in bf16) applied to the Trainer's model, their flags and checks being textsql.arguments.speed's; and the
 FLOPs a step computes, for MFU."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from textsql.arguments.speed import check_speed_here
 from textsql.families import Family, decoder_layer_classes, family_of
 from textsql.planner import causal as causal_planner
 from textsql.planner.causal import causal_widths
-from textsql.spec.speed import check_speed_here
 from textsql.strategy.devices import peak_tflops
 
 logger = logging.getLogger("textsql.train")

@@ -1,4 +1,4 @@
-"""The training arguments: three dataclasses with textsql's defaults (the mixins beside them in textsql/spec/), parsed
+"""The training arguments: three dataclasses with textsql's defaults (the mixins beside them in textsql/arguments/), parsed
 once from a command line, a JSON/YAML recipe or a dict, and handed between processes as one JSON object."""
 
 from __future__ import annotations
@@ -10,16 +10,15 @@ from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 from transformers.training_args import OptimizerNames
 
+from textsql.arguments.data import DataArguments, ModelArguments
+from textsql.arguments.devices import DeviceArguments
+from textsql.arguments.dstools import DsToolsArguments
+from textsql.arguments.grpo import GRPO_LR_SCHEDULER, GrpoArguments
+from textsql.arguments.lora import LoraArguments
+from textsql.arguments.speed import SpeedArguments, check_speed_here
+from textsql.arguments.tracking import TrackingArguments
 from textsql.errors import TextsqlError
-from textsql.families import AUTO
 from textsql.paths import in_project
-from textsql.spec.decoding import AUTO_DECODING_HELP, check_decoding
-from textsql.spec.dstools import DsToolsArguments
-from textsql.spec.grpo import GRPO_LR_SCHEDULER, GrpoArguments
-from textsql.spec.lora import LoraArguments
-from textsql.spec.speed import SpeedArguments, check_speed_here
-from textsql.spec.tracking import TrackingArguments
-from textsql.strategy.devices import DEVICE_CHOICES, PRECISIONS
 
 # The original walkthrough's flag names, kept so its commands still work.
 # transformers 5 renamed gradient checkpointing; the old name still works there but warns and goes away in v6.
@@ -28,72 +27,6 @@ LEGACY_FLAGS = {
     "--epochs": "--num_train_epochs",
     "--gradient_checkpointing": "--activation_checkpointing",
 }
-
-
-@dataclass
-class ModelArguments:
-    """Which model to fine-tune."""
-
-    model_id: str = field(
-        default="t5-small",
-        metadata={
-            "help": "Hub name (t5-small, t5-large, t5-3b; a causal LM such as Qwen/Qwen2.5-0.5B) or a local model "
-            "folder; its config.json decides the family (docs/causal-lm.md)."
-        },
-    )
-
-    def __post_init__(self):
-        self.model_id = in_project(self.model_id, only_if_exists=True)  # a folder of the project, from any subfolder
-
-
-@dataclass
-class DataArguments:
-    """Which prepared dataset to train on."""
-
-    dataset_dir: str = field(default="data/wikisql", metadata={"help": "Folder written by `textsql prep`."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Train on at most this many examples."})
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Evaluate on at most this many validation examples."}
-    )
-    execution_accuracy_samples: int = field(
-        default=200,
-        metadata={
-            "help": "Generate SQL (batched) for the first N validation questions and score it as WikiSQL does, once at "
-            "the end of training on the final weights: execution accuracy in run_summary.json, textsql report, "
-            "TensorBoard (eval/execution_accuracy) and MLflow. Costs one generation pass over N questions (its time "
-            "in docs/training.md); 0 turns it off. Nothing is scored without a validation split."
-        },
-    )
-    execution_accuracy_each_evaluation: bool = field(
-        default=False,
-        metadata={
-            "help": "Score those N questions at every evaluation (--eval_strategy) too, not only at the end: a curve "
-            "of execution accuracy, one generation pass per evaluation."
-        },
-    )
-    execution_accuracy_decoding: str = field(
-        default=AUTO,
-        metadata={
-            "help": f"Decoding for that score: {AUTO_DECODING_HELP}; greedy, execution_guided (the best of "
-            "--execution_accuracy_num_beams "
-            "beams that executes), constrained (only queries over the question's table) or "
-            "constrained+execution_guided; see textsql infer --decoding."
-        },
-    )
-    execution_accuracy_num_beams: int = field(
-        default=1, metadata={"help": "Beams for that score (at least 2 with the execution_guided decodings)."}
-    )
-
-    def __post_init__(self):
-        self.dataset_dir = in_project(self.dataset_dir)  # the project's data/, from notebooks/ too
-        if self.execution_accuracy_samples < 0:
-            raise TextsqlError(
-                "--execution_accuracy_samples must be 0 (off) or a positive number of validation questions."
-            )
-        check_decoding(self.execution_accuracy_decoding, self.execution_accuracy_num_beams, "--execution_accuracy_")
-        for name in ("max_train_samples", "max_eval_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise TextsqlError(f"--{name} must be a positive number (or left out for all).")
 
 
 def _textsql_default(name: str, default, why: str = ""):
@@ -114,7 +47,13 @@ def default_lr_scheduler(stage: str) -> str:
 
 @dataclass
 class TextsqlTrainingArguments(
-    Seq2SeqTrainingArguments, LoraArguments, DsToolsArguments, TrackingArguments, GrpoArguments, SpeedArguments
+    Seq2SeqTrainingArguments,
+    DeviceArguments,
+    LoraArguments,
+    DsToolsArguments,
+    TrackingArguments,
+    GrpoArguments,
+    SpeedArguments,
 ):
     """The Trainer's arguments with textsql's defaults, and how textsql sets a run up around the Trainer.
 
@@ -122,9 +61,9 @@ class TextsqlTrainingArguments(
     can describe a run and hand it to the processes that train. The Trainer's own checks and device setup run once, in
     the training process, when `train()` finalizes the arguments with what textsql decided there: precision and
     TF32, CPU or GPU, the run folder and the DeepSpeed config written for the run. The LoRA fields
-    (textsql.spec.lora.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.spec.dstools.
-    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger), MLflow's (textsql.spec.tracking.TrackingArguments:
-    --mlflow_log_model, ...) and the GRPO stage's (textsql.spec.grpo.GrpoArguments: --stage, --num_generations, ...) are
+    (textsql.arguments.lora.LoraArguments: --lora, --lora_rank, ...) and DeepSpeed's tools (textsql.arguments.dstools.
+    DsToolsArguments: --flops_profiler, --ds_monitor, --comms_logger), MLflow's (textsql.arguments.tracking.TrackingArguments:
+    --mlflow_log_model, ...) and the GRPO stage's (textsql.arguments.grpo.GrpoArguments: --stage, --num_generations, ...) are
     training arguments like the others, so they travel with them to every rank and node.
     """
 
@@ -201,32 +140,6 @@ class TextsqlTrainingArguments(
             "help": "Root of all runs; a run's folder is named <model>-<strategy>[-lora-r<rank>]-ws<world size>-bs<batch>."
         },
     )
-    precision: str = field(
-        default="auto",
-        metadata={
-            "help": "auto (bf16 where every GPU has it natively: compute capability 8.0+, with TF32 for the rest; fp32 "
-            "on older GPUs and the CPU), bf16, fp32 (true fp32 matmuls, no TF32) or fp16. The Trainer's --bf16/--fp16 "
-            "flags mean the same."
-        },
-    )
-    force_fp16: bool = field(
-        default=False, metadata={"help": "Allow fp16 on T5 anyway (it overflows to NaN on t5-large)."}
-    )
-    # Not `device`: that is the Trainer's property for the torch device it sets up.
-    accelerator: str = field(
-        default="auto",
-        metadata={
-            "help": "auto (the GPUs when there are any), cuda (stop with an error when this process sees no GPU, "
-            "instead of training on the CPU) or cpu."
-        },
-    )
-    num_gpus: int | None = field(
-        default=None,
-        metadata={
-            "help": "Ranks on this pod when `textsql train` is started directly: one per visible GPU by default "
-            "(started through the deepspeed launcher), 1 to train on one GPU. Ignored under a launcher."
-        },
-    )
     save_dtype: str = field(
         default="float32",
         metadata={
@@ -251,16 +164,9 @@ class TextsqlTrainingArguments(
     def __post_init__(self):
         """textsql's own checks only; the Trainer's __post_init__ runs in finalize()."""
         self.runs_root, self.output_dir = in_project(self.runs_root), in_project(self.output_dir)
-        if self.precision not in PRECISIONS:
-            raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{self.precision}'.")
-        if self.accelerator not in DEVICE_CHOICES:
-            raise TextsqlError(f"--accelerator must be one of {', '.join(DEVICE_CHOICES)}, not '{self.accelerator}'.")
+        self.check_devices()
         if self.save_dtype not in ("float32", "bfloat16"):
             raise TextsqlError(f"--save_dtype must be float32 or bfloat16, not '{self.save_dtype}'.")
-        if self.num_gpus is not None and self.num_gpus < 1:
-            raise TextsqlError(
-                f"--num_gpus must be at least 1 (or left out for one rank per visible GPU), not {self.num_gpus}."
-            )
         if self.lr_scheduler_type == "auto":
             self.lr_scheduler_type = default_lr_scheduler(self.stage)
         self._check_numbers()
@@ -268,7 +174,7 @@ class TextsqlTrainingArguments(
         self.check_ds_tools(self.deepspeed)
         self.check_tracking(self.report_to)
         self.check_grpo()
-        self.check_speed()  # the speed levers (textsql.spec.speed.SpeedArguments); what the device refuses, at start
+        self.check_speed()  # the speed levers (textsql.arguments.speed.SpeedArguments); what the device refuses, at start
         if self.stage == "grpo" and self.packing:
             raise TextsqlError(
                 "--packing packs gold examples for supervised fine-tuning; --stage grpo trains on its own sampled "

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
+from textsql.arguments.training import TextsqlTrainingArguments, default_lr_scheduler
 from textsql.paths import MODEL_NAME_LIMIT, short_name
-from textsql.spec.training import TextsqlTrainingArguments, default_lr_scheduler
 
 # Settings that make another experiment, as short name parts when they differ from textsql's defaults: two runs that
 # differ in one of them never share a folder, and the same command finds its own folder again (and resumes there).

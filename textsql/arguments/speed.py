@@ -142,7 +142,7 @@ def speed_refusals(
 
 
 def check_speed_here(args, family: Family | None = None, deepspeed_config: dict | None = None) -> None:
-    """Refuse the levers of finalized training arguments (textsql.spec.training.TextsqlTrainingArguments) that
+    """Refuse the levers of finalized training arguments (textsql.arguments.training.TextsqlTrainingArguments) that
     cannot run on this process's device, strategy and precision (and the model's family, once it is loaded)."""
     zero_stage = None
     if args.deepspeed:
