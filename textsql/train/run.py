@@ -55,7 +55,7 @@ from textsql.strategy.fsdpconfig import (
 from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
 from textsql.tracking import end_failed_run, for_training
 from textsql.train import watch
-from textsql.train.callbacks import attach
+from textsql.train.callbacks import PhaseCallback, attach
 from textsql.train.collate import check_packing
 from textsql.train.distributed import (
     ensure_distributed_env,
@@ -372,7 +372,7 @@ def add_callbacks(trainer, training_args: TextsqlTrainingArguments, callbacks=()
     among its lines); the progress bar for training steps only (not evaluation's)."""
     for callback in callbacks:
         trainer.add_callback(callback)
-    trainer.add_callback(watch.callback())  # the loop's phases, for a pod that watches this rank (textsql.cluster)
+    trainer.add_callback(PhaseCallback())  # the loop's phases, for a pod that watches this rank (textsql.cluster)
     if not any(isinstance(callback, TrainingTimer) for callback in callbacks):
         trainer.add_callback(TrainingTimer(eval_examples=len(trainer.eval_dataset or ())))
     if not training_args.disable_tqdm:

@@ -159,52 +159,6 @@ def phase(name: str, after: str = "finishing"):
         enter(after)
 
 
-def callback():
-    """The Trainer's callback that announces the training loop's phases: each step and micro-step, an evaluation (from
-    the step that asks for it, each batch progress) and a checkpoint save (from the step that asks for it, until the
-    Trainer's on_save); nothing is watched after on_train_end until textsql.train announces the next phase."""
-    from transformers import TrainerCallback
-
-    class PhaseCallback(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            begin_training()
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            advance()
-
-        def on_substep_end(self, args, state, control, **kwargs):
-            advance()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            advance(step_done=True)
-            self._next(control, evaluation=control.should_evaluate, saving=control.should_save)
-
-        on_epoch_end = on_step_end  # the Trainer sets what comes next at an epoch's end too (epoch strategies)
-
-        def on_prediction_step(self, args, state, control, **kwargs):
-            advance()
-
-        def on_evaluate(self, args, state, control, **kwargs):
-            if current()["name"] == "evaluation":  # not the final one: textsql.train announces what follows it
-                # "best" decides to save only after the evaluation: its save is taken for one in case it comes
-                best = str(getattr(args, "save_strategy", "")).endswith("best")
-                self._next(control, evaluation=False, saving=control.should_save or best)
-
-        def on_save(self, args, state, control, **kwargs):
-            if current()["name"] == "checkpoint save":
-                enter("step")
-
-        def on_train_end(self, args, state, control, **kwargs):
-            enter("after training")
-
-        def _next(self, control, evaluation: bool, saving: bool):
-            name = "evaluation" if evaluation else "checkpoint save" if saving else "step"
-            if name != current()["name"]:
-                enter(name)
-
-    return PhaseCallback()
-
-
 def key_pipe(key: bytes) -> int:
     """A pipe's read end holding `key`, for a child to inherit (pass_fds) and read once."""
     read, write = os.pipe()
