@@ -103,11 +103,11 @@ NOTEBOOKS = {
             "project folder), and the join window of an elastic launch (`min_workers`): raise one for a slower run."
         ),
         new_code_cell(
-            'backend = "cml"\nworkers = 2\ncpu = 8\nmemory = 32\nnvidia_gpu = 1\n'
+            'backend = "cml"\nworkers = 2\ncpu, memory, nvidia_gpu = 8, 32, 1  # each worker pod: cores, GiB, GPUs\n'
             "min_workers = None  # elastic: start with this many workers if the others have not joined within the join window\n"
             'limits = {}  # e.g. {"save_timeout": 1800, "first_step_timeout": 1800}: WatchLimits, in seconds\n'
             'model_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\ndataset_dir = "data/wikisql"\n'
-            'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = 32\nper_device_eval_batch_size = 32\n'
+            'deepspeed = "zero2"\nepochs = 3\nper_device_train_batch_size = per_device_eval_batch_size = 32\n'
             "extra_args = {}  # any other Trainer argument",
             metadata={"tags": ["parameters"]},
         ),

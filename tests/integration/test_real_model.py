@@ -146,7 +146,8 @@ def test_the_docs_commands_chain_on_the_real_model_and_its_merged_adapter_quanti
         # fp32 over the doc's bf16: a CPU without AVX-512-BF16 or AMX emulates bf16 about 9x slower
         # (bench/results/2026-12-02-cpu-precision.json); the chain, not the precision, is what this test checks.
         argv += {
-            "train": ["--max_steps", "1", "--precision", "fp32"],
+            # no end-of-run SQL score: infer scores each run next, as the doc does
+            "train": ["--max_steps", "1", "--precision", "fp32", "--execution_accuracy_samples", "0"],
             "infer": ["--max_examples", "4", "--show_examples", "0", "--dtype", "float32"],
         }.get(argv[0], [])
         status, out, err = textsql_in_process(argv)
