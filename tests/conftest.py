@@ -24,6 +24,29 @@ def torch_threads() -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
+# The longest test files first, longest first: with `-n 2 --dist loadfile` pytest-xdist hands each file to one worker
+# in collection order, so a long file collected last runs alone while the other worker idles (the suite's tail on
+# 2026-12-02: the GPU check's `--cpu` run, the real model's documented commands and the tune test after everything
+# else). Longest-first leaves the short files to fill in behind. Names, not timings: a file missing here runs after.
+LONGEST_FILES_FIRST = (
+    "test_real_model.py",
+    "test_gpu_check.py",
+    "test_tune.py",
+    "test_cluster_faults.py",
+    "test_cluster.py",
+    "test_notebooks.py",
+    "test_grpo.py",
+    "test_strategies.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Collection order with LONGEST_FILES_FIRST at the front (a stable sort: tests keep their order within a file,
+    every worker collects the same order, as pytest-xdist requires)."""
+    rank = {name: place for place, name in enumerate(LONGEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_configure(config):
     """The suite runs air-gapped, as CML clusters often are: nothing is fetched from the Hugging Face hub (a test that
     needs the hub's behaviour points HF_ENDPOINT at a closed loopback port instead). Each worker's torch gets its

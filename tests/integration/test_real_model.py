@@ -95,6 +95,8 @@ def test_the_real_model_learns_real_lines_and_writes_sql_through_infer(
         "no",
         "--execution_accuracy_samples",
         "0",
+        "--max_eval_samples",  # the final evaluation's loss on 8 questions, not the whole validation split
+        "8",
     ]
     status, out, err = textsql_in_process(argv)
     assert status == 0, err[-3000:]
@@ -126,9 +128,9 @@ def test_the_docs_commands_chain_on_the_real_model_and_its_merged_adapter_quanti
     real_model, real_files, tmp_path, monkeypatch, textsql_in_process
 ):
     """docs/real-model.md's "Fine-tune it" commands as a newcomer types them, in a fresh project folder (each training
-    cut to one step, each scoring to 4 questions): every command reads the folder the one before wrote. The import
-    line is the real_model fixture's own work (the same `textsql import`, into the user's cache): its folder is linked
-    where the doc's import writes it. The merged LoRA model then quantizes."""
+    cut to one step of 4 questions, each scoring to 4 questions): every command reads the folder the one before wrote.
+    The import line is the real_model fixture's own work (the same `textsql import`, into the user's cache): its
+    folder is linked where the doc's import writes it. The merged LoRA model then quantizes."""
     import shutil
 
     from bench.real_model import RECIPES, documented_commands
@@ -146,9 +148,13 @@ def test_the_docs_commands_chain_on_the_real_model_and_its_merged_adapter_quanti
         # fp32 over the doc's bf16: a CPU without AVX-512-BF16 or AMX emulates bf16 about 9x slower
         # (bench/results/2026-12-02-cpu-precision.json); the chain, not the precision, is what this test checks.
         argv += {
-            # no end-of-run SQL score: infer scores each run next, as the doc does
-            "train": ["--max_steps", "1", "--precision", "fp32", "--execution_accuracy_samples", "0"],
+            # a step of 4 questions; no end-of-run SQL score (infer scores each run next, as the doc does); the final
+            # evaluation's loss on 8 validation questions, not all (each of these cost minutes a training on the CPU)
+            "train": ["--max_steps", "1", "--per_device_train_batch_size", "4", "--precision", "fp32"]
+            + ["--execution_accuracy_samples", "0", "--max_eval_samples", "8"],
             "infer": ["--max_examples", "4", "--show_examples", "0", "--dtype", "float32"],
+            # the QLoRA merge scored on 4 validation questions, not 64 (the nf4 base generates slowly on the CPU)
+            "merge": ["--score_examples", "4"],
         }.get(argv[0], [])
         status, out, err = textsql_in_process(argv)
         assert status == 0, (argv, err[-3000:])
