@@ -298,7 +298,7 @@ NOTEBOOKS = {
             "                                       source_format=source_format or source_format_for(model_id),\n"
             "                                       max_examples_per_split=max_examples_per_split))\n"
             "dataset, metadata = load_prepared(folder)\n"
-            "print(format_layout(metadata))\nprint(format_length_report(metadata['lengths']))\n"
+            "print(format_layout(metadata), format_length_report(metadata['lengths']), sep='\\n')\n"
             "print(dataset['train'][0]['prompt'] + dataset['train'][0]['target'])  # one training sequence (then EOS)"
         ),
         new_code_cell(
