@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from textsql.evaluate import generate_sql, load_scoring_set
-    from textsql.quantize import load_for_inference
+    from textsql.loading import load_for_inference
 
     with tempfile.TemporaryDirectory(prefix="textsql-bench-") as tmp:
         if args.model_dir:

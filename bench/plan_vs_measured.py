@@ -267,7 +267,7 @@ def strategy_configs(workdir: Path) -> dict[str, str | None]:
 def longest_lengths(data_dir: Path, examples: int, on_gpu: bool) -> tuple[int, int]:
     """The longest source and target among the first `examples` training examples (what the run trains on), rounded
     up to a multiple of 8 on a GPU as the collator pads them."""
-    from textsql.prep import load_prepared
+    from textsql.prepared import load_prepared
 
     dataset, _ = load_prepared(data_dir)
     train = dataset["train"].select(range(min(examples, len(dataset["train"]))))

@@ -55,7 +55,8 @@ def main() -> None:
     from textsql.arguments.quantize import QuantizeArguments
     from textsql.errors import TextsqlError
     from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set
-    from textsql.quantize import load_for_inference, memory_bytes, quantize_and_save, weights_bytes
+    from textsql.loading import load_for_inference
+    from textsql.quantize import memory_bytes, quantize_and_save, weights_bytes
 
     load_before = os.getloadavg()
     scoring = load_scoring_set(args.dataset_dir, args.split, args.questions)

@@ -265,7 +265,8 @@ class Bench:
         """Each method on the same model, against that model unquantized in fp32 (as `textsql quantize` scores it)."""
         from textsql.arguments.quantize import QuantizeArguments
         from textsql.evaluate import load_scoring_set
-        from textsql.quantize import load_for_inference, quantize_and_save, score_model
+        from textsql.loading import load_for_inference
+        from textsql.quantize import quantize_and_save, score_model
 
         scoring = load_scoring_set(str(dataset), "test")
 

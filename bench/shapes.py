@@ -73,7 +73,7 @@ def save_random_t5(folder: str, dataset_dir: str, shape: str = "t5-small") -> st
     and speed where no fine-tuned model of that shape exists (quantize_methods.py, infer_batching.py, bench/gpu)."""
     from transformers import AutoTokenizer
 
-    from textsql.prep import load_prepared
+    from textsql.prepared import load_prepared
 
     metadata = load_prepared(dataset_dir)[1]
     tokenizer_dir = (

@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from textsql.hub import load_tokenizer
-    from textsql.prep import PrepArguments, characters_lost_in_targets, load_prepared, load_tables, prepare_dataset
+    from textsql.prep import PrepArguments, characters_lost_in_targets, prepare_dataset
+    from textsql.prepared import load_prepared, load_tables
     from textsql.vocabulary import missing_characters
 
     real, work = Path(args.real), Path(args.workdir)

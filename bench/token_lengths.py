@@ -30,7 +30,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine, prepared_release  # noqa: E402  (the repository root is on sys.path now)
-from textsql.prep import PERCENTILES, load_prepared  # noqa: E402
+from textsql.prep import PERCENTILES  # noqa: E402
+from textsql.prepared import load_prepared  # noqa: E402
 
 WALKTHROUGH_LENGTH = 96  # the walkthrough padded (and truncated) questions and targets to 96 tokens
 

@@ -84,7 +84,7 @@ def prepared_data(args) -> Path:
 def dataset_tokenizer(dataset_dir: Path):
     """The tokenizer the dataset was prepared with (with any characters prep added)."""
     from textsql.hub import load_tokenizer
-    from textsql.prep import load_prepared, tokenizer_for_training
+    from textsql.prepared import load_prepared, tokenizer_for_training
 
     _, metadata = load_prepared(dataset_dir)
     return tokenizer_for_training(load_tokenizer(metadata["tokenizer"]), dataset_dir, metadata)
@@ -92,7 +92,7 @@ def dataset_tokenizer(dataset_dir: Path):
 
 def training_subset(dataset_dir: Path, examples: int, seed: int):
     """The same seeded sample of the training split for every run."""
-    from textsql.prep import load_prepared
+    from textsql.prepared import load_prepared
 
     dataset, _ = load_prepared(dataset_dir)
     train = dataset["train"]

@@ -30,7 +30,7 @@ NOTEBOOKS = {
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
-            "from textsql.notebook import default_model_id, real_model\nfrom textsql.prep import PrepArguments, format_length_report, load_prepared, prepare_dataset\n\n"
+            "from textsql.notebook import default_model_id, real_model\nfrom textsql.prep import PrepArguments, format_length_report, prepare_dataset\nfrom textsql.prepared import load_prepared\n\n"
             "args = PrepArguments(source=source, model_id=model_id or real_model() or default_model_id(), output_dir=output_dir, source_prefix=source_prefix,\n"
             "                     source_format=source_format, max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
             "folder = prepare_dataset(args)"
@@ -291,14 +291,14 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             "from textsql.notebook import default_model_id, real_model, source_format_for, trained_demo_model\n"
-            "from textsql.prep import PrepArguments, format_layout, format_length_report, load_prepared, prepare_dataset\n\n"
+            "from textsql.prep import PrepArguments, format_layout, format_length_report, prepare_dataset\nfrom textsql.prepared import load_prepared\n\n"
             'model_id = model_id or real_model() or trained_demo_model("causal") or default_model_id("causal")\n'
             'print(f"model: {model_id}")\n'
             "folder = prepare_dataset(PrepArguments(source=source, model_id=model_id, output_dir=dataset_dir, overwrite=overwrite,\n"
             "                                       source_format=source_format or source_format_for(model_id),\n"
             "                                       max_examples_per_split=max_examples_per_split))\n"
             "dataset, metadata = load_prepared(folder)\n"
-            "print(format_layout(metadata))\nprint(format_length_report(metadata['lengths']))\n"
+            "print(format_layout(metadata), format_length_report(metadata['lengths']), sep='\\n')\n"
             "print(dataset['train'][0]['prompt'] + dataset['train'][0]['target'])  # one training sequence (then EOS)"
         ),
         new_code_cell(

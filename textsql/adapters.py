@@ -17,8 +17,7 @@ from textsql.extras import require_lifecycle_extra
 from textsql.families import family_of, lora_target_modules
 from textsql.hub import load_model, load_tokenizer, model_family
 from textsql.paths import ADAPTER_CONFIG_FILE, ADAPTER_RECORD_FILE, short_name
-from textsql.prep import tokenizer_fingerprint
-from textsql.vocabulary import fit_embeddings
+from textsql.vocabulary import fit_embeddings, tokenizer_fingerprint
 
 logger = logging.getLogger("textsql.adapters")
 

@@ -19,7 +19,8 @@ from textsql.evaluate import load_scoring_set, score_predictions
 from textsql.families import AUTO, best_setting, family_named
 from textsql.infer import run_inference
 from textsql.paths import DEMO_RUNS_DIR, METADATA_FILE
-from textsql.prep import load_prepared, prepare_dataset
+from textsql.prep import prepare_dataset
+from textsql.prepared import load_prepared
 from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
 from textsql.train.estimate import TrainingTimer
 from textsql.train.run import train

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from textsql.arguments.decoding import constrained, execution_guided
 from textsql.errors import TextsqlError
 from textsql.families import ensure_pad_token, family_of, pad_token_id
-from textsql.prep import load_prepared, load_tables, model_source
+from textsql.prepared import load_prepared, load_tables
+from textsql.prompts import model_source
 from textsql.wikisql.constrained import QueryGrammar, vocabulary_of
 from textsql.wikisql.sql import aggregate_metrics, exact_match, executes_plausibly, score_prediction
 
@@ -21,14 +22,6 @@ def decoding_label(decoding: str, num_beams: int) -> str:
     else:
         label = "greedy" if num_beams == 1 else f"beam search ({num_beams} beams)"
     return f"constrained {label}" if constrained(decoding) else label
-
-
-def pick_device(choice: str):
-    import torch
-
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise TextsqlError("--device cuda was asked for, but no CUDA GPU is visible; use --device auto or cpu.")
-    return torch.device("cuda" if choice != "cpu" and torch.cuda.is_available() else "cpu")
 
 
 def generate_sql(

@@ -20,9 +20,10 @@ from textsql.evaluate import (
     load_scoring_set,
 )
 from textsql.families import best_setting, family_of
+from textsql.loading import load_for_inference
 from textsql.paths import METRICS_FILE, PREDICTIONS_FILE
-from textsql.prep import check_source_settings, load_prepared, load_tables, model_source
-from textsql.quantize import load_for_inference
+from textsql.prepared import load_prepared, load_tables
+from textsql.prompts import check_source_settings, model_source
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 from textsql.adapters import load_adapter_model, merge_adapter, quantized_base, read_adapter_record
 from textsql.arguments.merge import MergeArguments
 from textsql.errors import TextsqlError
-from textsql.evaluate import load_scoring_set, pick_device
+from textsql.evaluate import load_scoring_set
+from textsql.loading import load_for_inference, pick_device, quantized_base_loading
 from textsql.paths import MERGE_RECORD_FILE, SUMMARY_FILE
-from textsql.quantize import comparison, load_for_inference, quantized_base_loading, score_model
+from textsql.quantize import comparison, score_model
 
 HEADLINE = ("execution_accuracy", "logical_form_accuracy", "exact_match", "queries_per_second")
 

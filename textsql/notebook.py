@@ -14,7 +14,7 @@ from textsql.families import AUTO
 from textsql.hub import load_config
 from textsql.model_import import imported_model_dir
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, SUMMARY_FILE, in_project
-from textsql.prep import fine_tuned_settings
+from textsql.prompts import fine_tuned_settings
 
 HUB_MODELS = {"t5": "t5-small", "causal": "Qwen/Qwen2.5-0.5B"}  # where the project has no demo's model
 

@@ -9,9 +9,9 @@ import os
 from importlib import resources
 from pathlib import Path
 
-# A prepared dataset folder (`textsql prep --output_dir`; textsql.prep writes and reads it).
-METADATA_FILE = "textsql_data.json"  # what was prepared: source, tokenizer, lengths, source format (textsql.prep)
-TABLES_FILE = "tables.jsonl"  # the tables the splits use, for execution accuracy (textsql.prep)
+# A prepared dataset folder (`textsql prep --output_dir`; textsql.prepared writes and reads it; textsql.prep builds it).
+METADATA_FILE = "textsql_data.json"  # what was prepared: source, tokenizer, lengths, source format (textsql.prepared)
+TABLES_FILE = "tables.jsonl"  # the tables the splits use, for execution accuracy (textsql.prepared)
 TOKENIZER_DIR = "tokenizer"  # the tokenizer with the characters it lacked added (textsql.vocabulary)
 # The splits themselves: datasets' own save_to_disk layout (train/, validation/, test/, dataset_dict.json).
 
@@ -32,7 +32,7 @@ ADAPTER_RECORD_FILE = (
 MERGE_RECORD_FILE = (
     "textsql_merge.json"  # a merged QLoRA adapter: what it was merged onto and its score (textsql.merge)
 )
-QUANTIZATION_FILE = "textsql_quantization.json"  # a quantized model folder: the method and its score against the unquantized model (textsql.quantize)
+QUANTIZATION_FILE = "textsql_quantization.json"  # a quantized model folder: the method and its score against the unquantized model (textsql.loading)
 # DeepSpeed's tools in a run folder (textsql.train.dstools; --flops_profiler, --ds_monitor, --comms_logger).
 FLOPS_PROFILE_FILE = "flops_profile.txt"  # the flops profiler's per-module table of the profiled step (rank 0)
 DS_MONITOR_DIR = "ds_monitor"  # DeepSpeed's monitors: csv/ (one CSV per figure) and tensorboard/ (events), rank 0

@@ -1,5 +1,6 @@
 """Prepare WikiSQL for training: load a source, tokenize it as the model's family reads it (T5: a prefixed source and
-a separate target; a causal LM: prompt and SQL in one sequence), no fixed padding, report lengths, save to disk."""
+a separate target; a causal LM: prompt and SQL in one sequence), no fixed padding, report lengths, save to disk (the
+folder's format: textsql.prepared; the sources' format: textsql.prompts)."""
 
 from __future__ import annotations
 
@@ -7,18 +8,19 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from textsql import __version__
-from textsql.arguments.prep import DEFAULT_MAX_VALUES, DEFAULT_VALUES_PER_COLUMN, PrepArguments
+from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
-from textsql.families import AUTO, CAUSAL, best_setting, family_named, family_of
+from textsql.families import AUTO, best_setting
 from textsql.hub import load_tokenizer, model_family
-from textsql.paths import METADATA_FILE, TABLES_FILE, TOKENIZER_DIR
-from textsql.vocabulary import add_characters, byte_level, missing_characters
-from textsql.wikisql.cells import cell_matches
-from textsql.wikisql.format import VALUES_FORMAT, Example, WikiSQLData, source_text
+from textsql.paths import METADATA_FILE, TOKENIZER_DIR
+from textsql.prepared import save_prepared
+from textsql.prompts import FittedSource, fitted_source, table_values
+from textsql.vocabulary import add_characters, byte_level, missing_characters, tokenizer_fingerprint
+from textsql.wikisql.format import VALUES_FORMAT, Example, WikiSQLData
 from textsql.wikisql.release import load_wikisql
 from textsql.wikisql.sql import SQLParseError, parse_sql, same_logical_form
 from textsql.wikisql.synthetic import generate_wikisql
@@ -29,10 +31,6 @@ logger = logging.getLogger(__name__)
 # as validation by default, so that a default `textsql train`, which evaluates each epoch, can.
 DEFAULT_VALIDATION_FROM_TRAIN = 0.1
 PERCENTILES = (50, 90, 95, 99, 100)
-# Where a fine-tuned model records what it was trained to read (the T5 convention for task prefixes).
-MODEL_CONFIG_KEY = "textsql"
-# What a question+header+values source also depends on, recorded in the data's metadata and the model's config.
-VALUES_SETTINGS = ("values_per_column", "max_values", "max_source_length")
 
 
 def load_source(args: PrepArguments) -> WikiSQLData:
@@ -64,6 +62,53 @@ def prepare_dataset(args: PrepArguments):
     data = load_source(args)  # the user's data first: a missing folder is named before any model is looked for
     family = model_family(args.model_id)
     base_tokenizer = load_tokenizer(args.model_id)
+    data = _split_source(data, args)
+    args = _settle_formats(args, data, family, base_tokenizer)
+    splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
+    settings, values, sources = _whole_sources(splits, data.tables, family, args)
+    tokenizer, missing = _complete_tokenizer(base_tokenizer, splits, sources, output_dir, args.model_id)
+    settings["prompt_format"] = args.prompt_format if family.causal else None
+    fits = _fit_sources(splits, data.tables, settings, values, tokenizer, args.max_source_length)
+    dataset, fitted = _tokenize(splits, fits, tokenizer, family, args)
+    report = length_report(dataset, args.max_source_length, args.max_target_length)
+    lost = _check_targets(dataset, tokenizer, data.tables, args.model_id)
+    if not family.causal:  # a causal LM's examples were fitted or dropped as they were tokenized
+        dataset = apply_overlong_policy(dataset, report, args)
+    metadata = {
+        "source": data.source if args.source != "generate" else "generate",
+        "tokenizer": args.model_id,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "base_tokenizer_fingerprint": tokenizer_fingerprint(base_tokenizer),
+        "tokenizer_dir": TOKENIZER_DIR if tokenizer is not base_tokenizer else None,
+        "added_characters": missing["unknown"],
+        "characters_changed_by_normalizer": missing["normalized"],
+        "source_prefix": settings["source_prefix"],
+        "source_format": args.source_format,
+        "layout": family.kind,
+        "prompt_format": settings["prompt_format"],
+        "model_family": family.name,
+        "byte_level": byte_level(base_tokenizer),
+        "prompts_fitted": fitted,
+        "values_per_column": args.values_per_column,
+        "max_values": args.max_values,
+        "values_listed": _values_listed(fits) if args.source_format == VALUES_FORMAT else None,
+        "max_source_length": args.max_source_length,
+        "max_target_length": args.max_target_length,
+        "overlong": args.overlong,
+        "examples": {name: len(split) for name, split in dataset.items()},
+        "lengths": report,
+        "targets_lost_in_tokenization": lost,
+        "has_tables": bool(data.tables),
+        "arguments": asdict(args),
+        "textsql_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    return save_prepared(output_dir, dataset, data, splits, metadata)
+
+
+def _split_source(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
+    """The source's splits as prep keeps them: a train split required, validation held out of it where the source has
+    none, then the generated questions (--generated_train) added to train."""
     if not data.splits.get("train"):
         raise TextsqlError(
             f"Source '{args.source}' has no train split; found splits: {', '.join(data.splits) or 'none'}."
@@ -71,7 +116,13 @@ def prepare_dataset(args: PrepArguments):
     data = validation_split(data, args)  # before generated questions join train: validation stays the source's
     if args.generated_train:
         data = with_generated_train(data, args)
-    if args.source_format == AUTO:  # the family's best (textsql.families.best_settings), said in one line
+    return data
+
+
+def _settle_formats(args: PrepArguments, data: WikiSQLData, family, base_tokenizer) -> PrepArguments:
+    """The arguments with --source_format auto settled (the family's best, textsql.families.best_settings, said in one
+    line), refused where the source or the model cannot have the formats asked for."""
+    if args.source_format == AUTO:
         args = replace(args, source_format=best_setting("source_format", AUTO, family, bool(data.tables)))
         why = f"the best measured for {family.name}" if data.tables else "the source has no tables"
         logger.info("source format: %s (%s; --source_format question: the walkthrough's)", args.source_format, why)
@@ -90,52 +141,64 @@ def prepare_dataset(args: PrepArguments):
             f"The tokenizer of '{args.model_id}' has no chat template (chat_template in tokenizer_config.json or a "
             "chat_template.jinja file), so --prompt_format chat cannot lay the prompt out. Use --prompt_format plain."
         )
-    splits = {name: examples[: args.max_examples_per_split] for name, examples in data.splits.items()}
+    return args
+
+
+def _whole_sources(splits: dict[str, list[Example]], tables: dict, family, args: PrepArguments):
+    """(settings, values, sources): how the sources are built (the prompt format set once the tokenizer is final), each
+    example's listed cell values, and its source whole and plain, as the tokenizer check reads it (fitted to
+    --max_source_length only once the tokenizer is final)."""
     prefix = "" if family.causal else args.source_prefix  # a causal LM reads a plain prompt (source_text)
     settings = {**asdict(args), "source_prefix": prefix, "layout": family.kind, "prompt_format": None}
     values = {
-        name: [table_values(e.question, data.tables.get(e.table_id), settings) for e in examples]
+        name: [table_values(e.question, tables.get(e.table_id), settings) for e in examples]
         for name, examples in splits.items()
     }
-    sources = {  # whole and plain, as the tokenizer check reads them; fitted to --max_source_length below
+    whole = _fit_sources(splits, tables, settings, values)
+    return settings, values, {name: [fit.text for fit in fits] for name, fits in whole.items()}
+
+
+def _fit_sources(splits, tables: dict, settings: dict, values: dict, tokenizer=None, max_length: int | None = None):
+    """Each split's sources (fitted_source, with each example's listed values): fitted with a tokenizer, else whole."""
+    return {
         name: [
-            fitted_source(e.question, data.tables.get(e.table_id), settings, values=listed).text
+            fitted_source(e.question, tables.get(e.table_id), settings, tokenizer, max_length, values=listed)
             for e, listed in zip(examples, values[name])
         ]
         for name, examples in splits.items()
     }
-    # Every character the model reads or learns to write must be one it can produce: add what the tokenizer lacks. It
-    # reads every split's sources (questions, columns, cells: inputs) and learns train's answers; the held-out answers
-    # are what it is scored on, never read here.
+
+
+def _complete_tokenizer(base_tokenizer, splits: dict[str, list[Example]], sources: dict, output_dir: Path, model_id):
+    """(tokenizer, missing): the model's tokenizer, or a copy saved in the folder with the characters it cannot
+    produce added. Every character the model reads or learns to write must be one it can produce: it reads every
+    split's sources (questions, columns, cells: inputs) and learns train's answers; the held-out answers are what it
+    is scored on, never read here."""
     missing = missing_characters(
         base_tokenizer,
         (text for name in splits for text in sources[name] + [e.target for e in splits[name] if name == "train"]),
     )
-    tokenizer = base_tokenizer
     if byte_level(base_tokenizer):
         logger.info(
             "'%s' is a byte-level BPE tokenizer: it writes every character, so nothing is added to its vocabulary%s.",
-            args.model_id,
+            model_id,
             f" (yet it cannot produce {missing['unknown']})" if missing["unknown"] else "",
         )
-    if missing["unknown"]:
-        tokenizer = add_characters(base_tokenizer, missing["unknown"], output_dir / TOKENIZER_DIR)
-        logger.info(
-            "Added %d characters that '%s' cannot produce to its vocabulary: %s",
-            len(missing["unknown"]),
-            args.model_id,
-            ", ".join(repr(c) for c in missing["unknown"]),
-        )
-    settings["prompt_format"] = args.prompt_format if family.causal else None
-    fits = {
-        name: [
-            fitted_source(
-                e.question, data.tables.get(e.table_id), settings, tokenizer, args.max_source_length, values=listed
-            )
-            for e, listed in zip(examples, values[name])
-        ]
-        for name, examples in splits.items()
-    }
+    if not missing["unknown"]:
+        return base_tokenizer, missing
+    tokenizer = add_characters(base_tokenizer, missing["unknown"], output_dir / TOKENIZER_DIR)
+    logger.info(
+        "Added %d characters that '%s' cannot produce to its vocabulary: %s",
+        len(missing["unknown"]),
+        model_id,
+        ", ".join(repr(c) for c in missing["unknown"]),
+    )
+    return tokenizer, missing
+
+
+def _tokenize(splits: dict[str, list[Example]], fits: dict[str, list[FittedSource]], tokenizer, family, args):
+    """(dataset, what was fitted per split): the family's layout (tokenize_causal, tokenize_splits), the sources that
+    lost cell values to fit said."""
     if family.causal:
         dataset, fitted = tokenize_causal(splits, fits, tokenizer, args)
     else:
@@ -149,23 +212,32 @@ def prepare_dataset(args: PrepArguments):
                 counts["values_dropped"],
                 args.max_source_length,
             )
-    values_listed = {  # as fitted, before --overlong drops any
+    return dataset, fitted
+
+
+def _values_listed(fits: dict[str, list[FittedSource]]) -> dict:
+    """Per split, the sources and how many list cell values, and how many values, as fitted (before --overlong)."""
+    return {
         name: {
-            "sources": len(fits[name]),
-            "prompts_with_values": sum(bool(f.values) for f in fits[name]),
-            "values": sum(f.values for f in fits[name]),
+            "sources": len(split),
+            "prompts_with_values": sum(bool(f.values) for f in split),
+            "values": sum(f.values for f in split),
         }
-        for name in splits
+        for name, split in fits.items()
     }
-    report = length_report(dataset, args.max_source_length, args.max_target_length)
-    lost = characters_lost_in_targets(dataset, tokenizer, data.tables)
+
+
+def _check_targets(dataset, tokenizer, tables: dict, model_id: str) -> dict:
+    """characters_lost_in_targets, said: the column names a tokenizer rewrites (scoring still matches them) as
+    information, the targets the model cannot write exactly as a warning."""
+    lost = characters_lost_in_targets(dataset, tokenizer, tables)
     recovered = lost["column_names_recovered"]
     if recovered["examples"]:
         logger.info(
             "%d target SQL strings come back from '%s' with column names rewritten (%s); scoring matches "
             "column names as the tokenizer writes them, so they still score right.",
             recovered["examples"],
-            args.model_id,
+            model_id,
             ", ".join(f"{c!r} x{n}" for c, n in recovered["characters"].items()),
         )
     if lost["examples"]:
@@ -173,45 +245,10 @@ def prepare_dataset(args: PrepArguments):
             "%d target SQL strings do not survive tokenize -> decode with '%s' (characters it rewrites: %s); the model "
             "cannot generate them exactly, so those examples cannot be scored right.",
             lost["examples"],
-            args.model_id,
+            model_id,
             ", ".join(f"{c!r} x{n}" for c, n in lost["characters"].items()),
         )
-    if not family.causal:  # a causal LM's examples were fitted or dropped as they were tokenized
-        dataset = apply_overlong_policy(dataset, report, args)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    dataset.save_to_disk(str(output_dir))
-    _save_tables(output_dir, data, splits)
-    metadata = {
-        "source": data.source if args.source != "generate" else "generate",
-        "tokenizer": args.model_id,
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "base_tokenizer_fingerprint": tokenizer_fingerprint(base_tokenizer),
-        "tokenizer_dir": TOKENIZER_DIR if tokenizer is not base_tokenizer else None,
-        "added_characters": missing["unknown"],
-        "characters_changed_by_normalizer": missing["normalized"],
-        "source_prefix": prefix,
-        "source_format": args.source_format,
-        "layout": family.kind,
-        "prompt_format": args.prompt_format if family.causal else None,
-        "model_family": family.name,
-        "byte_level": byte_level(base_tokenizer),
-        "prompts_fitted": fitted,
-        "values_per_column": args.values_per_column,
-        "max_values": args.max_values,
-        "values_listed": values_listed if args.source_format == VALUES_FORMAT else None,
-        "max_source_length": args.max_source_length,
-        "max_target_length": args.max_target_length,
-        "overlong": args.overlong,
-        "examples": {name: len(split) for name, split in dataset.items()},
-        "lengths": report,
-        "targets_lost_in_tokenization": lost,
-        "has_tables": bool(data.tables),
-        "arguments": asdict(args),
-        "textsql_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    (output_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
-    return output_dir
+    return lost
 
 
 def validation_split(data: WikiSQLData, args: PrepArguments) -> WikiSQLData:
@@ -326,103 +363,6 @@ def tokenize_splits(splits: dict[str, list[Example]], sources: dict[str, list[st
             }
         )
     return DatasetDict(result)
-
-
-@dataclass
-class FittedSource:
-    """A source as fitted_source built it: its text, its ids (when fitted with a tokenizer), how many cell values it
-    lists, and how many values and columns were left out to fit."""
-
-    text: str
-    ids: list[int] | None = None
-    values: int = 0
-    values_dropped: int = 0
-    columns_cut: int = 0
-
-
-def table_values(question: str, table: dict | None, settings: dict) -> list[tuple[str, str]]:
-    """The (column name, cell) pairs a 'question+header+values' source lists for the question, best first
-    (textsql.wikisql.cells), within the settings' values_per_column and max_values; none for another format."""
-    if settings.get("source_format") != VALUES_FORMAT or table is None:
-        return []
-    matches = cell_matches(
-        question,
-        table,
-        settings.get("values_per_column", DEFAULT_VALUES_PER_COLUMN),
-        settings.get("max_values", DEFAULT_MAX_VALUES),
-    )
-    return [(table["header"][match.column], match.cell) for match in matches]
-
-
-def fitted_source(
-    question: str,
-    table: dict | None,
-    settings: dict,
-    tokenizer=None,
-    max_length: int | None = None,
-    values: list[tuple[str, str]] | None = None,
-) -> FittedSource:
-    """What the model reads for a question about `table` (release format: header, rows; or None), laid out as
-    `settings` say (a prepared dataset's metadata, or prep's: source_format, source_prefix, layout, prompt_format,
-    values_per_column, max_values), the one place prep, evaluation, infer and compare build sources. With a tokenizer
-    and max_length it is fitted as prep fits it: listed cell values dropped from the end (the worst match first) until
-    it fits, then, for a causal LM, columns from the end of its list; what still does not fit is left to the caller
-    (prep's --overlong). `values`: table_values' pairs when the caller has them already."""
-    header = table["header"] if table else None
-    source_format = settings.get("source_format", "question")
-    layout = settings.get("layout", "seq2seq")
-    values = table_values(question, table, settings) if values is None else values
-
-    def render(listed: int, max_columns: int | None = None) -> str:
-        if layout == CAUSAL:
-            return causal_prompt(
-                question, header, source_format, settings.get("prompt_format"), tokenizer, max_columns, values[:listed]
-            )
-        return source_text(
-            question, header, settings.get("source_prefix", ""), source_format, layout, None, values[:listed]
-        )
-
-    kept = len(values)
-    text = render(kept)
-    if tokenizer is None or max_length is None:
-        return FittedSource(text, values=kept)
-    ids = tokenizer(text)["input_ids"]
-    while len(ids) > max_length and kept:
-        kept -= 1
-        text = render(kept)
-        ids = tokenizer(text)["input_ids"]
-    columns_cut = 0
-    if len(ids) > max_length and layout == CAUSAL and header is not None and source_format != "question":
-        for keep in range(len(header) - 1, -1, -1):
-            text = render(0, keep)
-            ids = tokenizer(text)["input_ids"]
-            columns_cut = len(header) - keep
-            if len(ids) <= max_length:
-                break
-    return FittedSource(text, ids, kept, len(values) - kept, columns_cut)
-
-
-def causal_prompt(
-    question: str,
-    header: list[str] | None,
-    source_format: str,
-    prompt_format: str,
-    tokenizer=None,
-    max_columns: int | None = None,
-    values: list[tuple[str, str]] | None = None,
-) -> str:
-    """A causal LM's prompt: the plain layout (textsql.wikisql.format.source_text), or with prompt_format 'chat' those
-    lines as the user's message in the tokenizer's chat template, up to the assistant's turn. The template's own BOS is
-    left to the tokenizer, which adds it (or not) like for any text, so prep and generation tokenize alike."""
-    plain = source_text(question, header, "", source_format, CAUSAL, max_columns=max_columns, values=values)
-    if prompt_format != "chat":
-        return plain
-    if tokenizer is None:
-        raise TextsqlError("A chat prompt needs the model's tokenizer (its chat template).")
-    messages = [{"role": "user", "content": plain.rstrip("\n")}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    bos = tokenizer.bos_token
-    return prompt[len(bos) :] if bos and prompt.startswith(bos) else prompt
 
 
 def tokenize_causal(
@@ -650,166 +590,3 @@ def _truncate(row: dict, max_source: int, max_target: int) -> dict:
 
     input_ids = cut(row["input_ids"], max_source)
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": cut(row["labels"], max_target)}
-
-
-def _save_tables(output_dir: Path, data: WikiSQLData, splits: dict[str, list[Example]]) -> None:
-    """The tables the kept questions refer to, for executing queries later."""
-    used = {e.table_id for examples in splits.values() for e in examples}
-    with open(output_dir / TABLES_FILE, "w", encoding="utf-8") as f:
-        for table_id in sorted(used & data.tables.keys()):
-            f.write(json.dumps(data.tables[table_id]) + "\n")
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """A short hash of the vocabulary, so training can refuse data tokenized with another tokenizer."""
-    import hashlib
-
-    vocab = sorted(tokenizer.get_vocab().items())
-    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
-
-
-def check_prepared(path: str | Path) -> Path:
-    """The folder, when it holds a prepared dataset (cheap: nothing is loaded); else a clear error naming the absolute
-    path looked at and how to make it."""
-    path = Path(path)
-    if not (path / METADATA_FILE).is_file():
-        where = "does not exist" if not path.exists() else f"has no {METADATA_FILE}"
-        raise TextsqlError(
-            f"'{path}' is not a prepared textsql dataset: {path.absolute()} {where}. Run `textsql prep --source ... "
-            f"--output_dir {path}` first (or the prep_dataset notebook), or pass the folder prep wrote."
-        )
-    return path
-
-
-def load_prepared(path: str | Path):
-    """The saved DatasetDict and its metadata, or a clear error saying how to make it."""
-    from datasets import load_from_disk
-
-    path = check_prepared(path)
-    return load_from_disk(str(path)), json.loads((path / METADATA_FILE).read_text())
-
-
-def prepared_family(metadata: dict):
-    """The model family a prepared dataset was tokenized for (data of an older textsql names none: T5's)."""
-    return family_named(metadata.get("model_family", "t5"))
-
-
-def load_tables(path: str | Path) -> dict[str, dict]:
-    tables_file = Path(path) / TABLES_FILE
-    if not tables_file.is_file():
-        return {}
-    with open(tables_file, encoding="utf-8") as f:
-        return {t["id"]: t for t in map(json.loads, f)}
-
-
-def tokenizer_for_training(model_tokenizer, dataset_dir: str | Path, metadata: dict):
-    """The tokenizer to train with: the model's own, or the prepared data's copy of it with the characters it lacked.
-
-    Refuses data tokenized with another tokenizer.
-    """
-
-    have = tokenizer_fingerprint(model_tokenizer)
-    if have == metadata.get("tokenizer_fingerprint") or "tokenizer_fingerprint" not in metadata:
-        return model_tokenizer
-    if metadata.get("tokenizer_dir") and have == metadata.get("base_tokenizer_fingerprint"):
-        return load_tokenizer(str(Path(dataset_dir) / metadata["tokenizer_dir"]))
-    raise TextsqlError(
-        f"'{dataset_dir}' was tokenized with '{metadata.get('tokenizer')}', whose vocabulary differs from this model's "
-        "tokenizer. Run `textsql prep` again with --model_id set to the model you train."
-    )
-
-
-def model_source(question: str, table: dict | None, metadata: dict, tokenizer=None) -> str:
-    """What a model trained on this prepared data reads for a question (typed, or of a split) about `table` (release
-    format, or None): the T5 source or the causal LM's prompt, built as prep built it: with the tokenizer, fitted to
-    the data's --max_source_length as prep fitted it (fitted_source); without, whole (a chat prompt needs the
-    tokenizer)."""
-    max_length = metadata.get("max_source_length") if tokenizer is not None else None
-    return fitted_source(question, table, metadata, tokenizer, max_length).text
-
-
-def source_settings(metadata: dict) -> dict:
-    """How a dataset's sources were built: what a model trained on it must be given at inference, too."""
-    settings = {"source_prefix": metadata["source_prefix"], "source_format": metadata.get("source_format", "question")}
-    if metadata.get("prompt_format"):  # a causal LM's: plain or chat
-        settings["prompt_format"] = metadata["prompt_format"]
-    if settings["source_format"] == VALUES_FORMAT:  # which cells are listed, and the budget they were fitted to
-        for key in VALUES_SETTINGS:
-            settings[key] = metadata.get(key)
-    return settings
-
-
-def record_source_settings(model_config, metadata: dict) -> None:
-    """Write the dataset's source settings into the model's config, so every saved copy of the model carries them."""
-    params = dict(getattr(model_config, "task_specific_params", None) or {})
-    params[MODEL_CONFIG_KEY] = source_settings(metadata)
-    model_config.task_specific_params = params
-
-
-def fine_tuned_settings(model_config) -> dict | None:
-    """The source settings a model was fine-tuned with by textsql (record_source_settings), None for any other model."""
-    return (getattr(model_config, "task_specific_params", None) or {}).get(MODEL_CONFIG_KEY)
-
-
-def check_source_settings(model_config, metadata: dict, dataset_dir: str | Path) -> None:
-    """Refuse data whose sources differ from what the model was fine-tuned to read (a model not fine-tuned by textsql
-    carries no settings and accepts any), and data laid out for another model family (T5's or a causal LM's)."""
-    family = family_of(model_config)
-    layout = metadata.get("layout", "seq2seq")
-    if layout != family.kind:
-        raise TextsqlError(
-            f"'{dataset_dir}' was prepared for a {layout} model ({metadata.get('model_family', 't5')}), and this is a "
-            f"{family.kind} {family.name} model. Run `textsql prep` again with --model_id set to the model you use."
-        )
-    trained = fine_tuned_settings(model_config)
-    if not trained:
-        return
-    given = source_settings(metadata)
-    if trained.get("source_format") != given["source_format"]:
-        raise TextsqlError(
-            f"This model was fine-tuned on sources in the '{trained.get('source_format')}' format, but '{dataset_dir}' was "
-            f"prepared with --source_format {given['source_format']}. Prepare the data again with --source_format "
-            f"{trained.get('source_format')} (or train a model on this format)."
-        )
-    if trained.get("prompt_format", "plain") != given.get("prompt_format", "plain") and family.causal:
-        raise TextsqlError(
-            f"This model was fine-tuned on {trained.get('prompt_format', 'plain')} prompts, but '{dataset_dir}' was "
-            f"prepared with --prompt_format {given.get('prompt_format', 'plain')}. Prepare the data again with "
-            f"--prompt_format {trained.get('prompt_format', 'plain')}."
-        )
-    changed = [key for key in VALUES_SETTINGS[:2] if given.get(key) != trained.get(key)]
-    if changed and given["source_format"] == VALUES_FORMAT:
-        flags = " ".join(f"--{key} {trained.get(key)}" for key in changed)
-        raise TextsqlError(
-            f"This model was fine-tuned on sources listing cell values with {flags}, but '{dataset_dir}' was prepared "
-            f"with {' '.join(f'--{key} {given.get(key)}' for key in changed)}. Prepare the data again with {flags}."
-        )
-    if trained.get("source_prefix") != given["source_prefix"]:
-        raise TextsqlError(
-            f"This model was fine-tuned with the prefix {trained.get('source_prefix')!r}, but '{dataset_dir}' was prepared with "
-            f"{given['source_prefix']!r}. Prepare the data again with --source_prefix {trained.get('source_prefix')!r}."
-        )
-
-
-def metadata_for_model(model_config, metadata: dict, dataset_dir: str | Path) -> dict:
-    """How a model reads this dataset's questions (what model_source takes): the dataset's own settings where it was
-    prepared for the model's family and in the format the model reads (check_source_settings), else the settings the
-    model was fine-tuned with, so that a T5 run and a causal LM run, or two runs fine-tuned on other source formats
-    (the question alone, the question and its columns), answer the same questions about the same tables side by side
-    (textsql compare). A model of the other family that textsql did not fine-tune carries none and is refused."""
-    family = family_of(model_config)
-    layout = metadata.get("layout", "seq2seq")
-    if layout == family.kind:
-        try:
-            check_source_settings(model_config, metadata, dataset_dir)
-            return metadata
-        except TextsqlError:
-            pass  # fine-tuned on other sources than the dataset's (so it carries its settings): read as it learned to
-    trained = fine_tuned_settings(model_config)
-    if not trained:
-        raise TextsqlError(
-            f"'{dataset_dir}' was prepared for a {layout} model ({metadata.get('model_family', 't5')}), and this "
-            f"{family.kind} {family.name} model was not fine-tuned by textsql, so how it reads a question is unknown. "
-            "Compare it on data prepared for it (`textsql prep --model_id` it), or compare a run fine-tuned from it."
-        )
-    return {**trained, "layout": family.kind, "model_family": family.name}

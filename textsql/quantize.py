@@ -1,29 +1,33 @@
 """Post-training quantization of a model folder (torchao, bitsandbytes, torch's dynamic int8, GPTQ for causal LMs),
-scored like `textsql infer` against the unquantized model; and loading any model folder textsql writes (plain, LoRA
-adapter, quantized)."""
+scored like `textsql infer` against the unquantized model (the folder is loaded back by textsql.loading)."""
 
 from __future__ import annotations
 
 import io
-import json
 import logging
 import time
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from textsql.adapters import load_adapter_model, quantized_base, read_adapter_record
 from textsql.arguments.quantize import METHODS, QuantizeArguments
 from textsql.errors import TextsqlError
-from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set, pick_device
+from textsql.evaluate import decode_and_score, generate_sql, load_scoring_set
 from textsql.extras import require_lifecycle_extra
 from textsql.gptq.calibrate import quantize_with_gptq
 from textsql.hub import load_config, load_model, load_tokenizer
-from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE, short_name
-from textsql.prep import check_source_settings, load_prepared
+from textsql.loading import (
+    check_method_device,
+    folder_kind,
+    load_for_inference,
+    pick_device,
+    read_record,
+    write_record,
+)
+from textsql.paths import short_name
+from textsql.prepared import load_prepared
+from textsql.prompts import check_source_settings
 from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
 
-RECORD_VERSION = 1
 logger = logging.getLogger("textsql.quantize")
 
 
@@ -59,26 +63,6 @@ def quantization_config(method: str, device):
     return None
 
 
-def check_method_device(method: str, device) -> None:
-    kind = getattr(device, "type", str(device))
-    if kind not in METHODS[method].devices:
-        raise TextsqlError(
-            f"--method {method} runs on the CPU only (torch's quantized Linear layers have no CUDA kernels), and "
-            f"this would run on {kind}: pass --device cpu, or choose torchao-int8, bnb-int8 or bnb-nf4 for a GPU."
-        )
-
-
-def apply_dynamic_int8(model):
-    """torch's dynamic int8 quantization of every nn.Linear, in place on a CPU model (returns it)."""
-    import torch
-
-    with warnings.catch_warnings():
-        # torch.ao.quantization announces its move to torchao; its dynamic int8 Linear is still the fastest (measured).
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
-
-
 def layers_left_unquantized(model) -> list[str]:
     """Names of the model's own linear layers still in full precision after quantizing: subclasses of nn.Linear that a
     model family defines (falcon's FalconLinear) and GPT-2's Conv1D. transformers' bitsandbytes and torchao swaps and
@@ -94,79 +78,6 @@ def layers_left_unquantized(model) -> list[str]:
         if own and linear and isinstance(weight, torch.Tensor) and weight.dtype.is_floating_point:
             left.append(name)
     return left
-
-
-def folder_kind(model_dir: str | Path) -> str:
-    """'adapter' (a peft LoRA adapter), 'quantized' (by textsql quantize) or 'plain' (any other folder, a hub name)."""
-    folder = Path(model_dir)
-    if (folder / ADAPTER_CONFIG_FILE).is_file():
-        return "adapter"
-    if (folder / QUANTIZATION_FILE).is_file():
-        return "quantized"
-    return "plain"
-
-
-def read_record(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / QUANTIZATION_FILE
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise TextsqlError(
-            f"'{path}' cannot be read ({error}); quantize the model again with `textsql quantize`."
-        ) from None
-    if record.get("method") not in METHODS:
-        raise TextsqlError(
-            f"'{path}' names the method '{record.get('method')}', which this textsql does not know "
-            f"({', '.join(METHODS)}); quantize the model again with `textsql quantize`."
-        )
-    return record
-
-
-def quantized_base_loading(device) -> dict:
-    """How a QLoRA adapter's base is loaded, quantized as it trained: computing in bf16 on GPUs that have it (fp32 before
-    Ampere and on the CPU), bitsandbytes placing the quantized weights on `device` itself."""
-    gpus = NodeDevices.local().gpus if device.type == "cuda" else ()
-    placement = {"device_map": {"": str(device)}} if device.type == "cuda" else {}
-    return {"compute_dtype": quantized_compute_dtype(gpus), **placement}
-
-
-def load_for_inference(model_dir: str, device_choice: str = "auto", dtype: str = "float32"):
-    """(model, tokenizer) in eval mode for any folder textsql writes: a plain model (run folder, merged adapter, hub
-    name) in `dtype`, a LoRA adapter on its base (a QLoRA adapter on its base quantized as it trained: the adapter
-    learned against the rounded weights), or a quantized folder as it was quantized. The one loader of infer, compare,
-    quantize and merge; every folder's own pickles are checked before anything loads (hub.load_model and
-    adapters.load_base_for_adapter, with textsql.checkpoints' check), which GRPO's load goes through too."""
-    import torch
-
-    device = pick_device(device_choice)
-    kind = folder_kind(model_dir)
-    if kind == "adapter" and quantized_base(read_adapter_record(model_dir)) != "none":
-        model, tokenizer = load_adapter_model(model_dir, quantized=quantized_base_loading(device))
-        return model.eval(), tokenizer  # bitsandbytes placed it; quantized weights cannot be moved or cast
-    if kind == "adapter":  # its base checked to be the one it trained on (textsql.adapters)
-        model, tokenizer = load_adapter_model(model_dir)
-        return model.to(getattr(torch, dtype)).to(device).eval(), tokenizer
-    tokenizer = load_tokenizer(model_dir)
-    if kind == "quantized":
-        model = load_quantized(model_dir, device)
-    else:
-        model = load_model(model_dir, dtype=getattr(torch, dtype)).to(device)
-    return model.eval(), tokenizer
-
-
-def load_quantized(model_dir: str, device):
-    """A folder written by `quantize_model`: safetensors only (never a pickle), on `device`."""
-    record = read_record(model_dir)
-    method = record["method"]
-    check_method_device(method, device)
-    if METHODS[method].package != "torch":
-        require_lifecycle_extra(METHODS[method].package, f"Loading a {method} model")
-    if method == "dynamic-int8":
-        import torch
-
-        return apply_dynamic_int8(load_model(model_dir, dtype=torch.float32, use_safetensors=True))
-    # The config's quantization_config rebuilds the quantized layers; quantized weights cannot be moved by .to().
-    return load_model(model_dir, device_map=str(device), use_safetensors=True)
 
 
 def weights_bytes(model_dir: str | Path) -> int:
@@ -232,7 +143,6 @@ def _finish_folder(output: Path, args: QuantizeArguments, device, tokenizer, lef
     """The tokenizer and the record (method, source, layers left in full precision, what else the method ran)."""
     tokenizer.save_pretrained(output)
     record = {
-        "version": RECORD_VERSION,
         "method": args.method,
         "summary": METHODS[args.method].summary,
         "source_model": str(args.model_dir),
@@ -241,7 +151,7 @@ def _finish_folder(output: Path, args: QuantizeArguments, device, tokenizer, lef
         "layers_left_unquantized": left,
         **extra,
     }
-    (output / QUANTIZATION_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_record(output, record)
     return output
 
 
@@ -340,10 +250,7 @@ def quantize_model(args: QuantizeArguments, echo=print) -> dict:
         **comparison(base, quantized),
         "arguments": asdict(args),
     }
-    record_path = output / QUANTIZATION_FILE
-    record = json.loads(record_path.read_text())
-    record["scored"] = result
-    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    write_record(output, {**read_record(output), "scored": result})
     echo(format_quantize_result(result))
     return result
 

@@ -10,17 +10,17 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from textsql.errors import TextsqlError
-from textsql.vocabulary import WORD_START
-from textsql.wikisql.format import (
+from textsql.prompts import (
     HEADER_LEAD,
     HEADER_SEPARATOR,
     PROMPT_COLUMNS,
     PROMPT_VALUES,
     VALUE_LINK,
     VALUES_LEAD,
-    render_sql,
     source_text,
 )
+from textsql.vocabulary import WORD_START
+from textsql.wikisql.format import render_sql
 
 SOURCE_PREFIX = "translate English to SQL: "
 SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2, as in every T5 checkpoint

@@ -4,7 +4,8 @@ Real T5 vocabularies have no `<` (and lack a few other characters), so a query w
 generated exactly. Added tokens would not do: decoding drops the space before an added token ("Wins< 5"). Instead each
 missing character goes into the Unigram model itself, as a piece of its own and as a word-start piece ("▁<"), so the
 Metaspace decoder restores the spaces like for any other word. The extended tokenizer is saved with the prepared data
-and, after training, with the model; the model's embeddings grow to match where needed.
+and, after training, with the model; the model's embeddings grow to match where needed. A vocabulary's fingerprint
+tells which tokenizer prepared data and an adapter were made with.
 """
 
 from __future__ import annotations
@@ -118,3 +119,12 @@ def fit_embeddings(model, tokenizer) -> bool:
 
 
 WORD_START = "▁"  # SentencePiece's word-start marker, as T5's Metaspace pre-tokenizer writes it
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of the vocabulary, so training can refuse data tokenized with another tokenizer (the prepared
+    data's metadata records it), and an adapter a tokenizer other than its run's (its record does)."""
+    import hashlib
+
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]

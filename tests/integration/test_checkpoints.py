@@ -220,7 +220,7 @@ def test_every_command_that_loads_a_model_folder_refuses_a_planted_pickle_and_no
     from textsql.hub import load_model
     from textsql.infer import run_inference
     from textsql.merge import merge_and_score
-    from textsql.prep import load_prepared
+    from textsql.prepared import load_prepared
     from textsql.quantize import quantize_model
     from textsql.serve.compare import load_models
     from textsql.train.grpo import policy_model

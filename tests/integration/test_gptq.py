@@ -8,7 +8,8 @@ import pytest
 
 from textsql.arguments.quantize import QuantizeArguments
 from textsql.errors import TextsqlError
-from textsql.quantize import load_for_inference, quantize_model
+from textsql.loading import load_for_inference
+from textsql.quantize import quantize_model
 
 SMALL = {"max_examples": 8, "max_new_tokens": 16, "batch_size": 8, "device": "cpu", "calibration_samples": 16}
 

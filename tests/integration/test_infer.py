@@ -78,7 +78,7 @@ def test_infer_writes_predictions_and_metrics_that_agree(trained_run, cpu_env, t
     for name, accuracy in metrics["components"].items():
         assert accuracy == pytest.approx(sum(r["components"][name] for r in records) / len(records))
     assert "parts right: select column" in done.stdout
-    from textsql.prep import load_prepared
+    from textsql.prepared import load_prepared
 
     dataset, _ = load_prepared(data_dir)
     assert [r["gold_sql"] for r in records] == dataset["test"]["target"][:80]
@@ -87,7 +87,7 @@ def test_infer_writes_predictions_and_metrics_that_agree(trained_run, cpu_env, t
 @pytest.mark.slow
 def test_typed_questions_with_beam_search(trained_run, cpu_env):
     run_dir, data_dir = trained_run
-    from textsql.prep import load_prepared, load_tables
+    from textsql.prepared import load_prepared, load_tables
 
     dataset, _ = load_prepared(data_dir)
     row = dataset["test"][0]
@@ -162,7 +162,7 @@ def test_question_plus_header_model_trains_and_scores_greedy_and_execution_guide
     from textsql.errors import TextsqlError
     from textsql.evaluate import format_metrics
     from textsql.infer import run_inference
-    from textsql.prep import load_tables
+    from textsql.prepared import load_tables
     from textsql.train.run import train
     from textsql.wikisql.sql import executes_plausibly
 
@@ -258,7 +258,7 @@ def test_question_format_model_scores_with_execution_guided_decoding(trained_run
     """The other half of the end-to-end pair: the question-format model (trained_run), scored with execution guidance."""
     from textsql.arguments.infer import InferArguments
     from textsql.infer import run_inference
-    from textsql.prep import load_tables
+    from textsql.prepared import load_tables
     from textsql.wikisql.sql import executes_plausibly
 
     run_dir, data_dir = trained_run

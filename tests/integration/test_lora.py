@@ -207,7 +207,7 @@ def test_merge_makes_a_plain_model_with_the_adapters_greedy_sql(
 
     from textsql.adapters import load_adapter_model
     from textsql.evaluate import generate_sql
-    from textsql.prep import load_prepared
+    from textsql.prepared import load_prepared
 
     merged_dir = tmp_path / "merged"
     status, out, err = textsql_in_process(["merge", str(plain_lora_run), "--output_dir", str(merged_dir)])

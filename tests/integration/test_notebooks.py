@@ -107,7 +107,7 @@ def test_inference_notebook_executes(trained_run, tmp_path, cpu_env, monkeypatch
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
     run_dir, data_dir = trained_run
-    from textsql.prep import load_prepared
+    from textsql.prepared import load_prepared
 
     row = load_prepared(data_dir)[0]["test"][0]
     notebook = execute(

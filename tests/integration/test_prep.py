@@ -8,7 +8,8 @@ import pytest
 
 from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
-from textsql.prep import load_prepared, prepare_dataset
+from textsql.prep import prepare_dataset
+from textsql.prepared import load_prepared
 
 NOTHING_LOST = {"examples": 0, "characters": {}, "column_names_recovered": {"examples": 0, "characters": {}}}
 
@@ -260,7 +261,7 @@ def test_the_default_source_format_is_the_best_measured_where_the_source_has_tab
 def test_question_plus_header_sources_name_every_column(assets, header_assets):
     from transformers import AutoTokenizer
 
-    from textsql.prep import load_tables
+    from textsql.prepared import load_tables
 
     data_dir, _ = header_assets
     dataset, meta = load_prepared(data_dir)

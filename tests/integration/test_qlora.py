@@ -194,7 +194,7 @@ def test_an_interrupted_qlora_run_resumes_and_its_merges_are_scored_again(causal
     status, _, err = textsql_in_process(["merge", str(run), "--merge_onto", "sideways"])
     assert status == 2 and "--merge_onto must be one of full, rounded" in err
     # infer, the compare app and quantize load the adapter on its base as it trained: NF4, not the full-precision one
-    from textsql.quantize import load_for_inference
+    from textsql.loading import load_for_inference
 
     served, _ = load_for_inference(str(run), "cpu")
     assert type(served.base_model.model.get_submodule(name).base_layer).__name__ == "Linear4bit"

@@ -9,7 +9,8 @@ import unicodedata
 import pytest
 
 from textsql.arguments.prep import PrepArguments
-from textsql.prep import load_prepared, prepare_dataset
+from textsql.prep import prepare_dataset
+from textsql.prepared import load_prepared
 from textsql.wikisql.format import render_sql
 from textsql.wikisql.release import load_release_folder
 from textsql.wikisql.sql import execute_query, parse_sql, same_logical_form, score_prediction
@@ -223,7 +224,8 @@ def test_a_t5_reading_cell_values_gets_the_same_source_for_a_typed_question(real
     it again from the table, and `textsql infer --question --table_id` gives the model that source (so its SQL)."""
     from transformers import AutoTokenizer
 
-    from textsql.prep import load_tables, model_source
+    from textsql.prepared import load_tables
+    from textsql.prompts import model_source
     from textsql.tiny import build_tiny_t5
 
     t5 = t5_folder(real_files, "tokenizer.json", tmp_path / "t5")
@@ -328,7 +330,8 @@ def test_real_causal_tokenizers_lay_out_every_real_question_and_report_its_lengt
     """Each real question: the plain prompt with the table's whole column list, then the SQL and EOS, labels -100
     exactly on the prompt; the prompt and SQL decode back whole; the length report is that of these sequences."""
     from textsql.hub import load_tokenizer
-    from textsql.prep import load_tables, model_source
+    from textsql.prepared import load_tables
+    from textsql.prompts import model_source
 
     for name, (folder, data_dir) in real_causal_prepared.items():
         dataset, meta = load_prepared(data_dir)

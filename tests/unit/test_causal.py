@@ -8,10 +8,11 @@ import pytest
 from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
 from textsql.hub import load_tokenizer
-from textsql.prep import load_prepared, prepare_dataset
+from textsql.prep import prepare_dataset
+from textsql.prepared import load_prepared
+from textsql.prompts import source_text
 from textsql.train.collate import CausalLMCollator
 from textsql.vocabulary import byte_level
-from textsql.wikisql.format import source_text
 
 EDGE_TEXTS = ["SELECT Area (km²) FROM table WHERE Wins < 5", "Ranma ½ — Müller's team", "a\tb  c"]
 
@@ -244,7 +245,7 @@ def test_real_qwen2_and_gpt2_tokenizers_through_prep_and_generation(real_causal_
 
 def test_a_model_refuses_data_laid_out_for_another_family_or_prompt_format(causal_assets, assets):
     from textsql.hub import load_config
-    from textsql.prep import check_source_settings
+    from textsql.prompts import check_source_settings
 
     data_dir, _ = causal_assets
     _, metadata = load_prepared(data_dir)
@@ -252,7 +253,7 @@ def test_a_model_refuses_data_laid_out_for_another_family_or_prompt_format(causa
         check_source_settings(load_config(str(assets[1])), metadata, data_dir)
     assert source_text("Who?", ["A", "B"], "ignored: ", "question", "causal") == "### Question: Who?\n### SQL:\n"
     # a causal model fine-tuned on chat prompts refuses plain ones
-    from textsql.prep import record_source_settings
+    from textsql.prompts import record_source_settings
 
     causal_config = load_config(str(causal_assets[1]))
     record_source_settings(causal_config, dict(metadata, prompt_format="chat"))
@@ -268,7 +269,7 @@ def test_chat_prompts_use_the_tokenizer_s_template_and_are_refused_without_one(
     answer; typed questions get the same prompt; a tokenizer without a template, or T5, is refused with the fix."""
     from conftest import real_causal_folder
 
-    from textsql.prep import model_source
+    from textsql.prompts import model_source
 
     folder = real_causal_folder(real_files, "qwen2", tmp_path / "qwen2")
     args = dict(source=str(real_files / "wikisql"), source_format="question+header", max_examples_per_split=40)

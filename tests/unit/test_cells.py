@@ -7,9 +7,11 @@ import pytest
 
 from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
-from textsql.prep import fitted_source, load_prepared, load_tables, prepare_dataset, table_values
+from textsql.prep import prepare_dataset
+from textsql.prepared import load_prepared, load_tables
+from textsql.prompts import fitted_source, source_text, table_values
 from textsql.wikisql.cells import FUZZY_RATIO, cell_matches, cell_text
-from textsql.wikisql.format import VALUES_FORMAT, source_text
+from textsql.wikisql.format import VALUES_FORMAT
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,7 @@ def test_prep_with_the_real_qwen2_tokenizer_drops_values_before_columns_and_ever
     from transformers import Qwen2Config
 
     from textsql.hub import load_tokenizer
-    from textsql.prep import model_source
+    from textsql.prompts import model_source
 
     folder = tmp_path / "qwen2"  # the real tokenizer, and a config saying the family (prep loads no weights)
     shutil.copytree(real_files / "qwen2", folder)
@@ -164,7 +166,7 @@ def test_prep_with_the_real_qwen2_tokenizer_drops_values_before_columns_and_ever
 def test_the_bounds_are_checked_and_a_model_refuses_data_listing_values_with_other_bounds():
     from transformers import Qwen2Config
 
-    from textsql.prep import check_source_settings, record_source_settings, source_settings
+    from textsql.prompts import check_source_settings, record_source_settings, source_settings
 
     with pytest.raises(TextsqlError, match="--values_per_column and --max_values .* at least 1"):
         PrepArguments(source="generate", source_format=VALUES_FORMAT, values_per_column=0)

@@ -193,7 +193,7 @@ def test_tokenizers_it_cannot_drive_are_refused(assets):
 def constrained_records(data_dir, model_dir, decoding, num_beams, **kwargs):
     from textsql.evaluate import decode_and_score, load_scoring_set
     from textsql.hub import load_tokenizer
-    from textsql.quantize import load_for_inference
+    from textsql.loading import load_for_inference
 
     model, tokenizer = load_for_inference(str(model_dir), "cpu")
     tokenizer = load_tokenizer(str(model_dir)) if tokenizer is None else tokenizer
@@ -234,8 +234,8 @@ def test_real_model_writes_queries_that_parse_under_the_constraint(real_model, r
     """SmolLM2-135M-Instruct, not fine-tuned for SQL, prompted as textsql prompts a causal LM: greedy decoding under the
     constraint parses and executes on 8 real test questions of 8."""
     from textsql.evaluate import ScoringSet, decode_and_score
-    from textsql.quantize import load_for_inference
-    from textsql.wikisql.format import source_text
+    from textsql.loading import load_for_inference
+    from textsql.prompts import source_text
 
     model, tokenizer = load_for_inference(str(real_model), "cpu")
     lines = real_lines(real_files, 8)

@@ -8,7 +8,7 @@ import torch
 from textsql.errors import TextsqlError
 from textsql.families import FAMILIES, family_named
 from textsql.hub import load_tokenizer
-from textsql.prep import load_prepared
+from textsql.prepared import load_prepared
 from textsql.tiny import CAUSAL_CONFIG_NAMES, build_tiny_causal
 from textsql.train.collate import (
     CausalLMCollator,

@@ -10,7 +10,7 @@ from textsql.arguments.prep import PrepArguments
 from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.errors import TextsqlError
 from textsql.paths import PROJECT_DIR_VARIABLE, in_project, project_root
-from textsql.prep import check_prepared
+from textsql.prepared import check_prepared
 
 
 @pytest.fixture

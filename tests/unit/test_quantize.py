@@ -6,7 +6,8 @@ import pytest
 
 from textsql.arguments.quantize import METHODS, QuantizeArguments
 from textsql.errors import TextsqlError
-from textsql.quantize import check_method_device, load_for_inference, quantize_model
+from textsql.loading import check_method_device, load_for_inference
+from textsql.quantize import quantize_model
 
 SMALL = {"max_examples": 8, "max_new_tokens": 16, "batch_size": 8, "device": "cpu"}
 
@@ -128,6 +129,20 @@ def test_refusals_name_the_fix(assets, lora_adapter, tmp_path):
     with pytest.raises(TextsqlError, match="CPU only.*--device cpu"):
         check_method_device("dynamic-int8", torch.device("cuda"))
     assert set(METHODS) == {"torchao-int8", "bnb-int8", "bnb-nf4", "dynamic-int8", "gptq"}
+
+
+def test_the_quantization_record_is_written_and_read_in_one_module(tmp_path):
+    from textsql.loading import RECORD_VERSION, folder_kind, read_record, write_record
+
+    write_record(tmp_path, {"method": "dynamic-int8", "source_model": "m"})
+    assert folder_kind(tmp_path) == "quantized"
+    assert read_record(tmp_path) == {"version": RECORD_VERSION, "method": "dynamic-int8", "source_model": "m"}
+    # The score added later: the record rewritten whole, its version still first.
+    write_record(tmp_path, {**read_record(tmp_path), "scored": {"examples": 1}})
+    assert list(read_record(tmp_path)) == ["version", "method", "source_model", "scored"]
+    write_record(tmp_path, {"method": "awq"})
+    with pytest.raises(TextsqlError, match="does not know"):
+        read_record(tmp_path)
 
 
 def test_a_lora_adapter_loads_on_its_base_for_inference(assets, lora_adapter):

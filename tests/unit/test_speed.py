@@ -13,7 +13,7 @@ from textsql.errors import TextsqlError
 from textsql.families import family_named
 from textsql.hub import load_tokenizer
 from textsql.planner import causal as causal_planner
-from textsql.prep import load_prepared
+from textsql.prepared import load_prepared
 from textsql.tiny import build_tiny_causal
 from textsql.train.collate import CausalLMCollator, CountTokens, PackedCausalLMCollator
 from textsql.train.speed import (

@@ -9,13 +9,13 @@ from textsql.arguments.data import ModelArguments
 from textsql.errors import TextsqlError
 from textsql.families import AUTO, best_settings_help
 from textsql.paths import in_project
+from textsql.wikisql.cells import DEFAULT_MAX_VALUES, DEFAULT_VALUES_PER_COLUMN
 from textsql.wikisql.format import SOURCE_FORMATS, VALUES_FORMAT
 
 OVERLONG_POLICIES = ("error", "truncate", "drop")
 
 
 PROMPT_FORMATS = ("plain", "chat")
-DEFAULT_VALUES_PER_COLUMN, DEFAULT_MAX_VALUES = 2, 10
 
 
 @dataclass

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from textsql.arguments.prep import PrepArguments
 from textsql.cli.parsing import parse_arguments
-from textsql.prep import format_layout, format_length_report, load_prepared, prepare_dataset
+from textsql.prep import format_layout, format_length_report, prepare_dataset
+from textsql.prepared import load_prepared
 
 
 def prep_command(argv: list[str]) -> int:

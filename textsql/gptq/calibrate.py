@@ -14,7 +14,7 @@ from textsql.errors import TextsqlError
 from textsql.families import Family, auto_model_class, family_of
 from textsql.gptq.environment import ensure_environment, run_job
 from textsql.hub import download_command, load_config
-from textsql.prep import load_prepared
+from textsql.prepared import load_prepared
 
 logger = logging.getLogger("textsql.quantize")
 

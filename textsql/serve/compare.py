@@ -1,9 +1,9 @@
 """`textsql compare`: several models' SQL side by side for one question (a Gradio app on 127.0.0.1, air-gapped) or
 for a whole split (JSON): the executed answers, WikiSQL's verdicts where there is a gold query, and each model's speed.
 
-Models are any folders textsql writes (a base model, a LoRA adapter, a merged or a quantized model; textsql.quantize
+Models are any folders textsql writes (a base model, a LoRA adapter, a merged or a quantized model; textsql.loading
 loads each kind), of either family: a T5 and a causal LM each read the question as they were fine-tuned to
-(textsql.prep.metadata_for_model), about the same tables. As a CML Application, scripts/compare_app.py serves the app on $CDSW_APP_PORT.
+(textsql.prompts.metadata_for_model), about the same tables. As a CML Application, scripts/compare_app.py serves the app on $CDSW_APP_PORT.
 """
 
 from __future__ import annotations
@@ -14,18 +14,12 @@ from dataclasses import dataclass, replace
 
 from textsql.arguments.compare import CompareArguments, model_specs
 from textsql.errors import TextsqlError
-from textsql.evaluate import (
-    ScoringSet,
-    choose_prediction,
-    decode_and_score,
-    generate_sql,
-    load_scoring_set,
-    pick_device,
-)
+from textsql.evaluate import ScoringSet, choose_prediction, decode_and_score, generate_sql, load_scoring_set
 from textsql.extras import require_lifecycle_extra
 from textsql.families import family_of
-from textsql.prep import load_prepared, metadata_for_model, model_source
-from textsql.quantize import folder_kind, load_for_inference, read_record
+from textsql.loading import folder_kind, load_for_inference, pick_device, read_record
+from textsql.prepared import load_prepared
+from textsql.prompts import metadata_for_model, model_source
 from textsql.serve.tensorboard import DEFAULT_HOST
 from textsql.wikisql.sql import SQLExecutionError, SQLParseError, execute_query, parse_sql, score_prediction
 
@@ -44,7 +38,7 @@ class LoadedModel:
     model: object
     tokenizer: object
     family: str  # t5, qwen2, ...
-    metadata: dict  # how it reads a question (textsql.prep.metadata_for_model)
+    metadata: dict  # how it reads a question (textsql.prompts.metadata_for_model)
 
 
 def describe_kind(path: str) -> str:

@@ -22,7 +22,7 @@ from textsql.extras import require_grpo_extra
 from textsql.families import family_of
 from textsql.hub import load_config, load_tokenizer
 from textsql.paths import SUMMARY_FILE
-from textsql.prep import load_prepared, load_tables
+from textsql.prepared import load_prepared, load_tables
 from textsql.rewards import SqlRewards
 from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
 from textsql.train.distributed import rank

@@ -18,7 +18,7 @@ from pathlib import Path
 from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments, arguments_dict
 from textsql.errors import TextsqlError
 from textsql.paths import ARGUMENTS_FILE, SUMMARY_FILE
-from textsql.prep import check_prepared
+from textsql.prepared import check_prepared
 from textsql.run_summary import format_summary, read_summary
 from textsql.strategy.devices import (
     NodeDevices,

@@ -19,7 +19,8 @@ from textsql.adapters import (
 from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.families import Family, family_of
 from textsql.hub import load_model
-from textsql.prep import check_source_settings, load_prepared, record_source_settings, tokenizer_for_training
+from textsql.prepared import load_prepared, tokenizer_for_training
+from textsql.prompts import check_source_settings, record_source_settings
 from textsql.strategy.devices import quantized_compute_dtype
 from textsql.train.fsdp import wrapped_layer_classes
 from textsql.vocabulary import fit_embeddings
@@ -53,7 +54,7 @@ class Built:
 
 def load_training_data(data: DataArguments, model_tokenizer):
     """(train split, validation split or None, metadata, tokenizer): only the model's columns, and the tokenizer to train
-    with (the model's own, or prep's copy with the characters it lacked; see textsql.prep.tokenizer_for_training)."""
+    with (the model's own, or prep's copy with the characters it lacked; see textsql.prepared.tokenizer_for_training)."""
 
     dataset, metadata = load_prepared(data.dataset_dir)
     tokenizer = tokenizer_for_training(model_tokenizer, data.dataset_dir, metadata)

@@ -23,7 +23,7 @@ from textsql.errors import TextsqlError
 from textsql.hub import load_config
 from textsql.paths import LOG_FILE, RESOLVED_DSCONFIG_FILE, SUMMARY_FILE
 from textsql.planner.check import compare_with_run
-from textsql.prep import check_prepared
+from textsql.prepared import check_prepared
 from textsql.run_summary import RunSummary, run_state, write_summary
 from textsql.sharedfiles import replace_file
 from textsql.strategy.devices import (

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from textsql.evaluate import ScoringSet, decode_and_score, load_scoring_set, sql_token_budget
 from textsql.families import best_setting
-from textsql.prep import prepared_family
+from textsql.prepared import prepared_family
 from textsql.train.distributed import rank
 from textsql.train.fsdp import full_state_dict, synced_generation
 

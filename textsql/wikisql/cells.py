@@ -50,7 +50,14 @@ def _says_something(tokens: tuple[str, ...]) -> bool:
     return any(t.isalnum() and t not in STOP_WORDS for t in tokens)
 
 
-def cell_matches(question: str, table: dict, per_column: int = 2, total: int = 10) -> list[CellMatch]:
+# How many cells a question+header+values source lists at most, of one column and in all (prep's --values_per_column
+# and --max_values; data prepared before they were recorded was listed with these).
+DEFAULT_VALUES_PER_COLUMN, DEFAULT_MAX_VALUES = 2, 10
+
+
+def cell_matches(
+    question: str, table: dict, per_column: int = DEFAULT_VALUES_PER_COLUMN, total: int = DEFAULT_MAX_VALUES
+) -> list[CellMatch]:
     """The cells of `table` (release format: header, rows) that `question` mentions, best first (score, then the share
     of the column's name the question has, then the longer cell, then the table's order), at most `per_column` of each
     column and `total` in all.
