@@ -24,19 +24,21 @@ def torch_threads() -> int:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-# The longest test files first, longest first: with `-n 2 --dist loadfile` pytest-xdist hands each file to one worker
-# in collection order, so a long file collected last runs alone while the other worker idles (the suite's tail on
+# The longest test files first, longest first: with `-n 2 --dist loadfile --no-loadscope-reorder` (the test command's)
+# pytest-xdist hands each file to one worker in collection order (without the last flag, files with the most tests
+# first), so a long file collected last runs alone while the other worker idles (the suite's tail on
 # 2026-12-02: the GPU check's `--cpu` run, the real model's documented commands and the tune test after everything
 # else). Longest-first leaves the short files to fill in behind. Names, not timings: a file missing here runs after.
-LONGEST_FILES_FIRST = (
-    "test_real_model.py",
-    "test_gpu_check.py",
-    "test_tune.py",
+LONGEST_FILES_FIRST = (  # by their tests' seconds in the suite's run of 2026-12-02 (its 30 slowest; docs/testing.md)
     "test_cluster_faults.py",
-    "test_cluster.py",
-    "test_notebooks.py",
-    "test_grpo.py",
+    "test_real_model.py",
     "test_strategies.py",
+    "test_gpu_check.py",
+    "test_notebooks.py",
+    "test_tune.py",
+    "test_lora.py",
+    "test_grpo.py",
+    "test_cluster.py",
 )
 
 
