@@ -13,7 +13,7 @@ from textsql.errors import TextsqlError
 from textsql.extras import require_lifecycle_extra
 from textsql.hub import load_model, load_tokenizer
 from textsql.paths import ADAPTER_CONFIG_FILE, QUANTIZATION_FILE
-from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
+from textsql.strategy.devices import NodeDevices, inference_dtype, quantized_compute_dtype
 
 RECORD_VERSION = 1
 
@@ -92,13 +92,14 @@ def quantized_base_loading(device) -> dict:
 
 def load_for_inference(model_dir: str, device_choice: str = "auto", dtype: str = "float32"):
     """(model, tokenizer) in eval mode for any folder textsql writes: a plain model (run folder, merged adapter, hub
-    name) in `dtype`, a LoRA adapter on its base (a QLoRA adapter on its base quantized as it trained: the adapter
+    name) in `dtype` (float32, bfloat16 or auto), a LoRA adapter on its base (a QLoRA adapter on its base quantized as it trained: the adapter
     learned against the rounded weights), or a quantized folder as it was quantized. The one loader of infer, compare,
     quantize and merge; every folder's own pickles are checked before anything loads (hub.load_model and
     adapters.load_base_for_adapter, with textsql.checkpoints' check), which GRPO's load goes through too."""
     import torch
 
     device = pick_device(device_choice)
+    dtype = inference_dtype(dtype, device.type)  # auto: bfloat16 where the device computes it natively
     kind = folder_kind(model_dir)
     if kind == "adapter" and quantized_base(read_adapter_record(model_dir)) != "none":
         model, tokenizer = load_adapter_model(model_dir, quantized=quantized_base_loading(device))

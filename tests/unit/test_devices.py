@@ -17,6 +17,8 @@ from textsql.strategy.devices import (
     check_nodes_agree,
     choose_accelerator,
     choose_precision,
+    cpu_native_bf16,
+    inference_dtype,
     launcher_device_args,
     peak_tflops,
     precision_from_trainer_flags,
@@ -47,6 +49,42 @@ def test_auto_precision_is_bf16_only_with_native_bf16_and_tf32_only_on_ampere(gp
     choice = choose_precision("auto", gpus)
     assert (choice.name, choice.tf32) == expected
     assert choice.trainer_flags() == {"bf16": expected[0] == "bf16", "fp16": False, "tf32": expected[1]}
+
+
+# /proc/cpuinfo's flags lines of the two CPUs measured (bench/results/2026-12-02-cpu-precision.json), cut short.
+AVX2_EPYC = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma bmi2 sha_ni\n"
+SAPPHIRE_RAPIDS = "flags\t\t: fpu avx avx2 avx512f avx512bw avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+ZEN4 = "flags\t\t: fpu avx avx2 avx512f avx512_bf16 avx512_vnni\n"  # AVX512-BF16 without AMX
+
+
+@pytest.mark.parametrize(
+    "cpuinfo,native",
+    [(AVX2_EPYC, False), (SAPPHIRE_RAPIDS, True), (ZEN4, True), ("", False), ("flags: avx512_fp16\n", False)],
+)
+def test_auto_on_the_cpu_is_bf16_only_where_the_cpu_flags_name_native_bf16(cpuinfo, native):
+    found = cpu_native_bf16(environ={}, cpuinfo=cpuinfo)
+    assert found is native
+    choice = choose_precision("auto", (), cpu_native_bf16=found)
+    assert (choice.name, choice.tf32) == (("bf16" if native else "fp32"), False)
+    assert ("natively" if native else "no native bf16") in choice.reason
+    assert inference_dtype("auto", "cpu", NodeDevices((), 2, cpu_native_bf16=found)) == (
+        "bfloat16" if native else "float32"
+    )
+    assert inference_dtype("float32", "cpu", NodeDevices((), 2, cpu_native_bf16=True)) == "float32"
+    # what a CPU has says nothing of a GPU run: its GPUs decide
+    assert choose_precision("auto", (V100,), cpu_native_bf16=True).name == "fp32"
+    # bf16 asked for on a CPU without it runs (autocast emulates it) and the reason says what that costs
+    assert "emulated" in choose_precision("bf16", (), cpu_native_bf16=False).reason
+
+
+def test_the_cpu_flags_can_be_pinned_and_the_choice_is_kept_with_the_node():
+    assert cpu_native_bf16(environ={"TEXTSQL_CPU_NATIVE_BF16": "0"}, cpuinfo=SAPPHIRE_RAPIDS) is False
+    assert cpu_native_bf16(environ={"TEXTSQL_CPU_NATIVE_BF16": "1"}, cpuinfo=AVX2_EPYC) is True
+    with pytest.raises(TextsqlError, match="TEXTSQL_CPU_NATIVE_BF16 is 0 or 1"):
+        cpu_native_bf16(environ={"TEXTSQL_CPU_NATIVE_BF16": "yes"}, cpuinfo="")
+    node = NodeDevices((), 2, cpu_native_bf16=True)
+    assert NodeDevices.from_dict(node.as_dict()) == node and "native bf16" in node.describe()
+    assert NodeDevices.from_dict({"gpus": [], "cpu_cores": 2}).cpu_native_bf16 is False  # an older textsql's answer
 
 
 def test_fp32_means_fp32_matmuls_and_explicit_choices_are_checked():
@@ -198,6 +236,9 @@ def test_train_on_no_gpu_and_the_trainers_own_flags(assets, tmp_path, monkeypatc
     assert flag(plan.trainer_settings, "bf16") == "True" and flag(plan.trainer_settings, "tf32") == "True"
     with pytest.raises(TextsqlError, match="--accelerator cuda"):
         plan_for(NO_GPU, assets, tmp_path, monkeypatch, accelerator="cuda")
+    # a CPU with native bf16 trains in bf16 under auto, and the Trainer is told so
+    plan = plan_for(NodeDevices((), 16, cpu_native_bf16=True), assets, tmp_path, monkeypatch)
+    assert flag(plan.trainer_settings, "bf16") == "True" and flag(plan.trainer_settings, "tf32") == "False"
 
 
 # --------------------------------------------------------------------------- how training processes are started on a pod

@@ -11,7 +11,7 @@ from textsql.errors import TextsqlError
 from textsql.families import AUTO
 from textsql.paths import in_project
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "auto")
 
 
 @dataclass
@@ -37,6 +37,13 @@ class InferArguments:
         metadata={"help": "With --question: the table the questions are about, to parse and execute the SQL."},
     )
     max_examples: int | None = field(default=None, metadata={"help": "Score only the first N examples of the split."})
+    spread_examples: bool = field(
+        default=False,
+        metadata={
+            "help": "With --max_examples: take the N examples evenly across the split instead of its first N (a "
+            "release's slice starts with easier questions)."
+        },
+    )
     batch_size: int = field(default=64, metadata={"help": "Questions per generate() call."})
     decoding: str = field(
         default=AUTO,
@@ -75,7 +82,8 @@ class InferArguments:
         default="float32",
         metadata={
             "help": "Weights' dtype at inference: float32 (every strategy saves the model in it, so scores compare), "
-            "or bfloat16 (faster on Ampere and newer GPUs). A quantized folder (textsql quantize) keeps its own."
+            "bfloat16 (faster on Ampere and newer GPUs and on CPUs with AVX512-BF16 or AMX), or auto (bfloat16 where the device "
+            "computes it natively, as training's --precision auto decides; float32 elsewhere). A quantized folder (textsql quantize) keeps its own."
         },
     )
     output_dir: str | None = field(

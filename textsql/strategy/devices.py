@@ -19,6 +19,12 @@ DEVICE_CHOICES = ("auto", "cuda", "cpu")
 # (`memory=`), and what `textsql plan` checks the host side against without --cpu_memory_gb (saying so).
 DEFAULT_POD_MEMORY_GB = 16.0
 AMPERE = (8, 0)  # native bf16 and TF32 matmuls from compute capability 8.0 (A100, A10, L4, H100, ...)
+# The CPU instructions that compute bf16 natively (oneDNN uses them); without them torch emulates bf16, many times
+# slower than fp32 (9.46x a layer on an AVX2-only EPYC: bench/results/2026-12-02-cpu-precision.json).
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# Overrides what the CPU's flags say (1: native bf16, 0: none), for runs that must compute the same on every machine
+# (the test suite pins 0) or a CPU whose flags a virtual machine hides.
+CPU_BF16_VARIABLE = "TEXTSQL_CPU_NATIVE_BF16"
 
 
 @dataclass(frozen=True)
@@ -48,10 +54,12 @@ T4 = Gpu("Tesla T4", (7, 5), 15 * 2**30)
 
 @dataclass(frozen=True)
 class NodeDevices:
-    """What one node (pod) offers a training run: its visible GPUs (none on a CPU-only node) and its CPU cores."""
+    """What one node (pod) offers a training run: its visible GPUs (none on a CPU-only node), its CPU cores and whether
+    the CPU computes bf16 natively (AVX512-BF16 or AMX)."""
 
     gpus: tuple[Gpu, ...] = ()
     cpu_cores: int = 1
+    cpu_native_bf16: bool = False
 
     @property
     def accelerator(self) -> str:
@@ -59,7 +67,7 @@ class NodeDevices:
 
     def describe(self) -> str:
         if not self.gpus:
-            return f"no GPU, {self.cpu_cores} CPU cores"
+            return f"no GPU, {self.cpu_cores} CPU cores" + (" with native bf16" if self.cpu_native_bf16 else "")
         names = sorted({gpu.name for gpu in self.gpus})
         return f"{len(self.gpus)} x {' + '.join(names)}, {self.cpu_cores} CPU cores"
 
@@ -69,6 +77,7 @@ class NodeDevices:
                 {"name": g.name, "capability": list(g.capability), "memory_bytes": g.memory_bytes} for g in self.gpus
             ],
             "cpu_cores": self.cpu_cores,
+            "cpu_native_bf16": self.cpu_native_bf16,
         }
 
     @classmethod
@@ -76,7 +85,9 @@ class NodeDevices:
         gpus = tuple(
             Gpu(g["name"], tuple(g["capability"]), int(g.get("memory_bytes", 0))) for g in data.get("gpus", ())
         )
-        return cls(gpus=gpus, cpu_cores=int(data.get("cpu_cores", 1)))
+        return cls(
+            gpus=gpus, cpu_cores=int(data.get("cpu_cores", 1)), cpu_native_bf16=bool(data.get("cpu_native_bf16", False))
+        )
 
     @classmethod
     def local(cls) -> NodeDevices:
@@ -88,7 +99,12 @@ class NodeDevices:
             for index in range(torch.cuda.device_count()):
                 props = torch.cuda.get_device_properties(index)
                 gpus.append(Gpu(props.name, (props.major, props.minor), int(props.total_memory)))
-        return cls(gpus=tuple(gpus), cpu_cores=usable_cores())
+        return cls(gpus=tuple(gpus), cpu_cores=usable_cores(), cpu_native_bf16=cpu_native_bf16())
+
+    @classmethod
+    def local_cpu(cls) -> NodeDevices:
+        """This machine's CPU alone (a run told --accelerator cpu), asking nothing of CUDA."""
+        return cls((), usable_cores(), cpu_native_bf16=cpu_native_bf16())
 
 
 DEVICES_ANSWER = "textsql-devices: "
@@ -120,6 +136,30 @@ def local_devices(isolated: bool | None = None) -> NodeDevices:
     if not found:
         raise RuntimeError((done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1])
     return NodeDevices.from_dict(json.loads(found[-1].removeprefix(DEVICES_ANSWER)))
+
+
+def cpu_native_bf16(environ=os.environ, cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bf16 natively: its flags (/proc/cpuinfo) name AVX512-BF16 or AMX-BF16, unless
+    TEXTSQL_CPU_NATIVE_BF16 (0 or 1) says otherwise."""
+    pinned = environ.get(CPU_BF16_VARIABLE, "").strip()
+    if pinned:
+        if pinned not in ("0", "1"):
+            raise TextsqlError(f"{CPU_BF16_VARIABLE} is 0 or 1 (or unset, to read the CPU's flags), not '{pinned}'.")
+        return pinned == "1"
+    if cpuinfo is None:
+        try:
+            cpuinfo = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+        except OSError:  # not Linux: no flags to read, so no bf16 that auto would choose
+            return False
+    return has_native_bf16_flags(cpuinfo)
+
+
+def has_native_bf16_flags(cpuinfo: str) -> bool:
+    """Whether /proc/cpuinfo's text (or any text of its `flags` lines) names an instruction set that computes bf16."""
+    flags = {
+        flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[-1].split()
+    }
+    return any(flag in flags for flag in CPU_BF16_FLAGS)
 
 
 def usable_cores() -> int:
@@ -223,24 +263,36 @@ class PrecisionChoice:
 
 
 def resolve_precision(
-    requested: str, model_id: str, gpus: tuple[Gpu, ...] | list[Gpu], *, force_fp16: bool = False
+    requested: str,
+    model_id: str,
+    gpus: tuple[Gpu, ...] | list[Gpu],
+    *,
+    force_fp16: bool = False,
+    cpu_native_bf16: bool = False,
 ) -> PrecisionChoice:
     """choose_precision for the model `model_id` (hub id or folder): its family is read from its config.json only
     where the choice depends on it (fp16 asked for without --force_fp16), so other runs read nothing."""
     family = None
     if requested == "fp16" and not force_fp16:
         family = model_family(model_id)
-    return choose_precision(requested, gpus, family=family, force_fp16=force_fp16)
+    return choose_precision(requested, gpus, family=family, force_fp16=force_fp16, cpu_native_bf16=cpu_native_bf16)
 
 
 def choose_precision(
-    requested: str, gpus: tuple[Gpu, ...] | list[Gpu], *, family: Family | None = None, force_fp16: bool = False
+    requested: str,
+    gpus: tuple[Gpu, ...] | list[Gpu],
+    *,
+    family: Family | None = None,
+    force_fp16: bool = False,
+    cpu_native_bf16: bool = False,
 ) -> PrecisionChoice:
     """The precision for a run on these GPUs (every GPU of every node; none on a CPU) of a model of `family`
-    (textsql.families; needed only for fp16, which the family may refuse: `Family.fp16_safe`).
+    (textsql.families; needed only for fp16, which the family may refuse: `Family.fp16_safe`); `cpu_native_bf16`:
+    whether the CPU a GPU-less run computes on has AVX512-BF16 or AMX (NodeDevices.cpu_native_bf16).
 
-    auto: bf16 where every GPU has native bf16 (Ampere and newer), fp32 otherwise (V100, T4, the CPU). TF32 is used
-    for the remaining fp32 matmuls only with bf16 on Ampere and newer; fp32 means true fp32 matmuls.
+    auto: bf16 where every GPU has native bf16 (Ampere and newer), or, without a GPU, where the CPU computes bf16
+    natively; fp32 otherwise (V100, T4, a CPU without those instructions, where bf16 is emulated and many times
+    slower). TF32 is used for the remaining fp32 matmuls only with bf16 on Ampere and newer; fp32 means true fp32.
     """
     if requested not in PRECISIONS:
         raise TextsqlError(f"--precision must be one of {', '.join(PRECISIONS)}, not '{requested}'.")
@@ -249,8 +301,13 @@ def choose_precision(
     if requested == "auto":
         if native:
             return PrecisionChoice("bf16", True, "auto: every GPU has native bf16 (compute capability 8.0 or newer)")
-        why = "auto: no GPU" if not gpus else f"auto: {_older(gpus)} has no native bf16 (needs compute capability 8.0)"
-        return PrecisionChoice("fp32", False, why)
+        if not gpus and cpu_native_bf16:
+            return PrecisionChoice("bf16", False, "auto: no GPU; the CPU computes bf16 natively (AVX512-BF16 or AMX)")
+        if not gpus:
+            return PrecisionChoice(
+                "fp32", False, "auto: no GPU, and the CPU has no native bf16 (no AVX512-BF16 or AMX: emulated, slow)"
+            )
+        return PrecisionChoice("fp32", False, f"auto: {_older(gpus)} has no native bf16 (needs compute capability 8.0)")
     if requested == "fp16":
         if not force_fp16:
             if family is None:
@@ -271,7 +328,10 @@ def choose_precision(
                 "many times slower. Use --precision fp32 (or auto) on this GPU."
             )
         # On the CPU, bf16 autocast runs (natively on CPUs with AVX512-BF16/AMX, emulated elsewhere).
-        return PrecisionChoice("bf16", native, "asked for bf16" + ("" if gpus else " on the CPU"))
+        if gpus:
+            return PrecisionChoice("bf16", native, "asked for bf16")
+        where = "natively" if cpu_native_bf16 else "emulated: no AVX512-BF16 or AMX, many times slower than fp32"
+        return PrecisionChoice("bf16", False, f"asked for bf16 on the CPU ({where})")
     return PrecisionChoice("fp32", False, "asked for fp32 (true fp32 matmuls, no TF32)")
 
 
@@ -310,8 +370,27 @@ def resolve_run_devices(
     gpus = devices.gpus if accelerator == "cuda" else ()
     ranks = ranks_per_node(ranks_asked, NodeDevices(gpus, devices.cpu_cores))
     requested = precision_from_trainer_flags(training.precision, training.bf16, training.fp16)
-    precision = resolve_precision(requested, model_id, gpus, force_fp16=training.force_fp16)
+    precision = resolve_precision(
+        requested,
+        model_id,
+        gpus,
+        force_fp16=training.force_fp16,
+        cpu_native_bf16=accelerator == "cpu" and devices.cpu_native_bf16,
+    )
     return RunDevices(accelerator, ranks, precision)
+
+
+def inference_dtype(requested: str, device_type: str, devices: NodeDevices | None = None) -> str:
+    """The weights' dtype (torch's name) a scoring uses for `--dtype auto|float32|bfloat16` on a "cuda" or "cpu"
+    device: auto is bfloat16 where training's auto would pick bf16 there (native bf16), else float32."""
+    if requested != "auto":
+        return requested
+    devices = (
+        devices if devices is not None else (NodeDevices.local() if device_type == "cuda" else NodeDevices.local_cpu())
+    )
+    gpus = devices.gpus if device_type == "cuda" else ()
+    chosen = choose_precision("auto", gpus, cpu_native_bf16=device_type == "cpu" and devices.cpu_native_bf16)
+    return "bfloat16" if chosen.name == "bf16" else "float32"
 
 
 def quantized_compute_dtype(gpus: tuple[Gpu, ...]) -> str:

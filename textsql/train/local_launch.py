@@ -26,7 +26,6 @@ from textsql.strategy.devices import (
     local_devices,
     ranks_per_node,
     threads_per_rank,
-    usable_cores,
     use_accelerator,
 )
 from textsql.train.distributed import free_port
@@ -45,7 +44,7 @@ def node_devices(accelerator: str = "auto"):
     """This pod's devices as a training with `--accelerator device` uses them: none with --accelerator cpu. Asked
     without initialising CUDA in this process, which lives as long as the training (textsql.strategy.devices.local_devices)."""
 
-    return NodeDevices((), usable_cores()) if accelerator == "cpu" else local_devices()
+    return NodeDevices.local_cpu() if accelerator == "cpu" else local_devices()
 
 
 def deepspeed_launcher() -> str:
