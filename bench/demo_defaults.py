@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
-from bench.real_model import paired_bootstrap  # noqa: E402
+from textsql.evaluate import paired_bootstrap  # noqa: E402
 
 FAMILIES = ("t5", "causal")
 RUN_FOLDERS = {"t5": "tiny-t5", "causal": "tiny-qwen2"}

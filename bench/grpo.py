@@ -30,7 +30,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402
-from bench.real_model import RECIPES, TRAINED, Bench, bench_parser, executions, paired_bootstrap  # noqa: E402
+from bench.real_model import RECIPES, TRAINED, Bench, bench_parser, executions  # noqa: E402
+from textsql.evaluate import paired_bootstrap  # noqa: E402
 
 HEAD = 600  # of the 898 real train questions: the supervised run of `heldout` learns these, GRPO gets the rest
 LEARNABLE_SAMPLES = 8

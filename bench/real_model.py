@@ -34,7 +34,6 @@ import heapq
 import itertools
 import json
 import os
-import random
 import shlex
 import subprocess
 import sys
@@ -47,6 +46,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runs from a checkout without installing the package
 
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
+from textsql.evaluate import execution_pairs, paired_bootstrap  # noqa: E402
+from textsql.paths import user_cache_dir  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"  # textsql.model_import.PACKAGED_MODELS
 # The recipe files a user trains (docs/real-model.md): learning rate and epochs chosen on the validation split with
@@ -309,32 +310,10 @@ class Bench:
         return {name: {k: v for k, v in r.items() if k != "predictions"} for name, r in results.items()}
 
 
-BOOTSTRAP_SAMPLES = 2000
-
-
-def paired_bootstrap(before: list, after: list, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
-    """The difference in execution accuracy (after - before) on the same questions, and its 95% interval from
-    resampling the questions with replacement. Each side is (question key, right) pairs, as `executions` gives
-    them: two sides that did not score the same questions in the same order are refused."""
-    if [key for key, _ in before] != [key for key, _ in after]:
-        raise ValueError("the two sides of a paired comparison scored different questions, or in another order")
-    rng = random.Random(seed)
-    n = len(before)
-    differences = [int(a) - int(b) for (_, a), (_, b) in zip(after, before)]
-    means = sorted(sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
-    return {
-        "difference": sum(differences) / n,
-        "interval_95": [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]],
-        "questions_gained": differences.count(1),
-        "questions_lost": differences.count(-1),
-    }
-
-
 def executions(bench: Bench, name: str) -> list[tuple[tuple[str, str], bool]]:
     """A scoring's (question, table) and whether its SQL gave the gold result, in the order it scored them."""
     path = bench.work / "scores" / name / "predictions.jsonl"
-    records = [json.loads(line) for line in path.open()]
-    return [((r["table_id"], r["question"]), bool(r["execution_match"])) for r in records]
+    return execution_pairs([json.loads(line) for line in path.open()])
 
 
 def documented_commands() -> list[list[str]]:
@@ -488,7 +467,12 @@ def selection(bench: Bench) -> dict:
 def bench_parser(description: str, select_help: str) -> argparse.ArgumentParser:
     """The arguments this benchmark and bench/grpo.py share (one work folder, resumed step by step)."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--workdir", default=str(REPO / "bench" / ".work" / "real_model"))
+    # Outside the repository: a fresh checkout lays the work tree anew, and a stopped bench resumes from this folder.
+    parser.add_argument(
+        "--workdir",
+        default=str(user_cache_dir() / "bench" / "real_model"),
+        help="where models, data, runs, scores and each finished step's result are kept (default: the user's cache)",
+    )
     parser.add_argument("--real_dir", type=Path, default=REPO.parent / "shared" / "real")
     parser.add_argument("--select", action="store_true", help=select_help)
     parser.add_argument("--fresh", action="store_true", help="run every step again")

@@ -4,6 +4,7 @@ constrained to the table's queries), the scoring set of a split, WikiSQL's metri
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ def generate_sql(
     device=None,
     on_batch=None,
     constrain_to: list[tuple[str, dict | None]] | None = None,
+    echo=None,
 ) -> list[list[str]]:
     """The `num_candidates` best generations (beam order) for each source, in batches of similar length so each batch
     pads little (taken longest and shortest in turn: `alternating`), input order kept; the progress bar counts
@@ -47,7 +49,9 @@ def generate_sql(
     With `constrain_to` ((question, table) per source) every row and beam may only write a WikiSQL query over its
     table (textsql.wikisql.constrained.QueryGrammar, one logits processor per generate() call) within max_new_tokens;
     its text is what the allowed tokens' bytes write. A source without a table is decoded unconstrained (a warning
-    counts them). `on_batch`, when given, is called after each batch (a Trainer's callbacks see a prediction step)."""
+    counts them). `on_batch`, when given, is called after each batch (a Trainer's callbacks see a prediction step);
+    `echo`, when given, is told once how long the whole generation takes, timed on its first two batches (the longest
+    and the shortest: `alternating`)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -71,7 +75,8 @@ def generate_sql(
     was_training = model.training
     model.eval()
     bar = tqdm(total=len(sources), desc="generating", unit="question", disable=not progress)
-    for start in alternating(range(0, len(order), batch_size)):
+    batches, started = alternating(range(0, len(order), batch_size)), time.perf_counter()
+    for done, start in enumerate(batches, 1):
         indices = order[start : start + batch_size]
         encoded = tokenizer(
             [sources[i] for i in indices],
@@ -113,11 +118,23 @@ def generate_sql(
         for n, i in enumerate(indices):
             outputs[i] = texts[n * num_candidates : (n + 1) * num_candidates]
         bar.update(len(indices))
+        if echo is not None and done == 2 < len(batches):
+            echo(describe_generation_estimate(time.perf_counter() - started, len(batches), len(sources)))
         if on_batch is not None:  # a caller's sign of life (a Trainer's callbacks: a pod's watch of training progress)
             on_batch()
     bar.close()
     model.train(was_training)
     return outputs
+
+
+def describe_generation_estimate(first_two_s: float, batches: int, questions: int) -> str:
+    """How long generating `questions` in `batches` takes, from its first two batches' seconds (one long, one short)."""
+    seconds = first_two_s / 2 * batches
+    length = f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} minutes"
+    return (
+        f"timed here: {first_two_s:.1f} s for the first 2 of {batches} batches, so generating for {questions} questions "
+        f"takes about {length} in all."
+    )
 
 
 class ConstrainedLogits:
@@ -245,17 +262,30 @@ class ScoringSet:
     tables: dict[str, dict]
 
 
+def spread_indices(total: int, count: int) -> list[int]:
+    """`count` indices taken evenly across `total` (every total/count-th one, the first included), in order."""
+    count = min(count, total)
+    return [index * total // count for index in range(count)]
+
+
 def load_scoring_set(
-    dataset_dir: str, split: str, max_examples: int | None = None, prepared: tuple | None = None
+    dataset_dir: str,
+    split: str,
+    max_examples: int | None = None,
+    prepared: tuple | None = None,
+    spread: bool = False,
 ) -> ScoringSet:
-    """The split's questions, gold queries and tables; `prepared` is load_prepared(dataset_dir) when the caller has it."""
+    """The split's questions, gold queries and tables; `prepared` is load_prepared(dataset_dir) when the caller has it.
+    With `max_examples`, its first N questions, or with `spread` N taken evenly across it (a release's slice starts
+    with easier questions: WikiSQL's first 300 test questions score about 4 points above the 1,062)."""
 
     dataset, metadata = prepared if prepared is not None else load_prepared(dataset_dir)
     if split not in dataset:
         raise TextsqlError(f"'{dataset_dir}' has no '{split}' split; it has {', '.join(dataset)}.")
     rows = dataset[split]
     if max_examples:
-        rows = rows.select(range(min(max_examples, len(rows))))
+        count = min(max_examples, len(rows))
+        rows = rows.select(spread_indices(len(rows), count) if spread else range(count))
     tables = load_tables(dataset_dir)
     if "prompt" in rows.column_names:  # a causal LM's prompts, as prep fitted them (values, columns cut to fit)
         sources = list(rows["prompt"])
@@ -410,6 +440,44 @@ def execution_changes(before: list[dict], after: list[dict]) -> dict:
     fixed = sum(bool(a["execution_match"]) and b["execution_match"] is False for b, a in zip(before, after))
     broken = sum(bool(b["execution_match"]) and a["execution_match"] is False for b, a in zip(before, after))
     return {"fixed": fixed, "broken": broken, "net": fixed - broken}
+
+
+BOOTSTRAP_SAMPLES = 2000
+
+
+def paired_bootstrap(before: list, after: list, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
+    """The difference in execution accuracy (after - before) on the same questions, and its 95% interval from
+    resampling the questions with replacement. Each side is (question key, right) pairs, as `execution_pairs` gives
+    them: two sides that did not score the same questions in the same order are refused."""
+    import random
+
+    if [key for key, _ in before] != [key for key, _ in after]:
+        raise ValueError("the two sides of a paired comparison scored different questions, or in another order")
+    rng = random.Random(seed)
+    n = len(before)
+    differences = [int(a) - int(b) for (_, a), (_, b) in zip(after, before)]
+    means = sorted(sum(differences[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
+    return {
+        "difference": sum(differences) / n,
+        "interval_95": [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]],
+        "questions_gained": differences.count(1),
+        "questions_lost": differences.count(-1),
+    }
+
+
+def accuracy_interval(rights: list[bool], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> list[float]:
+    """The 95% interval of an accuracy over these questions (bootstrap: the questions resampled with replacement)."""
+    import random
+
+    rng = random.Random(seed)
+    n = len(rights)
+    means = sorted(sum(rights[rng.randrange(n)] for _ in range(n)) / n for _ in range(samples))
+    return [means[int(0.025 * samples)], means[int(0.975 * samples) - 1]]
+
+
+def execution_pairs(records: list[dict]) -> list[tuple[tuple[str, str], bool]]:
+    """A scoring's records as paired_bootstrap takes them: ((table, question), whether its SQL gave the gold result)."""
+    return [((r["table_id"], r["question"]), bool(r["execution_match"])) for r in records]
 
 
 def format_components(components: dict) -> str:

@@ -14,8 +14,8 @@ from bench.real_model import (
     TRAINED,
     documented_commands,
     main,
-    paired_bootstrap,
 )
+from textsql.evaluate import paired_bootstrap
 
 
 def test_the_paired_bootstrap_s_difference_and_interval():
