@@ -19,7 +19,8 @@ NOTEBOOKS = {
             "# Prepare WikiSQL\n\n"
             "Loads WikiSQL, tokenizes it with the model's tokenizer and a T5 task prefix (no fixed padding: batches are "
             "padded by the collator), reports token lengths, and saves a `DatasetDict` to `output_dir`.\n\n"
-            "`source` is `generate` (built-in generated data), a folder or `.tar.bz2` of the original release files "
+            "`source` is `generate` (built-in generated data), `wikisql-sample` (real WikiSQL lines shipped with "
+            "textsql: 1,000 train and 1,062 test questions), a folder or `.tar.bz2` of the original release files "
             "(`train.jsonl`, `train.tables.jsonl`, `dev.jsonl`, ... — what an air-gapped cluster uses), or a hub name of "
             "a parquet copy. Same as `textsql prep`."
         ),
@@ -278,7 +279,7 @@ NOTEBOOKS = {
         ),
         new_code_cell(
             "model_id = None  # None: the imported SmolLM2-135M-Instruct, else the demo's fine-tuned causal LM, else Qwen2.5-0.5B\n"
-            'source = "generate"  # or the WikiSQL release folder (train.jsonl, train.tables.jsonl, ...)\n'
+            'source = "generate"  # or "wikisql-sample" (real WikiSQL lines shipped with textsql), or a release folder\n'
             'dataset_dir, source_format = "data/notebook-causal", None  # None: the format model_id learned, else the best (auto)\n'
             "max_examples_per_split = None\noverwrite = False  # True: prepare and train again over an earlier run's\n"
             'runs_root = "runs"\ndeepspeed = None  # or "zero2", "zero3_offload"\n'

@@ -92,6 +92,12 @@ FSDPCONFIG_DIR = Path(str(resources.files("textsql") / "shipped_fsdpconfig")).re
 # trains from one of them (textsql.demo.real).
 RECIPES_DIR = Path(str(resources.files("textsql") / "shipped_recipes")).resolve()
 
+# Real WikiSQL release lines shipped with textsql (package data: textsql/wikisql/sample, with WikiSQL's LICENSE and a
+# README on what and whence), read by name (textsql.wikisql.release: SAMPLE_SOURCE), checked against their sha256 in
+# the folder's SHA256SUMS (sha256sum's `sha256  file` lines: the one record of them) before they are read.
+WIKISQL_SAMPLE_DIR = Path(str(resources.files("textsql") / "wikisql" / "sample"))
+WIKISQL_SAMPLE_CHECKSUMS_FILE = "SHA256SUMS"
+
 # `textsql tune` (textsql.tune writes and reads them), in its folder (--tune_dir).
 TUNE_RESULTS_FILE = "tune_results.jsonl"  # one measured candidate a line; a candidate already there is not run again
 TUNE_TABLE_FILE = "tune_table.md"  # the candidates, measured against predicted, fastest first

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import real_causal_folder, tiny_train_argv
 
+from textsql.wikisql.release import SAMPLE_SOURCE
+
 pytestmark = pytest.mark.slow
 
 SHORT = dict(
@@ -169,7 +171,7 @@ def test_gpt2_without_a_pad_token_prepares_trains_and_generates(real_files, tmp_
     folder = real_causal_folder(real_files, "gpt2", tmp_path / "tiny-gpt2")
     data = tmp_path / "data"
     status, out, err = textsql_in_process(
-        ["prep", "--source", str(real_files / "wikisql"), "--model_id", str(folder), "--output_dir", str(data),
+        ["prep", "--source", SAMPLE_SOURCE, "--model_id", str(folder), "--output_dir", str(data),
          "--source_format", "question+header+values", "--max_examples_per_split", "48"]
     )  # fmt: skip
     assert status == 0, err[-3000:]

@@ -1,5 +1,6 @@
-"""textsql installs anywhere: a built wheel (and an editable install) finds the shipped DeepSpeed configs as package
-data, and the core commands run without the optional notebooks extra, whose absence is named with the fix."""
+"""textsql installs anywhere: a built wheel (and an editable install) finds the shipped DeepSpeed configs and WikiSQL
+lines as package data, and the core commands run without the optional notebooks extra, whose absence is named with
+the fix."""
 
 import json
 import os
@@ -118,13 +119,19 @@ def test_wheel_and_editable_installs_run_the_core_commands_anywhere_without_the_
     env.update(HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu", PYTHONNOUSERSITE="1")
     probe = (
         "import importlib, json, textsql, textsql.strategy.dsconfig as d\n"
+        "from textsql.wikisql.release import SAMPLE_SOURCE, load_wikisql, verified_sample\n"
         "def importable(name):\n    try:\n        return bool(importlib.import_module(name))\n    except ImportError:\n        return False\n"
         "print(json.dumps({'package': textsql.__file__, 'dir': str(d.DSCONFIG_DIR), 'configs': sorted(d.shipped_configs()), "
+        "'sample': str(verified_sample()), "
+        "'sample_questions': {s: len(e) for s, e in load_wikisql(SAMPLE_SOURCE).splits.items()}, "
         "'matplotlib': importable('matplotlib')}))"
     )
     installed = json.loads(ok([python, "-c", probe], elsewhere, env))
     assert Path(installed["package"]).is_relative_to(site)  # the wheel, not the repository
     assert Path(installed["dir"]).is_relative_to(site) and installed["configs"] == SHIPPED_DSCONFIGS
+    # the real WikiSQL lines, their sha256 checked, read by name from the wheel's copy (with their licence beside them)
+    assert Path(installed["sample"]).is_relative_to(site) and (Path(installed["sample"]) / "LICENSE").is_file()
+    assert installed["sample_questions"] == {"train": 1000, "test": 1062}
     assert installed["matplotlib"] is False  # the extra really is out of reach
 
     textsql = python.parent / "textsql"

@@ -10,6 +10,8 @@ from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
 from textsql.prep import prepare_dataset
 from textsql.prepared import load_prepared
+from textsql.wikisql.format import VALUES_FORMAT
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 NOTHING_LOST = {"examples": 0, "characters": {}, "column_names_recovered": {"examples": 0, "characters": {}}}
 
@@ -365,3 +367,23 @@ def test_a_default_training_on_a_release_without_a_dev_split_ends_with_a_validat
     assert summary.eval_loss is not None and 0.0 <= summary.execution_accuracy <= 1.0
     assert summary.execution_accuracy_questions == min(validation, 200)
     assert f"on the first {min(validation, 200)} validation questions, end of training" in out
+
+
+def test_prep_reads_the_shipped_wikisql_lines_by_name(assets, tmp_path, textsql_in_process):
+    """Issue 59: `textsql prep --source wikisql-sample` reads the real lines shipped in the package (no ../shared
+    needed): all 1,062 test questions, their sources listing the table's cells, and a tenth of train's tables held out
+    as validation (the lines have no dev split), none of them left in train."""
+    _, model_dir = assets
+    data_dir = tmp_path / "data"
+    status, out, err = textsql_in_process(
+        ["prep", "--source", SAMPLE_SOURCE, "--model_id", str(model_dir), "--output_dir", str(data_dir)]
+        + ["--source_format", VALUES_FORMAT]
+    )
+    assert status == 0, err[-3000:]
+    dataset, meta = load_prepared(data_dir)
+    assert meta["source"] == SAMPLE_SOURCE and meta["source_format"] == VALUES_FORMAT and meta["has_tables"]
+    assert meta["examples"]["test"] == len(dataset["test"]) == 1062
+    assert meta["values_listed"]["test"]["prompts_with_values"] > 900  # nearly every real question names a cell
+    train, validation = set(dataset["train"]["table_id"]), set(dataset["validation"]["table_id"])
+    assert validation and not train & validation and len(dataset["train"]) + len(dataset["validation"]) == 1000
+    assert 100 <= len(dataset["validation"]) < 200

@@ -1,6 +1,6 @@
-"""On genuine pieces of WikiSQL and of Google's T5 tokenizer (../shared/real): prep with either tokenizer file, the
-characters it adds, lengths, scoring every real gold query, and inference with the real vocabulary. Skipped where the
-folder is absent."""
+"""On genuine pieces of WikiSQL (the lines shipped in the package) and of Google's T5 tokenizer (../shared/real): prep with
+either tokenizer file, the characters it adds, lengths, scoring every real gold query, and inference with the real
+vocabulary. The tests that need a real tokenizer skip where ../shared/real is absent."""
 
 import json
 import shutil
@@ -12,15 +12,15 @@ from textsql.arguments.prep import PrepArguments
 from textsql.prep import prepare_dataset
 from textsql.prepared import load_prepared
 from textsql.wikisql.format import render_sql
-from textsql.wikisql.release import load_release_folder
+from textsql.wikisql.release import SAMPLE_SOURCE, load_wikisql
 from textsql.wikisql.sql import execute_query, parse_sql, same_logical_form, score_prediction
 
 T5_FILES = ("spiece.model", "tokenizer.json")  # the two ways a user has T5's tokenizer: SentencePiece, HF's fast file
 
 
 @pytest.fixture(scope="module")
-def real_wikisql(real_files):
-    return load_release_folder(real_files / "wikisql")
+def real_wikisql():
+    return load_wikisql(SAMPLE_SOURCE)
 
 
 def examples(data):
@@ -43,7 +43,7 @@ def real_prepared(real_files, tmp_path_factory):
     for name in T5_FILES:
         model_dir = t5_folder(real_files, name, root / f"t5-{name}")
         arguments = PrepArguments(
-            source=str(real_files / "wikisql"),
+            source=SAMPLE_SOURCE,
             model_id=str(model_dir),
             output_dir=str(root / f"data-{name}"),
             source_format="question+header",
@@ -231,7 +231,7 @@ def test_a_t5_reading_cell_values_gets_the_same_source_for_a_typed_question(real
     t5 = t5_folder(real_files, "tokenizer.json", tmp_path / "t5")
     data_dir = prepare_dataset(
         PrepArguments(
-            source=str(real_files / "wikisql"),
+            source=SAMPLE_SOURCE,
             model_id=str(t5),
             output_dir=str(tmp_path / "data"),
             source_format="question+header+values",
@@ -308,7 +308,7 @@ def real_causal_prepared(real_files, tmp_path_factory):
     for name in CAUSAL_TOKENIZERS:
         folder = real_causal_folder(real_files, name, root / name)
         arguments = PrepArguments(
-            source=str(real_files / "wikisql"),
+            source=SAMPLE_SOURCE,
             model_id=str(folder),
             output_dir=str(root / f"data-{name}"),
             source_format="question+header",

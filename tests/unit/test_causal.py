@@ -13,6 +13,7 @@ from textsql.prepared import load_prepared
 from textsql.prompts import source_text
 from textsql.train.collate import CausalLMCollator
 from textsql.vocabulary import byte_level
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 EDGE_TEXTS = ["SELECT Area (km²) FROM table WHERE Wins < 5", "Ranma ½ — Müller's team", "a\tb  c"]
 
@@ -223,7 +224,7 @@ def test_real_qwen2_and_gpt2_tokenizers_through_prep_and_generation(real_causal_
     name, folder = real_causal_model
     out = prepare_dataset(
         PrepArguments(
-            source=str(real_files / "wikisql"),
+            source=SAMPLE_SOURCE,
             model_id=str(folder),
             output_dir=str(tmp_path / "data"),
             source_format="question+header",
@@ -272,7 +273,7 @@ def test_chat_prompts_use_the_tokenizer_s_template_and_are_refused_without_one(
     from textsql.prompts import model_source
 
     folder = real_causal_folder(real_files, "qwen2", tmp_path / "qwen2")
-    args = dict(source=str(real_files / "wikisql"), source_format="question+header", max_examples_per_split=40)
+    args = dict(source=SAMPLE_SOURCE, source_format="question+header", max_examples_per_split=40)
     out = prepare_dataset(
         PrepArguments(**args, model_id=str(folder), output_dir=str(tmp_path / "d"), prompt_format="chat")
     )

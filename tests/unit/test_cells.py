@@ -7,17 +7,19 @@ import pytest
 
 from textsql.arguments.prep import PrepArguments
 from textsql.errors import TextsqlError
+from textsql.paths import WIKISQL_SAMPLE_DIR
 from textsql.prep import prepare_dataset
 from textsql.prepared import load_prepared, load_tables
 from textsql.prompts import fitted_source, source_text, table_values
 from textsql.wikisql.cells import FUZZY_RATIO, cell_matches, cell_text
 from textsql.wikisql.format import VALUES_FORMAT
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 
 @pytest.fixture(scope="module")
-def real_test(real_files):
-    """(questions, tables by id) of the real 1,062-question test slice."""
-    folder = real_files / "wikisql"
+def real_test():
+    """(questions, tables by id) of the real 1,062-question test slice (shipped in the package)."""
+    folder = WIKISQL_SAMPLE_DIR
     tables = {t["id"]: t for t in map(json.loads, (folder / "test.tables.jsonl").read_text().splitlines())}
     return [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()], tables
 
@@ -123,7 +125,7 @@ def test_prep_with_the_real_qwen2_tokenizer_drops_values_before_columns_and_ever
     )
     limit = 56
     args = PrepArguments(
-        source=str(real_files / "wikisql"),
+        source=SAMPLE_SOURCE,
         model_id=str(folder),
         output_dir=str(tmp_path / "data"),
         source_format=VALUES_FORMAT,

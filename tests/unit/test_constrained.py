@@ -7,6 +7,7 @@ import random
 import pytest
 
 from textsql.errors import TextsqlError
+from textsql.paths import WIKISQL_SAMPLE_DIR
 from textsql.wikisql.constrained import MAX_CONDITIONS, QueryGrammar, vocabulary_of
 from textsql.wikisql.format import render_sql
 from textsql.wikisql.sql import execute_query, parse_sql
@@ -121,20 +122,21 @@ def test_every_string_of_the_grammar_parses_and_executes(grammar):
         assert query["sel"] < len(TABLE["header"]) and all(c < len(TABLE["header"]) for c, _, _ in query["conds"])
 
 
-def real_lines(real_files, count):
+def real_lines(count):
+    """(question, table, structured query) of the first `count` real test questions (the lines shipped in the package)."""
     tables = {}
-    for line in open(real_files / "wikisql" / "test.tables.jsonl", encoding="utf-8"):
+    for line in open(WIKISQL_SAMPLE_DIR / "test.tables.jsonl", encoding="utf-8"):
         table = json.loads(line)
         tables[table["id"]] = table
     lines = [
-        json.loads(line) for line, _ in zip(open(real_files / "wikisql" / "test.jsonl", encoding="utf-8"), range(count))
+        json.loads(line) for line, _ in zip(open(WIKISQL_SAMPLE_DIR / "test.jsonl", encoding="utf-8"), range(count))
     ]
     return [(line["question"], tables[line["table_id"]], line["sql"]) for line in lines]
 
 
-def test_real_grammars_parse_and_execute(real_files):
+def test_real_grammars_parse_and_execute():
     rng = random.Random(1)
-    for question, table, _ in real_lines(real_files, 40):
+    for question, table, _ in real_lines(40):
         grammar = QueryGrammar(table, question)
         for _ in range(10):
             text = random_query(grammar, rng)
@@ -162,14 +164,17 @@ def unreachable(tokenizer, lines) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("name", ["qwen2", "t5", pytest.param("smollm2", marks=pytest.mark.slow)])
-def test_real_gold_queries_are_reachable_token_by_token(real_files, request, name):
+def test_real_gold_queries_are_reachable_token_by_token(request, name):
     """The real tokenizers' own tokenization of the gold SQL is allowed at every step for >= 95% of real test questions
     (T5's vocabulary lacks `~`, `^` and `☉`, which a few column names hold)."""
     from transformers import AutoTokenizer
 
-    folder = request.getfixturevalue("real_model") if name == "smollm2" else real_files / name
+    if name == "smollm2":
+        folder = request.getfixturevalue("real_model")
+    else:  # the real tokenizers in ../shared/real
+        folder = request.getfixturevalue("real_files") / name
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    lines = real_lines(real_files, 200)
+    lines = real_lines(200)
     refused = unreachable(tokenizer, lines)
     assert len(refused) <= 0.05 * len(lines), refused
 
@@ -230,7 +235,7 @@ def test_untrained_tiny_models_write_only_queries_over_their_table(assets, causa
 
 
 @pytest.mark.slow
-def test_real_model_writes_queries_that_parse_under_the_constraint(real_model, real_files):
+def test_real_model_writes_queries_that_parse_under_the_constraint(real_model):
     """SmolLM2-135M-Instruct, not fine-tuned for SQL, prompted as textsql prompts a causal LM: greedy decoding under the
     constraint parses and executes on 8 real test questions of 8."""
     from textsql.evaluate import ScoringSet, decode_and_score
@@ -238,7 +243,7 @@ def test_real_model_writes_queries_that_parse_under_the_constraint(real_model, r
     from textsql.prompts import source_text
 
     model, tokenizer = load_for_inference(str(real_model), "cpu")
-    lines = real_lines(real_files, 8)
+    lines = real_lines(8)
     tables = {table["id"]: table for _, table, _ in lines}
     scoring = ScoringSet(
         sources=[source_text(q, t["header"], "", "question+header", layout="causal") for q, t, _ in lines],

@@ -6,14 +6,14 @@ import pytest
 
 from textsql.evaluate import ScoringSet, compare_with_greedy, score_candidates
 from textsql.wikisql.format import render_sql
-from textsql.wikisql.release import load_release_folder
+from textsql.wikisql.release import SAMPLE_SOURCE, load_wikisql
 from textsql.wikisql.sql import executes_plausibly
 
 PER_GROUP = 6
 
 
 @pytest.fixture(scope="module")
-def planted(real_files):
+def planted():
     """(scoring, candidates, greedy answers, the questions of each group): real test questions without aggregation
     and with a condition, in groups of PER_GROUP, each given three beams and a greedy answer:
 
@@ -22,7 +22,7 @@ def planted(real_files):
     - kept: the top beam is gold (so is greedy): unchanged;
     - broken: the top beam is a wrong query that executes (another column selected), gold second; greedy wrote gold;
     - none_execute: no beam executes: the top one is kept (greedy wrote it)."""
-    data = load_release_folder(real_files / "wikisql")
+    data = load_wikisql(SAMPLE_SOURCE)  # the real lines shipped in the package
     examples = [e for e in data.splits["test"] if e.sql["agg"] == 0 and e.sql["conds"]]
     groups = ("unparsable", "empty", "kept", "broken", "none_execute")
     chosen = examples[: PER_GROUP * len(groups)]

@@ -11,6 +11,7 @@ from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTra
 from textsql.errors import TextsqlError
 from textsql.paths import PROJECT_DIR_VARIABLE, in_project, project_root
 from textsql.prepared import check_prepared
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 
 @pytest.fixture
@@ -30,6 +31,8 @@ def test_a_notebook_kernel_and_the_command_see_the_same_folders(project, monkeyp
     assert DataArguments().dataset_dir == str(project / "data/wikisql")
     assert TextsqlTrainingArguments().runs_root == str(project / "runs")
     assert PrepArguments(source="generate").output_dir == str(project / "data/wikisql")
+    (project / SAMPLE_SOURCE).mkdir()  # the shipped lines' name stays the name, a folder of that name or not
+    assert PrepArguments(source=SAMPLE_SOURCE).source == SAMPLE_SOURCE
     assert InferArguments(model_dir="runs/x").dataset_dir == str(project / "data/wikisql")
     check_prepared(DataArguments().dataset_dir)  # what `textsql prep` wrote at the root is found from notebooks/
     # a model: a folder of the project when there is one, else a hub name left alone

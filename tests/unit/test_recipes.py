@@ -1,6 +1,7 @@
 """Every shipped recipe (recipes/*.yaml) is what `textsql train recipe.yaml` reads: it parses with no unknown key, its
 DeepSpeed config passes the checks, and the run it describes is set up on an A100 pod (facts fed, nothing started); a
-recipe's `textsql prep` line parses too and writes the dataset the recipe trains on."""
+recipe's `textsql prep` line parses too and writes the dataset the recipe trains on (the real model's: from the
+WikiSQL lines shipped with textsql)."""
 
 import re
 import shlex
@@ -14,6 +15,7 @@ from textsql.cli.parsing import parse_arguments as parse_command
 from textsql.families import LORA_PRESETS
 from textsql.strategy.devices import A100_40GB, NodeDevices
 from textsql.train.run import set_up_run
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
 
@@ -56,6 +58,8 @@ def test_causal_recipes_train_on_data_their_prep_line_writes(recipe, tmp_path, m
     assert prep.model_id == model.model_id
     assert prep.source_format == PROMPT_FORMAT.get(recipe.name, "question+header+values")
     assert Path(prep.output_dir) == Path(data.dataset_dir)
+    if recipe.name in NAMED_RUN:  # the real model's recipes: the real WikiSQL lines shipped with textsql
+        assert prep.source == SAMPLE_SOURCE
     if model.model_id.startswith(IMPORTED):  # the import line writes the folder the prep line and the recipe read
         (import_line,) = re.findall(r"^#\s+(textsql import .*)$", recipe.read_text(), re.M)
         assert shlex.split(import_line)[3] == model.model_id

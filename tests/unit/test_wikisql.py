@@ -1,13 +1,21 @@
-"""Loading WikiSQL: rendering like the Hugging Face loader, the release folder and archive, hub-format folders, and errors."""
+"""Loading WikiSQL: rendering like the Hugging Face loader, the release folder and archive, the shipped sample by name,
+hub-format folders, and errors."""
 
+import hashlib
 import json
+import shutil
 import tarfile
 
 import pytest
+from conftest import REAL_FILES
 
 from textsql.errors import TextsqlError
+from textsql.paths import WIKISQL_SAMPLE_DIR
+from textsql.wikisql import release
 from textsql.wikisql.format import render_sql
-from textsql.wikisql.release import load_wikisql
+from textsql.wikisql.release import SAMPLE_SOURCE, load_wikisql, sample_checksums
+
+SAMPLE_FILES = ["test.jsonl", "test.tables.jsonl", "train.jsonl", "train.tables.jsonl"]
 
 HEADER = ["Player", "No.", "Total W–L", "Doubles W–L", "Years in Toronto"]
 
@@ -123,3 +131,53 @@ def test_question_pointing_at_a_missing_table(tmp_path):
     )
     with pytest.raises(TextsqlError, match="line 1: table id 't9'"):
         load_wikisql(str(tmp_path))
+
+
+def test_the_shipped_sample_has_its_recorded_sha256_and_loads_by_name():
+    """Issue 59: the real lines shipped in the package have the sha256 their SHA256SUMS records, beside WikiSQL's
+    licence and a README, and load by name: 1,000 train and 1,062 test questions on their 256 and 302 tables."""
+    recorded = sample_checksums()
+    assert sorted(recorded) == SAMPLE_FILES
+    for name, digest in recorded.items():
+        assert hashlib.sha256((WIKISQL_SAMPLE_DIR / name).read_bytes()).hexdigest() == digest, name
+    assert sorted(p.name for p in WIKISQL_SAMPLE_DIR.iterdir()) == sorted(
+        [*SAMPLE_FILES, "LICENSE", "README.md", "SHA256SUMS"]
+    )
+    licence = (WIKISQL_SAMPLE_DIR / "LICENSE").read_text()
+    assert (
+        licence.startswith("BSD 3-Clause License\n\nCopyright (c) 2017, Salesforce Research\n")
+        and "NEGLIGENCE" in licence
+    )
+    data = load_wikisql(SAMPLE_SOURCE)
+    assert data.source == SAMPLE_SOURCE  # the name, not the installed folder
+    assert {split: len(examples) for split, examples in data.splits.items()} == {"train": 1000, "test": 1062}
+    assert len(data.tables) == 256 + 302
+
+
+def test_the_shipped_sample_is_byte_for_byte_the_shared_real_copy():
+    """The shipped files are ../shared/real/wikisql's, whose README says where they come from."""
+    sums = REAL_FILES / "SHA256SUMS"
+    if not sums.is_file():
+        pytest.skip(
+            f"{sums.resolve()} is absent (only a checkout beside ../shared has it); the shipped files' own SHA256SUMS "
+            "is checked by the test before this one"
+        )
+    shared = {}
+    for line in sums.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        if name.startswith("./wikisql/") and name.count("/") == 2:  # not wikisql/questions_full/
+            shared[name.removeprefix("./wikisql/")] = digest
+    assert sample_checksums() == shared
+
+
+def test_an_edited_copy_of_the_sample_is_refused_with_the_fix(tmp_path, monkeypatch):
+    copy = tmp_path / "sample"
+    shutil.copytree(WIKISQL_SAMPLE_DIR, copy)
+    lines = (copy / "test.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    (copy / "test.jsonl").write_text("".join(lines[1:]), encoding="utf-8")
+    monkeypatch.setattr(release, "WIKISQL_SAMPLE_DIR", copy)  # the package's folder, as if it had been edited
+    with pytest.raises(
+        TextsqlError, match=r"test.jsonl' is not the file textsql shipped .*--source path/to/that/folder"
+    ):
+        load_wikisql(SAMPLE_SOURCE)
+    assert len(load_wikisql(str(copy)).splits["test"]) == 1061  # as a folder of the user's own, it reads

@@ -11,6 +11,7 @@ from textsql.families import AUTO, best_settings_help
 from textsql.paths import in_project
 from textsql.wikisql.cells import DEFAULT_MAX_VALUES, DEFAULT_VALUES_PER_COLUMN
 from textsql.wikisql.format import SOURCE_FORMATS, VALUES_FORMAT
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 OVERLONG_POLICIES = ("error", "truncate", "drop")
 
@@ -24,9 +25,11 @@ class PrepArguments:
 
     source: str = field(
         metadata={
-            "help": "'generate' for built-in generated WikiSQL-format data; a folder or .tar.bz2 of the original "
-            "WikiSQL release (train.jsonl, train.tables.jsonl, dev.jsonl, ...); or a hub dataset name of a parquet "
-            "copy (the script-based 'wikisql' cannot be loaded by current datasets)."
+            "help": f"'{SAMPLE_SOURCE}' for real WikiSQL lines shipped with textsql (1,000 train and the first 1,062 "
+            "test questions with their tables; simple tables, no SUM/AVG); 'generate' for built-in generated "
+            "WikiSQL-format data; a folder or .tar.bz2 of the original WikiSQL release (train.jsonl, "
+            "train.tables.jsonl, dev.jsonl, ...); or a hub dataset name of a parquet copy (the script-based 'wikisql' "
+            "cannot be loaded by current datasets)."
         }
     )
     model_id: str = same_flag(
@@ -120,7 +123,8 @@ class PrepArguments:
         # Relative folders mean the project's (textsql.paths.in_project): a notebook and the command see the same data.
         self.output_dir = in_project(self.output_dir)
         self.model_id = in_project(self.model_id, only_if_exists=True)
-        self.source = in_project(self.source, only_if_exists=True)
+        if self.source != SAMPLE_SOURCE:  # the name is the shipped lines wherever the command runs
+            self.source = in_project(self.source, only_if_exists=True)
         if self.source_format not in (AUTO, *SOURCE_FORMATS):
             raise TextsqlError(
                 f"--source_format must be one of {', '.join((AUTO, *SOURCE_FORMATS))}, not '{self.source_format}'."

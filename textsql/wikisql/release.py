@@ -1,7 +1,9 @@
-"""Load WikiSQL from the original release files (a folder or the .tar.bz2) or a hub parquet copy."""
+"""Load WikiSQL from the original release files (a folder or the .tar.bz2), the release lines shipped with textsql
+(by name), or a hub parquet copy."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tarfile
 import tempfile
@@ -9,15 +11,24 @@ from pathlib import Path
 
 from textsql.errors import TextsqlError
 from textsql.hub import download_command, hub_offline
+from textsql.paths import WIKISQL_SAMPLE_CHECKSUMS_FILE, WIKISQL_SAMPLE_DIR
 from textsql.wikisql.format import Example, WikiSQLData, render_sql
 
 # The release calls the validation split "dev"; textsql uses the Hugging Face names.
 RELEASE_SPLIT_FILES = {"train": "train", "validation": "dev", "test": "test"}
 SCRIPT_DATASETS = {"wikisql", "salesforce/wikisql"}
+# `--source` names the real release lines shipped with textsql (textsql.paths.WIKISQL_SAMPLE_DIR): 1,000 train
+# questions and the first 1,062 test questions, with their tables; no dev split (prep holds a tenth of train out).
+SAMPLE_SOURCE = "wikisql-sample"
 
 
 def load_wikisql(source: str) -> WikiSQLData:
-    """Load from a folder or `.tar.bz2` of the original release, or a hub dataset name (or local hub-format folder)."""
+    """Load from a folder or `.tar.bz2` of the original release, the shipped sample by its name (SAMPLE_SOURCE), or a
+    hub dataset name (or local hub-format folder)."""
+    if source == SAMPLE_SOURCE:
+        data = load_release_folder(verified_sample())
+        data.source = SAMPLE_SOURCE  # the name, not the installed folder: the prepared metadata reads alike anywhere
+        return data
     path = Path(source).expanduser()
     if path.is_file() and source.endswith((".tar.bz2", ".tar.gz", ".tar")):
         return _load_release_archive(path)
@@ -29,9 +40,30 @@ def load_wikisql(source: str) -> WikiSQLData:
         raise TextsqlError(
             f"Dataset folder or file '{source}' does not exist. Pass a folder holding the WikiSQL release files "
             "(train.jsonl, train.tables.jsonl, dev.jsonl, ..., from github.com/salesforce/WikiSQL data.tar.bz2), "
-            "the .tar.bz2 itself, a hub dataset name, or use --source generate for generated data."
+            f"the .tar.bz2 itself, a hub dataset name, --source {SAMPLE_SOURCE} for the real lines shipped with textsql, "
+            "or --source generate for generated data."
         )
     return load_hub_dataset(source)
+
+
+def sample_checksums() -> dict[str, str]:
+    """{file name: sha256} of the shipped sample's files, as its SHA256SUMS records them."""
+    lines = (WIKISQL_SAMPLE_DIR / WIKISQL_SAMPLE_CHECKSUMS_FILE).read_text(encoding="utf-8").splitlines()
+    return {name.removeprefix("./"): digest for digest, name in (line.split() for line in lines if line.strip())}
+
+
+def verified_sample() -> Path:
+    """The shipped sample's folder, once each file in it has the sha256 recorded for it (an edited copy would otherwise
+    be read, and scored, without a word)."""
+    for name, digest in sample_checksums().items():
+        path = WIKISQL_SAMPLE_DIR / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise TextsqlError(
+                f"'{path}' is {'missing' if not path.is_file() else 'not the file textsql shipped (its sha256 differs)'}"
+                ". Restore it (`git checkout -- textsql/wikisql/sample` in a checkout, else reinstall textsql), or copy "
+                "the files you changed to a folder of your own and pass --source path/to/that/folder."
+            )
+    return WIKISQL_SAMPLE_DIR
 
 
 def _looks_like_path(source: str) -> bool:
