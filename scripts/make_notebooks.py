@@ -272,7 +272,7 @@ NOTEBOOKS = {
             "T5 run when `t5_model` names one. Offline on the real pretrained SmolLM2-135M-Instruct when it has been "
             "imported (`textsql import smollm2-135m-instruct`, [docs/real-model.md](../docs/real-model.md)): its answers "
             "before fine-tuning (the `base` row) and after (`lora`, `merged`) differ where you can read them; else on "
-            "the model `textsql demo --family causal` fine-tuned (`bash scripts/bootstrap.sh demo --family causal`: a "
+            "the model `textsql demo --tiny --family causal` fine-tuned (`bash scripts/bootstrap.sh demo --tiny --family causal`: a "
             "tiny causal LM that writes SQL's shape; its untrained base writes none). Any other model: set `model_id` "
             "(recipes/smollm2-135m-lora.yaml and recipes/qwen2.5-0.5b-lora.yaml have settings). "
             "Needs the lifecycle extra (`pip install '.[lifecycle]'`)."

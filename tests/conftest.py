@@ -430,12 +430,12 @@ def causal_assets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def causal_demo(tmp_path_factory) -> Path:
-    """The textsql-demo folder `textsql demo --family causal` leaves, run small (in this process): the untrained tiny
+    """The textsql-demo folder `textsql demo --tiny --family causal` leaves, run small (in this process): the untrained tiny
     causal LM (tiny-qwen2/), its generated data, and the run that fine-tuned it (runs/tiny-qwen2/: a few hundred steps,
     enough to write SQL's shape). The README's causal road and the causal notebook start from it."""
     workdir = tmp_path_factory.mktemp("causal-demo") / "textsql-demo"
     sizes = ["--train_tables", "60", "--questions_per_table", "5", "--epochs", "16", "--d_model", "64"]
-    status = main_in_process(["demo", "--family", "causal", "--workdir", str(workdir), *sizes], IN_PROCESS_ENV)
+    status = main_in_process(["demo", "--tiny", "--family", "causal", "--workdir", str(workdir), *sizes], IN_PROCESS_ENV)
     assert status == 0 and (workdir / "runs" / "tiny-qwen2" / "run_summary.json").is_file()
     return workdir
 

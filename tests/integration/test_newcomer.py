@@ -161,6 +161,7 @@ def test_the_demo_says_what_each_step_is_how_to_shorten_it_and_what_comes_next(
     status, out, err = textsql_in_process(
         [
             "demo",
+            "--tiny",
             "--train_tables",
             "5",
             "--questions_per_table",

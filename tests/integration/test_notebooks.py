@@ -172,7 +172,7 @@ def test_finetune_lora_notebook_executes(assets, two_tiny_runs, tmp_path, cpu_en
 @pytest.mark.slow
 def test_finetune_causal_lm_notebook_executes(causal_demo, trained_run, tmp_path, cpu_env, monkeypatch):
     """prep -> LoRA -> merge -> quantize, then QLoRA (NF4) -> merge (scored again) -> GPTQ, and compare, with no
-    model_id: on the run `textsql demo --family causal` fine-tuned (offline), in a project where the README's causal road
+    model_id: on the run `textsql demo --tiny --family causal` fine-tuned (offline), in a project where the README's causal road
     already prepared its data (the notebook's default folder is another), with a T5 run compared beside it on the same
     questions; the adapter then scores above the demo's untrained model."""
     from conftest import demo_in_project

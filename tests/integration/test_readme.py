@@ -1,6 +1,6 @@
 """The README's quick start runs as written: each fenced `textsql` command, in order, against what the demo leaves in
 textsql-demo/ (built here small), through textsql.cli.main in this process (one interpreter: cheap); then the causal
-road's block after it, from `textsql demo --family causal` (run small) to a comparison where the trained models score
+road's block after it, from `textsql demo --tiny --family causal` (run small) to a comparison where the trained models score
 above the untrained one. Its first lines name both families' demos, and how to run each."""
 
 import re
@@ -24,7 +24,7 @@ def quick_start_commands(block: int = 0) -> list[list[str]]:
 def test_the_first_lines_name_both_families_and_the_command_that_shows_each():
     top = README.read_text().split("\n\n", 2)[1]  # the paragraph under the title
     assert "**T5**" in top and "**decoder-only causal LMs**" in top
-    assert "`textsql demo` shows it" in top and "`textsql demo --family causal` shows it" in top
+    assert "`textsql demo` shows it" in top and "`textsql demo --tiny --family causal` shows it" in top
 
 
 def test_quick_start_activates_the_environment_first(tmp_path):
@@ -55,8 +55,8 @@ def test_quick_start_names_every_step():
     commands = [argv[1] for argv in quick_start_commands()]
     assert commands == ["prep", "check-config", "plan", "train", "infer", "report"]
     assert [argv[1] for argv in quick_start_commands(1)] == ["demo", "prep", "train", "compare"]
-    assert quick_start_commands(1)[0] == ["textsql", "demo", "--family", "causal"]
-    assert "bash scripts/bootstrap.sh demo --family causal" in README.read_text()
+    assert quick_start_commands(1)[0] == ["textsql", "demo", "--tiny", "--family", "causal"]
+    assert "bash scripts/bootstrap.sh demo --tiny --family causal" in README.read_text()
 
 
 @pytest.mark.slow
@@ -68,7 +68,7 @@ def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_p
     from textsql.demo import build_assets
     from textsql.report import build_table, find_runs, load_scalars
 
-    # what `textsql demo` leaves, small; and `textsql demo --family causal`, the causal block's first line (run small)
+    # what `textsql demo` leaves, small; and `textsql demo --tiny --family causal`, the causal block's first line (run small)
     build_assets(tmp_path / "textsql-demo", train_tables=20, questions_per_table=4, d_model=32, num_layers=1)
     demo_in_project(tmp_path, causal_demo, "causal")
     monkeypatch.chdir(tmp_path)

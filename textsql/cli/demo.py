@@ -32,7 +32,7 @@ def demo_command(argv: list[str]) -> int:
     print(f"full summary: {result.summary.output_dir}/{SUMMARY_FILE}")
     runs_root = Path(result.summary.output_dir).parent
     other = (
-        "  textsql demo --family causal                 # the same with a tiny causal LM (Qwen2-shaped)\n"
+        "  textsql demo --tiny --family causal                 # the same with a tiny causal LM (Qwen2-shaped)\n"
         if args.family == "t5"
         else "  notebooks/finetune_causal_lm.ipynb           # LoRA, merge, quantize, compare (docs/causal-lm.md)\n"
     )

@@ -22,11 +22,11 @@ from textsql.paths import (
     DEMO_RUNS_DIR,
     PREDICTIONS_FILE,
     RECIPES_DIR,
-    SHIPPED_WIKISQL,
 )
 from textsql.prep import prepare_dataset
 from textsql.train.estimate import TrainingTimer
 from textsql.train.run import train
+from textsql.wikisql.release import SAMPLE_SOURCE
 
 DEMO_MODEL = "smollm2-135m-instruct"  # textsql.arguments.import_model.PACKAGED_MODELS
 # The demo's training settings: a file users read and train themselves (its settings chosen on validation).
@@ -103,7 +103,7 @@ def prepared_demo_data(args: DemoArguments, model_dir: Path, data_dir: Path) -> 
     tokenizer never meets an older folder."""
     prepare_dataset(
         PrepArguments(
-            source=SHIPPED_WIKISQL,
+            source=SAMPLE_SOURCE,
             model_id=str(model_dir),
             output_dir=str(data_dir),
             source_format=args.source_format,
