@@ -64,9 +64,10 @@ case "$cmd" in
     setup_system test; setup_python
     # Without arguments, the whole suite as CI runs it: two worker processes (most tests wait on child processes
     # starting, so two cores are busier with two), each test file on one worker (a file's tests share a fixed port
-    # or a fixture) in collection order (tests/conftest.py puts the longest files first; pytest-xdist would otherwise
-    # start the files with the most tests first, leaving the one-test GPU check for last), the 30 slowest tests listed
-    # at the end (what to shorten next). With arguments, exactly the pytest run asked for.
+    # or a fixture) in collection order (tests/conftest.py puts the longest files first by tests/durations.json, which
+    # this whole run rewrites at its end; pytest-xdist would otherwise start the files with the most tests first,
+    # leaving the one-test GPU check for last), the 30 slowest tests listed at the end (what to shorten next). With
+    # arguments, exactly the pytest run asked for.
     (($#)) || set -- -ra --durations 30 --timeout 900 -n 2 --dist loadfile --no-loadscope-reorder
     exec "$VENV/bin/python" -m pytest "$@" ;;
   lab)

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,33 +27,85 @@ def torch_threads() -> int:
 
 # The longest test files first, longest first: with `-n 2 --dist loadfile --no-loadscope-reorder` (the test command's)
 # pytest-xdist hands each file to one worker in collection order (without the last flag, files with the most tests
-# first), so a long file collected last runs alone while the other worker idles (the suite's tail on
-# 2026-12-02: the GPU check's `--cpu` run, the real model's documented commands and the tune test after everything
-# else). Longest-first leaves the short files to fill in behind. Names, not timings: a file missing here runs after.
-LONGEST_FILES_FIRST = (  # by their tests' seconds in the suite's run of 2026-12-02 (its 30 slowest; docs/testing.md)
-    "test_cluster_faults.py",
-    "test_real_model.py",
-    "test_strategies.py",
-    "test_gpu_check.py",
-    "test_notebooks.py",
-    "test_tune.py",
-    "test_lora.py",
-    "test_grpo.py",
-    "test_cluster.py",
-)
+# first), so a long file collected last runs alone while the other worker idles. Longest-first leaves the short files to
+# fill in behind. The seconds are measured: each file's in the last whole-suite run, kept in the repository so that a
+# clean clone (CI) orders the same way; a file not in it runs after the measured ones (docs/testing.md).
+FILE_SECONDS = REPO / "tests" / "durations.json"
+
+
+def file_of(nodeid: str) -> str:
+    """The test file of a test's id, relative to the rootdir: tests/unit/test_sql.py."""
+    return nodeid.split("::")[0]
+
+
+def longest_files_first(items: list, seconds: dict[str, float]) -> None:
+    """`items` sorted in place: the files `seconds` measured first, longest first, then the others in collection order
+    (a stable sort: tests keep their order within a file, every worker collects the same order, as pytest-xdist
+    requires)."""
+
+    def place(item):
+        measured = seconds.get(file_of(item.nodeid))
+        return (1, 0.0) if measured is None else (0, -measured)
+
+    items.sort(key=place)
+
+
+def measured_seconds(path: Path) -> dict[str, float]:
+    """Each test file's seconds as `path` (FILE_SECONDS) keeps them; none where there is no such file."""
+    return json.loads(path.read_text())["seconds"] if path.is_file() else {}
 
 
 def pytest_collection_modifyitems(items):
-    """Collection order with LONGEST_FILES_FIRST at the front (a stable sort: tests keep their order within a file,
-    every worker collects the same order, as pytest-xdist requires)."""
-    rank = {name: place for place, name in enumerate(LONGEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    """The longest measured files first (FILE_SECONDS), the others after them."""
+    longest_files_first(items, measured_seconds(FILE_SECONDS))
+
+
+def whole_suite(config) -> bool:
+    """Whether this run is the whole suite: no paths but the testpaths (or the repository), no -k, -m, --lf, --sw or
+    --deselect. Only such a run measures each file as the suite runs it (a file alone, or a few of its tests, takes
+    another time)."""
+    paths = {(config.invocation_params.dir / arg).resolve() for arg in config.args}
+    narrowed = any(config.getoption(name, None) for name in ("keyword", "markexpr", "lf", "stepwise", "deselect"))
+    return paths <= {REPO, REPO / "tests"} and not narrowed
+
+
+class FileSeconds:
+    """Each test file's seconds in this run, the sum of its tests' setup, call and teardown, as the reports reach this
+    process (pytest-xdist's controller gets every worker's, with their durations); after a whole suite that ran to its
+    end, merged into `path` (FILE_SECONDS): a file this run did not measure keeps its figure unless it is gone from
+    `root`, where the test ids start."""
+
+    def __init__(self, path: Path, root: Path):
+        self.path, self.root = path, root
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report):
+        file = file_of(report.nodeid)
+        self.seconds[file] = self.seconds.get(file, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        ran_to_its_end = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not session.shouldfail
+        if not ran_to_its_end or not self.seconds:
+            return  # interrupted, stopped at --maxfail or -x, or only collected: not every file's whole time
+        kept = measured_seconds(self.path)
+        seconds = {file: figure for file, figure in kept.items() if (self.root / file).is_file()}
+        seconds.update({file: round(figure, 1) for file, figure in self.seconds.items()})
+        workers = len(getattr(session.config.option, "tx", None) or [])  # pytest-xdist's, one a worker
+        run = (
+            f"{time.strftime('%Y-%m-%d %H:%M')}: the whole suite, {session.testscollected} tests, "
+            + (f"{workers} pytest-xdist workers" if workers else "one process")
+            + f" on {os.cpu_count()} cores"
+        )
+        ordered = dict(sorted(seconds.items(), key=lambda entry: -entry[1]))
+        self.path.write_text(json.dumps({"run": run, "seconds": ordered}, indent=1) + "\n")
 
 
 def pytest_configure(config):
     """The suite runs air-gapped, as CML clusters often are: nothing is fetched from the Hugging Face hub (a test that
     needs the hub's behaviour points HF_ENDPOINT at a closed loopback port instead). Each worker's torch gets its
-    share of the cores (torch_threads), set before anything imports torch; the CPU's bf16 is pinned (below)."""
+    share of the cores (torch_threads), set before anything imports torch; the CPU's bf16 is pinned (below). A
+    whole-suite run measures its files (FileSeconds) where the reports arrive: pytest-xdist's controller, or the one
+    process."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["OMP_NUM_THREADS"] = str(torch_threads())
     # --precision auto (and infer's --dtype auto) compute the same on every machine the suite runs on: fp32, as on a CPU
@@ -60,6 +113,8 @@ def pytest_configure(config):
     from textsql.strategy.devices import CPU_BF16_VARIABLE
 
     os.environ.setdefault(CPU_BF16_VARIABLE, "0")
+    if not hasattr(config, "workerinput") and whole_suite(config):
+        config.pluginmanager.register(FileSeconds(FILE_SECONDS, REPO), "textsql-file-seconds")
 
 
 @pytest.fixture(scope="session", autouse=True)

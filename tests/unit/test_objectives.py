@@ -11,15 +11,10 @@ from textsql.train.run import OBJECTIVES
 
 PACKAGE = Path(__file__).resolve().parents[2] / "textsql"
 LONGEST = 100  # lines a function in textsql may take
-# Classes a function may define, each for its reason: train/logs loads before transformers may (its progress bar's
-# class needs transformers, which must come after textsql.extras has quieted the lifecycle packages); cluster/rank's
-# recorder likewise, on a rank whose pod checks run first; the planner's ZeRO-3 trace hooks close over one trace's
-# state and need torch, which a cached `textsql plan` never imports.
-INNER_CLASSES = {
-    "train/logs.py training_progress_only",
-    "cluster/rank.py train",
-    "planner/zero3_trace.py record_module_trace",
-}
+# Classes a function may define, each for its reason: the planner's ZeRO-3 trace hooks close over one trace's state
+# and need torch, which a cached `textsql plan` never imports. (Trainer callbacks live in train/callbacks, which only a
+# training imports.)
+INNER_CLASSES = {"planner/zero3_trace.py record_module_trace"}
 # Functions still over the limit, each with where it is split: prep's in phases with the prompt/source module (#55, 3)
 LONG_FOR_NOW = {"prep.py prepare_dataset"}
 

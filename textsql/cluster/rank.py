@@ -130,28 +130,22 @@ def train(spec: dict) -> dict:
     from textsql.extras import quiet_lifecycle_logs
 
     quiet_lifecycle_logs()  # before transformers imports torchao (textsql.extras)
-    from transformers import TrainerCallback, trainer
+    from transformers import trainer
 
     from textsql.arguments.training import arguments_from_dict
     from textsql.run_summary import SUMMARY_FILE, format_summary
     from textsql.train import train as train_run
+    from textsql.train.callbacks import RankRecorder
     from textsql.train.distributed import end_distributed
 
-    seen: dict = {"logged_losses": [], "train_loss": None, "eval_loss": None}
-
-    class RankRecorder(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            seen["logged_losses"] += [logs["loss"]] if "loss" in logs else []
-            seen.update({k: logs[k] for k in ("train_loss", "eval_loss") if k in logs})
-            seen.update(global_step=state.global_step, world_size=args.world_size)
-
-    trainer.DEFAULT_CALLBACKS.append(RankRecorder)  # every Trainer built in this process gets it
+    recorder = RankRecorder()
+    trainer.DEFAULT_CALLBACKS.append(recorder)  # every Trainer built in this process gets it
     run = train_run(*arguments_from_dict(spec["arguments"]))
     if run is not None:
         print(format_summary(run), flush=True)
     end_distributed(True)
     summary = os.path.realpath(os.path.join(run.output_dir, SUMMARY_FILE)) if run is not None else None
+    seen = recorder.seen
     losses = seen["logged_losses"]
     return dict(seen, final_loss=losses[-1] if losses else None, arguments=spec["arguments"], run_summary=summary)
 

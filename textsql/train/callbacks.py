@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 from transformers.integrations.integration_utils import MLflowCallback
+from transformers.trainer_callback import ProgressCallback
 
 from textsql.tracking import Tracking
 from textsql.train.watch import advance, begin_training, current, enter
@@ -75,3 +76,26 @@ class PhaseCallback(TrainerCallback):
         name = "evaluation" if evaluation else "checkpoint save" if saving else "step"
         if name != current()["name"]:
             enter(name)
+
+
+class TrainingProgress(ProgressCallback):
+    """The Trainer's progress callback without its nested evaluation bar (which fills a log or notebook with escape
+    codes)."""
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        pass
+
+
+class RankRecorder(TrainerCallback):
+    """A rank's own record of its training as the Trainer logs it (textsql.cluster.rank's summary): every logged loss,
+    the last train and eval losses, the global step and the world size. One instance may serve every Trainer of a
+    process (transformers' DEFAULT_CALLBACKS), which then all add to the same record."""
+
+    def __init__(self):
+        self.seen: dict = {"logged_losses": [], "train_loss": None, "eval_loss": None}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        self.seen["logged_losses"] += [logs["loss"]] if "loss" in logs else []
+        self.seen.update({k: logs[k] for k in ("train_loss", "eval_loss") if k in logs})
+        self.seen.update(global_step=state.global_step, world_size=args.world_size)

@@ -70,14 +70,3 @@ def _route_deepspeed_logs() -> None:
             if not any(isinstance(f, TerminalNoise) for f in handler.filters):
                 handler.addFilter(TerminalNoise())  # its own stdout handler is a terminal too
     deepspeed_logger.propagate = True
-
-
-def training_progress_only():
-    """The Trainer's progress callback without its nested evaluation bar (which fills a log or notebook with escape codes)."""
-    from transformers.trainer_callback import ProgressCallback
-
-    class TrainingProgress(ProgressCallback):
-        def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
-            pass
-
-    return TrainingProgress

@@ -55,7 +55,7 @@ from textsql.strategy.fsdpconfig import (
 from textsql.strategy.opbuilds import OP_BUILD_VARIABLES, clear_dead_build_locks, use_op_cache
 from textsql.tracking import end_failed_run, for_training
 from textsql.train import watch
-from textsql.train.callbacks import PhaseCallback, attach
+from textsql.train.callbacks import PhaseCallback, TrainingProgress, attach
 from textsql.train.collate import check_packing
 from textsql.train.distributed import (
     ensure_distributed_env,
@@ -71,7 +71,7 @@ from textsql.train.dstools import (
     write_comms_summary,
 )
 from textsql.train.estimate import TrainingTimer
-from textsql.train.logs import _route_deepspeed_logs, configure_logging, training_progress_only
+from textsql.train.logs import _route_deepspeed_logs, configure_logging
 from textsql.train.objective import Inputs
 from textsql.train.trainer import peak_memory, pin_to_one_gpu, save_final_model, tf32_enabled
 
@@ -379,7 +379,7 @@ def add_callbacks(trainer, training_args: TextsqlTrainingArguments, callbacks=()
         from transformers.trainer_callback import ProgressCallback
 
         trainer.remove_callback(ProgressCallback)
-        trainer.add_callback(training_progress_only())
+        trainer.add_callback(TrainingProgress)
 
 
 def fit(trainer, plan: RunSetup):
