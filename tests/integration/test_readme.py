@@ -24,7 +24,8 @@ def quick_start_commands(block: int = 0) -> list[list[str]]:
 def test_the_first_lines_name_both_families_and_the_command_that_shows_each():
     top = README.read_text().split("\n\n", 2)[1]  # the paragraph under the title
     assert "**T5**" in top and "**decoder-only causal LMs**" in top
-    assert "`textsql demo` shows it" in top and "`textsql demo --tiny --family causal` shows it" in top
+    assert "`textsql demo --tiny` shows it" in top and "`textsql demo` shows a real one writing right SQL" in top
+    assert "`textsql demo\n--tiny --family causal` shows it" in top
 
 
 def test_quick_start_activates_the_environment_first(tmp_path):
