@@ -13,7 +13,7 @@ from textsql.extras import quiet_lifecycle_logs
 from textsql.families import AUTO
 from textsql.hub import load_config
 from textsql.model_import import imported_model_dir
-from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_RUNS_DIR, SUMMARY_FILE, in_project
+from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_REAL_RUN, DEMO_RUNS_DIR, SUMMARY_FILE, in_project
 from textsql.prompts import fine_tuned_settings
 
 HUB_MODELS = {"t5": "t5-small", "causal": "Qwen/Qwen2.5-0.5B"}  # where the project has no demo's model
@@ -63,11 +63,20 @@ def trained_demo_model(family: str = "t5") -> str | None:
     return str(finished[-1].parent) if finished else None
 
 
+def real_demo_run() -> str | None:
+    """The run `textsql demo` fine-tuned (SmolLM2-135M-Instruct on the shipped lines) when the project has it, else None."""
+    run = Path(in_project(DEMO_DIR)) / DEMO_RUNS_DIR / DEMO_REAL_RUN
+    return str(run) if (run / SUMMARY_FILE).is_file() else None
+
+
 def latest_run(runs_root: str = "runs") -> str:
     """The newest finished run under `runs_root` (a run folder with its run_summary.json: train_single_pod's), else the
-    run `textsql demo` fine-tuned; an error saying what to train where there is neither."""
+    run `textsql demo` fine-tuned (the real model's, else a tiny demo's); an error saying what to train where there is
+    none."""
     runs = sorted(Path(in_project(runs_root)).glob(f"*/{SUMMARY_FILE}"), key=lambda path: path.stat().st_mtime)
-    found = str(runs[-1].parent) if runs else trained_demo_model("t5") or trained_demo_model("causal")
+    found = (
+        str(runs[-1].parent) if runs else real_demo_run() or trained_demo_model("t5") or trained_demo_model("causal")
+    )
     if found is None:
         raise TextsqlError(
             f"No finished run under '{runs_root}' and no demo run: train one first (train_single_pod.ipynb, `textsql "

@@ -112,6 +112,7 @@ DEMO_DIR = "textsql-demo"
 DEMO_MODEL_DIRS = {"t5": "tiny-t5", "causal": "tiny-qwen2"}
 DEMO_RUNS_DIR = "runs"
 DEMO_REAL_DATA_DIR = "data-smollm2"  # the real demo's prepared lines, in the model's prompt format
+DEMO_REAL_RUN = "smollm2-135m-demo"  # the real demo's run, under DEMO_RUNS_DIR (notebooks and the compare app find it)
 
 # The project: the folder the notebooks and the command share (a textsql checkout, or a CML project holding one).
 PROJECT_DIR_VARIABLE = "TEXTSQL_PROJECT_DIR"

@@ -20,6 +20,7 @@ from textsql.infer import format_example, read_predictions, run_inference
 from textsql.model_import import packaged_model_folder
 from textsql.paths import (
     DEMO_REAL_DATA_DIR,
+    DEMO_REAL_RUN,
     DEMO_RUNS_DIR,
     PREDICTIONS_FILE,
     RECIPES_DIR,
@@ -32,7 +33,6 @@ from textsql.wikisql.release import SAMPLE_SOURCE
 DEMO_MODEL = "smollm2-135m-instruct"  # textsql.arguments.import_model.PACKAGED_MODELS
 # The demo's training settings: a file users read and train themselves (its settings chosen on validation).
 DEMO_RECIPE = RECIPES_DIR / "smollm2-135m-demo.yaml"
-DEMO_RUN = "smollm2-135m-demo"  # the run folder under the demo's runs/ (notebooks and the compare app find it there)
 REAL_STEPS = 5
 SHOWN_ANSWERS = 3  # right and wrong answers printed each
 DEMO_RESULT_FILE = "demo_result.json"  # in the demo's folder: its figures (write_demo_result)
@@ -162,7 +162,7 @@ def demo_training(args: DemoArguments, model_dir: Path, data_dir: Path):
     """(model, data, training arguments) of the demo recipe, with the demo's model, data and run folder."""
     runs_root = Path(args.workdir) / DEMO_RUNS_DIR
     argv = [str(DEMO_RECIPE), "--model_id", str(model_dir), "--dataset_dir", str(data_dir)]
-    argv += ["--runs_root", str(runs_root), "--output_dir", str(runs_root / DEMO_RUN), "--overwrite", "True"]
+    argv += ["--runs_root", str(runs_root), "--output_dir", str(runs_root / DEMO_REAL_RUN), "--overwrite", "True"]
     argv += ["--seed", str(args.seed)]
     if args.epochs is not None:
         argv += ["--num_train_epochs", f"{args.epochs:g}"]
