@@ -313,7 +313,7 @@ def main() -> None:
             ).returncode
         )
     import textsql
-    from textsql.demo import build_assets
+    from textsql.demo.tiny import build_assets
 
     work = Path(args.work)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # started in the background, SIGINT would be ignored

@@ -39,7 +39,7 @@ STEP = re.compile(r"== \[(\d)/4\] done in (\d+) s")
 def start(tree: Path, workdir: Path, family: str) -> tuple[subprocess.Popen, float]:
     env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = "1"  # the demo's own choice (textsql.demo.DEMO_THREADS), for its start-up too
+    env["OMP_NUM_THREADS"] = "1"  # the demo's own choice (textsql.demo.tiny.DEMO_THREADS), for its start-up too
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     workdir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "textsql", "demo", "--family", family, "--workdir", str(workdir / "textsql-demo")]

@@ -4,7 +4,7 @@ demo's printed estimate of its training against the time the training took.
     python bench/demo_speed.py --output demo_speed.json                # the demos' own sizes; about 12 minutes on 2 cores
     python bench/demo_speed.py --epochs 1 --before /tmp/textsql-49d0816  # and an older checkout's demo trainings beside
 
-Each training is the demo's own (textsql.demo.demo_train: the demo's generated data, tiny model, ZeRO-2, settings and
+Each training is the demo's own (textsql.demo.tiny.demo_train: the demo's generated data, tiny model, ZeRO-2, settings and
 thread count, timed by its first steps), in a fresh process, after its data and model were built; the families
 alternate (t5, causal, t5, causal with --repeats 2), so that both see the same load. The estimate is the whole
 training's (steps and evaluations) as the demo prints it; `estimate_over_actual` divides it by the Trainer's
@@ -37,7 +37,10 @@ FAMILIES = ("t5", "causal")
 CHILD = """
 import json, os, re, sys, time
 from pathlib import Path
-from textsql import demo
+try:
+    from textsql.demo import tiny as demo
+except ImportError:  # a checkout from before the real demo
+    from textsql import demo
 
 workdir, family, epochs, build_only = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4] == "build"
 args = demo.DemoArguments(workdir=workdir, family=family, epochs=epochs)

@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 from bench.common import emit, machine  # noqa: E402  (the repository root is on sys.path now)
 
-# The tiny model of the tests and the demo (textsql.demo.build_assets: d_model 64, 2 layers, d_ff 256, 4 heads, a
+# The tiny model of the tests and the demo (textsql.demo.tiny.build_assets: d_model 64, 2 layers, d_ff 256, 4 heads, a
 # 4000-piece tokenizer), and t5-small's config (textsql.planner.shape.T5_SHAPES).
 SHAPES = {
     "tiny": dict(d_model=64, d_ff=256, num_layers=2, num_heads=4, d_kv=16, vocab_size=4000),

@@ -3,7 +3,7 @@
     python bench/sql_quality.py                              # demo sizes: 300 training tables, tiny T5, 8 epochs
     python bench/sql_quality.py --epochs 2 --output q.json   # quicker
 
-For each --source_format it prepares the generated data (textsql.demo.build_assets), trains the demo's tiny T5 from
+For each --source_format it prepares the generated data (textsql.demo.tiny.build_assets), trains the demo's tiny T5 from
 scratch in a child process (textsql.train.local_launch.run_training, no DeepSpeed: the strategy does not change what is learned),
 then scores the generated test split with greedy and execution-guided decoding (textsql.infer.run_inference). It
 prints one JSON object: per format and decoding the execution, logical-form and exact-match accuracy, the component
@@ -31,7 +31,7 @@ DECODINGS = (("greedy", 1), ("execution_guided", 4))
 def train_one(args, source_format: str) -> tuple[dict, Path]:
     """(run summary, prepared data folder) of the demo-sized model trained on one source format."""
     from textsql.arguments.demo import DemoArguments
-    from textsql.demo import build_assets, demo_training
+    from textsql.demo.tiny import build_assets, demo_training
     from textsql.train.local_launch import run_training
 
     demo = DemoArguments(

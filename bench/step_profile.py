@@ -187,14 +187,14 @@ def build_assets(args):
         return Path(args.dataset_dir), Path(args.model).expanduser()
     workdir = Path(args.workdir)
     if args.model == "tiny-t5":
-        from textsql.demo import build_assets as demo_assets
+        from textsql.demo.tiny import build_assets as demo_assets
 
         data_dir, model_dir = demo_assets(  # one block of width 32: a step's compute is a fraction of its host work
             workdir / "step-profile-t5", train_tables=40, questions_per_table=10, d_model=32, num_layers=1, seed=0
         )
         return Path(args.dataset_dir or data_dir), Path(model_dir)
     from textsql.arguments.prep import PrepArguments
-    from textsql.demo import release_records
+    from textsql.demo.tiny import release_records
     from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
     from textsql.wikisql.synthetic import generate_wikisql

@@ -21,7 +21,7 @@ On a GPU also model FLOPs utilisation (MFU) against the GPU's dense bf16 peak an
 TF32/FP32 peak it could use (textsql.strategy.devices.GPU_PEAK_TFLOPS: SXM, PCIe and NVL parts differ). Every child process is
 pinned to one GPU (the first visible one).
 
-The data is generated WikiSQL-format data with a tokenizer trained on it (textsql.demo.build_assets), a dataset
+The data is generated WikiSQL-format data with a tokenizer trained on it (textsql.demo.tiny.build_assets), a dataset
 prepared by `textsql prep` (--dataset_dir), or WikiSQL release files (--source, a folder or .tar.bz2) prepared here with
 --tokenizer (a hub name, a model folder, or T5's spiece.model / tokenizer.json file), e.g.
 
@@ -72,7 +72,7 @@ def prepared_data(args) -> Path:
         return Path(args.dataset_dir)
     if args.source:
         return prepared_release(args.source, args.tokenizer, args.workdir, args.source_format)
-    from textsql.demo import build_assets
+    from textsql.demo.tiny import build_assets
 
     workdir = Path(args.workdir) / f"generated-{args.train_tables}x10"
     data_dir, _ = build_assets(

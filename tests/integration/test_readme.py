@@ -66,7 +66,7 @@ def test_quick_start_commands_run_as_written(tmp_path, monkeypatch, textsql_in_p
 
     from conftest import demo_in_project
 
-    from textsql.demo import build_assets
+    from textsql.demo.tiny import build_assets
     from textsql.report import build_table, find_runs, load_scalars
 
     # what `textsql demo` leaves, small; and `textsql demo --tiny --family causal`, the causal block's first line (run small)

@@ -371,7 +371,7 @@ def test_a_byte_level_tokenizer_trained_here_reads_real_wikisql_as_before_it_was
     tokenizer file the ids its own pre-tokenizer gives."""
     from tokenizers import Tokenizer
 
-    from textsql.demo import release_records
+    from textsql.demo.tiny import release_records
     from textsql.hub import load_tokenizer
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, train_byte_level_tokenizer
     from textsql.wikisql.synthetic import generate_wikisql

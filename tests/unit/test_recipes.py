@@ -30,19 +30,25 @@ def test_recipes_are_shipped():
         "smollm2-135m-lora.yaml",
         "smollm2-135m-qlora.yaml",
         "smollm2-135m-full-question-header.yaml",  # the earlier prompt without the cells: the history's figure
+        "smollm2-135m-demo.yaml",  # what `textsql demo` trains
     }
 
 
 # Recipes for a model `textsql import` writes into the project (models/NAME): their comments say how to get it.
 IMPORTED = "models/"
 # Small enough for one GPU whole: neither sharded nor on a quantized base.
-ONE_GPU_WHOLE = {"smollm2-135m-full.yaml", "smollm2-135m-lora.yaml", "smollm2-135m-full-question-header.yaml"}
+ONE_GPU_WHOLE = {
+    "smollm2-135m-full.yaml",
+    "smollm2-135m-lora.yaml",
+    "smollm2-135m-full-question-header.yaml",
+    "smollm2-135m-demo.yaml",
+}
 # Recipes of a published figure name their run folder (the folder docs/real-model.md's next command reads).
 NAMED_RUN = {
     f"smollm2-135m-{name}.yaml": f"runs/smollm2-135m-{name}"
     for name in ("full", "lora", "qlora", "full-question-header")
-}
-FULL_FINE_TUNING = {"smollm2-135m-full.yaml", "smollm2-135m-full-question-header.yaml"}
+} | {"smollm2-135m-demo.yaml": "textsql-demo/runs/smollm2-135m-demo"}  # where `textsql demo` leaves it
+FULL_FINE_TUNING = {"smollm2-135m-full.yaml", "smollm2-135m-full-question-header.yaml", "smollm2-135m-demo.yaml"}
 # Every recipe trains on the best measured prompts (the table's cells listed) but the one kept as the history.
 PROMPT_FORMAT = {"smollm2-135m-full-question-header.yaml": "question+header"}
 

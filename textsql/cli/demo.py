@@ -8,7 +8,9 @@ from pathlib import Path
 
 from textsql.arguments.demo import DemoArguments
 from textsql.cli.parsing import parse_arguments
-from textsql.demo import DEMO_ACCURACY_NOTE, DemoResult, run_demo
+from textsql.demo import run_demo
+from textsql.demo.real import format_real_demo
+from textsql.demo.tiny import DEMO_ACCURACY_NOTE, DemoResult
 from textsql.evaluate import format_components
 from textsql.paths import SUMMARY_FILE
 from textsql.run_summary import format_summary
@@ -48,8 +50,6 @@ def demo_command(argv: list[str]) -> int:
 
 def print_real_demo(result) -> int:
     """The real demo's run summary, its report (textsql.demo.real.format_real_demo) and what to try next."""
-    from textsql.demo.real import format_real_demo
-
     print("\n=== textsql demo: run summary ===")
     print(format_summary(result.summary))
     print(format_real_demo(result))

@@ -14,7 +14,7 @@ from textsql.arguments.import_model import PACKAGED_MODELS
 from textsql.arguments.infer import InferArguments
 from textsql.arguments.prep import PrepArguments
 from textsql.arguments.training import parse_arguments
-from textsql.demo import demo_step
+from textsql.demo.steps import demo_step
 from textsql.evaluate import accuracy_interval, execution_pairs, format_components, paired_bootstrap
 from textsql.infer import format_example, read_predictions, run_inference
 from textsql.model_import import packaged_model_folder
