@@ -54,7 +54,7 @@ RUNS = {  # name: (model, extra `textsql train` flags)
 def build_data(workdir: Path, train_tables: int, seed: int) -> dict:
     """{"t5": (data_dir, model_dir), "causal": (data_dir, model_dir)} on the same generated release files."""
     from textsql.arguments.prep import PrepArguments
-    from textsql.demo import DEMO_PREFIX, release_records
+    from textsql.demo.tiny import DEMO_PREFIX, release_records
     from textsql.prep import prepare_dataset
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model, make_tiny_model
     from textsql.wikisql.synthetic import generate_wikisql

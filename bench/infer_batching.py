@@ -64,7 +64,7 @@ def main() -> None:
 
             model_dir, data_dir = save_random_t5(f"{tmp}/{args.shape}", args.dataset_dir, args.shape), args.dataset_dir
         else:
-            from textsql.demo import build_assets
+            from textsql.demo.tiny import build_assets
 
             data_path, model_path = build_assets(Path(tmp), train_tables=60, questions_per_table=8)
             model_dir, data_dir = str(model_path), str(data_path)

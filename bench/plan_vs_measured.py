@@ -634,7 +634,7 @@ def main(argv=None) -> int:
 
 
 def bench(args, on_gpu: bool) -> dict:
-    from textsql.demo import build_assets
+    from textsql.demo.tiny import build_assets
 
     defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
     shapes = (args.shapes or defaults["shapes"]).split(",")

