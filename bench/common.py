@@ -13,7 +13,9 @@ from pathlib import Path
 
 
 def machine() -> dict:
-    """The CPU (its model name), cores, library versions, and the GPU when there is one."""
+    """The CPU (its model name), cores, library versions, the instruction sets torch's and oneDNN's kernels were held to
+    (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA: how an AVX-512 machine runs an AVX2-only CPU's kernels), and the GPU when
+    there is one."""
     import torch
     import transformers
 
@@ -25,7 +27,11 @@ def machine() -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "kernels": torch.backends.cpu.get_cpu_capability(),
     }
+    limits = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if name in os.environ}
+    if limits:
+        info["kernels_held_to"] = limits
     try:
         import deepspeed
 

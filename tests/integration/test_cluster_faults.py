@@ -37,7 +37,7 @@ from test_cluster import (  # noqa: F401  (project, clusters: the fixtures, shar
 
 from textsql.cluster import Cluster, LaunchFailed, PreflightError
 from textsql.errors import TextsqlError
-from textsql.train.watch import WatchLimits
+from textsql.train.watch import STEP_FLOOR_S, STEP_MULTIPLE, WatchLimits
 
 SHORT_WINDOW = WatchLimits(join_window=5)  # for elastic launches whose late pods are not the point
 
@@ -652,20 +652,33 @@ def test_a_rank_blocked_at_step_3_is_named_by_its_pod_even_with_forged_signals(a
     wait_until_clean(project)
 
 
+def beyond_the_short_limits() -> int:
+    """Seconds of healthy slowness that only a phase's own default limit allows: past a pod's silence and first
+    heartbeat, and past the learned step limit of a run whose steps take a few seconds (its floor, plus 4 x 2.5 s), so
+    that a first step or a save judged by one of those would be named; far inside the first step's and a save's own
+    defaults (900 s)."""
+    defaults = WatchLimits()
+    shorter = max(defaults.silence_seconds, defaults.first_heartbeat_timeout, STEP_FLOOR_S + STEP_MULTIPLE * 2.5)
+    assert shorter + 10 < min(defaults.first_step_timeout, defaults.save_timeout)
+    return int(shorter + 10)
+
+
 @pytest.mark.slow
 def test_slow_healthy_work_at_the_default_limits_finishes_and_a_pod_30_s_late_trains(
     assets, project, clusters, monkeypatch
 ):
     """Healthy but slow, at the default limits, in one elastic launch (min_workers=0 of 1 worker): the CML worker is
     scheduled 30 s late and joins within the join window (world size 2, as printed); every rank's first step takes
-    120 s more (ZeRO-3 gathers, a cold file system), rank 0's checkpoint save 60 s more and its final save 60 s more
-    (a network folder). Nothing is named: the run finishes with checkpoint-2 and the model saved."""
+    50 s more (ZeRO-3 gathers, a cold file system), rank 0's checkpoint save 50 s more and its final save 50 s more
+    (a network folder): each past every shorter limit (beyond_the_short_limits). Nothing is named: the run finishes
+    with checkpoint-2 and the model saved."""
     run = project / "slow"
     monkeypatch.setenv("CML_STANDIN_SCHEDULE_DELAY", "30")
+    slow = beyond_the_short_limits()
     faults = [
-        "sleep=120:*:backward:1",
-        "sleep=60:0:checkpoint-2/model.safetensors",
-        f"sleep=60:0:{run.name}/model.safetensors",
+        f"sleep={slow}:*:backward:1",
+        f"sleep={slow}:0:checkpoint-2/model.safetensors",
+        f"sleep={slow}:0:{run.name}/model.safetensors",
     ]
     monkeypatch.setenv("TEXTSQL_TEST_FAULT", ";".join(faults))
     lines = []
