@@ -238,6 +238,39 @@ def test_a_pods_heartbeat_counts_only_signed_with_the_launchs_key():
     assert _beats_of(store, key, "10.0.0.3") == 0
 
 
+def test_a_store_closed_stops_listening_unless_another_store_of_the_process_shares_it():
+    """A process group's store (torch's multi-tenant TCPStore on the same port) gets a shared store's server and keeps
+    it listening after the launch let it go; the session's store is not shared (torch cannot open a second server on
+    its port), and one held only in a reference cycle stops listening when it is closed."""
+    import datetime
+    import gc
+
+    import torch.distributed as dist
+
+    from textsql.train.distributed import bound_store, close_stores
+
+    def process_groups_store(port):
+        timeout = datetime.timedelta(seconds=5)
+        return dist.TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, timeout=timeout)
+
+    shared = [bound_store("127.0.0.1")]
+    port = shared[0].port
+    other = process_groups_store(port)
+    assert close_stores(shared) == [port]  # still listening: the process group's store holds it
+    del other
+    session = [bound_store("127.0.0.1", shared=False)]
+    with pytest.raises(Exception, match="(?i)address already in use|failed to bind|address in use"):
+        process_groups_store(session[0].port)
+    cycle = [session[0]]
+    cycle.append(cycle)  # garbage that holds the store until a collection
+    gc.disable()
+    try:
+        del cycle
+        assert close_stores(session) == []
+    finally:
+        gc.enable()
+
+
 def test_a_ranks_signal_says_when_its_main_thread_waits_in_a_collective_and_counts_only_signed():
     """The rank's heartbeat thread (textsql.train.watch.beat) signs each signal into its pipe and looks at where the
     main thread is: inside code of torch.distributed (here a frame compiled under that name, waiting) it says
