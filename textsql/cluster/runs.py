@@ -18,6 +18,7 @@ from textsql.checkpoints import (
     missing_parts,
     newest_whole_checkpoint,
     saved_world_size,
+    verify_checkpoint,
 )
 from textsql.errors import TextsqlError
 from textsql.paths import LAUNCH_RECORD_FILE as RECORD
@@ -209,6 +210,7 @@ def to_universal(checkpoint: Path) -> bool:
         return False
     if (Path(checkpoint) / "latest_universal").is_file():
         return True
+    verify_checkpoint(checkpoint)  # the conversion unpickles the shards: the run folder may be writable by others
     from deepspeed.checkpoint.ds_to_universal import main as convert
 
     output = states[-1].with_name(states[-1].name + "_universal")
