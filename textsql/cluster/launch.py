@@ -168,8 +168,9 @@ def plan_launch(
         for size, folder in sorted(interrupted_siblings(run_dir, world).items()):
             raise PreflightError(
                 f"{folder} holds an interrupted run of world size {size}, but this launch has world size {world} "
-                f"(and would start a new run in {run_dir.name} from step 0). Launch with {size} rank(s) to resume "
-                "it; or, to start afresh at this size, move that folder away or pass another --runs_root / --output_dir."
+                f"(and would start a new run in {run_dir.name} from step 0). Pass --output_dir {folder} to resume it "
+                f"at this size, or launch with {size} rank(s); or, to start afresh at this size, move that folder away "
+                "or pass another --runs_root / --output_dir."
             )
     try:  # an elastic run resumes at the size it trained at, when the launch can reach it (its ranks check it)
         recorded = recorded_world_size(run_dir)

@@ -451,14 +451,16 @@ class Cluster:
         textsql.train.local_launch.TrainingTimedOut past `timeout_s`; every pod is stopped before it returns."""
         from textsql.cluster.launch import finish, prepare
         from textsql.cluster.runs import run_lock
-        from textsql.train.distributed import bound_store
+        from textsql.train.distributed import bound_store, close_stores
 
         plan = self.plan(*arguments)
         self.echo(plan.describe())
         with run_lock(plan.run_dir, plan.launch_id):
             prepare(plan)
-            store = [bound_store(self.session)]  # the rendezvous store, on the session's address only; in a list
-            # that the finally empties: it stops listening even while a kept traceback (a notebook's) holds the frames
+            # The rendezvous store, on the session's address only, not shared with any other store of this process
+            # (torch's multi-tenant cache would keep it listening as long as one lives); in a list that the finally
+            # empties: it stops listening even while a kept traceback (a notebook's) holds the frames.
+            store = [bound_store(self.session, shared=False)]
             nnodes = f"{1 + self.min_workers}:{1 + self.workers}" if self.min_workers is not None else 1 + self.workers
             spec = plan.spec(
                 store=f"{self.session}:{store[0].port}", nnodes=str(nnodes), max_restarts=self.max_restarts
@@ -473,7 +475,8 @@ class Cluster:
             finally:
                 with interrupts_deferred(self.echo):  # a second Ctrl-C is raised once all of this is done
                     self._stop_pods()
-                    store.clear()  # its last reference: it stops listening
+                    if left := close_stores(store):  # its last reference: it stops listening
+                        self.echo(f"textsql: the rendezvous store still listens on port {left[0]}: something holds it")
             return finish(plan, lost, command)
 
     def _start_pods(self, plan, spec: dict) -> None:

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     write_record(spec["launch_dir"], "started", record)
     try:
         check_pod(spec, f"pod {address} (rank {rank})")
-        start_round(spec, rank, world, round_)
+        spec["arguments"]["gradient_accumulation_steps"] = start_round(spec, rank, world, round_)
         summary = train(spec)
     except BaseException as error:
         how = "stopped by a signal" if isinstance(error, KeyboardInterrupt) else f"{type(error).__name__}: {error}"
@@ -101,26 +101,39 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def start_round(spec: dict, rank: int, world: int, round_: int) -> None:
+def start_round(spec: dict, rank: int, world: int, round_: int) -> int:
     """What the session cannot decide before the launch: the world size an elastic launch trains at, and what a
-    restart (a new round) resumes from. Rank 0 checks the run folder for this world size (another size's checkpoints
-    are refused, naming both), sets newer incomplete checkpoints aside and records the size the run trains at; the
-    other ranks wait for that record, so that every rank's textsql.train resumes from the same checkpoint."""
-    from textsql.cluster.runs import RECORD, resume_plan, set_aside
+    restart (a new round) resumes from. Rank 0 checks the run folder for this world size, converts a checkpoint of
+    another size's ZeRO run to DeepSpeed's universal format (textsql.cluster.runs.to_universal), sets newer incomplete
+    checkpoints aside and records the size and gradient accumulation the run trains at (the global batch kept where it
+    divides); the other ranks wait for that record, so that every rank resumes alike. Returns the accumulation."""
+    from textsql.cluster.runs import RECORD, kept_accumulation, recorded, resume_plan, set_aside, to_universal
     from textsql.sharedfiles import read_unlinked, replace_file
 
     run_dir, mine = Path(spec["run_dir"]), {"launch": spec["launch_id"], "round": round_, "world_size": world}
+    accumulation = spec["arguments"]["gradient_accumulation_steps"]
     if rank == 0:
         if not spec["arguments"].get("overwrite"):
-            set_aside(run_dir, resume_plan(run_dir, world, spec["zero_stage"]), f"{spec['launch_id']}-r{round_}")
+            plan = resume_plan(run_dir, world, spec["zero_stage"])
+            if plan.checkpoint and plan.saved_world_size:
+                if spec["zero_stage"] is not None:
+                    to_universal(run_dir / plan.checkpoint)
+                saved = recorded(run_dir, "gradient_accumulation_steps") or accumulation
+                accumulation, said = kept_accumulation(plan.saved_world_size, saved, world)
+                kept = f"gradient accumulation {accumulation} keeps its global batch"
+                print(
+                    f"textsql: {plan.checkpoint} of world size {plan.saved_world_size} resumed at {world}: {said or kept}"
+                )
+            set_aside(run_dir, plan, f"{spec['launch_id']}-r{round_}")
         run_dir.mkdir(parents=True, exist_ok=True)
-        replace_file(run_dir / RECORD, json.dumps(mine) + "\n")
-        return
+        replace_file(run_dir / RECORD, json.dumps(dict(mine, gradient_accumulation_steps=accumulation)) + "\n")
+        return accumulation
     deadline = time.monotonic() + RECORD_WAIT_S
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError, TextsqlError):
-            if json.loads(read_unlinked(run_dir / RECORD)) == mine:
-                return
+        with contextlib.suppress(OSError, ValueError, TextsqlError, AttributeError):
+            record = json.loads(read_unlinked(run_dir / RECORD))
+            if {key: record.get(key) for key in mine} == mine:
+                return int(record.get("gradient_accumulation_steps", accumulation))
         time.sleep(0.2)
     raise TextsqlError(f"Rank 0 did not check the run folder {run_dir} within {RECORD_WAIT_S} s (see its log).")
 

@@ -1,5 +1,6 @@
 """The run a multi-node launch trains: its folder, the lock that keeps two launches out of it, and which checkpoint a
-launch resumes from (the newest one complete for every rank; never a partial one, never another world size's)."""
+launch resumes from (the newest one complete for every rank that wrote it; never a partial one): at another world
+size, a ZeRO checkpoint converted to DeepSpeed's universal format, its global batch kept where it divides."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from textsql.checkpoints import (
     missing_parts,
     newest_whole_checkpoint,
     saved_world_size,
+    verify_checkpoint,
 )
 from textsql.errors import TextsqlError
 from textsql.paths import LAUNCH_RECORD_FILE as RECORD
@@ -117,13 +119,24 @@ class ResumePlan:
 
     checkpoint: str | None
     set_aside: dict[str, list[str]] = field(default_factory=dict)  # checkpoint -> why it cannot be resumed from
+    saved_world_size: int | None = None  # the world size that wrote it, where it is not the launch's
 
     def sentence(self) -> str:
         by_step = sorted(self.set_aside.items(), key=lambda item: checkpoint_step(item[0]), reverse=True)
         why = "".join(f"; {name} is incomplete: {', '.join(reasons[:3])}" for name, reasons in by_step)
         if self.checkpoint is None:
             return f"starts from step 0 (no checkpoint is complete on every node{why})"
-        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node{why})"
+        resized = f", written at world size {self.saved_world_size}" if self.saved_world_size else ""
+        return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node{resized}{why})"
+
+
+def recorded(run_dir: Path, name: str) -> int | None:
+    """A whole number the run folder's launch record holds (None: no record, or not that number in it)."""
+    try:
+        value = json.loads(read_unlinked(Path(run_dir) / RECORD)).get(name)
+    except (OSError, ValueError, AttributeError, TextsqlError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def recorded_world_size(run_dir: Path) -> int | None:
@@ -154,23 +167,79 @@ def choose_checkpoint(
     recorded_world_size: int | None = None,
     run_dir: Path | str = "the run folder",
 ) -> ResumePlan:
-    """The newest checkpoint of `listing` (textsql.checkpoints.list_checkpoints of the run folder) that every rank can
-    resume from. Refuses checkpoints of another world size (DeepSpeed cannot re-partition them: a resume would crash,
-    a restart would lose them)."""
+    """The newest checkpoint of `listing` (textsql.checkpoints.list_checkpoints of the run folder) that every rank
+    that wrote it finished. At another world size: DDP's whole-model files as they are, ZeRO's shards once converted
+    (to_universal); FSDP's sharded files and ZeRO-Infinity's swapped ones are refused (resize_refusal)."""
     saved = saved_world_size(listing, recorded_world_size)
     names = sorted(listing, key=checkpoint_step, reverse=True)
     # Without a record, fewer ranks' files than the world size may just be a save that a dead rank left unfinished.
     certain = recorded_world_size is not None or (saved or 0) > world_size or (saved == 1) != (world_size == 1)
-    if saved is not None and saved != world_size and certain:
+    resized = saved is not None and saved != world_size and certain
+    if resized and (why := resize_refusal(listing)):
         raise TextsqlError(
             f"{run_dir} holds checkpoints of a run with world size {saved} ({', '.join(names[:3])}), but this launch "
-            f"has world size {world_size}. DeepSpeed cannot load a checkpoint into another number of ranks. Launch "
-            f"again with {saved} rank(s) to resume it, or choose another --output_dir / --runs_root to start a new run."
+            f"has world size {world_size}: {why}. Launch again with {saved} rank(s) to resume it, or choose another "
+            "--output_dir / --runs_root to start a new run."
         )
+    size = saved if resized else world_size
     newest, set_aside = newest_whole_checkpoint(
-        run_dir, lambda name, files: missing_parts(files, checkpoint_step(name), world_size, zero_stage), listing
+        run_dir, lambda name, files: missing_parts(files, checkpoint_step(name), size, zero_stage), listing
     )
-    return ResumePlan(newest.name if newest else None, set_aside)
+    return ResumePlan(newest.name if newest else None, set_aside, saved if resized else None)
+
+
+def resize_refusal(listing: dict[str, dict[str, bool]]) -> str | None:
+    """Why a run's checkpoints cannot be resumed at another world size (None: they can)."""
+    names = {name for files in listing.values() for name in files}
+    if any(name.startswith(("pytorch_model_fsdp", "optimizer_0")) for name in names):
+        return "FSDP's sharded checkpoints are loaded only by as many ranks as wrote them"
+    if any("/offloaded_tensors/" in name for name in names):
+        return "ZeRO-Infinity's checkpoints hold each rank's optimizer state as it swapped it to NVMe"
+    return None
+
+
+def to_universal(checkpoint: Path) -> bool:
+    """A ZeRO checkpoint's shards (global_step<N>/) converted once to DeepSpeed's universal format beside them
+    (global_step<N>_universal/, named by its `latest_universal` file, written last), which DeepSpeed loads into any
+    number of ranks (its config's checkpoint.load_universal). False: nothing to convert (no DeepSpeed shards)."""
+    import shutil
+    from argparse import Namespace
+
+    states = sorted(p for p in Path(checkpoint).glob("global_step*") if p.is_dir() and p.name[11:].isdigit())
+    if not states:
+        return False
+    if (Path(checkpoint) / "latest_universal").is_file():
+        return True
+    verify_checkpoint(checkpoint)  # the conversion unpickles the shards: the run folder may be writable by others
+    from deepspeed.checkpoint.ds_to_universal import main as convert
+
+    output = states[-1].with_name(states[-1].name + "_universal")
+    shutil.rmtree(output, ignore_errors=True)  # what a conversion cut short left
+    convert(
+        Namespace(
+            input_folder=str(states[-1]),
+            output_folder=str(output),
+            num_extract_workers=1,  # no worker processes: a rank converts it before it trains
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,  # transformers' models carry none of Megatron's universal-checkpoint info
+        )
+    )
+    return True
+
+
+def kept_accumulation(saved_world: int, saved_accumulation: int, world: int) -> tuple[int, str | None]:
+    """The gradient accumulation that keeps a resized run's global batch (the same micro-batches per step), and a
+    line when none can: the batch then changes, and the Trainer's skip of the batches seen is counted in steps."""
+    micro = saved_world * saved_accumulation
+    if micro % world == 0:
+        return micro // world, None
+    return saved_accumulation, (
+        f"the global batch of {micro} micro-batches ({saved_world} ranks x {saved_accumulation}) cannot be kept at "
+        f"world size {world}: it becomes {world * saved_accumulation}, and resuming skips as many of the epoch's "
+        "samples as the new batch would have read by that step (some never read, or some read twice)"
+    )
 
 
 def set_aside(run_dir: Path, resume: ResumePlan, suffix: str) -> None:

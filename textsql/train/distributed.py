@@ -45,16 +45,38 @@ def ensure_distributed_env() -> None:
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
 
 
-def bound_store(address: str, port: int = 0):
+def bound_store(address: str, port: int = 0, shared: bool = True):
     """A torch TCPStore server bound to `address` only, through a socket made here (torch's own binds every address,
-    '::'). The store owns the socket from then on: it closes it when it is dropped."""
+    '::'). The store owns the socket from then on: it closes it when it is dropped. `shared`: torch's multi-tenant
+    store, which any TCPStore this process opens as a server on the same port gets too (a process group's), and which
+    then listens until the last of them is dropped; not shared, only this reference keeps it listening."""
     import torch.distributed as dist
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((address, port))
     sock.listen(128)
     port = sock.getsockname()[1]
-    return dist.TCPStore(address, port, is_master=True, multi_tenant=True, master_listen_fd=sock.detach())
+    return dist.TCPStore(address, port, is_master=True, multi_tenant=shared, master_listen_fd=sock.detach())
+
+
+def close_stores(stores: list) -> list[int]:
+    """Drop `stores` (their list the only holder) and return the ports of those still listening: none, unless a
+    reference outlives the list. One in a reference cycle (a traceback's frames that hold it, kept in a cycle) is
+    freed by a collection now, not whenever the garbage collector next runs."""
+    import gc
+
+    import psutil
+
+    ports = {store.port for store in stores}
+    stores.clear()
+
+    def listening() -> list[int]:
+        connections = psutil.Process().net_connections("tcp")
+        return sorted({c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN} & ports)
+
+    if ports and listening():
+        gc.collect()
+    return listening() if ports else []
 
 
 def gather_fields(values: dict) -> list[dict]:

@@ -212,6 +212,9 @@ def set_up_run(model: ModelArguments, training: TextsqlTrainingArguments, device
             verify_checkpoint(newest)  # before DeepSpeed unpickles it: the run folder may be writable by others
             resume_from = str(newest)
     settings = dict(precision.trainer_flags(), use_cpu=accelerator == "cpu", output_dir=str(output_dir))
+    if dsconfig is not None and resume_from and (Path(resume_from) / "latest_universal").is_file():
+        # converted for another world size (textsql.cluster.runs.to_universal): DeepSpeed loads it into any ranks
+        dsconfig = dict(dsconfig, checkpoint={**dsconfig.get("checkpoint", {}), "load_universal": True})
     if dsconfig is not None:
         tools = add_ds_tools(
             dsconfig,
