@@ -5,7 +5,7 @@
 
 A randomly initialised Qwen2 of the shape (seeded) is saved once; each (shape, mode) then loads it in a fresh process,
 so its peak resident memory (ru_maxrss) is its own: lora-fp32 (the base in fp32, textsql.hub.load_model), qlora-nf4
-and qlora-int8 (textsql.adapters.load_quantized_base: what `textsql train --lora True --quantize_base nf4|int8` loads,
+and qlora-int8 (textsql.loading.load_quantized_base: what `textsql train --lora True --quantize_base nf4|int8` loads,
 computing in fp32 on the CPU). textsql.adapters.apply_lora puts adapters of rank --rank on every linear layer
 (--lora_targets all), AdamW trains them on random token ids of --length; the median step time over --steps timed steps
 (after --warmup) gives samples/s. Prints one JSON object with the machine and its load.
@@ -54,9 +54,10 @@ def train_once(folder: str, mode: str, batch: int, length: int, steps: int, warm
 
     import torch
 
-    from textsql.adapters import apply_lora, load_quantized_base, parameter_counts
+    from textsql.adapters import apply_lora, parameter_counts
     from textsql.arguments.lora import LoraArguments
     from textsql.hub import load_model
+    from textsql.loading import load_quantized_base
 
     quantize_base = "none" if mode == "lora-fp32" else mode.split("-")[1]
     rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -237,7 +237,7 @@ NOTEBOOKS = {
             "adapter_dir = summary.output_dir"
         ),
         new_code_cell(
-            "from textsql.adapters import MergeArguments, merge_adapter\n\n"
+            "from textsql.merge import MergeArguments, merge_adapter\n\n"
             "merged_dir = merge_adapter(MergeArguments(adapter=adapter_dir))  # <adapter>-merged, beside it"
         ),
         new_code_cell(
@@ -311,7 +311,7 @@ NOTEBOOKS = {
             "adapter_dir = summary.output_dir"
         ),
         new_code_cell(
-            "from textsql.adapters import MergeArguments, merge_adapter\n\n"
+            "from textsql.merge import MergeArguments, merge_adapter\n\n"
             "merged_dir = merge_adapter(MergeArguments(adapter=adapter_dir, overwrite=overwrite))  # <adapter>-merged, beside it"
         ),
         new_code_cell(

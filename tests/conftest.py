@@ -442,10 +442,9 @@ def lora_adapter(assets, tmp_path_factory):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from textsql.adapters import RECORD_VERSION, adapter_record, base_fingerprint
+    from textsql.adapter_record import adapter_record, base_fingerprint, write_adapter_record
     from textsql.arguments.lora import LoraArguments
     from textsql.hub import load_model, load_tokenizer
-    from textsql.paths import ADAPTER_RECORD_FILE
 
     _, model_dir = assets
     folder = tmp_path_factory.mktemp("lora") / "tiny-t5-lora"
@@ -458,10 +457,10 @@ def lora_adapter(assets, tmp_path_factory):
     model.save_pretrained(folder)
     tokenizer = load_tokenizer(str(model_dir))
     tokenizer.save_pretrained(folder)
-    # textsql's record of the base it was trained on, as `textsql train --lora` writes it (textsql.adapters)
+    # textsql's record of the base it was trained on, as `textsql train --lora` writes it (textsql.adapter_record)
     lora = LoraArguments(lora=True, lora_rank=4, lora_alpha=8.0, lora_targets="qv")
     record = adapter_record(model, lora, str(model_dir), tokenizer, [], base_fingerprint(str(model_dir)))
-    (folder / ADAPTER_RECORD_FILE).write_text(json.dumps({"version": RECORD_VERSION, **record}, indent=2) + "\n")
+    write_adapter_record(folder, record)
     return folder
 
 

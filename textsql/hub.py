@@ -7,6 +7,7 @@ import difflib
 import os
 import socket
 import urllib.parse
+from contextlib import contextmanager
 from pathlib import Path
 
 from textsql.checkpoints import verify_model_folder
@@ -128,24 +129,30 @@ def closest_folders(name: str, limit: int = 3) -> list[str]:
     return list(dict.fromkeys(written.rstrip("/") for _, written in found))
 
 
+@contextmanager
+def _from_hub(name: str):
+    """from_pretrained's arguments for `name` (_hub_kwargs), and what it raises when `name` cannot be had (OSError,
+    ValueError) turned into the message that says why and what to do (_not_found)."""
+    try:
+        yield _hub_kwargs(name)
+    except (OSError, ValueError) as error:
+        raise _not_found(name, error) from None
+
+
 def load_tokenizer(name: str):
     """A fast tokenizer for `name` (hub id or folder)."""
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(name, **_hub_kwargs(name))
-    except (OSError, ValueError) as error:
-        raise _not_found(name, error) from None
+    with _from_hub(name) as hub_kwargs:
+        return AutoTokenizer.from_pretrained(name, **hub_kwargs)
 
 
 def load_config(name: str):
     """The model's config (config.json) for `name` (hub id or folder)."""
     from transformers import AutoConfig
 
-    try:
-        return AutoConfig.from_pretrained(name, **_hub_kwargs(name))
-    except (OSError, ValueError) as error:
-        raise _not_found(name, error) from None
+    with _from_hub(name) as hub_kwargs:
+        return AutoConfig.from_pretrained(name, **hub_kwargs)
 
 
 def model_family(name: str) -> Family:
@@ -157,9 +164,7 @@ def load_model(name: str, **kwargs):
     """The language model `name` (hub id or folder) with its family's Auto class (seq2seq or causal); kwargs go to
     from_pretrained. A folder's own pickles are checked first (textsql.checkpoints): every load of a model folder,
     for training, GRPO, inference, quantizing or merging, comes through here, and the folder may be writable by others."""
-    model_class = auto_model_class(model_family(name))
-    verify_model_folder(name)
-    try:
-        return model_class.from_pretrained(name, **_hub_kwargs(name), **kwargs)
-    except (OSError, ValueError) as error:
-        raise _not_found(name, error) from None
+    with _from_hub(name) as hub_kwargs:
+        config = load_config(name)
+        verify_model_folder(name)
+        return auto_model_class(family_of(config)).from_pretrained(name, **hub_kwargs, **kwargs)

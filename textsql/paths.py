@@ -26,9 +26,7 @@ METRICS_FILE = "eval_metrics.json"  # `textsql infer`: the split's metrics (text
 ADAPTER_CONFIG_FILE = (
     "adapter_config.json"  # a LoRA run: peft's adapter config, beside adapter_model.safetensors (peft's format)
 )
-ADAPTER_RECORD_FILE = (
-    "textsql_adapter.json"  # a LoRA run: its base model, tokenizer and token rows, for merging (textsql.adapters)
-)
+ADAPTER_RECORD_FILE = "textsql_adapter.json"  # a LoRA run: its base, tokenizer and token rows (textsql.adapter_record)
 MERGE_RECORD_FILE = (
     "textsql_merge.json"  # a merged QLoRA adapter: what it was merged onto and its score (textsql.merge)
 )

@@ -118,6 +118,13 @@ def fit_embeddings(model, tokenizer) -> bool:
     return True
 
 
+def added_token_ids(tokenizer, base_tokenizer) -> list[int]:
+    """Ids of the pieces `tokenizer` has and the model's own `base_tokenizer` lacks: the characters prep added, whose
+    embedding rows the base model never trained."""
+    base = base_tokenizer.get_vocab()
+    return sorted(i for piece, i in tokenizer.get_vocab().items() if piece not in base)
+
+
 WORD_START = "▁"  # SentencePiece's word-start marker, as T5's Metaspace pre-tokenizer writes it
 
 

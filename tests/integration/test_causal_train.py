@@ -98,13 +98,13 @@ def test_lora_on_a_causal_lm_saves_an_adapter_that_infer_loads_and_merge_folds_i
     merged_dir = causal_runs / "merged"
     status, out, err = textsql_in_process(["merge", run, "--output_dir", str(merged_dir)])
     assert status == 0, err[-3000:]
-    from textsql.adapters import load_adapter_model
     from textsql.evaluate import generate_sql, load_scoring_set
     from textsql.hub import load_model
+    from textsql.loading import load_folder, read_folder
 
     merged = load_model(str(merged_dir))
     assert type(merged).__name__ == "Qwen2ForCausalLM" and not (merged_dir / "adapter_config.json").exists()
-    adapter_model, tokenizer = load_adapter_model(run)
+    adapter_model, tokenizer = load_folder(read_folder(run))
     prompts = load_scoring_set(str(causal_assets[0]), "test", 8).sources
     from_adapter = generate_sql(adapter_model, tokenizer, prompts, max_new_tokens=16, progress=False)
     assert generate_sql(merged.eval(), tokenizer, prompts, max_new_tokens=16, progress=False) == from_adapter

@@ -205,8 +205,8 @@ def test_merge_makes_a_plain_model_with_the_adapters_greedy_sql(
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from textsql.adapters import load_adapter_model
     from textsql.evaluate import generate_sql
+    from textsql.loading import load_folder, read_folder
     from textsql.prepared import load_prepared
 
     merged_dir = tmp_path / "merged"
@@ -215,7 +215,7 @@ def test_merge_makes_a_plain_model_with_the_adapters_greedy_sql(
     assert not (merged_dir / "adapter_config.json").exists() and (merged_dir / "model.safetensors").is_file()
     merged = AutoModelForSeq2SeqLM.from_pretrained(merged_dir)  # a plain transformers model
     assert type(merged).__name__ == "T5ForConditionalGeneration" and merged.dtype == torch.float32
-    adapter, tokenizer = load_adapter_model(plain_lora_run)
+    adapter, tokenizer = load_folder(read_folder(plain_lora_run))
     assert AutoTokenizer.from_pretrained(merged_dir).get_vocab() == tokenizer.get_vocab()
     dataset, _ = load_prepared(lora_base[0])
     sources = tokenizer.batch_decode(dataset["validation"]["input_ids"][:16], skip_special_tokens=True)
@@ -253,7 +253,7 @@ def test_merge_makes_a_plain_model_with_the_adapters_greedy_sql(
     status, out, err = textsql_in_process(["merge", str(checkpoint)])
     assert status == 0, err
     merged_checkpoint = plain_lora_run.parent / f"{plain_lora_run.name}-checkpoint-{STEPS // 2}-merged"
-    adapter, tokenizer = load_adapter_model(checkpoint)
+    adapter, tokenizer = load_folder(read_folder(checkpoint))
     merged = AutoModelForSeq2SeqLM.from_pretrained(merged_checkpoint).eval()
     from_checkpoint = generate_sql(adapter, tokenizer, sources, batch_size=8, max_new_tokens=32, progress=False)
     assert generate_sql(merged, tokenizer, sources, batch_size=8, max_new_tokens=32, progress=False) == from_checkpoint

@@ -31,8 +31,9 @@ def test_every_quantizable_family_loads_quantized_and_trains_an_fp32_adapter(
     check passes), LoRA on all of them in fp32, two optimizer steps move the adapter and leave the base as it was."""
     import torch
 
-    from textsql.adapters import QUANTIZED_LAYER_TYPES, apply_lora, load_quantized_base
+    from textsql.adapters import QUANTIZED_LAYER_TYPES, apply_lora
     from textsql.arguments.lora import LoraArguments
+    from textsql.loading import load_quantized_base
 
     model = load_quantized_base(str(causal_family_models / model_type), quantize_base, "float32")
     layers = [n for n, m in model.named_modules() if type(m).__name__ == QUANTIZED_LAYER_TYPES[quantize_base]]
@@ -66,8 +67,8 @@ def test_falcon_is_refused_and_the_layer_check_catches_what_transformers_leaves(
     family before loading (families.py), and its check after loading names the layers whatever the registry says."""
     import torch
 
-    from textsql.adapters import bnb_config, check_quantized_layers, load_quantized_base
     from textsql.hub import load_model
+    from textsql.loading import bnb_config, check_quantized_layers, load_quantized_base
 
     with pytest.raises(TextsqlError, match="FalconLinear"):
         load_quantized_base(str(causal_family_models / "falcon"), "nf4", "float32")
@@ -92,7 +93,7 @@ def test_compute_dtype_is_bf16_on_ampere_and_fp32_before_and_on_the_cpu():
 def test_nf4_config_stores_in_the_compute_dtype_only_where_zero3_or_fsdp_shards():
     import torch
 
-    from textsql.adapters import bnb_config
+    from textsql.loading import bnb_config
 
     plain, sharded = bnb_config("nf4", "bfloat16"), bnb_config("nf4", "bfloat16", sharded=True)
     assert plain.bnb_4bit_quant_type == "nf4" and plain.bnb_4bit_use_double_quant
@@ -175,12 +176,14 @@ def test_an_interrupted_qlora_run_resumes_and_its_merges_are_scored_again(causal
     accuracy = {onto: result["adapter_on_quantized_base"]["execution_accuracy"] for onto, result in results.items()}
     assert accuracy["full"] == accuracy["rounded"]  # the same adapter on the same NF4 base, greedy: the same answers
 
-    from textsql.adapters import load_adapter_model, load_quantized_base
+    from dataclasses import replace
+
     from textsql.hub import load_model
+    from textsql.loading import load_folder, load_quantized_base, read_folder
 
     rounded = load_model(str(qlora_run / "merged-rounded"), dtype=torch.float32)
     full = load_model(str(qlora_run / "merged-full"), dtype=torch.float32)
-    adapter, _ = load_adapter_model(str(run))  # on the full-precision base
+    adapter, _ = load_folder(replace(read_folder(str(run)), quantize_base="none"))  # on the full-precision base
     quantized = load_quantized_base(str(causal_assets[1]), "nf4", "float32")
     name = "model.layers.0.self_attn.q_proj"
     from transformers.integrations.bitsandbytes import dequantize_bnb_weight

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import itertools
 
-from textsql.adapters import merged_dir
 from textsql.arguments.merge import MergeArguments
 from textsql.arguments.run_name import run_folder_name, run_name_settings
 from textsql.arguments.training import ModelArguments, TextsqlTrainingArguments
+from textsql.merge import merged_dir
 from textsql.paths import MODEL_NAME_LIMIT, NAME_LIMIT, short_name
 from textsql.train.run import run_dir
 

@@ -10,21 +10,16 @@ import logging
 from dataclasses import fields
 from pathlib import Path
 
-from textsql.adapters import (
-    is_adapter_folder,
-    load_adapter_model,
-    quantized_base,
-    read_adapter_record,
-)
+from textsql.adapter_record import is_adapter_folder, read_adapter_record
 from textsql.arguments.grpo import reward_weights
 from textsql.errors import TextsqlError
 from textsql.extras import require_grpo_extra
 from textsql.families import family_of
 from textsql.hub import load_config, load_tokenizer
+from textsql.loading import load_folder, read_folder
 from textsql.paths import SUMMARY_FILE
 from textsql.prepared import load_prepared, load_tables
 from textsql.rewards import SqlRewards
-from textsql.strategy.devices import NodeDevices, quantized_compute_dtype
 from textsql.train.distributed import rank
 from textsql.train.dstools import flops_profiler_for
 from textsql.train.objective import Built, Inputs, load_base_model, load_training_data, ready_model, wrap_for_lora
@@ -211,21 +206,20 @@ def policy_model(model_id: str, training_args, load_full, wrap_for_lora):
     is trained on (its base quantized again where it was a QLoRA run); a whole model is trained whole, or wrapped in a
     new adapter with --lora True. `load_full` and `wrap_for_lora` are textsql.train.objective's loaders."""
     if is_adapter_folder(model_id):
-        record = read_adapter_record(model_id)
-        if training_args.quantize_base not in ("none", quantized_base(record)):
+        folder = read_folder(model_id)
+        if training_args.quantize_base not in ("none", folder.quantize_base):
             raise TextsqlError(
-                f"'{model_id}' is a {'QLoRA' if quantized_base(record) != 'none' else 'LoRA'} run on a "
-                f"{quantized_base(record)} base; GRPO continues its adapter on that base. Leave --quantize_base out."
+                f"'{model_id}' is a {'QLoRA' if folder.quantize_base != 'none' else 'LoRA'} run on a "
+                f"{folder.quantize_base} base; GRPO continues its adapter on that base. Leave --quantize_base out."
             )
-        if training_args.lora and training_args.lora_settings() != record.get("lora"):
+        if training_args.lora and training_args.lora_settings() != folder.record.get("lora"):
             logger.info(
-                "--stage grpo continues the adapter of %s with its own settings: %s", model_id, record.get("lora")
+                "--stage grpo continues the adapter of %s with its own settings: %s",
+                model_id,
+                folder.record.get("lora"),
             )
-        quantized = None
-        if quantized_base(record) != "none":
-            quantized = {"compute_dtype": quantized_compute_dtype(NodeDevices.local().gpus)}
-        model, _ = load_adapter_model(model_id, quantized=quantized, trainable=True)  # its folders' pickles checked
-        return model, record
+        model, _ = load_folder(folder, trainable=True)  # left on the CPU for the Trainer; its folders' pickles checked
+        return model, folder.record
     model = load_full()
     if training_args.lora:
         return wrap_for_lora(model)

@@ -8,22 +8,17 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from textsql.adapters import (
-    adapter_record,
-    added_token_ids,
-    apply_lora,
-    base_fingerprint,
-    load_quantized_base,
-    parameter_counts,
-)
+from textsql.adapter_record import adapter_record, base_fingerprint
+from textsql.adapters import apply_lora, parameter_counts
 from textsql.arguments.training import DataArguments, ModelArguments, TextsqlTrainingArguments
 from textsql.families import Family, family_of
 from textsql.hub import load_model
+from textsql.loading import load_quantized_base
 from textsql.prepared import load_prepared, tokenizer_for_training
 from textsql.prompts import check_source_settings, record_source_settings
 from textsql.strategy.devices import quantized_compute_dtype
 from textsql.train.fsdp import wrapped_layer_classes
-from textsql.vocabulary import fit_embeddings
+from textsql.vocabulary import added_token_ids, fit_embeddings
 
 logger = logging.getLogger("textsql.train")
 
