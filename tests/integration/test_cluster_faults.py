@@ -2,7 +2,7 @@
 raises, a pod killed, the session that hosts the store killed, a pod that never starts, elastic or not, a frozen pod, a
 stopped rank, Ctrl-C: each ends the launch naming the rank or pod within 60 s with no process left; the next launch
 resumes after a lost pod; torchrun's restart resumes from the newest complete checkpoint; an elastic run resumes at
-the size it trained at and is refused at another; a worker that comes after an elastic launch started is stopped, and
+the size it trained at or another (FSDP's shards refused there); a worker that comes after an elastic launch started is stopped, and
 a torchrun that joins late restarts nothing; nothing listens beyond the pods' own addresses, nor in a one-process
 training. Fault tests run plain DDP ranks.
 """
@@ -441,9 +441,13 @@ def standin_workers() -> list[dict]:
     return standin.list_workers()
 
 
-def test_a_rank_refuses_a_round_of_another_world_size_than_the_runs_checkpoints(project, assets):
+def test_a_rank_resumes_a_round_of_another_world_size_or_refuses_what_cannot_be_resharded(project, assets):
     """What each rank checks when an elastic launch's world size is known (textsql.cluster.rank.start_round), on a
-    real run folder: checkpoints of world size 1 refused at 2, naming both; accepted at 1, its record written."""
+    real run folder: a DDP checkpoint of world size 1 resumed at 2, its global batch kept (accumulation 4 becomes 2) and
+    recorded for every rank; an FSDP-sharded one refused at another size, naming both, and accepted at its own."""
+    import torch
+    from safetensors.torch import save_file
+
     from textsql.cluster.rank import start_round
     from textsql.cluster.runs import RECORD
 
@@ -451,14 +455,25 @@ def test_a_rank_refuses_a_round_of_another_world_size_than_the_runs_checkpoints(
     (run / "checkpoint-2").mkdir(parents=True)
     for name in ("trainer_state.json", "config.json"):
         (run / "checkpoint-2" / name).write_text("{}")
-    (run / RECORD).write_text(json.dumps({"launch": "L0", "world_size": 1}))
-    spec = {"run_dir": str(run), "launch_id": "L1", "zero_stage": None, "arguments": {}}
-    with pytest.raises(TextsqlError, match=r"world size 1 \(checkpoint-2\), but this launch has world size 2"):
+    # A whole checkpoint's files (none is read: a DDP checkpoint loads at any world size as it is)
+    save_file({"weight": torch.zeros(1)}, run / "checkpoint-2" / "model.safetensors")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        torch.save({}, run / "checkpoint-2" / name)
+    (run / RECORD).write_text(json.dumps({"launch": "L0", "world_size": 1, "gradient_accumulation_steps": 4}))
+    spec = {"run_dir": str(run), "launch_id": "L1", "zero_stage": None, "arguments": {"gradient_accumulation_steps": 4}}
+    assert start_round(spec, 0, 2, 0) == 2
+    record = {"launch": "L1", "round": 0, "world_size": 2, "gradient_accumulation_steps": 2}
+    assert json.loads((run / RECORD).read_text()) == record
+    assert start_round(spec, 1, 2, 0) == 2  # another rank: the record of its launch and round is there, it goes on
+
+    (run / "checkpoint-2" / "pytorch_model_fsdp_0").mkdir()  # torch's distributed checkpoint of FSDP's shards
+    torch.save({}, run / "checkpoint-2" / "pytorch_model_fsdp_0" / "__0_0.distcp")
+    (run / RECORD).write_text(json.dumps({"launch": "L2", "world_size": 1}))
+    spec = dict(spec, launch_id="L3")
+    with pytest.raises(TextsqlError, match=r"world size 1 \(checkpoint-2\), but this launch has world size 2: FSDP"):
         start_round(spec, 0, 2, 0)
     assert json.loads((run / RECORD).read_text())["world_size"] == 1
-    start_round(spec, 0, 1, 0)
-    assert json.loads((run / RECORD).read_text()) == {"launch": "L1", "round": 0, "world_size": 1}
-    start_round(spec, 1, 1, 0)  # another rank: the record of its launch and round is there, it goes on
+    assert start_round(spec, 0, 1, 0) == 4
 
 
 @pytest.mark.slow

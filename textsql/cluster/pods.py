@@ -368,8 +368,9 @@ class Cluster:
             raise TextsqlError(f"min_workers must be between 0 and workers ({self.workers}), not {self.min_workers}.")
         if self.min_workers is not None and self.max_restarts:
             raise TextsqlError(
-                "max_restarts cannot be combined with min_workers: an elastic restart may form at another world size, "
-                "whose ranks cannot load the run's checkpoints. Choose one."
+                "max_restarts cannot be combined with min_workers: an elastic restart may form at another world size "
+                "mid-launch, and textsql resizes a run only at its next launch (the checkpoint converted then: "
+                "docs/multi-pod.md). Choose one."
             )
         if self.backend not in ("local", "cml"):
             raise TextsqlError(f"backend must be 'cml' or 'local', not '{self.backend}'.")
@@ -570,8 +571,8 @@ class Cluster:
                     for pod in [p for p in self.pods if p.ended is None and p.address not in trains]:
                         self.echo(
                             f"textsql: pod {pod.worker_id or pod.address} had not joined when the training started at "
-                            f"world size {len(first)}: stopped (joining later would restart every rank at a size the "
-                            "checkpoints cannot load)."
+                            f"world size {len(first)}: stopped (joining would restart every rank mid-run; the next "
+                            "launch resumes the run at the size it gets)."
                         )
                         pod.ended, pod.joined = LEFT_OUT, False
                         with contextlib.suppress(Exception):
