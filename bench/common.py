@@ -11,10 +11,13 @@ import platform
 import shutil
 from pathlib import Path
 
+# What holds torch's, oneDNN's and MKL's kernels to an instruction set (set to AVX2: an AVX2-only CPU's kernels)
+KERNEL_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
 
 def machine() -> dict:
     """The CPU (its model name), cores, library versions, the instruction sets torch's and oneDNN's kernels were held to
-    (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA: how an AVX-512 machine runs an AVX2-only CPU's kernels), and the GPU when
+    (KERNEL_LIMITS: how an AVX-512 machine runs an AVX2-only CPU's kernels), and the GPU when
     there is one."""
     import torch
     import transformers
@@ -29,7 +32,7 @@ def machine() -> dict:
         "platform": platform.platform(),
         "kernels": torch.backends.cpu.get_cpu_capability(),
     }
-    limits = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if name in os.environ}
+    limits = {name: os.environ[name] for name in KERNEL_LIMITS if name in os.environ}
     if limits:
         info["kernels_held_to"] = limits
     try:
