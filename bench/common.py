@@ -16,9 +16,8 @@ KERNEL_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRU
 
 
 def machine() -> dict:
-    """The CPU (its model name), cores, library versions, the instruction sets torch's and oneDNN's kernels were held to
-    (KERNEL_LIMITS: how an AVX-512 machine runs an AVX2-only CPU's kernels), and the GPU when
-    there is one."""
+    """The CPU (its model name), cores, library versions, the instruction set torch's kernels run and what held them
+    (KERNEL_LIMITS: how an AVX-512 machine runs an AVX2-only CPU's kernels), and the GPU when there is one."""
     import torch
     import transformers
 
