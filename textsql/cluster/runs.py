@@ -130,13 +130,17 @@ class ResumePlan:
         return f"resumes from {self.checkpoint} (the newest checkpoint complete on every node{resized}{why})"
 
 
+def _count(value) -> int | None:
+    """`value` where it is a whole number of at least 1 (a record's world size or accumulation), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def recorded(run_dir: Path, name: str) -> int | None:
     """A whole number the run folder's launch record holds (None: no record, or not that number in it)."""
     try:
-        value = json.loads(read_unlinked(Path(run_dir) / RECORD)).get(name)
+        return _count(json.loads(read_unlinked(Path(run_dir) / RECORD)).get(name))
     except (OSError, ValueError, AttributeError, TextsqlError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def recorded_world_size(run_dir: Path) -> int | None:
@@ -148,8 +152,8 @@ def recorded_world_size(run_dir: Path) -> int | None:
         record = json.loads(read_unlinked(Path(run_dir) / RECORD))
     except ValueError as error:
         record = f"not JSON ({error})"
-    size = record.get("world_size") if isinstance(record, dict) else None
-    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+    size = _count(record.get("world_size")) if isinstance(record, dict) else None
+    if size is not None:
         return size
     what = record if isinstance(record, str) else f"no world size in it ({json.dumps(record)[:120]})"
     raise TextsqlError(
